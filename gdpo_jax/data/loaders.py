@@ -1,0 +1,212 @@
+"""Reading and writing RL records (JSONL, JSON, Parquet), offline.
+
+Files are read directly (json / pyarrow) by default: exact row numbers for
+error messages, and no Arrow schema unification of heterogeneous nested
+fields (tool parameters differ per call). `backend="datasets"` reads through
+`datasets.load_dataset("json" | "parquet", data_files=...)` instead (same
+records; rows numbered over the concatenated files).
+
+A bad record raises RecordError naming the file, the row and the field.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+_EXTS = (".jsonl", ".json", ".parquet")
+PathLike = str | os.PathLike
+
+
+class RecordError(ValueError):
+    """A malformed record: `path`, `row` (0-based) and `field` say where."""
+
+    def __init__(self, path: str, row: int | None, field: str | None, problem: str):
+        self.path, self.row, self.field = path, row, field
+        where = path + (f", row {row}" if row is not None else "")
+        where += f", field {field!r}" if field else ""
+        super().__init__(f"{where}: {problem}")
+
+
+def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None) -> list[str]:
+    """Data files for `path`: a file, a glob, a directory, or a list of these.
+
+    For a directory, `split` picks `<split>.*` / `<split>-*` files (also under
+    `data/`, as HF dataset repos store them); without it every data file.
+    """
+    if isinstance(path, (list, tuple)):
+        return [f for p in path for f in resolve_files(p, split)]
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        files = []
+        for d in (path, os.path.join(path, "data")):
+            for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+                base, ext = os.path.splitext(f)
+                if ext in _EXTS and (split is None or base == split or base.startswith(split + "-")
+                                     or base.startswith(split + "_")):
+                    files.append(os.path.join(d, f))
+            if files:
+                break
+        if not files:
+            raise FileNotFoundError(f"no {'/'.join(_EXTS)} files{f' for split {split!r}' if split else ''} "
+                                    f"in directory {path}")
+        return files
+    if any(c in path for c in "*?["):
+        files = sorted(glob.glob(path))
+        if not files:
+            raise FileNotFoundError(f"no files match {path}")
+        return files
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data file not found: {path}")
+    if not path.endswith(_EXTS):
+        raise ValueError(f"{path}: unsupported data file type; use one of {_EXTS}")
+    return [path]
+
+
+def iter_records(path: PathLike | Sequence[PathLike], *, split: str | None = None,
+                 backend: str = "auto") -> Iterator[tuple[str, int, dict]]:
+    """Yields (file, row, record) for every record of every resolved file."""
+    if backend not in ("auto", "datasets"):
+        raise ValueError(f"backend must be 'auto' or 'datasets', got {backend!r}")
+    files = resolve_files(path, split)
+    if backend == "datasets":
+        yield from _iter_datasets(files)
+        return
+    for f in files:
+        if f.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            try:
+                rows = pq.read_table(f).to_pylist()
+            except Exception as e:  # noqa: BLE001 - any pyarrow error: say which file
+                raise RecordError(f, None, None, f"cannot read parquet: {e}") from e
+            for i, r in enumerate(rows):
+                yield f, i, r
+        elif f.endswith(".jsonl"):
+            with open(f, encoding="utf-8") as fh:
+                for i, line in enumerate(fh):
+                    if line.strip():
+                        yield f, i, _loads(line, f, i)
+        else:
+            with open(f, encoding="utf-8") as fh:
+                text = fh.read()
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError:  # JSON Lines saved as .json
+                for i, line in enumerate(text.splitlines()):
+                    if line.strip():
+                        yield f, i, _loads(line, f, i)
+                continue
+            if isinstance(data, Mapping):
+                data = [data]
+            if not isinstance(data, list):
+                raise RecordError(f, None, None, "a .json data file must hold a list of records")
+            for i, r in enumerate(data):
+                yield f, i, _check_mapping(r, f, i)
+
+
+def _iter_datasets(files: list[str]) -> Iterator[tuple[str, int, dict]]:
+    import datasets
+    by_kind: dict[str, list[str]] = {}
+    for f in files:
+        by_kind.setdefault("parquet" if f.endswith(".parquet") else "json", []).append(f)
+    for kind, fs in by_kind.items():
+        ds = datasets.load_dataset(kind, data_files=fs, split="train")
+        label = fs[0] if len(fs) == 1 else f"{fs[0]} (+{len(fs) - 1} files)"
+        for i, r in enumerate(ds):
+            yield label, i, dict(r)
+
+
+def _loads(line: str, path: str, row: int) -> dict:
+    try:
+        return _check_mapping(json.loads(line), path, row)
+    except json.JSONDecodeError as e:
+        raise RecordError(path, row, None, f"invalid JSON ({e.msg} at column {e.colno})") from e
+
+
+def _check_mapping(r: Any, path: str, row: int) -> dict:
+    if not isinstance(r, Mapping):
+        raise RecordError(path, row, None, f"a record must be a JSON object, got {type(r).__name__}")
+    return dict(r)
+
+
+def get_field(record: Mapping, dotted: str, path: str, row: int, *, default: Any = KeyError) -> Any:
+    """record["a"]["b"] for dotted "a.b"; RecordError naming the field if missing."""
+    cur: Any = record
+    for part in dotted.split("."):
+        if isinstance(cur, Mapping) and part in cur and cur[part] is not None:
+            cur = cur[part]
+        elif default is not KeyError:
+            return default
+        else:
+            raise RecordError(path, row, dotted, "missing (keys present: "
+                              f"{sorted(cur) if isinstance(cur, Mapping) else type(cur).__name__})")
+    return cur
+
+
+def normalize_messages(value: Any, path: str, row: int, field: str = "prompt") -> list[dict]:
+    """Chat messages [{"role", "content"}, ...] from a list, an array, JSON text or plain text."""
+    if isinstance(value, str):
+        s = value.strip()
+        if s.startswith("[") and s.endswith("]"):
+            try:
+                value = json.loads(s)
+            except json.JSONDecodeError:
+                return [{"role": "user", "content": value}]
+        else:
+            return [{"role": "user", "content": value}]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value:
+        raise RecordError(path, row, field, f"expected a non-empty list of chat messages, got {value!r:.80}")
+    out = []
+    for j, m in enumerate(value):
+        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+            raise RecordError(path, row, f"{field}[{j}]", "each message needs 'role' and 'content'")
+        if not isinstance(m["content"], str):
+            raise RecordError(path, row, f"{field}[{j}].content", "message content must be a string")
+        out.append({"role": str(m["role"]), "content": m["content"]})
+    return out
+
+
+def write_jsonl(records: Iterable[Mapping], path: PathLike) -> str:
+    """Writes one JSON object per line (UTF-8, non-ASCII kept); returns the path."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return path
+
+
+def write_parquet(records: Sequence[Mapping], path: PathLike) -> str:
+    """Writes records as a Parquet table (schema inferred by pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    pq.write_table(pa.Table.from_pylist([dict(r) for r in records]), path)
+    return path
+
+
+def write_records(records: Sequence[Mapping], path: PathLike) -> str:
+    """write_jsonl or write_parquet by the file extension."""
+    p = os.fspath(path)
+    if p.endswith(".parquet"):
+        return write_parquet(records, p)
+    if p.endswith(".jsonl"):
+        return write_jsonl(records, p)
+    raise ValueError(f"{p}: write .jsonl or .parquet")
+
+
+def samples_dir() -> str:
+    """Directory of the small shipped sample files (gdpo_jax/data/samples)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "samples")
+
+
+def sample_path(name: str) -> str:
+    """Path of a shipped sample file, e.g. sample_path("toolcall_verl.jsonl")."""
+    p = os.path.join(samples_dir(), name)
+    if not os.path.exists(p):
+        raise FileNotFoundError(f"no shipped sample {name!r}; available: {sorted(os.listdir(samples_dir()))}")
+    return p

@@ -1,0 +1,333 @@
+"""In-sandbox driver: runs ONE untrusted program against its test inputs.
+
+Started by `gdpo_jax.rewards.sandbox` as `python -I -B _sandbox_driver.py JOB`
+(inside fresh namespaces when the machine allows it). Standard library only:
+it must not import gdpo_jax (nor jax), because it starts once per program.
+
+Protocol: JOB is a JSON file (readable by the starting user) with keys
+  source, mode ("stdin" | "call"), fn_name, inputs (list), limits (dict),
+  uid, gid (int | null: drop to this uid in each test process),
+  private_mounts (bool), keep_paths (list[str]), workdir (str | null),
+  nproc_base (int), preload (list[str]).
+The driver prints one JSON line on stdout:
+  {"compile_error": str | null, "setup_error": str | null,
+   "cases": [{"status", "stdout", "stderr", "value", "time_s", "truncated"}]}
+
+Design: the source is compiled once here; every test case runs in a child
+forked from this (already warmed-up) interpreter, so a case costs a fork, not
+an interpreter start. The child lowers its rlimits, drops to an unprivileged
+uid (when given) and only then executes the program. The expected outputs
+never enter the sandbox: comparison happens in the trusted parent process.
+"""
+import builtins
+import ctypes
+import io
+import json
+import os
+import resource
+import signal
+import stat
+import sys
+import time
+import traceback
+
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 4096, 16384
+_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
+_EXIT_RUNTIME, _EXIT_MEMORY, _EXIT_SETUP = 1, 3, 97
+_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(src, target, fstype, flags, data):
+    rc = _libc.mount(
+        src.encode() if src else None, target.encode(),
+        fstype.encode() if fstype else None, ctypes.c_ulong(flags),
+        data.encode() if data else None,
+    )
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or 'bind'} {src} -> {target}: {os.strerror(err)}")
+
+
+def _private_mounts(keep_paths, tmpfs_mb):
+    """Fresh tmpfs over world-writable dirs; re-expose the interpreter.
+
+    Needs root in a private mount namespace. World-writable dirs (/tmp, ...)
+    get an empty tmpfs so writes there vanish with the namespace. A private
+    ancestor of the interpreter (e.g. /root, mode 0700, when python lives in
+    /root/.pyenv) gets a 0755 tmpfs with only the needed child bound back,
+    so the unprivileged test process can still import the standard library.
+    Originals are reached through O_PATH fds opened BEFORE anything is
+    hidden (bind from /proc/self/fd/N).
+    """
+    targets = {d: set() for d in _WORLD_WRITABLE
+               if os.path.isdir(d) and not os.path.islink(d)}
+    for p in keep_paths:
+        p = os.path.realpath(p)
+        if not os.path.exists(p):
+            continue
+        parts = p.strip("/").split("/")
+        for i in range(len(parts)):
+            anc = "/" + "/".join(parts[:i])
+            child = parts[i]
+            if anc in _WORLD_WRITABLE and anc in targets:
+                targets[anc].add(child)
+                break
+            if anc != "/" and not os.stat(anc).st_mode & stat.S_IXOTH:
+                targets.setdefault(anc, set()).add(child)
+                break
+    fds = {}
+    for anc, children in targets.items():
+        for c in children:
+            fds[(anc, c)] = os.open(os.path.join(anc, c), os.O_PATH)
+    for anc in sorted(targets, key=len):
+        ww = anc in _WORLD_WRITABLE
+        size = f"{tmpfs_mb}m" if anc == "/tmp" else ("4m" if ww else "64k")
+        mode = "1777" if ww else "0755"
+        _mount("tmpfs", anc, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode={mode}")
+        for c in sorted(targets[anc]):
+            dst = os.path.join(anc, c)
+            if os.path.isdir(f"/proc/self/fd/{fds[(anc, c)]}"):
+                os.mkdir(dst)
+            else:
+                open(dst, "w").close()
+            _mount(f"/proc/self/fd/{fds[(anc, c)]}", dst, None, _MS_BIND | _MS_REC, None)
+    for fd in fds.values():
+        os.close(fd)
+    os.makedirs("/tmp/.gdpo_io", mode=0o700)
+    os.makedirs("/tmp/work", mode=0o700)
+    return "/tmp/work", "/tmp/.gdpo_io"
+
+
+def _count_uid_tasks(uid):
+    n = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                n += len(os.listdir(f"/proc/{pid}/task")) if os.stat(f"/proc/{pid}").st_uid == uid else 0
+            except OSError:
+                pass
+    return n
+
+
+def _kill_uid(uid):
+    """SIGKILL every process of `uid` (repeat: a fork bomb refills)."""
+    for _ in range(100):
+        found = False
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == uid:
+                    os.kill(int(pid), signal.SIGKILL)
+                    found = True
+            except OSError:
+                pass
+        _reap()
+        if not found:
+            return
+        time.sleep(0.005)
+
+
+def _reap():
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _child(code, job, case, stdin_path, out_path, err_path, res_path):
+    """Runs in the forked test process. Never returns."""
+    lim = job["limits"]
+    try:
+        os.setpgid(0, 0)
+        for fd, path, flags in ((0, stdin_path, os.O_RDONLY),
+                                (1, out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                (2, err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                (3, res_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+            new = os.open(path, flags, 0o600)
+            if new != fd:
+                os.dup2(new, fd)
+                os.close(new)
+        os.closerange(4, 65536)
+        cpu = max(1, int(lim["cpu_s"] + 0.999))
+        mem = int(lim["memory_mb"]) << 20
+        fsize = int(lim["fsize_mb"]) << 20
+        nproc = int(job["nproc_base"]) + int(lim["nproc"])
+        for res, val in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
+                         (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
+                         (resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"])),
+                         (resource.RLIMIT_NPROC, (nproc, nproc))):
+            resource.setrlimit(res, val)
+        _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+        if job["uid"] is not None:
+            os.setgroups([])
+            os.setgid(job["gid"])
+            os.setuid(job["uid"])
+            # Never run untrusted code with the starting privileges.
+            if os.getuid() != job["uid"] or os.geteuid() != job["uid"]:
+                os._exit(_EXIT_SETUP)
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                     encoding="utf-8", errors="replace")
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
+        sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8")
+        sys.argv = ["solution.py"]
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    except BaseException:
+        os._exit(_EXIT_SETUP)
+    status = 0
+    try:
+        g = {"__name__": "__main__" if job["mode"] == "stdin" else "__solution__",
+             "__builtins__": builtins}
+        exec(code, g)
+        if job["mode"] == "call":
+            fn = g.get(job["fn_name"])
+            if fn is None and isinstance(g.get("Solution"), type):
+                fn = getattr(g["Solution"](), job["fn_name"])
+            if not callable(fn):
+                raise NameError(f"function {job['fn_name']!r} is not defined")
+            args = case if isinstance(case, list) else [case]
+            value = fn(*args)
+            enc = json.dumps(value, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else repr(o))
+            os.write(3, enc.encode())
+    except SystemExit as e:
+        status = 0 if e.code in (None, 0) else _EXIT_RUNTIME
+    except MemoryError:
+        status = _EXIT_MEMORY
+    except BaseException:
+        status = _EXIT_RUNTIME
+        try:
+            traceback.print_exc()
+        except BaseException:
+            pass
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except BaseException:
+            status = status or _EXIT_RUNTIME
+    os._exit(status)
+
+
+def _read(path, cap):
+    try:
+        with open(path, "rb") as f:
+            data = f.read(cap + 1)
+    except OSError:
+        return "", False
+    return data[:cap].decode("utf-8", errors="replace"), len(data) > cap
+
+
+def _run_case(code, job, i, case, iodir):
+    lim = job["limits"]
+    stdin_path = os.path.join(iodir, f"in{i}")
+    with open(stdin_path, "w", encoding="utf-8") as f:
+        if job["mode"] == "stdin":
+            f.write(case if isinstance(case, str) else "\n".join(map(str, case)))
+    paths = [os.path.join(iodir, f"{k}{i}") for k in ("out", "err", "res")]
+    sys.stdout.flush()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        _child(code, job, case, stdin_path, *paths)
+    deadline, delay, killed, status, ru = t0 + lim["wall_s"], 0.001, False, None, None
+    while True:
+        wpid, status, ru = os.wait4(pid, os.WNOHANG)
+        if wpid:
+            break
+        if time.monotonic() > deadline:
+            killed = True
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            os.kill(pid, signal.SIGKILL)
+            wpid, status, ru = os.wait4(pid, 0)
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    elapsed = time.monotonic() - t0
+    if job["uid"] is not None:
+        _kill_uid(job["uid"])  # leftovers of this case (daemons, fork bombs)
+    else:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    _reap()
+    cap = int(lim["output_bytes"])
+    out, trunc = _read(paths[0], cap)
+    err, _ = _read(paths[1], 4096)
+    res, _ = _read(paths[2], cap)
+    fsize = int(lim["fsize_mb"]) << 20
+    big = any(os.path.exists(p) and os.path.getsize(p) >= fsize for p in paths[:2])
+    cpu_used = (ru.ru_utime + ru.ru_stime) if ru else 0.0
+    if os.WIFEXITED(status):
+        code_ = os.WEXITSTATUS(status)
+        st = {0: "ok", _EXIT_MEMORY: "memory_error", _EXIT_SETUP: "sandbox_error"}.get(code_, "runtime_error")
+    else:
+        sig = os.WTERMSIG(status)
+        if killed or sig == signal.SIGXCPU or cpu_used >= lim["cpu_s"]:
+            st = "timeout"
+        elif sig == signal.SIGXFSZ:
+            st = "output_limit"
+        else:
+            st = "killed"
+    if big and st != "timeout":
+        st = "output_limit"
+    value = None
+    if st == "ok" and job["mode"] == "call":
+        try:
+            value = json.loads(res)
+        except ValueError:
+            st = "runtime_error"
+            err = (err + "\nreturn value could not be read back").strip()
+    for p in [stdin_path] + paths:
+        try:
+            os.unlink(p)
+        except OSError:
+            pass
+    return {"status": st, "stdout": out, "stderr": err[-2000:], "value": value,
+            "time_s": round(elapsed, 4), "truncated": trunc}
+
+
+def main():
+    with open(sys.argv[1], encoding="utf-8") as f:
+        job = json.load(f)
+    result = {"compile_error": None, "setup_error": None, "cases": []}
+    try:
+        _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        if job["private_mounts"]:
+            workdir, iodir = _private_mounts(job["keep_paths"], job["limits"]["tmpfs_mb"])
+        else:
+            workdir, iodir = job["workdir"], job["iodir"]
+        if job["uid"] is not None:
+            os.chown(workdir, job["uid"], job["gid"])
+        else:
+            job["nproc_base"] = _count_uid_tasks(os.getuid())
+        os.chdir(workdir)
+        for name in job.get("preload", ()):
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+    except Exception as e:  # isolation could not be set up: run nothing
+        result["setup_error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(result), flush=True)
+        return
+    try:
+        code = compile(job["source"], "solution.py", "exec")
+    except (SyntaxError, ValueError) as e:
+        result["compile_error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(result), flush=True)
+        return
+    for i, case in enumerate(job["inputs"]):
+        result["cases"].append(_run_case(code, job, i, case, iodir))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

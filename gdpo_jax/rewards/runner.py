@@ -1,0 +1,367 @@
+"""RewardRunner: scores a batch with K rewards on a bounded worker pool.
+
+Rewards run on the host, off the compiled step, and may be slow (program
+execution) or hang: each reward is called on chunks of the batch, chunks run
+on `num_workers` threads (or, per reward, in a process pool for CPU-bound pure
+Python), each call has a deadline, and the time spent per reward is reported.
+
+Conditioned rewards (paper eq. 8) are declared in the specs and gated here,
+on the host, with the semantics of `gdpo_jax.core.gate_reward` (see `gate`).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import math
+import multiprocessing
+import pickle
+import threading
+import time
+import traceback
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from gdpo_jax.rewards.registry import get_reward
+
+_EXECUTORS = ("thread", "process")
+_ON_ERROR = ("raise", "nan")
+
+
+@dataclasses.dataclass
+class RewardSpec:
+    """One reward of the run.
+
+    name: registered reward name (also the column name; unique in a runner).
+    weight: w_k passed to the advantage estimator (`RewardRunner.weights`).
+    condition / threshold: gate this reward on another reward of the same
+      runner: kept where that reward >= threshold, else 0.
+    kwargs: keyword arguments for the reward function (e.g. max_tokens).
+    executor: "thread" | "process" | None (the runner's default).
+    """
+    name: str
+    weight: float = 1.0
+    condition: str | None = None
+    threshold: float = 1.0
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    executor: str | None = None
+
+    @classmethod
+    def parse(cls, item: "RewardSpec | str | Mapping[str, Any]") -> "RewardSpec":
+        """From a spec, a bare name, or a mapping (a config dict / ConfigDict)."""
+        if isinstance(item, RewardSpec):
+            return item
+        if isinstance(item, str):
+            return cls(item)
+        if hasattr(item, "to_dict"):
+            item = item.to_dict()
+        if isinstance(item, Mapping):
+            unknown = set(item) - {f.name for f in dataclasses.fields(cls)}
+            if unknown:
+                raise ValueError(f"reward spec {dict(item)!r}: unknown keys {sorted(unknown)}; "
+                                 f"allowed: {[f.name for f in dataclasses.fields(cls)]}")
+            d = dict(item)
+            d["kwargs"] = dict(d.get("kwargs") or {})
+            return cls(**d)
+        raise TypeError(f"cannot make a RewardSpec from {type(item).__name__}: {item!r}")
+
+
+def gate(reward: np.ndarray, condition: np.ndarray, threshold: float) -> np.ndarray:
+    """NumPy twin of gdpo_jax.core.gate_reward (no jax import on the host path).
+
+    reward where condition >= threshold, else 0; NaN where the condition is
+    NaN (the gate cannot be decided, so the gated reward is unscorable).
+    """
+    gated = np.where(condition >= threshold, reward, 0.0)
+    return np.where(np.isnan(condition), np.nan, gated)
+
+
+class RewardError(RuntimeError):
+    """A reward function failed on a sample (or timed out on a chunk)."""
+
+    def __init__(self, message: str, *, reward: str, index: int | None = None):
+        super().__init__(message)
+        self.reward = reward
+        self.index = index
+
+
+def _head(x: Any, n: int = 200) -> str:
+    if isinstance(x, (list, tuple)) and x and isinstance(x[-1], Mapping):
+        x = x[-1].get("content", x[-1])  # chat messages: the last turn
+    s = str(x)
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def _call(fn, prompts, completions, fields, kwargs) -> list[float]:
+    out = fn(list(prompts), list(completions), **{**fields, **kwargs})  # spec kwargs win
+    if isinstance(out, np.ndarray):
+        out = out.tolist()
+    if not isinstance(out, Sequence) or isinstance(out, (str, bytes)):
+        raise TypeError(f"must return a sequence of floats, got {type(out).__name__}")
+    if len(out) != len(completions):
+        raise ValueError(f"returned {len(out)} values for {len(completions)} completions")
+    vals = [math.nan if v is None else float(v) for v in out]
+    bad = [i for i, v in enumerate(vals) if math.isinf(v)]
+    if bad:
+        raise ValueError(f"returned an infinite value at position {bad[0]} (use NaN for 'cannot score')")
+    return vals
+
+
+def _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc):
+    """Scores one chunk; on failure re-scores sample by sample to find the culprit.
+
+    Returns (values, failures, seconds); failures = [(offset, text, exc|None)].
+    Runs in a worker thread or process (then exceptions travel as text).
+    """
+    t0 = time.perf_counter()
+    try:
+        return _call(fn, prompts, completions, fields, kwargs), [], time.perf_counter() - t0
+    except Exception:  # noqa: BLE001 - any reward bug is reported, not swallowed
+        pass
+    vals, failures = [], []
+    for i in range(len(completions)):
+        one = {k: v[i:i + 1] for k, v in fields.items()}
+        try:
+            vals.extend(_call(fn, prompts[i:i + 1], completions[i:i + 1], one, kwargs))
+        except Exception as e:  # noqa: BLE001
+            vals.append(math.nan)
+            text = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
+            failures.append((i, text, e if keep_exc else None))
+    if not failures:  # only the batched call failed: blame the whole chunk
+        try:
+            _call(fn, prompts, completions, fields, kwargs)
+        except Exception as e:  # noqa: BLE001
+            text = f"{type(e).__name__}: {e} (fails on the batch, not on any single sample)"
+            failures = [(i, text, e if keep_exc else None) for i in range(len(completions))]
+            vals = [math.nan] * len(completions)
+    return vals, failures, time.perf_counter() - t0
+
+
+def _pool_call(args):
+    fn, prompts, completions, fields, kwargs = args
+    return _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc=False)
+
+
+class RewardRunner:
+    """Scores (prompts, completions, examples) with the given reward specs.
+
+    Args:
+      specs: RewardSpec | name | mapping, one per reward column.
+      num_workers: worker threads (and process-pool size when used).
+      timeout_s: deadline per reward call on a chunk, from when it starts.
+      on_error: "raise" -> RewardError naming reward, function and sample;
+        "nan" -> NaN for failing samples, counted in info.
+      executor: default for specs with executor=None ("thread" | "process").
+      chunk_size: samples per call; None = ceil(N / num_workers).
+    Call: runner(prompts, completions, examples, **extra_fields) ->
+      (rewards f32[N, K] (gated, unweighted), info dict of floats:
+       reward_time/<name> (worker-seconds), reward_failures/<name>,
+       reward_timeouts/<name> (samples), reward_nan/<name>, reward_time/total).
+    """
+
+    def __init__(self, specs: Sequence[RewardSpec | str | Mapping], *, num_workers: int = 4,
+                 timeout_s: float = 30.0, on_error: str = "raise", executor: str = "thread",
+                 chunk_size: int | None = None):
+        self.specs = [RewardSpec.parse(s) for s in specs]
+        if not self.specs:
+            raise ValueError("RewardRunner needs at least one reward spec")
+        if on_error not in _ON_ERROR:
+            raise ValueError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
+        if executor not in _EXECUTORS:
+            raise ValueError(f"executor must be one of {_EXECUTORS}, got {executor!r}")
+        if num_workers < 1 or timeout_s <= 0:
+            raise ValueError(f"need num_workers >= 1 and timeout_s > 0, got {num_workers}, {timeout_s}")
+        self.names = [s.name for s in self.specs]
+        dup = {n for n in self.names if self.names.count(n) > 1}
+        if dup:
+            raise ValueError(f"reward names must be unique in a runner; repeated: {sorted(dup)}")
+        self.fns = [get_reward(n) for n in self.names]
+        self._order = self._gate_order()
+        self._executors = []
+        for s in self.specs:
+            ex = s.executor or executor
+            if ex not in _EXECUTORS:
+                raise ValueError(f"reward {s.name!r}: executor must be one of {_EXECUTORS}, got {ex!r}")
+            if ex == "process":
+                try:
+                    pickle.dumps(get_reward(s.name))
+                except Exception as e:  # noqa: BLE001
+                    raise ValueError(f"reward {s.name!r} cannot run in a process pool: its function "
+                                     f"does not pickle ({e}); define it at module level") from e
+            self._executors.append(ex)
+        self.num_workers, self.timeout_s, self.on_error = num_workers, timeout_s, on_error
+        self.chunk_size = chunk_size
+        self._threads = cf.ThreadPoolExecutor(num_workers, thread_name_prefix="reward")
+        self._procs = None
+        self._lock, self._pool_lock = threading.Lock(), threading.Lock()
+
+    @property
+    def weights(self) -> np.ndarray:
+        """f32[K] reward weights, in column order."""
+        return np.asarray([s.weight for s in self.specs], np.float32)
+
+    def _gate_order(self) -> list[int]:
+        idx = {n: k for k, n in enumerate(self.names)}
+        for s in self.specs:
+            if s.condition is not None and s.condition not in idx:
+                raise ValueError(f"reward {s.name!r} is conditioned on {s.condition!r}, which is not "
+                                 f"one of this runner's rewards {self.names}")
+            if s.condition == s.name:
+                raise ValueError(f"reward {s.name!r} cannot be conditioned on itself")
+        order, state = [], {}
+
+        def visit(k: int, path: list[str]) -> None:
+            if state.get(k) == 2:
+                return
+            if state.get(k) == 1:
+                raise ValueError(f"reward conditions form a cycle: {' -> '.join(path)}")
+            state[k] = 1
+            cond = self.specs[k].condition
+            if cond is not None:
+                visit(idx[cond], path + [cond])
+            state[k] = 2
+            order.append(k)
+
+        for k in range(len(self.specs)):
+            visit(k, [self.names[k]])
+        return order
+
+    def _proc_pool(self):
+        with self._pool_lock:  # worker threads race to create it
+            if self._procs is None:
+                ctx = multiprocessing.get_context("forkserver")  # never fork a JAX process
+                self._procs = ctx.Pool(self.num_workers)
+            return self._procs
+
+    def __call__(self, prompts: Sequence, completions: Sequence[str], examples: Sequence[Mapping],
+                 **extra_fields: Sequence) -> tuple[np.ndarray, dict[str, float]]:
+        n = len(completions)
+        if len(prompts) != n or len(examples) != n:
+            raise ValueError(f"prompts ({len(prompts)}), completions ({n}) and examples "
+                             f"({len(examples)}) must have one entry per completion")
+        fields = _fields(examples, extra_fields, n)
+        t_start = time.perf_counter()
+        size = self.chunk_size or max(1, math.ceil(n / self.num_workers))
+        tasks = [(k, s, min(s + size, n)) for k in range(len(self.specs)) for s in range(0, n, size)]
+        started: dict[int, float] = {}
+        with self._lock:
+            futs = {self._threads.submit(self._task, t, prompts, completions, fields, started, i): i
+                    for i, t in enumerate(tasks)}
+            results, timed_out = self._collect(futs, started, [e - s for _, s, e in tasks])
+        raw = np.full((n, len(self.specs)), np.nan, np.float64)
+        info = {f"reward_{m}/{nm}": 0.0 for nm in self.names
+                for m in ("time", "failures", "timeouts", "nan")}
+        for i, (k, s, e) in enumerate(tasks):
+            name = self.names[k]
+            if i in timed_out:
+                info[f"reward_timeouts/{name}"] += e - s
+                info[f"reward_failures/{name}"] += e - s
+                info[f"reward_time/{name}"] += self.timeout_s
+                if self.on_error == "raise":
+                    raise RewardError(
+                        f"reward {name!r} ({_qualname(self.fns[k])}) timed out after "
+                        f"{self.timeout_s}s on samples {s}..{e - 1}; first completion: "
+                        f"{_head(completions[s])!r}", reward=name, index=s)
+                continue
+            vals, failures, secs = results[i]
+            raw[s:e, k] = vals
+            info[f"reward_time/{name}"] += secs
+            info[f"reward_failures/{name}"] += len(failures)
+            if failures and self.on_error == "raise":
+                off, text, exc = failures[0]
+                j = s + off
+                raise RewardError(
+                    f"reward {name!r} ({_qualname(self.fns[k])}) failed on sample {j} "
+                    f"(prompt: {_head(prompts[j])!r}; completion: {_head(completions[j])!r}): "
+                    f"{text.strip()}\nSet on_error='nan' to score such samples NaN and count them.",
+                    reward=name, index=j) from exc
+        for k in self._order:
+            cond = self.specs[k].condition
+            if cond is not None:
+                raw[:, k] = gate(raw[:, k], raw[:, self.names.index(cond)], self.specs[k].threshold)
+        for k, name in enumerate(self.names):
+            info[f"reward_nan/{name}"] = float(np.isnan(raw[:, k]).sum())
+        info["reward_time/total"] = time.perf_counter() - t_start
+        return raw.astype(np.float32), info
+
+    def _task(self, task, prompts, completions, fields, started, i):
+        k, s, e = task
+        started[i] = time.monotonic()
+        sl = {key: v[s:e] for key, v in fields.items()}
+        kwargs = self.specs[k].kwargs
+        if self._executors[k] == "thread":
+            return _run_chunk(self.fns[k], prompts[s:e], completions[s:e], sl, kwargs, keep_exc=True)
+        args = (self.fns[k], list(prompts[s:e]), list(completions[s:e]), sl, kwargs)
+        # Waiting here keeps at most num_workers process jobs in flight, so a
+        # job starts when it is submitted and the deadline is honest.
+        return self._proc_pool().apply_async(_pool_call, (args,)).get(self.timeout_s)
+
+    def _collect(self, futs, started, sizes):
+        results, timed_out, pending = {}, set(), set(futs)
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.05)
+            for f in done:
+                i = futs[f]
+                try:
+                    results[i] = f.result()
+                except multiprocessing.TimeoutError:
+                    timed_out.add(i)
+                except Exception as e:  # noqa: BLE001 - e.g. arguments that do not pickle
+                    text = f"{type(e).__name__}: {e} (while dispatching the call)"
+                    results[i] = ([math.nan] * sizes[i], [(j, text, e) for j in range(sizes[i])], 0.0)
+            now = time.monotonic()
+            for f in list(pending):
+                t = started.get(futs[f])
+                if t is not None and now - t > self.timeout_s + 0.5:
+                    timed_out.add(futs[f])
+                    pending.discard(f)
+            stuck = sum(1 for f, i in futs.items() if i in timed_out and not f.done())
+            if stuck >= self.num_workers:  # no worker left: the rest would never start
+                for f in list(pending):
+                    if futs[f] not in started and f.cancel():
+                        timed_out.add(futs[f])
+                        pending.discard(f)
+        if timed_out:
+            # Hung threads cannot be killed: leave them and start a fresh
+            # pool; hung processes can, so terminate their pool.
+            self._threads.shutdown(wait=False, cancel_futures=True)
+            self._threads = cf.ThreadPoolExecutor(self.num_workers, thread_name_prefix="reward")
+            if self._procs is not None:
+                self._procs.terminate()
+                self._procs = None
+        return results, timed_out
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._procs is not None:
+            self._procs.terminate()
+            self._procs = None
+
+    def __enter__(self) -> "RewardRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _qualname(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _fields(examples: Sequence[Mapping], extra: Mapping[str, Sequence], n: int) -> dict[str, list]:
+    keys: dict[str, None] = {}
+    for ex in examples:
+        if not isinstance(ex, Mapping):
+            raise TypeError(f"examples must be mappings (dict per sample), got {type(ex).__name__}")
+        keys.update(dict.fromkeys(ex))
+    keys.pop("prompt", None)  # passed positionally as `prompts`
+    fields = {k: [ex.get(k) for ex in examples] for k in keys}
+    for k, v in extra.items():
+        v = v.tolist() if isinstance(v, np.ndarray) else list(v)
+        if len(v) != n:
+            raise ValueError(f"extra field {k!r} has {len(v)} entries for {n} completions")
+        fields[k] = v
+    for bad in ("prompts", "completions"):
+        if bad in fields:
+            raise ValueError(f"field name {bad!r} is reserved (it is a positional argument)")
+    return fields

@@ -1,0 +1,243 @@
+"""Code (Eurus-2-RL / APPS setting): records, sandboxed test rewards, evaluation.
+
+Tests: {"inputs": [...], "outputs": [...]} for stdin/stdout problems, plus
+"fn_name" for function-call problems (inputs = argument lists; the function
+is top-level or a method of class Solution, LeetCode style).
+
+Rewards (the program = the last ```python block of the completion):
+  code_pass_rate in [0, 1]: share of test cases passed.
+  code_bug in {0, 1}: 1 when the program compiles and no case raises a
+    runtime error / hits the memory or output limit (a timeout alone is not a
+    bug); 0 without a code block.
+  length (generic), conditioned on code_pass_rate >= 1.0.
+Both rewards share one sandbox run per (program, tests, limits): results are
+memoized with single flight, so pass rate and bug cost one execution.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import json
+import math
+import re
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from gdpo_jax.data.loaders import PathLike, RecordError, get_field, normalize_messages
+from gdpo_jax.rewards.registry import completion_token_counts, register_reward
+from gdpo_jax.rewards.runner import RewardSpec
+from gdpo_jax.rewards.sandbox import ProgramResult, SandboxLimits, run_program
+from gdpo_jax.tasks.common import load_records, parse_json_field
+
+STDIN_TEMPLATE = ("{question}\n\nWrite a Python 3 program that reads the input from standard input "
+                  "and prints the answer to standard output. Give the complete program in a "
+                  "```python code block.")
+CALL_TEMPLATE = ("{question}\n\nComplete the Python 3 function below and give the complete code in a "
+                 "```python code block.\n```python\n{starter}\n```")
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def extract_code(completion: str) -> str | None:
+    """The last fenced ```python (or ```py / ```python3) block; None if there is none."""
+    blocks = _FENCE.findall(completion)
+    return blocks[-1] if blocks else None
+
+
+def _tokens_equal(a: str, b: str, tol: float) -> bool:
+    if a == b:
+        return True
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    return math.isclose(x, y, rel_tol=tol, abs_tol=tol)
+
+
+def stdout_matches(actual: str, expected: str, tol: float = 1e-6) -> bool:
+    """Judge-style comparison: per line, whitespace-separated tokens equal
+    (numbers within `tol`), trailing spaces and blank lines ignored."""
+    a = [ln.split() for ln in actual.strip().splitlines()]
+    e = [ln.split() for ln in expected.strip().splitlines()]
+    a = [t for t in a if t]
+    e = [t for t in e if t]
+    if len(a) != len(e):
+        return False
+    return all(len(x) == len(y) and all(_tokens_equal(p, q, tol) for p, q in zip(x, y))
+               for x, y in zip(a, e))
+
+
+def value_matches(value: Any, expected: Any, tol: float = 1e-6) -> bool:
+    """Return-value comparison (APPS convention: an expected value may be
+    wrapped in a one-element list; tuples are lists after JSON; numbers
+    within `tol`; booleans only equal booleans)."""
+    def eq(a, b):
+        if isinstance(a, bool) or isinstance(b, bool):  # True is not 1 here
+            return type(a) is type(b) and a == b
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(eq(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(eq(a[k], b[k]) for k in a)
+        return a == b
+    if eq(value, expected):
+        return True
+    return isinstance(expected, list) and len(expected) == 1 and eq(value, expected[0])
+
+
+class _Memo:
+    """Bounded LRU of sandbox runs with single flight (concurrent callers of
+    the same key wait for one execution instead of starting their own)."""
+
+    def __init__(self, size: int = 2048):
+        self._d: collections.OrderedDict[str, cf.Future] = collections.OrderedDict()
+        self._lock, self._size = threading.Lock(), size
+
+    def get(self, key: str, compute) -> Any:
+        with self._lock:
+            fut = self._d.get(key)
+            owner = fut is None
+            if owner:
+                fut = self._d[key] = cf.Future()
+                while len(self._d) > self._size:
+                    self._d.popitem(last=False)
+            else:
+                self._d.move_to_end(key)
+        if owner:
+            try:
+                fut.set_result(compute())
+            except BaseException as e:
+                fut.set_exception(e)
+                with self._lock:
+                    self._d.pop(key, None)
+        return fut.result()
+
+
+_MEMO = _Memo()
+
+
+def _limits(kwargs: Mapping) -> tuple[SandboxLimits, str, int | None]:
+    names = {f for f in SandboxLimits.__dataclass_fields__}
+    lim = SandboxLimits(**{k: v for k, v in kwargs.items() if k in names})
+    return lim, kwargs.get("isolation", "auto"), kwargs.get("max_tests")
+
+
+def run_tests(code: str, tests: Mapping, *, limits: SandboxLimits = SandboxLimits(),
+              isolation: str = "auto", max_tests: int | None = None) -> tuple[float, bool, ProgramResult]:
+    """(pass rate, bug-free, raw result) of `code` on `tests`, memoized."""
+    ins, outs = list(tests["inputs"]), list(tests["outputs"])
+    if max_tests is not None:
+        ins, outs = ins[:max_tests], outs[:max_tests]
+    fn = tests.get("fn_name") or None
+    key = json.dumps([code, ins, outs, fn, limits.__dict__, isolation], sort_keys=True, default=str)
+
+    def compute():
+        res = run_program(code, ins, fn_name=fn, limits=limits, isolation_mode=isolation)
+        ok = [c.status == "ok" and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, str(o)))
+              for c, o in zip(res.cases, outs)]
+        return (sum(ok) / len(outs) if outs else 0.0), not res.has_error, res
+
+    return _MEMO.get(key, compute)
+
+
+def _scores(completions, tests, kwargs, which: int) -> list[float]:
+    lim, iso, max_tests = _limits(kwargs)
+    out = []
+    for c, t in zip(completions, tests):
+        code = extract_code(c)
+        if code is None:
+            out.append(0.0)
+            continue
+        rate, bug_free, res = run_tests(code, t, limits=lim, isolation=iso, max_tests=max_tests)
+        if any(c.status == "sandbox_error" for c in res.cases):
+            out.append(math.nan)  # the sandbox itself failed: cannot score
+        else:
+            out.append(rate if which == 0 else float(bug_free))
+    return out
+
+
+@register_reward("code_pass_rate")
+def pass_rate_reward(prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping],
+                     **kwargs) -> list[float]:
+    """[0, 1] share of passed tests. kwargs: SandboxLimits fields, isolation, max_tests."""
+    return _scores(completions, tests, kwargs, 0)
+
+
+@register_reward("code_bug")
+def bug_reward(prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping],
+               **kwargs) -> list[float]:
+    """{0, 1}: 1 when the program runs without compile/runtime error."""
+    return _scores(completions, tests, kwargs, 1)
+
+
+# Suggested RewardRunner settings: one program per call, so the per-call
+# deadline is per program (all its tests) and programs run in parallel.
+RUNNER_DEFAULTS: dict = {"chunk_size": 1, "timeout_s": 120.0}
+
+
+def default_rewards(max_tokens: int = 4000, bug: bool = True) -> list[RewardSpec]:
+    """Pass rate, length gated on pass rate == 1, and (3 objectives) bug."""
+    specs = [RewardSpec("code_pass_rate"),
+             RewardSpec("length", condition="code_pass_rate", threshold=1.0, kwargs={"max_tokens": max_tokens})]
+    return specs + [RewardSpec("code_bug")] if bug else specs
+
+
+def _tests(value: Any, path: str, row: int, field: str) -> dict:
+    t = parse_json_field(value, path, row, field)
+    if not isinstance(t, Mapping):
+        raise RecordError(path, row, field, "tests must be an object with 'inputs' and 'outputs'")
+    for k in ("inputs", "outputs"):
+        if not isinstance(t.get(k), list):
+            raise RecordError(path, row, f"{field}.{k}", "missing or not a list")
+    if len(t["inputs"]) != len(t["outputs"]) or not t["inputs"]:
+        raise RecordError(path, row, field, f"need as many outputs as inputs (>= 1), got "
+                          f"{len(t['inputs'])} inputs and {len(t['outputs'])} outputs")
+    out = {"inputs": t["inputs"], "outputs": t["outputs"], "fn_name": t.get("fn_name") or None}
+    if out["fn_name"] is None and not all(isinstance(x, (str, list)) for x in out["inputs"]):
+        raise RecordError(path, row, f"{field}.inputs", "stdin inputs must be strings (or lists of lines)")
+    return out
+
+
+def normalize_record(rec: dict, path: str, row: int) -> dict:
+    """Eurus/verl {prompt, reward_model.ground_truth (tests JSON)}, APPS {question,
+    input_output, starter_code} or {prompt|question, tests} -> task record."""
+    if "input_output" in rec:  # APPS / TACO
+        tests = _tests(rec["input_output"], path, row, "input_output")
+        q = get_field(rec, "question", path, row)
+        starter = rec.get("starter_code") or ""
+        text = (CALL_TEMPLATE.format(question=q.strip(), starter=starter.strip())
+                if tests["fn_name"] and starter.strip() else STDIN_TEMPLATE.format(question=q.strip()))
+        prompt = [{"role": "user", "content": text}]
+    else:
+        if "prompt" in rec:
+            prompt = normalize_messages(rec["prompt"], path, row)
+        else:
+            q = get_field(rec, "question", path, row)
+            prompt = [{"role": "user", "content": STDIN_TEMPLATE.format(question=q.strip())}]
+        field = "reward_model.ground_truth" if "reward_model" in rec else "tests"
+        tests = _tests(get_field(rec, field, path, row), path, row, field)
+    return {"prompt": prompt, "tests": tests, "data_source": rec.get("data_source", "code"),
+            "extra_info": rec.get("extra_info") or {}}
+
+
+def load(path: PathLike | Sequence[PathLike] | Sequence[Mapping], *, split: str | None = None,
+         backend: str = "auto", limit: int | None = None) -> list[dict]:
+    """Code records from JSONL / JSON / Parquet (Eurus-2-RL code, APPS, TACO)."""
+    return load_records(path, normalize_record, split=split, backend=backend, limit=limit)
+
+
+def evaluate(completions: Sequence[str], examples: Sequence[Mapping], *,
+             completion_lengths: Sequence[int] | None = None, max_tokens: int = 4000,
+             **kwargs) -> dict[str, float]:
+    """{"pass_rate" (mean share of tests), "all_pass" (share passing every test),
+    "bug_ratio" (share with compile/runtime errors or no code), "exceed_ratio"}.
+    kwargs: sandbox settings as for the rewards."""
+    tests = [ex["tests"] for ex in examples]
+    rate = np.asarray(pass_rate_reward(None, completions, tests=tests, **kwargs), np.float64)
+    bug = np.asarray(bug_reward(None, completions, tests=tests, **kwargs), np.float64)
+    lens = np.asarray(completion_token_counts(completions, completion_lengths))
+    return {"pass_rate": float(np.nanmean(rate)), "all_pass": float(np.mean(rate >= 1.0)),
+            "bug_ratio": float(np.mean(bug == 0.0)), "exceed_ratio": float(np.mean(lens > max_tokens)),
+            "num_samples": float(len(rate))}

@@ -1,0 +1,190 @@
+"""Math (DeepScaleR setting): records, boxed-answer correctness, length, pass@1 eval.
+
+Rewards:
+  math_correct in {0, 1}: the LAST \\boxed{...} of the completion is
+    mathematically equivalent to the reference (math-verify parse + verify;
+    when either side does not parse, a normalized string comparison).
+    No boxed answer -> 0.
+  length in {0, 1} (gdpo_jax.rewards.registry): <= max_tokens tokens; the
+    paper conditions it on correctness: RewardSpec("length",
+    condition="math_correct", kwargs={"max_tokens": 4000}).
+"""
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from gdpo_jax.data.loaders import PathLike, RecordError, get_field, normalize_messages
+from gdpo_jax.rewards.registry import completion_token_counts, register_reward
+from gdpo_jax.rewards.runner import RewardSpec
+from gdpo_jax.tasks.common import group_ids_for, load_records, mean_over_groups
+
+# DeepScaleR / DeepSeek-R1 instruction.
+PROMPT_TEMPLATE = "{problem} Let's think step by step and output the final answer within \\boxed{{}}."
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced; else None.
+
+    Also reads the brace-less form `\\boxed 5` (ends at whitespace or $).
+    """
+    starts = [m for m in _BOX.finditer(text)]
+    if starts:
+        m = starts[-1]
+        depth, i = 1, m.end()
+        while i < len(text):
+            ch = text[i]
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[m.end():i].strip()
+            i += 1
+        # unbalanced: fall through to the brace-less form / none
+    m2 = list(re.finditer(r"\\boxed\s+([^\s$]+)", text))
+    return m2[-1].group(1).strip() if m2 else None
+
+
+def normalize_answer(s: str) -> str:
+    """String fallback: drop spacing, $, \\left/\\right, text wrappers, trailing dot."""
+    s = s.strip().strip("$").strip()
+    s = re.sub(r"\\text\{(.*?)\}|\\mathrm\{(.*?)\}", lambda m: m.group(1) or m.group(2) or "", s)
+    for a, b in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\;", ""),
+                 ("dfrac", "frac"), ("tfrac", "frac"), ("^\\circ", ""), ("^{\\circ}", ""),
+                 ("\\%", ""), ("%", "")):
+        s = s.replace(a, b)
+    s = re.sub(r"\s+", "", s).rstrip(".")
+    return s.lower()
+
+
+@functools.lru_cache(maxsize=None)
+def _math_verify():
+    import math_verify  # lazy: the sympy / antlr import takes ~0.5 s
+    import math_verify.grader
+    import math_verify.parser
+    # It warns (racily, once per thread) when timeouts are off; here that is
+    # deliberate in worker threads, so mark the warning as already shown.
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify.parse, math_verify.verify
+
+
+def is_equivalent(pred: str, gold: str) -> bool:
+    """math-verify equivalence of two answer strings, string fallback if unparsable.
+
+    math-verify times out with SIGALRM, which only works in the main thread:
+    in worker threads its timeouts are off (the RewardRunner's deadline is
+    the guard); in the main thread (or a process-pool worker) they are 5 s.
+    """
+    parse, verify = _math_verify()
+    main = threading.current_thread() is threading.main_thread()
+    pt, vt = (5, 5) if main else (None, None)
+    g = parse(f"${gold}$", parsing_timeout=pt)
+    p = parse(f"${pred}$", parsing_timeout=pt)
+    if g and p:
+        try:
+            if verify(g, p, timeout_seconds=vt):
+                return True
+        except Exception:  # noqa: BLE001 - sympy edge cases: fall back to strings
+            pass
+    return normalize_answer(pred) == normalize_answer(gold)
+
+
+def _golds(gt: Any) -> list[str]:
+    if isinstance(gt, (list, tuple)) or hasattr(gt, "tolist"):
+        gt = list(gt.tolist() if hasattr(gt, "tolist") else gt)
+        return [str(g) for g in gt]
+    return [str(gt)]
+
+
+@register_reward("math_correct")
+def correctness_reward(prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[Any],
+                       **kwargs) -> list[float]:
+    """{0, 1}: last boxed answer equivalent to (any of) the reference answer(s)."""
+    out = []
+    for c, gt in zip(completions, ground_truth):
+        ans = last_boxed(c)
+        out.append(float(ans is not None and any(is_equivalent(ans, g) for g in _golds(gt))))
+    return out
+
+
+# Suggested RewardRunner settings: sympy is slow per sample, keep chunks small.
+RUNNER_DEFAULTS: dict = {"chunk_size": 8}
+
+
+def default_rewards(max_tokens: int = 4000, conditioned: bool = True,
+                    executor: str | None = None) -> list[RewardSpec]:
+    """Correctness + length (<= max_tokens), length gated on correctness by default.
+
+    executor="process" runs math-verify in a process pool: parallel despite
+    the GIL, and a hung sympy call can be killed (threads cannot be).
+    """
+    return [RewardSpec("math_correct", executor=executor),
+            RewardSpec("length", condition="math_correct" if conditioned else None,
+                       kwargs={"max_tokens": max_tokens})]
+
+
+def normalize_record(rec: dict, path: str, row: int, template: str = PROMPT_TEMPLATE) -> dict:
+    """DeepScaleR {problem, answer} or verl {prompt, reward_model.ground_truth} -> task record."""
+    if "problem" in rec and "prompt" not in rec:
+        problem = get_field(rec, "problem", path, row)
+        if not isinstance(problem, str) or not problem.strip():
+            raise RecordError(path, row, "problem", "must be non-empty text")
+        prompt = [{"role": "user", "content": template.format(problem=problem.strip())}]
+        field = "answer"
+        gt = get_field(rec, field, path, row)
+    else:
+        prompt = normalize_messages(get_field(rec, "prompt", path, row), path, row)
+        field = "reward_model.ground_truth"
+        gt = get_field(rec, field, path, row, default=None)
+        if gt is None:
+            field = "answer"
+            gt = get_field(rec, field, path, row)
+    golds = _golds(gt)
+    if not golds or not all(g.strip() for g in golds):
+        raise RecordError(path, row, field, f"reference answer is empty: {gt!r}")
+    return {"prompt": prompt, "ground_truth": golds[0] if len(golds) == 1 else golds,
+            "data_source": rec.get("data_source", "math"), "extra_info": rec.get("extra_info") or {},
+            "solution": rec.get("solution")}
+
+
+def load(path: PathLike | Sequence[PathLike] | Sequence[Mapping], *, split: str | None = None,
+         backend: str = "auto", limit: int | None = None, template: str = PROMPT_TEMPLATE) -> list[dict]:
+    """Math records from JSONL / JSON / Parquet (DeepScaleR, verl, synthetic arithmetic)."""
+    norm = lambda r, f, i: normalize_record(r, f, i, template)  # noqa: E731
+    return load_records(path, norm, split=split, backend=backend, limit=limit)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def evaluate(completions: Sequence[str], examples: Sequence[Mapping], *,
+             completion_lengths: Sequence[int] | None = None, max_tokens: int = 4000,
+             group_ids: Sequence[int] | None = None, correct: Sequence[float] | None = None,
+             **kwargs) -> dict[str, float]:
+    """Avg pass@1 over the k samples of each problem, and the Exceed ratio.
+
+    completions[i] is a sample for examples[i]; samples of one problem share a
+    group id (given, or found from identical prompts). `correct` skips
+    re-scoring when the caller already has math_correct scores.
+    Returns {"pass@1", "exceed_ratio" (share of samples over max_tokens),
+    "mean_length", "num_problems", "samples_per_problem"}.
+    """
+    if correct is None:
+        correct = correctness_reward(None, completions, ground_truth=[ex["ground_truth"] for ex in examples])
+    corr = np.asarray(correct, np.float64)
+    groups = group_ids_for(examples, group_ids)
+    lens = np.asarray(completion_token_counts(completions, completion_lengths), np.float64)
+    n_prob = len(np.unique(groups))
+    return {"pass@1": mean_over_groups(corr, groups), "exceed_ratio": float(np.mean(lens > max_tokens)),
+            "mean_length": float(lens.mean()), "num_problems": float(n_prob),
+            "samples_per_problem": float(len(corr) / max(n_prob, 1))}

@@ -1,0 +1,214 @@
+"""Reward registry and RewardRunner: gating, errors, timeouts, process pool."""
+import math
+import time
+
+import numpy as np
+import pytest
+
+from gdpo_jax.rewards import (RewardError, RewardRunner, RewardSpec, estimate_tokens, get_reward,
+                              list_rewards, register_reward)
+
+
+@register_reward("_test_value")
+def _value(prompts, completions, *, value, scale=1.0, **kw):
+    return [float(v) * scale for v in value]
+
+
+@register_reward("_test_boom")
+def _boom(prompts, completions, **kw):
+    out = []
+    for c in completions:
+        if "boom" in c:
+            raise ZeroDivisionError("exploded on purpose")
+        out.append(1.0)
+    return out
+
+
+@register_reward("_test_sleepy")
+def _sleepy(prompts, completions, **kw):
+    if any("sleep" in c for c in completions):
+        time.sleep(2.0)
+    return [1.0] * len(completions)
+
+
+@register_reward("_test_wrong_len")
+def _wrong_len(prompts, completions, **kw):
+    return [1.0] * (len(completions) + 1)
+
+
+@register_reward("_test_cpu")
+def _cpu(prompts, completions, **kw):  # module level: picklable for the process pool
+    return [float(sum(i * i for i in range(1000)) % 7 + len(c)) for c in completions]
+
+
+def _batch(values, completions=None):
+    n = len(values)
+    completions = completions or [f"c{i}" for i in range(n)]
+    prompts = [[{"role": "user", "content": f"question {i}"}] for i in range(n)]
+    examples = [{"prompt": p, "value": v} for p, v in zip(prompts, values)]
+    return prompts, completions, examples
+
+
+def test_registry_lists_builtins_and_rejects_unknown():
+    names = list_rewards()
+    for n in ("toolcall_format", "toolcall_correctness", "math_correct", "length", "code_pass_rate", "code_bug"):
+        assert n in names
+    with pytest.raises(KeyError, match="known rewards: .*math_correct"):
+        get_reward("no_such_reward")
+
+
+def test_register_clash_is_an_error():
+    with pytest.raises(ValueError, match="already registered"):
+        register_reward("_test_value")(lambda p, c, **k: [0.0] * len(c))
+    register_reward("_test_value")(_value)  # same function again: fine
+
+
+def test_values_kwargs_and_extra_fields():
+    prompts, comps, ex = _batch([1, 2, 3])
+    with RewardRunner([RewardSpec("_test_value", kwargs={"scale": 2.0}), "length"], num_workers=2) as r:
+        R, info = r(prompts, comps, ex, completion_lengths=np.array([1, 5000, 3]))
+    np.testing.assert_array_equal(R, np.array([[2, 1], [4, 0], [6, 1]], np.float32))
+    assert R.dtype == np.float32
+    assert info["reward_failures/_test_value"] == 0 and info["reward_time/total"] > 0
+    np.testing.assert_array_equal(r.weights, [1.0, 1.0])
+
+
+def test_gating_numpy_semantics_and_chain():
+    # value column: [cond]; a gated on cond >= 1; b gated on a >= 0.5.
+    @register_reward("_test_const", overwrite=True)
+    def const(prompts, completions, *, c, **kw):
+        return list(c)
+
+    cond = [1.0, 0.0, math.nan, 2.0]
+    prompts, comps, _ = _batch(cond)
+    ex = [{"value": v, "c": 0.7} for v in cond]
+    specs = [RewardSpec("_test_const", condition="_test_value", threshold=1.0),
+             RewardSpec("_test_value"),
+             RewardSpec("length", condition="_test_const", threshold=0.5, kwargs={"max_tokens": 100})]
+    with RewardRunner(specs) as r:
+        R, _ = r(prompts, comps, ex)
+    # hand-worked: const kept where cond >= 1 (rows 0, 3), 0 where cond < 1,
+    # NaN where cond is NaN (undecidable gate); the chain follows the gated value.
+    np.testing.assert_allclose(R[:, 0], [0.7, 0.0, np.nan, 0.7], rtol=1e-6)
+    np.testing.assert_allclose(R[:, 2], [1.0, 0.0, np.nan, 1.0])
+    assert np.isnan(R[2, 1])
+
+
+def test_gating_matches_core_gate_reward_if_present():
+    core = pytest.importorskip("gdpo_jax.core")
+    gate = getattr(core, "gate_reward", None)
+    if gate is None:
+        pytest.skip("gdpo_jax.core.gate_reward not there yet")
+    cond = np.array([1.0, 0.0, np.nan, 2.0, 0.99], np.float32)
+    rew = np.array([0.5, 0.5, 0.5, np.nan, 0.5], np.float32)
+    prompts, comps, _ = _batch(list(cond))
+    ex = [{"value": c, "rv": r_} for c, r_ in zip(cond, rew)]
+
+    @register_reward("_test_rv", overwrite=True)
+    def rv(prompts, completions, *, rv, **kw):
+        return list(rv)
+
+    with RewardRunner([RewardSpec("_test_value"), RewardSpec("_test_rv", condition="_test_value")]) as r:
+        R, _ = r(prompts, comps, ex)
+    np.testing.assert_array_equal(R[:, 1], np.asarray(gate(rew, cond, 1.0)))
+
+
+def test_raise_names_function_and_sample():
+    prompts, comps, ex = _batch([0, 0, 0, 0], ["fine", "ok", "boom goes here", "fine"])
+    with RewardRunner(["_test_boom"], num_workers=2, on_error="raise") as r:
+        with pytest.raises(RewardError) as ei:
+            r(prompts, comps, ex)
+    msg = str(ei.value)
+    assert "_test_boom" in msg and "test_rewards._boom" in msg
+    assert "sample 2" in msg and "boom goes here" in msg and "question 2" in msg
+    assert "ZeroDivisionError: exploded on purpose" in msg
+    assert ei.value.index == 2 and isinstance(ei.value.__cause__, ZeroDivisionError)
+
+
+def test_nan_mode_counts_failures():
+    prompts, comps, ex = _batch([0] * 5, ["a", "boom", "b", "boom", "c"])
+    with RewardRunner(["_test_boom", "_test_value"], num_workers=2, on_error="nan") as r:
+        R, info = r(prompts, comps, ex)
+    assert np.isnan(R[[1, 3], 0]).all() and (R[[0, 2, 4], 0] == 1.0).all()
+    assert info["reward_failures/_test_boom"] == 2 and info["reward_nan/_test_boom"] == 2
+    assert info["reward_failures/_test_value"] == 0
+
+
+def test_wrong_length_output_is_reported():
+    prompts, comps, ex = _batch([0, 0])
+    with RewardRunner(["_test_wrong_len"]) as r:
+        with pytest.raises(RewardError, match="returned 2 values for 1 completions"):
+            r(prompts, comps, ex)
+
+
+def test_timeout_raise_and_nan():
+    prompts, comps, ex = _batch([0] * 4, ["a", "sleep", "b", "c"])
+    with RewardRunner(["_test_sleepy", "_test_value"], num_workers=4, timeout_s=0.3, chunk_size=2,
+                      on_error="nan") as r:
+        t0 = time.perf_counter()
+        R, info = r(prompts, comps, ex)
+        assert time.perf_counter() - t0 < 1.8  # did not wait for the 2 s sleep
+        assert np.isnan(R[:2, 0]).all() and (R[2:, 0] == 1).all()
+        assert info["reward_timeouts/_test_sleepy"] == 2
+        R2, _ = r(prompts[2:], comps[2:], ex[2:])  # a fresh pool serves the next call
+        assert (R2[:, 0] == 1).all()
+    with RewardRunner(["_test_sleepy"], timeout_s=0.3, on_error="raise") as r:
+        with pytest.raises(RewardError, match="timed out after 0.3s"):
+            r(prompts, comps, ex)
+
+
+def test_process_executor_same_values():
+    prompts, comps, ex = _batch([0] * 6, ["x" * i for i in range(6)])
+    with RewardRunner(["_test_cpu"], num_workers=2) as r:
+        want, _ = r(prompts, comps, ex)
+    with RewardRunner([RewardSpec("_test_cpu", executor="process")], num_workers=2) as r:
+        got, info = r(prompts, comps, ex)
+    np.testing.assert_array_equal(got, want)
+    assert want[3, 0] == float(sum(i * i for i in range(1000)) % 7 + 3)
+
+
+def test_process_executor_rejects_unpicklable():
+    register_reward("_test_lambda", overwrite=True)(lambda p, c, **k: [0.0] * len(c))
+    with pytest.raises(ValueError, match="does not pickle"):
+        RewardRunner([RewardSpec("_test_lambda", executor="process")])
+
+
+@pytest.mark.parametrize("specs, err", [
+    ([RewardSpec("length", condition="nope")], "not one of this runner's rewards"),
+    ([RewardSpec("length", condition="_test_value"), RewardSpec("_test_value", condition="length")], "cycle"),
+    (["length", "length"], "unique"),
+    ([RewardSpec("length", executor="gpu")], "executor"),
+    ([{"name": "length", "wieght": 2}], "unknown keys"),
+])
+def test_bad_specs(specs, err):
+    with pytest.raises(ValueError, match=err):
+        RewardRunner(specs)
+
+
+def test_spec_parse_and_batch_checks():
+    s = RewardSpec.parse({"name": "length", "weight": 0.5, "condition": None, "kwargs": {"max_tokens": 3}})
+    assert s == RewardSpec("length", 0.5, None, 1.0, {"max_tokens": 3})
+    assert RewardSpec.parse("length") == RewardSpec("length")
+    prompts, comps, ex = _batch([1, 2])
+    with RewardRunner(["_test_value"]) as r:
+        with pytest.raises(ValueError, match="one entry per completion"):
+            r(prompts, comps[:1], ex)
+        with pytest.raises(ValueError, match="extra field 'completion_lengths' has 3 entries"):
+            r(prompts, comps, ex, completion_lengths=[1, 2, 3])
+
+
+def test_length_estimate():
+    assert estimate_tokens("a b c") == 3  # words beat chars/4 = 2
+    assert estimate_tokens("x" * 41) == 11  # ceil(41 / 4)
+    f = get_reward("length")
+    assert f(None, ["a b c", "x" * 41], max_tokens=10) == [1.0, 0.0]
+    assert f(None, ["a", "b"], max_tokens=10, completion_lengths=[10, 11]) == [1.0, 0.0]
+
+
+def test_all_workers_hung_cancels_the_queue():
+    prompts, comps, ex = _batch([0, 0, 0], ["sleep", "a", "b"])
+    with RewardRunner(["_test_sleepy"], num_workers=1, chunk_size=1, timeout_s=0.3, on_error="nan") as r:
+        t0 = time.perf_counter()
+        R, info = r(prompts, comps, ex)
+        assert time.perf_counter() - t0 < 1.8
+    assert np.isnan(R[:, 0]).all() and info["reward_timeouts/_test_sleepy"] == 3

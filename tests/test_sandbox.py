@@ -1,0 +1,202 @@
+"""Sandbox: benign programs, and hostile ones that must each end as a failed
+test case within their limits while this (the runner's) process survives."""
+import os
+import socket
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from gdpo_jax.rewards import RewardRunner, RewardSpec
+from gdpo_jax.rewards import sandbox as sb
+
+ISO = sb.isolation()
+FAST = sb.SandboxLimits(cpu_s=1, wall_s=2)
+full = pytest.mark.skipif(ISO.mode != "namespaces", reason=f"needs namespaces isolation, have {ISO.mode}")
+# As root, RLIMIT_NPROC is ignored: only a dropped uid (or a non-root userns) bounds a fork bomb.
+nproc_holds = ISO.uid_drop or (ISO.mode == "userns" and os.geteuid() != 0)
+
+
+def run1(src, stdin="", limits=FAST, **kw):
+    res = sb.run_program(src, [stdin], limits=limits, **kw)
+    assert len(res.cases) == 1
+    return res, res.cases[0]
+
+
+def sandbox_uid_procs():
+    lo = sb._UIDS._base
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if lo <= os.stat(f"/proc/{pid}").st_uid < lo + 64:
+                    out.append(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+def test_isolation_is_recorded():
+    assert ISO.mode in sb.MODES
+    if os.geteuid() == 0 and sb._probe(["unshare", *sb._NS_FLAGS, "true"]):
+        assert ISO == sb.Isolation("namespaces", True, True, True, True)
+    with pytest.raises(ValueError, match="isolation mode"):
+        sb.isolation("chroot")
+
+
+def test_benign_stdin_and_call_modes():
+    res = sb.run_program("a, b = map(int, input().split())\nprint(a + b)\n", ["1 2", ["3 4"], "x y"])
+    assert [c.status for c in res.cases] == ["ok", "ok", "runtime_error"]
+    assert [c.stdout for c in res.cases[:2]] == ["3\n", "7\n"]
+    assert "ValueError" in res.cases[2].stderr and res.has_error
+    res = sb.run_program("class Solution:\n    def f(self, a, b):\n        return (a + b, {1})\n",
+                         [[1, 2]], fn_name="f")
+    assert res.cases[0].value == [3, [1]] and not res.has_error
+    res = sb.run_program("def f(:\n", [[1]], fn_name="f")
+    assert res.compile_error.startswith("SyntaxError") and res.has_error
+
+
+def test_stdlib_imports_work_for_the_test_uid():
+    _, c = run1("import xml.dom.minidom, sqlite3, json\nprint('ok')\n")
+    if ISO.private_tmp or not ISO.uid_drop:
+        assert c.status == "ok", c.stderr
+
+
+def test_infinite_loop_times_out():
+    t0 = time.monotonic()
+    _, c = run1("while True:\n    pass\n")
+    assert c.status == "timeout" and time.monotonic() - t0 < 8
+
+
+def test_sleeping_program_hits_the_wall_clock():
+    _, c = run1("import time\ntime.sleep(60)\n", limits=sb.SandboxLimits(cpu_s=5, wall_s=0.5))
+    assert c.status == "timeout" and c.time_s < 3
+
+
+def test_total_wall_time_bounds_the_whole_program():
+    lim = sb.SandboxLimits(cpu_s=5, wall_s=5, total_wall_s=1.0)
+    res = sb.run_program("import time\ntime.sleep(60)\n", ["", ""], limits=lim)
+    assert [c.status for c in res.cases] == ["timeout", "timeout"] and res.wall_s < 4
+
+
+@pytest.mark.skipif(not nproc_holds, reason=f"RLIMIT_NPROC does not bind in mode {ISO.mode}")
+def test_fork_bomb_is_contained():
+    src = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    t0 = time.monotonic()
+    _, c = run1(src)
+    assert c.status in ("timeout", "killed") and time.monotonic() - t0 < 8
+    assert sandbox_uid_procs() == []
+    assert run1("print('after')")[1].stdout == "after\n"
+
+
+def test_memory_bomb_fails():
+    _, c = run1("a = []\nwhile True:\n    a.append(bytearray(10**7))\n",
+                limits=sb.SandboxLimits(cpu_s=2, wall_s=4, memory_mb=256))
+    assert c.status in ("memory_error", "killed")
+    _, c = run1("x = bytearray(2**34)\n")
+    assert c.status == "memory_error"
+
+
+def test_huge_output_is_capped():
+    lim = sb.SandboxLimits(cpu_s=2, wall_s=4, fsize_mb=1, output_bytes=1000)
+    _, c = run1("while True:\n    print('y' * 1000)\n", limits=lim)
+    assert c.status == "output_limit" and len(c.stdout) == 1000 and c.truncated
+
+
+@full
+def test_writes_outside_its_dir_do_not_land(tmp_path):
+    tag = uuid.uuid4().hex
+    targets = [str(tmp_path / f"{tag}.txt"), f"/tmp/gdpo_escape_{tag}", f"/var/tmp/gdpo_escape_{tag}",
+               f"/dev/shm/gdpo_escape_{tag}", os.path.join(os.getcwd(), f"gdpo_escape_{tag}"),
+               os.path.join(os.path.dirname(sb._base_dir()), f"gdpo_escape_{tag}")]
+    src = ("import os\nfor p in %r + ['../gdpo_escape_%s']:\n    try:\n"
+           "        open(p, 'w').write('x')\n        print('escaped', p)\n    except OSError:\n        pass\n"
+           "open('inside.txt', 'w').write('fine')\nprint(open('inside.txt').read())\n") % (targets, tag)
+    _, c = run1(src)
+    for p in targets + [os.path.join(sb._base_dir(), f"gdpo_escape_{tag}")]:
+        assert not os.path.exists(p), p
+    assert c.stdout.endswith("fine\n")  # its own directory is writable
+    assert str(tmp_path) not in c.stdout  # the test's own dir is out of reach
+
+
+@full
+def test_parent_environment_is_invisible(monkeypatch):
+    secret = uuid.uuid4().hex
+    monkeypatch.setenv("GDPO_SANDBOX_SECRET", secret)
+    src = ("import os, glob\nprint(dict(os.environ))\n"
+           "for p in glob.glob('/proc/*/environ') + ['/proc/%d/environ' % os.getppid()]:\n"
+           "    try:\n        print(open(p).read())\n    except OSError as e:\n        print(p, e)\n"
+           f"print(open('/proc/{os.getpid()}/environ').read())\n")
+    _, c = run1(src)
+    assert secret not in c.stdout and secret not in c.stderr
+    assert "GDPO_SANDBOX_SECRET" not in c.stdout
+
+
+@full
+def test_network_connection_fails():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(0.2)
+    port = srv.getsockname()[1]
+    try:
+        src = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')\n"
+        _, c = run1(src)
+        assert c.status == "runtime_error" and "connected" not in c.stdout
+        with pytest.raises(socket.timeout):
+            srv.accept()
+    finally:
+        srv.close()
+
+
+@pytest.mark.skipif(not ISO.uid_drop and not ISO.pid_namespace, reason="parent shares the uid")
+def test_killing_its_parent_leaves_the_runner_alive():
+    me = os.getpid()
+    src = ("import os, signal\nfor pid in (os.getppid(), %d, 1):\n    try:\n        os.kill(pid, 9)\n"
+           "    except OSError:\n        pass\nimport time\ntime.sleep(0.2)\nprint('alive')\n") % me
+    _, c = run1(src)
+    assert os.getpid() == me  # still here
+    # the driver survived its child: the case finished and was reported
+    assert c.status == "ok" and c.stdout == "alive\n"
+    _, c = run1("import os\nos.kill(os.getppid(), 9)\nprint('killed it')\n")
+    assert c.status != "ok" or c.stdout != "killed it\n" or ISO.pid_namespace
+    assert run1("print(1)")[1].stdout == "1\n"
+
+
+def test_hostile_batch_through_the_reward_runner():
+    tests = {"inputs": ["2\n"], "outputs": ["4\n"], "fn_name": None}
+    comps = ["```python\nwhile True: pass\n```",
+             "```python\nimport os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n```"
+             if nproc_holds else "```python\nraise SystemExit(3)\n```",
+             "```python\nprint(int(input()) * 2)\n```",
+             "```python\nprint(int(input()) ** 3)\n```"]
+    kw = {"cpu_s": 1, "wall_s": 2}
+    ex = [{"tests": tests}] * 4
+    specs = [RewardSpec("code_pass_rate", kwargs=kw), RewardSpec("code_bug", kwargs=kw)]
+    with RewardRunner(specs, num_workers=4, timeout_s=20, on_error="raise") as r:
+        R, info = r(["q"] * 4, comps, ex)
+    np.testing.assert_array_equal(R[:, 0], [0, 0, 1, 0])
+    assert R[2, 1] == 1 and R[3, 1] == 1 and R[0, 1] == 1  # a timeout alone is not a bug
+
+
+def test_stdin_stdout_idioms():
+    src = ("import sys\nn = int(sys.stdin.buffer.readline())\nrest = sys.stdin.read().split()\n"
+           "sys.stdout.buffer.write(str(n + len(rest)).encode() + b'\\n')\nprint('x', end='')\n")
+    _, c = run1(src, "3\na b\nc\n")
+    assert c.status == "ok" and c.stdout == "6\nx"
+    _, c = run1("print(open(0).read().upper())", "hi")
+    assert c.stdout == "HI\n"
+
+
+@pytest.mark.parametrize("mode", ["userns", "setuid", "rlimits"])
+def test_weaker_modes_run_benign_programs(mode):
+    try:
+        iso = sb.isolation(mode)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    assert iso.mode == mode and iso.note
+    res = sb.run_program("import heapq\nprint(sum(map(int, input().split())))\n", ["1 2", "x"],
+                         isolation_mode=mode, limits=FAST)
+    assert [c.status for c in res.cases] == ["ok", "runtime_error"] and res.cases[0].stdout == "3\n"
+    assert res.isolation == mode

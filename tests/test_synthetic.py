@@ -1,0 +1,114 @@
+"""Synthetic generators: determinism, splits, real formats, self-consistency."""
+import json
+import re
+
+import pytest
+
+import gdpo_jax.tasks.math as tm
+from gdpo_jax.data import synthetic as syn
+from gdpo_jax.tasks import toolcall as tc
+
+
+def test_deterministic_by_seed_and_split():
+    a = syn.toolcall_records(50, seed=3)
+    assert a == syn.toolcall_records(50, seed=3)
+    assert a != syn.toolcall_records(50, seed=4)
+    assert a != syn.toolcall_records(50, seed=3, split="test")
+    assert syn.arithmetic_records(30, seed=1) == syn.arithmetic_records(30, seed=1)
+
+
+@pytest.mark.parametrize("task", ["toolcall", "arithmetic"])
+def test_splits_are_disjoint(task):
+    sp = syn.make_splits(task, 300, 60, seed=0)
+    key = lambda r: json.dumps(r["prompt"])  # noqa: E731
+    assert len(sp["train"]) == 300 and len(sp["test"]) == 60
+    assert not {key(r) for r in sp["train"]} & {key(r) for r in sp["test"]}
+    assert len({key(r) for r in sp["train"]}) == 300
+    assert {r["extra_info"]["split"] for r in sp["test"]} == {"test"}
+
+
+def test_toolcall_records_load_and_score_perfectly(tmp_path):
+    paths = syn.write_synthetic("toolcall", str(tmp_path), 200, 20, seed=0, fmt="parquet")
+    recs = tc.load(paths["train"])
+    assert recs == tc.load(str(tmp_path), split="train")
+    comps = [r["ground_truth"] for r in recs]
+    gts = comps
+    assert tc.format_reward(None, comps, ground_truth=gts) == [1.0] * len(recs)
+    cor = tc.correctness_reward(None, comps, ground_truth=gts)
+    assert all(c == (3.0 if "<tool_call>" in g else 0.0) for c, g in zip(cor, gts))
+    kinds = {"none": 0, "dup": 0, "mixed": 0}
+    for r in recs:
+        calls = tc.parse_tool_calls(r["ground_truth"]) or []
+        names = [c["name"] for c in calls]
+        kinds["none"] += not names
+        kinds["dup"] += len(names) == 2 and names[0] == names[1]
+        kinds["mixed"] += len(set(names)) == 2
+        tools = r["extra_info"]["tools"]
+        sysmsg = r["prompt"][0]["content"]
+        for n in names:  # the needed tool is offered, with its typed signature
+            assert n in tools and syn.signature(n) in sysmsg
+            assert set(calls[0]["parameters"]) <= set(syn.CATALOGUE[calls[0]["name"]])
+        if kinds["dup"] and names and len(names) == 2 and names[0] == names[1]:
+            assert calls[0] != calls[1]  # a repeated tool is called with other arguments
+    assert all(v > 0 for v in kinds.values()), kinds
+
+
+def test_typed_parameters():
+    for r in syn.toolcall_records(300, seed=5):
+        for c in tc.parse_tool_calls(r["reward_model"]["ground_truth"]) or []:
+            p = c["parameters"]
+            for k, t in syn.CATALOGUE[c["name"]].items():
+                v = p[k]
+                if t == "number":
+                    assert isinstance(v, (int, float)) and not isinstance(v, bool)
+                elif t == "bool":
+                    assert isinstance(v, bool)
+                elif isinstance(t, list):
+                    assert v in t
+                else:
+                    assert isinstance(v, str) and v
+
+
+def _solve(problem):
+    """Independent re-reading of a generated word problem."""
+    x = int(re.search(r"has (\d+) ", problem).group(1))
+    for sent in problem.split(". ")[1:]:
+        if m := re.search(r"buys (\d+) packs of (\d+)", sent):
+            x += int(m.group(1)) * int(m.group(2))
+        elif m := re.search(r"(?:buys|finds|gets) (\d+) more", sent):
+            x += int(m.group(1))
+        elif m := re.search(r"(?:gives away|loses|sells) (\d+)", sent):
+            x -= int(m.group(1))
+    return x
+
+
+def test_arithmetic_answers_are_right_and_short(tmp_path):
+    recs = syn.arithmetic_records(200, seed=2, fmt="deepscaler")
+    for r in recs:
+        assert int(r["answer"]) == _solve(r["problem"]) >= 0
+        assert r["solution"].endswith(f"\\boxed{{{r['answer']}}}")
+        assert len(r["problem"]) < 300 and len(r["solution"]) < 200  # tiny-model budget (chars)
+    paths = syn.write_synthetic("arithmetic", str(tmp_path), 50, 10, seed=0, fmt="jsonl")
+    ex = tm.load(paths["test"])
+    sols = [e["extra_info"]["solution"] for e in ex]
+    assert tm.correctness_reward(None, sols, ground_truth=[e["ground_truth"] for e in ex]) == [1.0] * 10
+    assert ex[0]["extra_info"]["max_tokens"] == 64
+    ds = tm.load([dict(r) for r in recs[:3]])  # deepscaler records through the default template
+    assert ds[0]["prompt"][0]["content"].startswith(recs[0]["problem"])
+
+
+def test_toolcall_prompts_are_short():
+    for r in syn.toolcall_records(200, seed=0):
+        chars = sum(len(m["content"]) for m in r["prompt"])
+        assert chars < 400, chars  # ~100 tokens at ~4 chars per token
+        assert len(r["reward_model"]["ground_truth"]) < 330
+
+
+def test_cli_and_errors(tmp_path, capsys):
+    syn.main(["--task", "toolcall", "--out_dir", str(tmp_path), "--n_train", "5", "--n_test", "2"])
+    assert "train:" in capsys.readouterr().out
+    assert len(open(tmp_path / "train.jsonl").readlines()) == 5
+    with pytest.raises(ValueError, match="unknown synthetic task"):
+        syn.make_splits("poetry", 1, 1)
+    with pytest.raises(ValueError, match="distinct records"):
+        syn.arithmetic_records(3000, max_steps=1, max_value=2)

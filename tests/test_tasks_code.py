@@ -1,0 +1,135 @@
+"""Code task: extraction, output comparison, pass-rate / bug rewards, loaders."""
+import json
+
+import numpy as np
+import pytest
+
+import gdpo_jax.tasks.code as tcode
+from gdpo_jax.data.loaders import RecordError, sample_path, write_jsonl
+from gdpo_jax.rewards import RewardRunner
+
+
+def fence(src, lang="python"):
+    return f"```{lang}\n{src}\n```"
+
+
+@pytest.mark.parametrize("text, want", [
+    (fence("print(1)"), "print(1)\n"),
+    (fence("a") + " then " + fence("b", "py"), "b\n"),  # the last block
+    ("```Python3\nx = 1\n```", "x = 1\n"),
+    ("```\nprint(1)\n```", None),  # no language: not a python block
+    ("```cpp\nint main(){}\n```", None),
+    ("no code", None),
+])
+def test_extract_code(text, want):
+    assert tcode.extract_code(text) == want
+
+
+def test_stdout_and_value_comparisons():
+    assert tcode.stdout_matches("3  \n\n", "3\n")
+    assert tcode.stdout_matches("1 2\n3", "1  2\n3\n")
+    assert tcode.stdout_matches("0.3333333", "0.33333333")
+    assert not tcode.stdout_matches("1 2", "1\n2")  # line structure matters
+    assert not tcode.stdout_matches("3\n4", "3")
+    assert tcode.value_matches(14, [14])  # APPS wraps expected values
+    assert tcode.value_matches([0, 1], [0, 1])
+    assert tcode.value_matches([0.1 + 0.2], [0.3])
+    assert not tcode.value_matches(True, 1)
+    assert not tcode.value_matches([1, 2], [[1, 2, 3]])
+
+
+SOLUTIONS = [
+    "a, b = map(int, input().split())\nprint(a + b)",
+    "input()\nprint(max(map(int, input().split())))",
+    "print(input()[::-1])",
+    "import math\nprint(f'{math.pi * float(input()) ** 2:.6f}')",
+]
+
+
+def test_rewards_on_eurus_sample():
+    ex = tcode.load(sample_path("code_eurus.jsonl"))
+    assert ex == tcode.load(sample_path("code_eurus.parquet"))
+    comps = [fence(s) for s in SOLUTIONS]
+    comps[2] = fence("s = input()\nprint(s[::-1] if len(s) > 2 else s)")  # fails "xy" only: 2/3
+    comps[3] = "Sorry, no code."
+    with RewardRunner(tcode.default_rewards(max_tokens=40), num_workers=2) as r:
+        R, info = r([e["prompt"] for e in ex], comps, ex)
+    names = r.names
+    assert names == ["code_pass_rate", "length", "code_bug"]
+    np.testing.assert_allclose(R[:, 0], [1, 1, 2 / 3, 0], rtol=1e-6)
+    np.testing.assert_array_equal(R[:, 2], [1, 1, 1, 0])  # no code: cannot run -> 0
+    # length gated on pass rate == 1: only rows 0 and 1 can keep it
+    assert R[2, 1] == 0 and R[3, 1] == 0 and R[0, 1] == 1
+
+
+def test_bug_reward_branches():
+    tests = {"inputs": ["1\n", "0\n"], "outputs": ["1\n", "0\n"], "fn_name": None}
+    comps = [fence("print(1 // int(input()))"),  # ZeroDivisionError on case 2
+             fence("print(int(input())"),  # syntax error
+             fence("import sys\nsys.exit(0 if input() else 1)"),  # clean exit, wrong output
+             fence("import sys\nsys.exit(2)")]  # non-zero exit: a runtime error
+    pr = tcode.pass_rate_reward(None, comps, tests=[tests] * 4)
+    bug = tcode.bug_reward(None, comps, tests=[tests] * 4)
+    assert pr == [0.5, 0.0, 0.0, 0.0]
+    assert bug == [0.0, 0.0, 1.0, 0.0]
+
+
+def test_function_call_problems_apps_sample():
+    ex = tcode.load(sample_path("code_apps.jsonl"))
+    assert ex[0]["tests"]["fn_name"] is None and ex[1]["tests"]["fn_name"] == "sum_squares"
+    assert "def sum_squares(nums):" in ex[1]["prompt"][0]["content"]
+    comps = [fence("input()\nprint(sum(int(x) % 2 == 0 for x in input().split()))"),
+             fence("def sum_squares(nums):\n    return sum(x * x for x in nums)"),
+             fence("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+                   "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+                   "                return [seen[target - x], i]\n            seen[x] = i")]
+    out = tcode.evaluate(comps, ex, completion_lengths=[10, 10, 500], max_tokens=100)
+    assert out == {"pass_rate": 1.0, "all_pass": 1.0, "bug_ratio": 0.0, "exceed_ratio": pytest.approx(1 / 3),
+                   "num_samples": 3.0}
+    bad = [comps[0], fence("def sum_squares(nums):\n    return sum(nums)"), fence("x = 1")]
+    out = tcode.evaluate(bad, ex)
+    # sum_squares: [1,2,3] -> 6 != 14, [] -> 0 ok, [-2] -> -2 != 4: 1/3; twoSum undefined: 0 + bug
+    assert out["pass_rate"] == pytest.approx((1 + 1 / 3 + 0) / 3)
+    assert out["bug_ratio"] == pytest.approx(1 / 3)
+
+
+def test_pass_rate_and_bug_share_one_execution(monkeypatch):
+    calls = []
+    real = tcode.run_program
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(tcode, "run_program", counting)
+    tests = {"inputs": ["5\n"], "outputs": ["6\n"], "fn_name": None}
+    comp = fence("print(int(input()) + 1)  # memo-test")
+    ex = [{"tests": tests}] * 2
+    with RewardRunner(["code_pass_rate", "code_bug"], num_workers=4) as r:
+        R, _ = r(["q", "q"], [comp, comp], ex)
+    np.testing.assert_array_equal(R, [[1, 1], [1, 1]])
+    assert len(calls) == 1
+
+
+def test_max_tests_and_limits_kwargs():
+    tests = {"inputs": ["1\n", "2\n", "3\n"], "outputs": ["1\n", "2\n", "x\n"], "fn_name": None}
+    comp = fence("print(input())")
+    assert tcode.pass_rate_reward(None, [comp], tests=[tests]) == [pytest.approx(2 / 3)]
+    assert tcode.pass_rate_reward(None, [comp], tests=[tests], max_tests=2) == [1.0]
+
+
+def test_malformed_code_records(tmp_path):
+    good = json.loads(open(sample_path("code_eurus.jsonl")).readline())
+    gt = json.loads(good["reward_model"]["ground_truth"])
+    bad = [dict(good, reward_model={"ground_truth": json.dumps({"inputs": gt["inputs"], "outputs": []})}),
+           dict(good, reward_model={"ground_truth": "{not json"}),
+           dict(good, reward_model={"ground_truth": json.dumps({"inputs": gt["inputs"]})})]
+    msgs = ["need as many outputs as inputs", "invalid JSON text", "field 'reward_model.ground_truth.outputs'"]
+    for i, (rec, msg) in enumerate(zip(bad, msgs)):
+        p = write_jsonl([good, good, rec], tmp_path / f"c{i}.jsonl")
+        with pytest.raises(RecordError, match=msg) as ei:
+            tcode.load(p)
+        assert ei.value.path == str(p) and ei.value.row == 2
+    apps = {"question": "q", "input_output": json.dumps({"inputs": [1], "outputs": ["1"]})}
+    with pytest.raises(RecordError, match="field 'input_output.inputs': stdin inputs must be strings"):
+        tcode.load([apps])
