@@ -1,0 +1,342 @@
+"""Group-relative advantage estimators: GRPO and GDPO (and their ablations).
+
+All functions are pure ``jnp`` and jit-able; ``num_groups``, ``estimator``,
+``eps`` and ``batch_norm`` are static Python values. Rows may be sharded over
+any mesh (Auto or Explicit axes): group statistics are segment reductions over
+group ids (see ``gdpo_jax.core.segment``), batch statistics are global sums.
+
+Semantics follow the official GDPO TRL patch with TRL-main's NaN handling:
+
+* std is the unbiased sample std (ddof=1) and ``eps`` is added to it at both
+  normalizations (group and batch);
+* a NaN reward is left out of that reward's group statistics and contributes
+  0 to the row's GDPO sum; for GRPO variants NaN counts as 0 in the weighted
+  sum (``nansum``);
+* a group (or per-reward group) with fewer than 2 scorable rows contributes 0;
+  a group whose values are all equal contributes exactly 0 (means are taken
+  relative to a value of the group, so no rounding residue is amplified by
+  1/eps);
+* invalid rows (``valid=False``, or a group id outside ``[0, num_groups)``)
+  are left out of every statistic and get advantage 0;
+* GDPO's batch whitening uses the mean and ddof=1 std of the valid rows of the
+  whole (global) batch, or with ``batch_norm="token"`` verl's token-weighted
+  ``masked_whiten``: mean/var over valid response tokens (each row weighted by
+  its token count, Bessel-corrected over tokens), scaled by rsqrt(var + 1e-8).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from gdpo_jax.core import segment as seg
+
+__all__ = [
+    "BATCH_NORMS",
+    "ESTIMATORS",
+    "compute_advantages",
+    "gate_reward",
+    "group_distinct_advantages",
+    "per_reward_group_spread",
+]
+
+ESTIMATORS = ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn")
+BATCH_NORMS = ("sample", "token")
+# verl's masked_whiten adds this to the variance; kept verbatim for parity.
+_VERL_WHITEN_EPS = 1e-8
+
+
+# --------------------------------------------------------------------------- #
+# Input checking (static, at trace time).
+# --------------------------------------------------------------------------- #
+def _check_group_ids(group_ids: Any, n: int) -> jax.Array:
+    group_ids = jnp.asarray(group_ids)
+    if group_ids.ndim != 1 or group_ids.shape[0] != n:
+        raise ValueError(
+            f"group_ids must have shape [N]=[{n}] (one id per row of rewards); "
+            f"got shape {tuple(group_ids.shape)}.")
+    if not jnp.issubdtype(group_ids.dtype, jnp.integer):
+        raise ValueError(
+            f"group_ids must be an integer array (int32 prompt/group index); got "
+            f"dtype {group_ids.dtype}. Cast with group_ids.astype(jnp.int32).")
+    return group_ids.astype(jnp.int32)
+
+
+def _check_num_groups(num_groups: Any) -> int:
+    try:
+        num_groups = operator.index(num_groups)
+    except TypeError:
+        raise ValueError(
+            f"num_groups must be a static Python int (e.g. num_prompts); got "
+            f"{type(num_groups).__name__}. It sizes the segment tables, so it "
+            f"cannot be traced.") from None
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be >= 1; got {num_groups}.")
+    return num_groups
+
+
+def _check_valid(valid: Any, n: int, name: str = "valid") -> jax.Array:
+    if valid is None:
+        return jnp.ones((n,), bool)
+    valid = jnp.asarray(valid)
+    if valid.shape != (n,):
+        raise ValueError(f"{name} must have shape [N]=[{n}]; got {tuple(valid.shape)}.")
+    return valid.astype(bool)
+
+
+def _row_mask(group_ids: jax.Array, valid: jax.Array, num_groups: int) -> jax.Array:
+    """Rows that take part: valid and with an in-range group id (-1 = padding)."""
+    return valid & (group_ids >= 0) & (group_ids < num_groups)
+
+
+# --------------------------------------------------------------------------- #
+# Group statistics.
+# --------------------------------------------------------------------------- #
+def _group_normalize(x: jax.Array, mask: jax.Array, ids: jax.Array, num_groups: int,
+                     *, eps: float, scale: bool, rows) -> jax.Array:
+    """Per-group, per-column (x - mean) / (std + eps) over masked entries.
+
+    Args:
+      x: f32[N, C] values (may hold NaN where ``mask`` is False).
+      mask: bool[N, C] entries that enter the statistics.
+      ids: i32[N] group ids, already clipped into range.
+      scale: divide by (std + eps) (False: centre only, "grpo_no_std").
+    Returns:
+      f32[N, C]; 0 where ``mask`` is False or the group has < 2 masked entries.
+    """
+    x = jnp.where(mask, x, 0.0)
+    m = mask.astype(jnp.float32)
+    # Reference value per group (its max): statistics of x - ref are exact for
+    # a constant group, so it yields exactly 0 instead of rounding noise / eps.
+    ref = seg.segment_max(jnp.where(mask, x, -jnp.inf), ids, num_groups, rows)
+    ref = jnp.where(jnp.isfinite(ref), ref, 0.0)
+    d = jnp.where(mask, x - seg.take_rows(ref, ids, rows), 0.0)
+    tot = seg.segment_sum(jnp.concatenate([m, d], axis=1), ids, num_groups, rows)
+    c = x.shape[1]
+    count, dsum = tot[:, :c], tot[:, c:]
+    ok = count >= 2
+    dmean = dsum / jnp.maximum(count, 1.0)
+    dev = jnp.where(mask, d - seg.take_rows(dmean, ids, rows), 0.0)
+    if scale:
+        ss = seg.segment_sum(dev * dev, ids, num_groups, rows)
+        denom = jnp.sqrt(ss / jnp.maximum(count - 1.0, 1.0)) + eps
+        denom = jnp.where(ok, denom, 1.0)
+        # eps == 0 (NeMo-RL style): divide only where std > 0.
+        denom_r = seg.take_rows(jnp.where(denom > 0, denom, jnp.inf), ids, rows)
+        dev = dev / denom_r
+    keep = mask & seg.take_rows(ok, ids, rows)
+    return jnp.where(keep, dev, 0.0)
+
+
+def _batch_whiten(s: jax.Array, row_ok: jax.Array, *, eps: float, batch_norm: str,
+                  token_counts: jax.Array | None) -> jax.Array:
+    """Whitens f32[N] over the valid rows of the whole batch; 0 on invalid rows."""
+    if batch_norm == "sample":
+        w = row_ok.astype(jnp.float32)
+    else:  # "token": each row counts once per valid response token (verl).
+        w = jnp.where(row_ok, token_counts.astype(jnp.float32), 0.0)
+    total = jnp.sum(w)
+    mean = jnp.sum(w * s) / jnp.maximum(total, 1.0)
+    dev = jnp.where(row_ok, s - mean, 0.0)
+    var = jnp.sum(w * dev * dev) / jnp.maximum(total - 1.0, 1.0)
+    if batch_norm == "sample":
+        std = jnp.sqrt(var) + eps
+        out = dev / jnp.where(std > 0, std, jnp.inf)
+    else:
+        out = dev * jax.lax.rsqrt(var + _VERL_WHITEN_EPS)
+    return jnp.where(row_ok, out, 0.0)
+
+
+# --------------------------------------------------------------------------- #
+# Public API.
+# --------------------------------------------------------------------------- #
+def compute_advantages(
+    rewards: jax.Array,
+    group_ids: jax.Array,
+    *,
+    num_groups: int,
+    estimator: str = "gdpo",
+    weights: jax.Array | None = None,
+    valid: jax.Array | None = None,
+    eps: float = 1e-4,
+    batch_norm: str = "sample",
+    token_counts: jax.Array | None = None,
+) -> jax.Array:
+    """Per-rollout advantages from K rewards per rollout.
+
+    Args:
+      rewards: f32[N, K], one column per reward function; NaN = unscorable.
+      group_ids: i32[N] group (prompt) of each row, in [0, num_groups); ragged
+        and non-contiguous groups are fine; ids outside the range (e.g. -1 for
+        padding) mark the row invalid.
+      num_groups: static number of groups (segment table size).
+      estimator: one of ESTIMATORS:
+        "grpo"        s = sum_k w_k r_k; A = (s - mean_g) / (std_g + eps)
+        "grpo_no_std" A = s - mean_g
+        "gdpo"        A_k = (r_k - mean_gk) / (std_gk + eps); S = sum_k w_k A_k;
+                      A = whiten(S) over the batch
+        "gdpo_no_bn"  A = S
+      weights: f32[K] reward weights (default ones); applied before group
+        normalization for GRPO, after it for GDPO.
+      valid: bool[N] rows that exist (default all); others get 0 and are left
+        out of every statistic.
+      eps: static float added to the std at group and batch normalization;
+        0.0 divides only where std > 0 (NeMo-RL).
+      batch_norm: GDPO batch whitening, "sample" (TRL: per-row mean and ddof=1
+        std, + eps) or "token" (verl: token-weighted, rsqrt(var + 1e-8)).
+      token_counts: i32[N] valid response tokens per row, for "token".
+    Returns:
+      f32[N] advantages, laid out like the rows of ``rewards``.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}.")
+    if batch_norm not in BATCH_NORMS:
+        raise ValueError(f"unknown batch_norm {batch_norm!r}; choose one of {BATCH_NORMS}.")
+    rewards = jnp.asarray(rewards)
+    if rewards.ndim != 2:
+        raise ValueError(
+            f"rewards must be rank 2, [N, K] (rows x reward functions); got shape "
+            f"{tuple(rewards.shape)}. For a single reward use rewards[:, None].")
+    n, k = rewards.shape
+    if k < 1:
+        raise ValueError("rewards must have at least one column (K >= 1).")
+    num_groups = _check_num_groups(num_groups)
+    group_ids = _check_group_ids(group_ids, n)
+    valid = _check_valid(valid, n)
+    if weights is None:
+        weights = jnp.ones((k,), jnp.float32)
+    weights = jnp.asarray(weights, jnp.float32)
+    if weights.shape != (k,):
+        raise ValueError(
+            f"weights must have one entry per reward column, shape [K]=[{k}]; got "
+            f"shape {tuple(weights.shape)}.")
+    if float(eps) < 0:
+        raise ValueError(f"eps must be >= 0; got {eps}.")
+    if batch_norm == "token":
+        if token_counts is None:
+            raise ValueError(
+                'batch_norm="token" whitens over response tokens and needs '
+                "token_counts=i32[N] (e.g. completion_mask.sum(-1)).")
+        token_counts = jnp.asarray(token_counts)
+        if token_counts.shape != (n,):
+            raise ValueError(
+                f"token_counts must have shape [N]=[{n}]; got {tuple(token_counts.shape)}.")
+
+    rewards = rewards.astype(jnp.float32)
+    rows = seg.explicit_rows(rewards)
+    group_ids = seg.match_rows(group_ids, rows)
+    valid = seg.match_rows(valid, rows)
+    row_ok = _row_mask(group_ids, valid, num_groups)
+    ids = jnp.where(row_ok, group_ids, 0)
+
+    if estimator in ("grpo", "grpo_no_std"):
+        s = jnp.sum(jnp.where(jnp.isnan(rewards), 0.0, rewards) * weights, axis=1)
+        adv = _group_normalize(s[:, None], row_ok[:, None], ids, num_groups,
+                               eps=eps, scale=estimator == "grpo", rows=rows)[:, 0]
+        return adv
+
+    scorable = row_ok[:, None] & ~jnp.isnan(rewards)
+    per_reward = _group_normalize(rewards, scorable, ids, num_groups,
+                                  eps=eps, scale=True, rows=rows)
+    s = jnp.sum(per_reward * weights, axis=1)
+    if estimator == "gdpo_no_bn":
+        return jnp.where(row_ok, s, 0.0)
+    if token_counts is not None:
+        token_counts = seg.match_rows(token_counts, rows)
+    return _batch_whiten(s, row_ok, eps=eps, batch_norm=batch_norm,
+                         token_counts=token_counts)
+
+
+def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.Array
+                ) -> jax.Array:
+    """Conditioned reward (paper eq. 8): ``reward`` where ``condition >= threshold``, else 0.
+
+    Args:
+      reward: f[...] reward to gate (NaN stays NaN where the gate is open).
+      condition: f[...] the reward it is conditioned on (same shape).
+      threshold: scalar.
+    Returns:
+      f[...]; NaN where ``condition`` is NaN (the gate cannot be decided, so
+      the gated reward is unscorable too).
+    """
+    reward = jnp.asarray(reward)
+    condition = jnp.asarray(condition)
+    if reward.shape != condition.shape:
+        raise ValueError(
+            f"reward and condition must have the same shape; got {reward.shape} "
+            f"and {condition.shape}.")
+    gated = jnp.where(condition >= threshold, reward, jnp.zeros_like(reward))
+    return jnp.where(jnp.isnan(condition), jnp.nan, gated).astype(
+        jnp.result_type(reward.dtype, jnp.float32))
+
+
+def group_distinct_advantages(adv: jax.Array, group_ids: jax.Array, *, num_groups: int,
+                              valid: jax.Array | None = None, decimals: int = 4
+                              ) -> jax.Array:
+    """Mean number of distinct advantage values per group (signal resolution).
+
+    Args:
+      adv: f32[N] advantages.
+      group_ids: i32[N]; ids outside [0, num_groups) count as invalid.
+      num_groups: static.
+      valid: bool[N] rows to count (default all).
+      decimals: values equal after rounding to this many decimals are one value.
+    Returns:
+      f32[] mean over groups with >= 1 valid row (0 if there are none).
+    """
+    adv = jnp.asarray(adv, jnp.float32)
+    if adv.ndim != 1:
+        raise ValueError(f"adv must be rank 1, [N]; got shape {tuple(adv.shape)}.")
+    n = adv.shape[0]
+    num_groups = _check_num_groups(num_groups)
+    group_ids = _check_group_ids(group_ids, n)
+    valid = _check_valid(valid, n)
+    rows = seg.explicit_rows(adv)
+    group_ids, valid = seg.match_rows(group_ids, rows), seg.match_rows(valid, rows)
+    row_ok = _row_mask(group_ids, valid, num_groups)
+    # Sort by (group, rounded value); invalid rows sort last under id num_groups.
+    # Sorting needs the whole row axis on each device in Explicit mode.
+    key_g = seg.replicate(jnp.where(row_ok, group_ids, num_groups), rows)
+    key_v = seg.replicate(jnp.round(adv, decimals) + 0.0, rows)  # +0.0: -0.0 -> 0.0
+    key_g, key_v = jax.lax.sort((key_g, key_v), num_keys=2)
+    new = jnp.concatenate([
+        jnp.ones((1,), bool),
+        (key_g[1:] != key_g[:-1]) | (key_v[1:] != key_v[:-1])])
+    distinct = jnp.sum(new & (key_g < num_groups))
+    group_start = jnp.concatenate([jnp.ones((1,), bool), key_g[1:] != key_g[:-1]])
+    groups = jnp.sum(group_start & (key_g < num_groups))
+    return distinct.astype(jnp.float32) / jnp.maximum(groups, 1).astype(jnp.float32)
+
+
+def per_reward_group_spread(rewards: jax.Array, group_ids: jax.Array, *, num_groups: int,
+                            valid: jax.Array | None = None) -> jax.Array:
+    """Which (group, reward) pairs carry signal: > 1 distinct scorable value.
+
+    Under GDPO a group whose *summed* reward is constant can still carry signal
+    in one reward, so dynamic sampling must look at each reward separately.
+
+    Args:
+      rewards: f32[N, K] (NaN = unscorable, ignored).
+      group_ids: i32[N]; ids outside [0, num_groups) count as invalid.
+      num_groups: static.
+      valid: bool[N] (default all).
+    Returns:
+      bool[num_groups, K].
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be rank 2, [N, K]; got shape {tuple(rewards.shape)}.")
+    n = rewards.shape[0]
+    num_groups = _check_num_groups(num_groups)
+    group_ids = _check_group_ids(group_ids, n)
+    valid = _check_valid(valid, n)
+    rows = seg.explicit_rows(rewards)
+    group_ids, valid = seg.match_rows(group_ids, rows), seg.match_rows(valid, rows)
+    row_ok = _row_mask(group_ids, valid, num_groups)
+    ids = jnp.where(row_ok, group_ids, 0)
+    scorable = row_ok[:, None] & ~jnp.isnan(rewards)
+    hi = seg.segment_max(jnp.where(scorable, rewards, -jnp.inf), ids, num_groups, rows)
+    lo = seg.segment_min(jnp.where(scorable, rewards, jnp.inf), ids, num_groups, rows)
+    return hi > lo

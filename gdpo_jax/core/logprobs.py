@@ -1,0 +1,123 @@
+"""Per-token log-probabilities and entropies of a tempered softmax, in f32.
+
+The target logit is picked with a masked reduction over the vocabulary rather
+than a gather, so the same code works when the vocabulary axis is sharded
+(tensor parallelism) and XLA fuses it with the log-sum-exp pass.
+``chunked_token_logprobs`` goes from final hidden states to log-probs without
+ever holding [B, T, V] logits: it scans over sequence chunks and rematerializes
+each chunk's logits in the backward pass.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["chunked_token_logprobs", "token_entropy", "token_logprobs"]
+
+
+def _check_temperature(temperature: float) -> None:
+    if isinstance(temperature, (int, float)) and not temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {temperature}.")
+
+
+def _check_targets(shape: tuple[int, ...], targets: jax.Array, what: str) -> None:
+    if targets.shape != shape:
+        raise ValueError(f"targets must have shape {shape} to match {what}; got "
+                         f"{tuple(targets.shape)}.")
+    if not jnp.issubdtype(targets.dtype, jnp.integer):
+        raise ValueError(f"targets must be integer token ids; got dtype {targets.dtype}.")
+
+
+def _logp_and_entropy(logits: jax.Array, targets: jax.Array, temperature: float,
+                      want_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+    """logits f[..., V], targets i[...] -> (logp f32[...], entropy f32[...] | None)."""
+    x = logits.astype(jnp.float32) / temperature
+    lse = jax.nn.logsumexp(x, axis=-1)
+    vocab = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    picked = jnp.sum(jnp.where(vocab == targets[..., None], x, 0.0), axis=-1)
+    logp = picked - lse
+    if not want_entropy:
+        return logp, None
+    p = jnp.exp(x - lse[..., None])
+    entropy = lse - jnp.sum(p * x, axis=-1)
+    return logp, entropy
+
+
+def token_logprobs(logits: jax.Array, targets: jax.Array, *,
+                   temperature: float = 1.0) -> jax.Array:
+    """log softmax(logits / temperature)[targets].
+
+    Args:
+      logits: f[B, T, V] (any float dtype; upcast to f32).
+      targets: i32[B, T] token ids (the next tokens).
+      temperature: > 0; the sampler's temperature, so log-probs match its
+        tempered distribution.
+    Returns:
+      f32[B, T].
+    """
+    logits, targets = jnp.asarray(logits), jnp.asarray(targets)
+    _check_temperature(temperature)
+    _check_targets(logits.shape[:-1], targets, "logits [B, T, V]")
+    return _logp_and_entropy(logits, targets, temperature, want_entropy=False)[0]
+
+
+def token_entropy(logits: jax.Array, *, temperature: float = 1.0) -> jax.Array:
+    """Entropy of softmax(logits / temperature) per position: f[B, T, V] -> f32[B, T]."""
+    logits = jnp.asarray(logits)
+    _check_temperature(temperature)
+    x = logits.astype(jnp.float32) / temperature
+    lse = jax.nn.logsumexp(x, axis=-1)
+    p = jnp.exp(x - lse[..., None])
+    return lse - jnp.sum(p * x, axis=-1)
+
+
+def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
+                           chunk_size: int, temperature: float = 1.0
+                           ) -> tuple[jax.Array, jax.Array]:
+    """Log-probs and entropies from final hidden states, chunk by chunk.
+
+    Peak memory is one [B, chunk_size, V] f32 logits block, forward and
+    backward (the chunk body is rematerialized under ``jax.checkpoint``).
+
+    Args:
+      hidden: f[B, T, D] final-normed hidden states.
+      unembed: f[D, V] output projection (``model.unembed_matrix()``).
+      targets: i32[B, T].
+      chunk_size: static positions per chunk (T is padded up to a multiple).
+      temperature: > 0.
+    Returns:
+      (logp f32[B, T], entropy f32[B, T]).
+    """
+    hidden, unembed, targets = jnp.asarray(hidden), jnp.asarray(unembed), jnp.asarray(targets)
+    _check_temperature(temperature)
+    if hidden.ndim != 3 or unembed.ndim != 2 or hidden.shape[-1] != unembed.shape[0]:
+        raise ValueError(f"need hidden [B, T, D] and unembed [D, V]; got "
+                         f"{tuple(hidden.shape)} and {tuple(unembed.shape)}.")
+    _check_targets(hidden.shape[:2], targets, "hidden [B, T, D]")
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}.")
+    b, t, d = hidden.shape
+    c = min(int(chunk_size), t)
+    n = math.ceil(t / c)
+    pad = n * c - t
+    if pad:
+        hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    # [n, B, c, ...]: scan over chunks of the sequence axis.
+    hs = hidden.reshape(b, n, c, d).swapaxes(0, 1)
+    ts = targets.reshape(b, n, c).swapaxes(0, 1)
+
+    def body(carry, xs):
+        h, tgt = xs
+        logits = jnp.einsum("bcd,dv->bcv", h, unembed,
+                            preferred_element_type=jnp.float32)
+        return carry, _logp_and_entropy(logits, tgt, temperature, want_entropy=True)
+
+    # Without remat, scan would save every chunk's logits for the backward
+    # pass, i.e. the full [B, T, V] we are avoiding.
+    _, (logp, ent) = jax.lax.scan(jax.checkpoint(body, prevent_cse=False), None, (hs, ts))
+    logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    ent = ent.swapaxes(0, 1).reshape(b, n * c)[:, :t]
+    return logp, ent
