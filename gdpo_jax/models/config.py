@@ -1,0 +1,246 @@
+"""ModelConfig: one frozen, hashable description of a Llama-family decoder.
+
+Covers the Hugging Face `config.json` layouts of Llama (and SmolLM2, which is a
+Llama), Qwen2 / Qwen2.5 (q/k/v bias) and Qwen3 (q/k RMSNorm, explicit
+head_dim). Hashable so it can be a static jit argument.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _freeze(x: Any) -> Any:
+    """dict/list -> sorted tuples so the config stays hashable."""
+    if isinstance(x, Mapping):
+        return tuple(sorted((str(k), _freeze(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return tuple(_freeze(v) for v in x)
+    return x
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture + dtype policy of a decoder-only transformer.
+
+    rope_scaling: None (plain RoPE) or a sorted tuple of (key, value) pairs of
+      the HF rope dict without `rope_theta`, e.g. (("factor", 8.0), ...,
+      ("rope_type", "llama3")). Use `rope_scaling_dict()` to read it.
+    param_dtype: storage dtype of the parameters; dtype: compute dtype of
+      activations. Logits are always float32.
+    remat: rematerialize each layer in the backward pass (jax.checkpoint).
+    """
+
+    model_type: str = "llama"
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    rope_theta: float = 10000.0
+    rope_scaling: tuple | None = None
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    max_position_embeddings: int = 2048
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+    remat: bool = False
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"model_type={self.model_type!r} is not supported; supported: "
+                f"{SUPPORTED_MODEL_TYPES} (SmolLM2 is 'llama', Qwen2.5 is 'qwen2').")
+        for field in ("param_dtype", "dtype"):
+            if getattr(self, field) not in _DTYPES:
+                raise ValueError(f"{field}={getattr(self, field)!r}; use one of {_DTYPES}.")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}.")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
+        rope_type = self.rope_scaling_dict().get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(
+                f"rope_scaling rope_type={rope_type!r} is not supported; supported: "
+                f"{SUPPORTED_ROPE_TYPES}.")
+        # Lists from JSON would make the frozen config unhashable.
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        if isinstance(self.rope_scaling, (dict, list)):
+            object.__setattr__(self, "rope_scaling", _freeze(self.rope_scaling))
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """eos_token_id as a tuple (empty when unset)."""
+        if self.eos_token_id is None:
+            return ()
+        if isinstance(self.eos_token_id, int):
+            return (self.eos_token_id,)
+        return tuple(self.eos_token_id)
+
+    def rope_scaling_dict(self) -> dict[str, Any]:
+        return dict(self.rope_scaling) if self.rope_scaling else {}
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **overrides)
+
+    def num_params(self) -> int:
+        """Parameter count (embeddings included once when tied)."""
+        d, f, dh = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_heads * dh, self.num_kv_heads * dh
+        layer = d * (q + 2 * kv) + q * d + 3 * d * f + 2 * d
+        if self.attention_bias:
+            layer += q + 2 * kv
+        if self.qk_norm:
+            layer += 2 * dh
+        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + emb + d
+
+    def flops_per_token(self, seq_len: int, *, training: bool = True) -> float:
+        """Model FLOPs per token, PaLM-appendix convention (MFU numerator).
+
+        forward = 2 * (matmul params, unembedding included) + 4 * L * Hq * Dh * T
+        (QK^T and AV, causal mask not discounted); training = 3 * forward.
+        """
+        d, f, dh = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_heads * dh, self.num_kv_heads * dh
+        dense = self.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * f) + d * self.vocab_size
+        fwd = 2.0 * dense + 4.0 * self.num_layers * q * seq_len
+        return 3.0 * fwd if training else fwd
+
+    @classmethod
+    def tiny(cls, **overrides: Any) -> "ModelConfig":
+        """A ~100k-parameter Llama for tests (GQA 4:2, untied)."""
+        base = dict(model_type="llama", vocab_size=256, hidden_size=64,
+                    intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                    head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
+                    max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
+                    pad_token_id=0)
+        base.update(overrides)
+        return cls(**base)
+
+    # ------------------------------------------------------------------ HF i/o
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any] | str | os.PathLike, **overrides: Any) -> "ModelConfig":
+        """Build from a HF config dict, a config.json path, or a checkpoint dir.
+
+        overrides: e.g. param_dtype="bfloat16", dtype="bfloat16", remat=True.
+        """
+        if not isinstance(config, Mapping):
+            path = os.fspath(config)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            with open(path) as f:
+                config = json.load(f)
+        c = dict(config)
+        model_type = c.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"Unsupported model_type={model_type!r} in config.json; supported: "
+                f"{SUPPORTED_MODEL_TYPES} (Llama, SmolLM2, Qwen2, Qwen2.5, Qwen3).")
+        if c.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={c['hidden_act']!r}: only 'silu' (SwiGLU) is supported.")
+        if c.get("mlp_bias", False):
+            raise ValueError("mlp_bias=True is not supported (no Llama/Qwen release uses it).")
+        if c.get("use_sliding_window", False):
+            raise ValueError("use_sliding_window=True is not supported; set it false "
+                             "(full attention) or use a checkpoint without sliding window.")
+        # q/k/v bias: Qwen2 always has it (transformers does not even store the key).
+        attention_bias = bool(c.get("attention_bias", model_type == "qwen2"))
+        if attention_bias and model_type != "qwen2":
+            raise ValueError(
+                f"attention_bias=True for model_type={model_type!r} also adds an o_proj "
+                "bias in transformers, which this implementation does not carry.")
+        # transformers >= 5 stores rope settings in `rope_parameters`; older
+        # configs have `rope_theta` + `rope_scaling`.
+        rope = dict(c.get("rope_parameters") or {})
+        rope_theta = float(rope.pop("rope_theta", c.get("rope_theta", 10000.0)))
+        if c.get("rope_scaling"):
+            rope.update(c["rope_scaling"])
+        if "type" in rope and "rope_type" not in rope:
+            rope["rope_type"] = rope.pop("type")
+        rope.pop("type", None)
+        if rope.get("rope_type", "default") == "default":
+            rope = {}
+        num_heads = int(c["num_attention_heads"])
+        head_dim = c.get("head_dim") or c["hidden_size"] // num_heads
+        eos = c.get("eos_token_id")
+        kw = dict(
+            model_type=model_type,
+            vocab_size=int(c["vocab_size"]),
+            hidden_size=int(c["hidden_size"]),
+            intermediate_size=int(c["intermediate_size"]),
+            num_layers=int(c["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(c.get("num_key_value_heads") or num_heads),
+            head_dim=int(head_dim),
+            rope_theta=rope_theta,
+            rope_scaling=_freeze(rope) if rope else None,
+            rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
+            attention_bias=attention_bias,
+            qk_norm=model_type == "qwen3",
+            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+            bos_token_id=c.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            pad_token_id=c.get("pad_token_id"),
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+    def to_hf(self) -> dict[str, Any]:
+        """config.json content that transformers' AutoConfig reads back."""
+        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+        rope = {"rope_theta": self.rope_theta, "rope_type": "default"}
+        rope.update(self.rope_scaling_dict())
+        eos = self.eos_token_id
+        out: dict[str, Any] = {
+            "architectures": [arch],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(eos) if isinstance(eos, tuple) else eos,
+            "pad_token_id": self.pad_token_id,
+            # Both spellings: transformers 5 reads rope_parameters, 4.x reads
+            # rope_theta/rope_scaling.
+            "rope_parameters": rope,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": (self.rope_scaling_dict() or None),
+            "torch_dtype": self.param_dtype,
+            "use_cache": True,
+        }
+        if self.model_type == "llama":
+            out["attention_bias"] = False
+            out["mlp_bias"] = False
+        if self.model_type == "qwen3":
+            out["attention_bias"] = False
+        if self.model_type in ("qwen2", "qwen3"):
+            out["use_sliding_window"] = False
+            out["sliding_window"] = None
+        return out

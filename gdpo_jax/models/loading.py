@@ -1,0 +1,226 @@
+"""Load Hugging Face checkpoints (and the offline SmolLM2 GGUF) into sharded params.
+
+Weights are memory-mapped from the *.safetensors files and each device shard
+is assembled from exactly the slices it needs (`jax.make_array_from_callback`),
+so a model never passes whole through host->one-device memory.
+
+    model, tok = load_pretrained("/ckpt/Qwen2.5-0.5B-Instruct", mesh=mesh)
+    model, tok = load_pretrained("smollm2-135m-instruct")   # GGUF from PyPI
+"""
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from typing import Any, Callable
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.models.sharding import abstract_model, sanitize_spec
+from gdpo_jax.models.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+# our param -> (HF tensor name, stored transposed relative to ours)
+TOP_NAMES: dict[str, tuple[str, bool]] = {
+    "embed": ("model.embed_tokens.weight", False),
+    "final_norm": ("model.norm.weight", False),
+    "lm_head": ("lm_head.weight", True),
+}
+LAYER_NAMES: dict[str, tuple[str, bool]] = {
+    "attn_norm": ("model.layers.{i}.input_layernorm.weight", False),
+    "q_proj": ("model.layers.{i}.self_attn.q_proj.weight", True),
+    "k_proj": ("model.layers.{i}.self_attn.k_proj.weight", True),
+    "v_proj": ("model.layers.{i}.self_attn.v_proj.weight", True),
+    "o_proj": ("model.layers.{i}.self_attn.o_proj.weight", True),
+    "q_bias": ("model.layers.{i}.self_attn.q_proj.bias", False),
+    "k_bias": ("model.layers.{i}.self_attn.k_proj.bias", False),
+    "v_bias": ("model.layers.{i}.self_attn.v_proj.bias", False),
+    "q_norm": ("model.layers.{i}.self_attn.q_norm.weight", False),
+    "k_norm": ("model.layers.{i}.self_attn.k_norm.weight", False),
+    "mlp_norm": ("model.layers.{i}.post_attention_layernorm.weight", False),
+    "gate_proj": ("model.layers.{i}.mlp.gate_proj.weight", True),
+    "up_proj": ("model.layers.{i}.mlp.up_proj.weight", True),
+    "down_proj": ("model.layers.{i}.mlp.down_proj.weight", True),
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+              "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32,
+              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+class SafetensorsDir:
+    """Memory-mapped view of every tensor in a checkpoint dir: name -> np array."""
+
+    def __init__(self, path: str):
+        index = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(index):
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"No *.safetensors files in {path!r} (PyTorch .bin "
+                                    "checkpoints are not supported; re-save with safetensors).")
+        self.entries: dict[str, tuple[np.memmap, int, Any, tuple[int, ...], int]] = {}
+        for name in files:
+            fp = os.path.join(path, name)
+            with open(fp, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            mm = np.memmap(fp, dtype=np.uint8, mode="r")
+            for key, meta in header.items():
+                if key == "__metadata__":
+                    continue
+                lo, hi = meta["data_offsets"]
+                self.entries[key] = (mm, 8 + n + lo, _ST_DTYPES[meta["dtype"]],
+                                     tuple(meta["shape"]), hi - lo)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.entries[name][3]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        mm, off, dt, shape, nbytes = self.entries[name]
+        return mm[off:off + nbytes].view(dt).reshape(shape)
+
+
+def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """HF tensor name -> shape that `cfg` needs."""
+    shapes = _param_shapes(cfg)
+    out = {}
+    for ours, (hf, tr) in TOP_NAMES.items():
+        if ours in shapes:
+            out[hf] = shapes[ours][::-1] if tr else shapes[ours]
+    for ours, (hf, tr) in LAYER_NAMES.items():
+        if ours in shapes:
+            s = shapes[ours][1:]
+            for i in range(cfg.num_layers):
+                out[hf.format(i=i)] = s[::-1] if tr else s
+    return out
+
+
+def _param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    abstract = abstract_model(cfg)
+    return {str(path[-1]): tuple(v.get_value().shape)
+            for path, v in nnx.to_flat_state(nnx.state(abstract))}
+
+
+def check_checkpoint(reader: SafetensorsDir, cfg: ModelConfig, where: str) -> None:
+    """Raise naming every missing tensor, or the first mismatched one with both shapes."""
+    want = expected_tensors(cfg)
+    missing = [k for k in want if k not in reader]
+    if missing:
+        raise ValueError(
+            f"Checkpoint {where!r} is missing {len(missing)} tensor(s) the config needs: "
+            f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+    for name, shape in want.items():
+        if reader.shape(name) != shape:
+            raise ValueError(
+                f"Tensor {name!r} in {where!r} has shape {reader.shape(name)} but the "
+                f"config.json implies {shape}; the weights do not match the config.")
+
+
+def build_model(cfg: ModelConfig, fetch: Callable[[str, bool], np.ndarray], *,
+                mesh: jax.sharding.Mesh | None = None) -> Transformer:
+    """Transformer whose params come from fetch(hf_name, transpose) -> host array.
+
+    Each param is assembled per device shard straight from the source slices.
+    """
+    graphdef, state = nnx.split(abstract_model(cfg))
+    dtype = np.dtype(jax.numpy.dtype(cfg.param_dtype))
+    flat = []
+    for path, var in nnx.to_flat_state(state):
+        name, shape = str(path[-1]), tuple(var.get_value().shape)
+        if mesh is None:
+            sharding: jax.sharding.Sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        else:
+            axes = var.get_metadata().get("out_sharding") or ()
+            sharding = jax.NamedSharding(mesh, sanitize_spec(axes, shape, mesh))
+        stacked = name in LAYER_NAMES
+        hf, tr = LAYER_NAMES[name] if stacked else TOP_NAMES[name]
+        memo: dict[str, np.ndarray] = {}
+
+        def callback(idx, hf=hf, tr=tr, stacked=stacked, shape=shape, memo=memo):
+            key = repr(idx)  # replicated shards ask for the same slice again
+            if key not in memo:
+                if stacked:
+                    ls = range(shape[0])[idx[0]]
+                    parts = [_view(fetch(hf.format(i=l), tr), idx[1:]) for l in ls]
+                    memo[key] = np.stack(parts).astype(dtype)
+                else:
+                    memo[key] = _view(fetch(hf, tr), idx).astype(dtype)
+            return memo[key]
+
+        flat.append((path, var.replace(jax.make_array_from_callback(shape, sharding, callback))))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _view(a: np.ndarray, idx: tuple) -> np.ndarray:
+    return np.ascontiguousarray(a[tuple(idx)])
+
+
+def load_hf_dir(path: str, *, dtype: str = "float32", param_dtype: str = "float32",
+                mesh: jax.sharding.Mesh | None = None, remat: bool = False,
+                tokenizer: bool = True) -> tuple[Transformer, Any]:
+    """Load a local HF checkpoint dir (config.json + safetensors [+ tokenizer])."""
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path!r} has no config.json; expected a Hugging Face "
+                                "checkpoint directory.")
+    cfg = ModelConfig.from_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    reader = SafetensorsDir(path)
+    check_checkpoint(reader, cfg, path)
+    fetch = lambda name, tr: reader[name].T if tr else reader[name]  # noqa: E731
+    model = build_model(cfg, fetch, mesh=mesh)
+    return model, (load_tokenizer(path) if tokenizer else None)
+
+
+def load_tokenizer(path: str) -> Any:
+    """AutoTokenizer from a local dir, offline; None (with a warning) if absent."""
+    from transformers import AutoTokenizer
+    if not any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
+        # transformers 5 would build an empty tokenizer from the model_type alone.
+        log.warning("No tokenizer files in %s; returning tokenizer=None.", path)
+        return None
+    try:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        log.warning("No tokenizer loaded from %s (%s); returning None.", path, e)
+        return None
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token  # left-padded batches need a pad id
+    return tok
+
+
+def load_pretrained(path_or_name: str, *, dtype: str = "float32",
+                    param_dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
+                    remat: bool = False) -> tuple[Transformer, Any]:
+    """(model, tokenizer) from a local HF dir, a .gguf file, or a known offline name.
+
+    Known names: see gguf.KNOWN_MODELS ("smollm2-135m-instruct").
+    """
+    from gdpo_jax.models import gguf
+    kw = dict(dtype=dtype, param_dtype=param_dtype, mesh=mesh, remat=remat)
+    key = path_or_name.lower()
+    if key in gguf.KNOWN_MODELS or path_or_name.endswith(".gguf"):
+        hf_dir = gguf.converted_hf_dir(path_or_name)
+        return load_hf_dir(hf_dir, **kw)
+    if os.path.isdir(path_or_name):
+        return load_hf_dir(path_or_name, **kw)
+    raise FileNotFoundError(
+        f"{path_or_name!r} is neither a local checkpoint directory, a .gguf file, nor a "
+        f"known offline model {sorted(gguf.KNOWN_MODELS)}. Hub ids are not downloaded; "
+        "fetch the checkpoint first (e.g. `huggingface-cli download`).")
+
+
+def save_pretrained(model: Transformer, tokenizer: Any, out_dir: str, **kw: Any) -> str:
+    """See gdpo_jax.models.export.save_pretrained."""
+    from gdpo_jax.models.export import save_pretrained as _save
+    return _save(model, tokenizer, out_dir, **kw)

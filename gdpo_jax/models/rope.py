@@ -1,0 +1,91 @@
+"""Rotary position embeddings with the HF rope-scaling variants.
+
+Frequencies follow transformers' `modeling_rope_utils` (default, linear,
+llama3, yarn); rotation uses the "rotate_half" (non-interleaved) layout of HF
+Llama/Qwen checkpoints. GGUF files store q/k rows permuted for llama.cpp's
+interleaved layout; gguf.py undoes that so this module sees HF layout only.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from gdpo_jax.models.config import ModelConfig
+
+
+def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies f32[head_dim/2] and the cos/sin scale (yarn's mscale).
+
+    Computed in float64 NumPy at trace time: constants, not parameters.
+    """
+    dim, base = cfg.head_dim, cfg.rope_theta
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    rope = cfg.rope_scaling_dict()
+    kind = rope.get("rope_type", "default")
+    scale = 1.0
+    if kind == "linear":
+        inv_freq = inv_freq / rope["factor"]
+    elif kind == "llama3":
+        factor = rope["factor"]
+        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+        old_len = rope["original_max_position_embeddings"]
+        low_wavelen, high_wavelen = old_len / low, old_len / high
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = np.where(medium, smoothed, scaled)
+    elif kind == "yarn":
+        inv_freq, scale = _yarn(cfg, rope)
+    # HF computes inv_freq in float32 torch; round to f32 the same way.
+    return inv_freq.astype(np.float32), float(scale)
+
+
+def _yarn(cfg: ModelConfig, rope: dict) -> tuple[np.ndarray, float]:
+    dim, base = cfg.head_dim, cfg.rope_theta
+    old_len = rope.get("original_max_position_embeddings", cfg.max_position_embeddings)
+    factor = rope.get("factor") or cfg.max_position_embeddings / old_len
+
+    def mscale(s: float, m: float = 1.0) -> float:
+        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+    attn = rope.get("attention_factor")
+    if attn is None:
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attn = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
+    beta_fast, beta_slow = rope.get("beta_fast") or 32, rope.get("beta_slow") or 1
+
+    def corr_dim(rot: float) -> float:
+        return dim * math.log(old_len / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    lo, hi = corr_dim(beta_fast), corr_dim(beta_slow)
+    if rope.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    pos = base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - lo) / (hi - lo), 0, 1)
+    extra = 1 - ramp
+    inv = (1.0 / (factor * pos)) * (1 - extra) + (1.0 / pos) * extra
+    return inv, float(attn)
+
+
+def rope_cos_sin(positions: jnp.ndarray, cfg: ModelConfig) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """positions i32[B,T] -> (cos, sin) f32[B,T,head_dim] (halves repeated, HF layout)."""
+    inv_freq, scale = rope_frequencies(cfg)
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles) * scale, jnp.sin(angles) * scale
+
+
+def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
+    """x f[B,T,H,Dh], cos/sin f32[B,T,Dh] -> rotated x (in f32, cast back)."""
+    xf = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    out = xf * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+    return out.astype(x.dtype)

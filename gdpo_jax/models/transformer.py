@@ -1,0 +1,310 @@
+"""Llama-family decoder (Llama / SmolLM2 / Qwen2 / Qwen3) in Flax NNX.
+
+Layout: per-layer weights are stacked on a leading [L] axis and the layers run
+under one `jax.lax.scan` (one layer compiled, not L), optionally rematerialized
+per layer. Kernels are stored [in, out] (the transpose of torch's Linear).
+
+Sharding: every Param carries `out_sharding` metadata (mesh axis names from
+PARAM_AXES); `sharding.create_model` places params by it. The forward is a pure
+function of the param arrays. Under a mesh with Explicit axes it runs inside
+`jax.sharding.auto_axes` (GSPMD propagation) so any param/batch layout works,
+and the outputs come back sharded over the batch axes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.models.rope import apply_rope, rope_cos_sin
+
+# Mesh axes per param dim. Matmul kernels: input dim over "fsdp" (ZeRO-3 style
+# gather before use), output dim over "tensor" (Megatron column/row split);
+# embedding rows over "tensor" (vocab-parallel). Dims not divisible by the
+# axis size fall back to replicated (sharding.sanitize_spec).
+PARAM_AXES: dict[str, tuple[str | None, ...]] = {
+    "embed": ("tensor", "fsdp"),          # [V, D]
+    "lm_head": ("fsdp", "tensor"),        # [D, V]
+    "final_norm": (None,),                # [D]
+    "attn_norm": (None, None),            # [L, D]
+    "mlp_norm": (None, None),             # [L, D]
+    "q_proj": (None, "fsdp", "tensor"),   # [L, D, Hq*Dh]
+    "k_proj": (None, "fsdp", "tensor"),   # [L, D, Hkv*Dh]
+    "v_proj": (None, "fsdp", "tensor"),   # [L, D, Hkv*Dh]
+    "o_proj": (None, "tensor", "fsdp"),   # [L, Hq*Dh, D]
+    "q_bias": (None, "tensor"),           # [L, Hq*Dh]
+    "k_bias": (None, "tensor"),           # [L, Hkv*Dh]
+    "v_bias": (None, "tensor"),           # [L, Hkv*Dh]
+    "q_norm": (None, None),               # [L, Dh]
+    "k_norm": (None, None),               # [L, Dh]
+    "gate_proj": (None, "fsdp", "tensor"),  # [L, D, F]
+    "up_proj": (None, "fsdp", "tensor"),    # [L, D, F]
+    "down_proj": (None, "tensor", "fsdp"),  # [L, F, D]
+}
+BATCH_AXES = ("data", "fsdp")
+_NEG = float(np.finfo(np.float32).min)
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Decode cache. k, v: f[L,B,S,Hkv,Dh]; mask: bool[B,S] (slot holds a real
+    token); index: i32[] next slot to write. A pytree: jit/donate friendly."""
+
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    index: jax.Array
+
+
+def _param(rngs: nnx.Rngs | None, name: str, shape: tuple[int, ...], init: str,
+           dtype: Any) -> nnx.Param:
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    else:  # HF initializer_range
+        value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    # eager_sharding=False: placement is create_model's job (jit out_shardings),
+    # so an unsharded model can be built with no mesh in context.
+    return nnx.Param(value, out_sharding=PARAM_AXES[name], eager_sharding=False)
+
+
+class DecoderLayers(nnx.Module):
+    """All L decoder layers, each weight stacked on a leading [L] axis."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        L, D, F, Dh = cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+        q, kv, dt = cfg.num_heads * Dh, cfg.num_kv_heads * Dh, jnp.dtype(cfg.param_dtype)
+        self.attn_norm = _param(rngs, "attn_norm", (L, D), "ones", dt)
+        self.q_proj = _param(rngs, "q_proj", (L, D, q), "normal", dt)
+        self.k_proj = _param(rngs, "k_proj", (L, D, kv), "normal", dt)
+        self.v_proj = _param(rngs, "v_proj", (L, D, kv), "normal", dt)
+        self.o_proj = _param(rngs, "o_proj", (L, q, D), "normal", dt)
+        if cfg.attention_bias:
+            self.q_bias = _param(rngs, "q_bias", (L, q), "zeros", dt)
+            self.k_bias = _param(rngs, "k_bias", (L, kv), "zeros", dt)
+            self.v_bias = _param(rngs, "v_bias", (L, kv), "zeros", dt)
+        if cfg.qk_norm:
+            self.q_norm = _param(rngs, "q_norm", (L, Dh), "ones", dt)
+            self.k_norm = _param(rngs, "k_norm", (L, Dh), "ones", dt)
+        self.mlp_norm = _param(rngs, "mlp_norm", (L, D), "ones", dt)
+        self.gate_proj = _param(rngs, "gate_proj", (L, D, F), "normal", dt)
+        self.up_proj = _param(rngs, "up_proj", (L, D, F), "normal", dt)
+        self.down_proj = _param(rngs, "down_proj", (L, F, D), "normal", dt)
+
+
+class Transformer(nnx.Module):
+    """Decoder-only LM. See module docstring for layout and sharding."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dt = jnp.dtype(cfg.param_dtype)
+        self.embed = _param(rngs, "embed", (cfg.vocab_size, cfg.hidden_size), "normal", dt)
+        self.layers = DecoderLayers(cfg, rngs=rngs)
+        self.final_norm = _param(rngs, "final_norm", (cfg.hidden_size,), "ones", dt)
+        self.lm_head = (None if cfg.tie_word_embeddings else
+                        _param(rngs, "lm_head", (cfg.hidden_size, cfg.vocab_size), "normal", dt))
+
+    # ---------------------------------------------------------------- params
+    def param_arrays(self) -> dict[str, Any]:
+        """Raw arrays: {"embed", "final_norm", ["lm_head"], "layers": {name: [L,...]}}."""
+        layers = {k: v.get_value() for k, v in vars(self.layers).items()
+                  if isinstance(v, nnx.Param)}
+        out = {"embed": self.embed.get_value(), "final_norm": self.final_norm.get_value(),
+               "layers": layers}
+        if self.lm_head is not None:
+            out["lm_head"] = self.lm_head.get_value()
+        return out
+
+    def unembed_matrix(self) -> jax.Array:
+        """f[D, V] output projection (embed.T when tied), in param dtype."""
+        if self.lm_head is None:
+            return self.embed.get_value().T
+        return self.lm_head.get_value()
+
+    # ----------------------------------------------------------------- cache
+    def init_cache(self, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+        """Empty KVCache for `batch` rows and `max_len` slots (prompt + new tokens).
+
+        Sharded over the batch (and kv heads over "tensor") when the params
+        live on a multi-device mesh.
+        """
+        cfg = self.cfg
+        dt = jnp.dtype(dtype or cfg.dtype)
+        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        mesh = _concrete_mesh(self.embed.get_value())
+        if mesh is None:
+            kv_sh = mask_sh = idx_sh = None
+        else:
+            from gdpo_jax.models.sharding import sanitize_spec
+            kv_spec = sanitize_spec((None, BATCH_AXES, None, "tensor", None), shape, mesh)
+            kv_sh = jax.NamedSharding(mesh, kv_spec)
+            mask_sh = jax.NamedSharding(mesh, P(*kv_spec[1:3]))
+            idx_sh = jax.NamedSharding(mesh, P())
+        return KVCache(
+            k=jnp.zeros(shape, dt, device=kv_sh), v=jnp.zeros(shape, dt, device=kv_sh),
+            mask=jnp.zeros((batch, max_len), bool, device=mask_sh),
+            index=jnp.zeros((), jnp.int32, device=idx_sh))
+
+    # --------------------------------------------------------------- forward
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
+                 positions: jax.Array | None = None, cache: KVCache | None = None,
+                 return_hidden: bool = False):
+        """input_ids i32[B,T], attention_mask {0,1}[B,T] (left padding allowed).
+
+        Returns logits f32[B,T,V] (or final-normed hidden f[B,T,D] when
+        return_hidden), plus the updated cache when `cache` is given. With a
+        cache the T tokens go to slots [cache.index, cache.index+T) and attend
+        to earlier valid slots; positions default to the count of valid tokens
+        before each one (so left padding and decode steps line up).
+        """
+        cfg = self.cfg
+        B, T = input_ids.shape
+        mask = (jnp.ones((B, T), jnp.int32) if attention_mask is None
+                else attention_mask.astype(jnp.int32))
+        if positions is None:
+            positions = jnp.cumsum(mask, axis=1) - 1
+            if cache is not None:
+                before = jnp.arange(cache.mask.shape[1])[None, :] < cache.index
+                positions = positions + jnp.sum(cache.mask & before, axis=1, keepdims=True)
+            positions = jnp.maximum(positions, 0)
+        args = (self.param_arrays(), input_ids, mask, positions.astype(jnp.int32), cache)
+        fn = lambda *a: _forward(*a, cfg=cfg, return_hidden=return_hidden)  # noqa: E731
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            # No mesh in context, but params may still be typed on an Explicit
+            # mesh (e.g. jit(model) outside jax.set_mesh): adopt theirs.
+            mesh = jax.typeof(args[0]["embed"]).sharding.mesh
+            if not mesh.empty and _is_explicit(mesh):
+                with jax.sharding.use_abstract_mesh(mesh):
+                    return self(input_ids, attention_mask, positions=positions,
+                                cache=cache, return_hidden=return_hidden)
+        if not mesh.empty and _is_explicit(mesh):
+            # Explicit axes would demand an out_sharding for every ambiguous
+            # matmul; run the model with GSPMD propagation instead.
+            from gdpo_jax.models.sharding import sanitize_spec
+            out_dim = cfg.hidden_size if return_hidden else cfg.vocab_size
+            out_spec = sanitize_spec((BATCH_AXES, None, None), (B, T, out_dim), mesh)
+            out_sh: Any = out_spec
+            if cache is not None:
+                out_sh = (out_spec, jax.tree.map(lambda a: jax.typeof(a).sharding.spec, cache))
+            fn = jax.sharding.auto_axes(fn, out_sharding=out_sh)
+        out = fn(*args)
+        return out
+
+
+def _is_explicit(mesh: Any) -> bool:
+    return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
+
+
+def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:
+    sh = getattr(x, "sharding", None) if isinstance(x, jax.Array) and not isinstance(
+        x, jax.core.Tracer) else None
+    if isinstance(sh, jax.NamedSharding) and sh.mesh.size > 1:
+        return sh.mesh
+    return None
+
+
+def _rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """HF RMSNorm: statistics in f32, weight applied after casting back."""
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return w.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def _constrain(x: jax.Array, axes: tuple) -> jax.Array:
+    """with_sharding_constraint to the legal part of `axes` when a mesh is in context."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    from gdpo_jax.models.sharding import sanitize_spec
+    return jax.lax.with_sharding_constraint(x, sanitize_spec(axes, x.shape, mesh))
+
+
+def _batch_constraint(x: jax.Array) -> jax.Array:
+    """Pin activations' batch dim to (data, fsdp)."""
+    return _constrain(x, (BATCH_AXES,))
+
+
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
+               cfg: ModelConfig) -> jax.Array:
+    """q f[B,T,Hq,Dh], k/v f[B,S,Hkv,Dh], allowed bool[B,T,S] -> f[B,T,Hq,Dh]."""
+    B, T, Hq, Dh = q.shape
+    G = Hq // cfg.num_kv_heads
+    q = q.reshape(B, T, cfg.num_kv_heads, G, Dh)
+    s = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype),
+                   preferred_element_type=jnp.float32) * (Dh ** -0.5)
+    # Finite fill: fully masked rows (left padding) give uniform weights, not NaN.
+    s = jnp.where(allowed[:, None, None], s, _NEG)
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(q.dtype))
+    return o.reshape(B, T, Hq, Dh)
+
+
+def _forward(params: dict, input_ids: jax.Array, mask: jax.Array, positions: jax.Array,
+             cache: KVCache | None, *, cfg: ModelConfig, return_hidden: bool):
+    dt = jnp.dtype(cfg.dtype)
+    B, T = input_ids.shape
+    Hq, Hkv, Dh, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
+    # Padded slots may hold any id (e.g. -1): map them to 0 so an out-of-range
+    # gather (NaN fill) cannot leak into real rows through 0 * NaN in attention.
+    ids = jnp.where(mask > 0, input_ids, 0)
+    x = _batch_constraint(jnp.take(_constrain(params["embed"], ("tensor", None)),
+                                   ids, axis=0).astype(dt))
+    cos, sin = rope_cos_sin(positions, cfg)
+    if cache is None:
+        key_mask = mask.astype(bool)
+        q_slot, k_slot = jnp.arange(T), jnp.arange(T)
+    else:
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, mask.astype(bool), (0, cache.index))
+        q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
+    allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+
+    def proj(h, w, b=None):
+        y = jnp.einsum("btd,df->btf", h, w.astype(dt))
+        return y if b is None else y + b.astype(dt)
+
+    def layer(carry, xs):
+        x, kc, vc = carry
+        lp, i = xs
+        h = _rms_norm(x, lp["attn_norm"], eps)
+        q = proj(h, lp["q_proj"], lp.get("q_bias")).reshape(B, T, Hq, Dh)
+        k = proj(h, lp["k_proj"], lp.get("k_bias")).reshape(B, T, Hkv, Dh)
+        v = proj(h, lp["v_proj"], lp.get("v_bias")).reshape(B, T, Hkv, Dh)
+        if cfg.qk_norm:
+            q, k = _rms_norm(q, lp["q_norm"], eps), _rms_norm(k, lp["k_norm"], eps)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kc is not None:
+            # Write this layer's new keys into the carried cache in place.
+            start = (i, 0, cache.index, 0, 0)
+            kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
+            vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
+            k, v = kc[i], vc[i]
+        a = _attention(q, k, v, allowed, cfg).reshape(B, T, Hq * Dh)
+        x = _batch_constraint(x + proj(a, lp["o_proj"]))
+        h = _rms_norm(x, lp["mlp_norm"], eps)
+        f = jax.nn.silu(proj(h, lp["gate_proj"])) * proj(h, lp["up_proj"])
+        x = _batch_constraint(x + proj(f, lp["down_proj"]))
+        return (x, kc, vc), None
+
+    if cfg.remat:
+        layer = jax.checkpoint(layer, prevent_cse=False)
+    kc, vc = (None, None) if cache is None else (cache.k, cache.v)
+    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc),
+                                  (params["layers"], jnp.arange(cfg.num_layers)))
+    x = _rms_norm(x, params["final_norm"], eps)
+    if return_hidden:
+        out = x
+    else:
+        unembed = params["lm_head"] if "lm_head" in params else params["embed"].T
+        out = jnp.einsum("btd,dv->btv", x, unembed.astype(dt),
+                         preferred_element_type=jnp.float32).astype(jnp.float32)
+    if cache is None:
+        return out
+    return out, KVCache(k=kc, v=vc, mask=key_mask, index=cache.index + T)

@@ -1,0 +1,244 @@
+"""Core model tests: config, RoPE vs transformers, KV cache, remat, dtypes, sharding."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gdpo_jax.models import KVCache, ModelConfig, Transformer, create_model, get_param_specs
+from gdpo_jax.models.rope import rope_frequencies
+from gdpo_jax.models.sharding import abstract_model, sanitize_spec
+
+QWEN3ISH = dict(model_type="qwen3", qk_norm=True, tie_word_embeddings=True, head_dim=24)
+QWEN2ISH = dict(model_type="qwen2", attention_bias=True)
+
+
+def _batch(B=4, T=8, V=256, seed=0):
+    rs = np.random.RandomState(seed)
+    ids = rs.randint(3, V, (B, T)).astype(np.int32)
+    lens = np.array([T, T - 3, 1, T - 1][:B])
+    mask = (np.arange(T)[None, :] >= T - lens[:, None]).astype(np.int32)  # left padded
+    return jnp.asarray(ids), jnp.asarray(mask)
+
+
+def _random_model(cfg: ModelConfig, seed: int = 1) -> Transformer:
+    """Unsharded model with random weights, norms and biases (so a mishandled
+    one shows in the logits), filled from NumPy: no init compile."""
+    rs = np.random.RandomState(seed)
+    graphdef, state = nnx.split(abstract_model(cfg))
+    flat = []
+    for path, var in nnx.to_flat_state(state):
+        v = var.get_value()
+        name = str(path[-1])
+        scale = 0.3 if ("norm" in name or "bias" in name) else 0.1
+        base = 1.0 if "norm" in name else 0.0
+        flat.append((path, var.replace(jnp.asarray(base + scale * rs.randn(*v.shape), v.dtype))))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+_fwd = jax.jit(lambda m, i, k: m(i, k))
+
+
+@pytest.fixture(scope="module")
+def models():
+    out = {}
+    for name, kw in [("llama", {}), ("qwen2", QWEN2ISH), ("qwen3", QWEN3ISH)]:
+        out[name] = _random_model(ModelConfig.tiny(**kw))
+    return out
+
+
+# ----------------------------------------------------------------- config
+def test_config_hf_roundtrip_and_hashable():
+    cfg = ModelConfig.tiny(rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 64},
+                           eos_token_id=[2, 5])
+    hash(cfg)
+    back = ModelConfig.from_hf(cfg.to_hf())
+    assert back == cfg
+    # transformers<5 spelling: rope_theta + rope_scaling with legacy "type".
+    legacy = {k: v for k, v in cfg.to_hf().items() if k != "rope_parameters"}
+    legacy["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    assert ModelConfig.from_hf(legacy).rope_scaling_dict() == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="gpt2.*supported"):
+        ModelConfig.from_hf({**ModelConfig.tiny().to_hf(), "model_type": "gpt2"})
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        ModelConfig.tiny(num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match="dynamic"):
+        ModelConfig.tiny(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+])
+def test_rope_frequencies_match_transformers(rope):
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    cfg = ModelConfig.tiny(rope_theta=500000.0, rope_scaling=rope, max_position_embeddings=256)
+    hf = LlamaConfig(**{k: v for k, v in cfg.to_hf().items()
+                        if k not in ("rope_scaling", "rope_theta")})
+    ref, ref_scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, torch.device("cpu"))
+    ours, scale = rope_frequencies(cfg)
+    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
+    assert scale == pytest.approx(ref_scale)
+    plain, _ = rope_frequencies(dataclasses.replace(cfg, rope_scaling=None))
+    assert np.abs(plain - ours).max() > 1e-3  # the scaling really changed something
+
+
+# ----------------------------------------------------------------- forward / cache
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3"])
+def test_kv_cache_decode_matches_full_forward(models, name):
+    model = models[name]
+    ids, mask = _batch()
+    full = _fwd(model, ids, mask)
+    assert full.dtype == jnp.float32 and full.shape == (4, 8, 256)
+    step = jax.jit(lambda m, x, k, c: m(x, k, cache=c))
+    cache = model.init_cache(4, 12)
+    outs = []
+    logits, cache = step(model, ids[:, :3], mask[:, :3], cache)  # prefill 3
+    outs.append(logits)
+    logits, cache = step(model, ids[:, 3:5], mask[:, 3:5], cache)  # a 2-token chunk
+    outs.append(logits)
+    for t in range(5, 8):  # then token by token
+        logits, cache = step(model, ids[:, t:t + 1], mask[:, t:t + 1], cache)
+        outs.append(logits)
+    got = jnp.concatenate(outs, axis=1)
+    valid = np.asarray(mask, bool)
+    np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(full)[valid], atol=2e-5)
+    assert int(cache.index) == 8 and isinstance(cache, KVCache)
+    np.testing.assert_array_equal(np.asarray(cache.mask[:, :8]), valid)
+    assert not np.asarray(cache.mask[:, 8:]).any()
+
+
+def test_left_padding_equals_unpadded(models):
+    """A left-padded row gives the same logits as the same tokens unpadded."""
+    model = models["llama"]
+    ids, mask = _batch()
+    full = np.asarray(_fwd(model, ids, mask))
+    # Whatever id sits in a padded slot (even out of range) changes nothing.
+    junk = np.asarray(_fwd(model, jnp.where(mask > 0, ids, -1), mask))
+    np.testing.assert_array_equal(junk[np.asarray(mask, bool)], full[np.asarray(mask, bool)])
+    for r in (1, 3):
+        n = int(mask[r].sum())
+        alone = np.asarray(_fwd(model, ids[r:r + 1, -n:], None))
+        np.testing.assert_allclose(full[r, -n:], alone[0], atol=2e-5)
+
+
+def test_return_hidden_and_unembed(models):
+    for name in ("llama", "qwen3"):  # untied and tied
+        model = models[name]
+        ids, mask = _batch()
+        h = jax.jit(lambda m: m(ids, mask, return_hidden=True))(model)
+        assert h.shape == (4, 8, model.cfg.hidden_size)
+        np.testing.assert_allclose(np.asarray(h @ model.unembed_matrix()),
+                                   np.asarray(_fwd(model, ids, mask)), atol=2e-5)
+
+
+def test_remat_same_grads():
+    cfg = ModelConfig.tiny()
+    ids, mask = _batch()
+
+    loss = lambda m: jnp.sum(m(ids, mask) ** 2 * mask[..., None])  # noqa: E731
+
+    def grads(remat):
+        model = _random_model(dataclasses.replace(cfg, remat=remat))
+        jaxpr = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(
+            nnx.state(model)))
+        assert ("remat" in jaxpr or "checkpoint" in jaxpr) == remat
+        return jax.tree.leaves(jax.jit(nnx.grad(loss))(model))
+
+    for a, b in zip(grads(False), grads(True)):
+        a, b = np.asarray(a), np.asarray(b)  # f32 summation order differs: relative check
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max() + 1e-7
+
+
+def test_bf16_params_and_compute(models):
+    ref = models["llama"]
+    cfg = dataclasses.replace(ref.cfg, param_dtype="bfloat16", dtype="bfloat16")
+    model = _random_model(cfg)
+    nnx.update(model, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(ref)))
+    assert model.layers.q_proj.get_value().dtype == jnp.bfloat16
+    ids, mask = _batch()
+    out = _fwd(model, ids, mask)
+    assert out.dtype == jnp.float32
+    valid = np.asarray(mask, bool)
+    want = np.asarray(_fwd(ref, ids, mask))
+    err = np.abs(np.asarray(out) - want)[valid]
+    assert err.max() < 0.15 * np.abs(want).max()
+    cache = model.init_cache(4, 8)
+    assert cache.k.dtype == jnp.bfloat16
+
+
+# ----------------------------------------------------------------- sharding
+def test_sanitize_spec():
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+    assert sanitize_spec((("data", "fsdp"), None), (8, 3), mesh) == jax.P(("data", "fsdp"), None)
+    assert sanitize_spec((("data", "fsdp"), None), (2, 3), mesh) == jax.P("data", None)
+    assert sanitize_spec(("tensor", "fsdp"), (3, 4), mesh) == jax.P(None, "fsdp")
+    assert sanitize_spec(("fsdp", "fsdp"), (4, 4), mesh) == jax.P("fsdp", None)
+    small = jax.make_mesh((8,), ("data",))
+    assert sanitize_spec((None, "fsdp", "tensor"), (2, 8, 8), small) == jax.P(None, None, None)
+
+
+@pytest.mark.parametrize("shape,full", [((2, 2, 2), True), ((1, 2, 4), False)])
+def test_sharded_equals_unsharded(models, shape, full):
+    axes = ("data", "fsdp", "tensor")
+    ref = models["qwen2"]
+    # Explicit axes (jax.make_mesh's default) and Auto (GSPMD) axes both work.
+    kind = jax.sharding.AxisType.Explicit if full else jax.sharding.AxisType.Auto
+    mesh = jax.make_mesh(shape, axes, axis_types=(kind,) * 3)
+    model = create_model(ref.cfg, mesh=mesh)
+    # Copy the reference weights into the born-sharded model, keeping shardings.
+    nnx.update(model, jax.tree.map(lambda r, m: jax.device_put(r, m.sharding),
+                                   nnx.state(ref), nnx.state(model)))
+    sizes = dict(zip(axes, shape))
+    for path, var in nnx.to_flat_state(nnx.state(model)):
+        arr = var.get_value()
+        spec = arr.sharding.spec
+        assert spec == get_param_specs(model, mesh)["/".join(map(str, path))]
+        # The shard shape proves the array really is split as declared.
+        expect = list(arr.shape)
+        for d, entry in enumerate(spec):
+            for a in ((entry,) if isinstance(entry, str) else entry or ()):
+                expect[d] //= sizes[a]
+        assert arr.addressable_shards[0].data.shape == tuple(expect), path
+    assert get_param_specs(model, mesh)["layers/q_proj"] == sanitize_spec(
+        (None, "fsdp", "tensor"), model.layers.q_proj.get_value().shape, mesh)
+    ids, mask = _batch()
+    want = np.asarray(_fwd(ref, ids, mask))
+    with jax.set_mesh(mesh):
+        batch_sh = jax.NamedSharding(mesh, sanitize_spec((("data", "fsdp"),), (4, 8), mesh))
+        sids, smask = jax.device_put(ids, batch_sh), jax.device_put(mask, batch_sh)
+        got = jax.jit(lambda m, i, k: m(i, k))(model, sids, smask)
+        np.testing.assert_allclose(np.asarray(got), want, atol=2e-5)
+        if not full:
+            return
+        # Cached decode and gradients also run sharded.
+        cache = model.init_cache(4, 10)
+        assert cache.k.sharding.mesh == mesh
+        lg, cache = jax.jit(lambda m, i, k, c: m(i, k, cache=c))(model, sids, smask, cache)
+        valid = np.asarray(mask, bool)  # padded query rows are garbage by contract
+        np.testing.assert_allclose(np.asarray(lg)[valid], want[valid], atol=2e-5)
+        g = jax.jit(nnx.grad(lambda m: jnp.sum(m(sids, smask) ** 2)))(model)
+        assert g.layers.q_proj.get_value().sharding.spec == model.layers.q_proj.get_value().sharding.spec
+    # Without a mesh in context the explicit-sharded params still work.
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda m: m(ids, mask))(model)), want, atol=2e-5)
+
+
+def test_create_model_unsharded_init():
+    cfg = ModelConfig.tiny(param_dtype="bfloat16")
+    model = create_model(cfg, seed=0)
+    q = np.asarray(model.layers.q_proj.get_value(), np.float32)
+    assert model.layers.q_proj.get_value().dtype == jnp.bfloat16 and q.shape == (2, 64, 64)
+    assert 0.015 < q.std() < 0.025  # HF initializer_range
+    np.testing.assert_array_equal(np.asarray(model.final_norm.get_value(), np.float32), 1.0)
+    assert cfg.num_params() == sum(x.size for x in jax.tree.leaves(nnx.state(model)))

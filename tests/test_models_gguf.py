@@ -1,0 +1,147 @@
+"""GGUF loading: a synthetic llama.cpp-style file vs PyTorch, and the real SmolLM2."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+from gdpo_jax.models import load_pretrained  # noqa: E402
+from gdpo_jax.models.gguf import find_known_gguf  # noqa: E402
+
+SMOL = "smollm2-135m-instruct"
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py LlamaModel.permute, copied independently of ours."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _write_gguf(tmodel, path: str) -> None:
+    c = tmodel.config
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_vocab_size(c.vocab_size)
+    sd = {k: v.detach().numpy().astype(np.float32) for k, v in tmodel.state_dict().items()}
+    names = {"model.embed_tokens.weight": "token_embd.weight",
+             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
+    sub = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+           "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+           "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for k, a in sd.items():
+        if k in names:
+            w.add_tensor(names[k], a)
+            continue
+        _, _, i, rest = k.split(".", 3)
+        mod = rest.rsplit(".", 1)[0]
+        if mod == "self_attn.q_proj":
+            a = llama_cpp_permute(a, c.num_attention_heads)
+        elif mod == "self_attn.k_proj":
+            a = llama_cpp_permute(a, c.num_key_value_heads)
+        name = f"blk.{i}.{sub[mod]}.weight"
+        if mod.startswith("mlp."):  # a quantized tensor, as in real files
+            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_synthetic_gguf_matches_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, rope_theta=1000.0,
+                                   rms_norm_eps=1e-5, tie_word_embeddings=False)
+    tmodel = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in tmodel.named_parameters():
+            p.copy_((1.0 if "norm" in name else 0.0) + 0.2 * torch.randn_like(p))
+            if ".mlp." in name:  # the reference sees the Q8_0-rounded weights
+                q = gguf.quants.quantize(p.numpy(), gguf.GGMLQuantizationType.Q8_0)
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q8_0)))
+    path = str(tmp_path / "tiny.gguf")
+    _write_gguf(tmodel, path)
+    model, tok = load_pretrained(path)
+    assert tok is None and model.cfg.num_kv_heads == 2 and not model.cfg.tie_word_embeddings
+    ids = np.random.RandomState(0).randint(0, 96, (2, 7)).astype(np.int32)
+    with torch.no_grad():
+        ref = tmodel(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    ours = np.asarray(jax.jit(lambda m, i: m(i))(model, ids))
+    np.testing.assert_allclose(ours, ref, atol=1e-4)
+    # Second load comes from the converted cache.
+    assert len(os.listdir(tmp_path / "cache")) == 1
+    load_pretrained(path)
+    assert len(os.listdir(tmp_path / "cache")) == 1
+
+
+@pytest.fixture(scope="module")
+def smol():
+    try:
+        find_known_gguf(SMOL)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    return load_pretrained(SMOL)
+
+
+def _greedy(model, ids: list[int], max_new: int, eos: int) -> list[int]:
+    cache = model.init_cache(1, len(ids) + max_new)
+    step = jax.jit(lambda m, x, c: m(x, cache=c))
+    logits, cache = step(model, jnp.asarray([ids], jnp.int32), cache)
+    out = []
+    for _ in range(max_new):
+        nxt = int(jnp.argmax(logits[0, -1]))
+        out.append(nxt)
+        if nxt == eos:
+            break
+        logits, cache = step(model, jnp.asarray([[nxt]], jnp.int32), cache)
+    return out
+
+
+@pytest.mark.slow
+def test_smollm2_answers_capital_of_france(smol):
+    model, tok = smol
+    cfg = model.cfg
+    assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size) == (30, 9, 3, 576)
+    assert cfg.tie_word_embeddings and cfg.vocab_size == 49152
+    text = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                   tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
+    ids = tok(text, add_special_tokens=False).input_ids
+    answer = tok.decode(_greedy(model, ids, 16, tok.eos_token_id), skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+def test_smollm2_matches_transformers_gguf_loader(smol):
+    """transformers' own GGUF reader (PyTorch) is an independent dequant + unpermute."""
+    model, tok = smol
+    path = find_known_gguf(SMOL)
+    ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True,
+        dtype=torch.float32).eval()
+    ids = np.asarray([tok("The capital of Italy is Rome, and the capital of Spain").input_ids],
+                     np.int32)
+    with torch.no_grad():
+        ref = ref_model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    ours = np.asarray(jax.jit(lambda m, i: m(i))(model, ids))
+    # 30 layers, logits up to ~30: allow f32 accumulation-order noise.
+    np.testing.assert_allclose(ours, ref, atol=2e-3)
+    assert np.array_equal(ours.argmax(-1), ref.argmax(-1))

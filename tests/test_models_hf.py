@@ -1,0 +1,182 @@
+"""Parity with transformers' PyTorch models; HF checkpoint loading, export, bad input."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from gdpo_jax.models import ModelConfig, load_pretrained, save_pretrained  # noqa: E402
+from gdpo_jax.models.export import write_safetensors  # noqa: E402
+from gdpo_jax.models.loading import SafetensorsDir  # noqa: E402
+from tests._tiny_tokenizer import make_tiny_tokenizer  # noqa: E402
+
+V = 128
+COMMON = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+              max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+HF_CONFIGS = {
+    # llama3 rope scaling with a short original context so it changes the angles.
+    "llama": lambda: transformers.LlamaConfig(
+        **COMMON, rope_theta=500.0, tie_word_embeddings=False,
+        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON, rope_theta=1000.0,
+                                              tie_word_embeddings=False),
+    # head_dim 24 != hidden/heads = 16; tied embeddings.
+    "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=24, rope_theta=1000.0,
+                                              tie_word_embeddings=True),
+}
+
+
+def _torch_model(kind: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(HF_CONFIGS[kind]())
+    model.eval()
+    with torch.no_grad():  # random norms and biases too, so each is exercised
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif name.endswith("bias"):
+                p.copy_(0.3 * torch.randn_like(p))
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _batch(B=3, T=9, seed=0):
+    rs = np.random.RandomState(seed)
+    ids = rs.randint(3, V, (B, T)).astype(np.int32)
+    lens = np.array([T, T - 4, 2])[:B]
+    mask = (np.arange(T)[None, :] >= T - lens[:, None]).astype(np.int32)
+    ids[mask == 0] = 0
+    return ids, mask
+
+
+def _torch_logits(model, ids, mask):
+    pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                    attention_mask=torch.tensor(mask, dtype=torch.long),
+                    position_ids=torch.tensor(pos, dtype=torch.long))
+    return out.logits.float().numpy()
+
+
+def _assert_close_valid(a, b, mask, atol=1e-4):
+    valid = np.asarray(mask, bool)  # padded query rows are unspecified
+    diff = np.abs(np.asarray(a)[valid] - np.asarray(b)[valid]).max()
+    assert diff <= atol, f"max abs diff {diff:.3g} on non-padded positions"
+    assert np.abs(np.asarray(b)[valid]).max() > 0.1  # logits are not trivially tiny
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    out = {}
+    for kind in HF_CONFIGS:
+        d = str(tmp_path_factory.mktemp(kind))
+        model = _torch_model(kind)
+        model.save_pretrained(d)
+        out[kind] = (d, model)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_loaded_logits_match_transformers(hf_dirs, kind):
+    d, tmodel = hf_dirs[kind]
+    model, tok = load_pretrained(d)
+    assert tok is None  # no tokenizer files in this dir
+    cfg = model.cfg
+    assert cfg.model_type == kind
+    assert cfg.attention_bias == (kind == "qwen2") and cfg.qk_norm == (kind == "qwen3")
+    assert cfg.tie_word_embeddings == (kind == "qwen3")
+    ids, mask = _batch()
+    ours = jax.jit(lambda m, i, k: m(i, k))(model, ids, mask)
+    _assert_close_valid(ours, _torch_logits(tmodel, ids, mask), mask)
+
+
+def test_export_roundtrip_loads_in_transformers(hf_dirs, tmp_path):
+    tok = make_tiny_tokenizer(V)
+    for kind in ("llama", "qwen3"):
+        model, _ = load_pretrained(hf_dirs[kind][0])
+        out = save_pretrained(model, tok, str(tmp_path / kind))
+        files = set(os.listdir(out))
+        assert {"config.json", "generation_config.json", "model.safetensors",
+                "tokenizer_config.json"} <= files
+        back = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+        back.eval()
+        ids, mask = _batch(seed=1)
+        ours = jax.jit(lambda m, i, k: m(i, k))(model, ids, mask)
+        _assert_close_valid(ours, _torch_logits(back, ids, mask), mask)
+        tok2 = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+        assert tok2("w7 w9").input_ids == tok("w7 w9").input_ids
+    # ... and back into ours (with the tokenizer) from a multi-file sharded export.
+    again = save_pretrained(model, tok, str(tmp_path / "sharded"), max_shard_bytes=20_000)
+    assert os.path.exists(os.path.join(again, "model.safetensors.index.json"))
+    model2, tok3 = load_pretrained(again)
+    assert tok3 is not None and tok3.eos_token_id == 2
+    a = jax.tree.leaves(jax.tree.map(np.asarray, model.param_arrays()))
+    b = jax.tree.leaves(jax.tree.map(np.asarray, model2.param_arrays()))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_load_sharded_into_mesh_bf16(hf_dirs):
+    """Loading onto a mesh places each tensor directly in its shards."""
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+    model, _ = load_pretrained(hf_dirs["qwen2"][0], mesh=mesh)
+    q = model.layers.q_proj.get_value()
+    assert q.sharding.spec == jax.P(None, "fsdp", "tensor")
+    assert q.addressable_shards[0].data.shape == (2, 32, 32)
+    ids, mask = _batch()
+    with jax.set_mesh(mesh):
+        ours = jax.jit(lambda m, i, k: m(i, k))(model, ids, mask)
+    _assert_close_valid(ours, _torch_logits(hf_dirs["qwen2"][1], ids, mask), mask)
+    bf, _ = load_pretrained(hf_dirs["qwen2"][0], param_dtype="bfloat16", dtype="bfloat16")
+    assert bf.layers.q_proj.get_value().dtype == jax.numpy.bfloat16
+
+
+# ---------------------------------------------------------------- bad input
+def _copy_ckpt(src: str, dst: str, drop: str | None = None, reshape: str | None = None,
+               config_edit: dict | None = None) -> str:
+    os.makedirs(dst, exist_ok=True)
+    reader = SafetensorsDir(src)
+    tensors = {k: np.array(reader[k]) for k in reader.entries if k != drop}
+    if reshape:
+        tensors[reshape] = tensors[reshape][:-1]
+    write_safetensors(tensors, os.path.join(dst, "model.safetensors"))
+    with open(os.path.join(src, "config.json")) as f:
+        cfg = json.load(f)
+    cfg.update(config_edit or {})
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return dst
+
+
+def test_missing_tensor_is_named(hf_dirs, tmp_path):
+    name = "model.layers.1.self_attn.k_proj.weight"
+    d = _copy_ckpt(hf_dirs["llama"][0], str(tmp_path / "m"), drop=name)
+    with pytest.raises(ValueError, match=r"missing 1 tensor.*layers\.1\.self_attn\.k_proj"):
+        load_pretrained(d)
+
+
+def test_wrong_shape_names_tensor_and_both_shapes(hf_dirs, tmp_path):
+    name = "model.layers.0.mlp.up_proj.weight"
+    d = _copy_ckpt(hf_dirs["llama"][0], str(tmp_path / "s"), reshape=name)
+    with pytest.raises(ValueError, match=r"up_proj.*\(95, 64\).*\(96, 64\)"):
+        load_pretrained(d)
+
+
+def test_unknown_model_type_is_named(hf_dirs, tmp_path):
+    d = _copy_ckpt(hf_dirs["llama"][0], str(tmp_path / "u"), config_edit={"model_type": "mamba"})
+    with pytest.raises(ValueError, match=r"'mamba'.*llama.*qwen2.*qwen3"):
+        load_pretrained(d)
+    with pytest.raises(FileNotFoundError, match="not-a-model"):
+        load_pretrained("not-a-model")
+
+
+def test_from_hf_reads_transformers_config(hf_dirs):
+    cfg = ModelConfig.from_hf(hf_dirs["llama"][0])
+    assert cfg.rope_scaling_dict()["rope_type"] == "llama3" and cfg.rope_theta == 500.0
+    assert ModelConfig.from_hf(hf_dirs["qwen3"][0]).head_dim == 24
