@@ -1,0 +1,144 @@
+"""Orbax checkpoints of a run: train state + PRNG key + data iterator + config.
+
+Layout: `<workdir>/checkpoints/<step>/{state,meta}`. "state" is the
+TrainState pytree (params, optimizer state, step) plus the loop's PRNG key
+data, saved sharded (each host writes its shards; restore places each array
+straight onto its target sharding). "meta" is JSON: the data iterator state,
+the full config and its fingerprint.
+
+Orbax writes each checkpoint into a temporary directory and renames it when
+complete, so a run killed during a save resumes from the previous complete
+checkpoint; saves are asynchronous (the step loop continues while the files
+are written) unless `async_save=False`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import ml_collections as mlc
+import numpy as np
+import orbax.checkpoint as ocp
+
+from gdpo_jax.train import config as config_lib
+from gdpo_jax.train.state import abstract_of
+
+
+class IncompatibleCheckpointError(ValueError):
+    """The checkpoint was written by a run whose config differs in fields that matter."""
+
+
+class Checkpointer:
+    """Keep-last-N, every-k-steps checkpointing of one run directory.
+
+    Args:
+      directory: where checkpoints live (created).
+      every: save interval in steps (0: only on `save(..., force=True)`).
+      keep: how many recent checkpoints to keep.
+      async_save: write in a background thread.
+      config: the run's config; saved with each checkpoint and compared on restore.
+    """
+
+    def __init__(self, directory: str, *, every: int, keep: int = 3, async_save: bool = True,
+                 config: mlc.ConfigDict | None = None, allow_config_change: bool = False):
+        self.directory = os.path.abspath(directory)
+        self.every = int(every)
+        self.config = config
+        self.allow_config_change = allow_config_change
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max(int(keep), 1),
+            save_interval_steps=max(self.every, 1),
+            enable_async_checkpointing=async_save,
+            create=True,
+            # A tmp dir left by a killed save is ignored by restore and removed here.
+            cleanup_tmp_directories=True,
+        )
+        self._mngr = ocp.CheckpointManager(self.directory, options=options,
+                                           item_names=("state", "meta"))
+
+    # ------------------------------------------------------------------ query
+    def latest_step(self) -> int | None:
+        return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._mngr.all_steps())
+
+    # ------------------------------------------------------------------- save
+    def should_save(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def save(self, step: int, state: Any, *, key: jax.Array, data_state: Any = None,
+             force: bool = False, extra: dict | None = None) -> bool:
+        """Saves when `step` is on the interval (or `force`). Returns whether it saved."""
+        if not force and not self.should_save(step):
+            return False
+        if step in self._mngr.all_steps():
+            return False
+        cfg_dict = config_lib.config_to_dict(self.config) if self.config is not None else {}
+        meta = {"data_state": data_state, "config": cfg_dict,
+                "fingerprint": config_lib.fingerprint(cfg_dict) if cfg_dict else "",
+                "step": int(step), **(extra or {})}
+        items = {"train_state": state, "key": jax.random.key_data(key)}
+        return bool(self._mngr.save(
+            int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(items),
+                                               meta=ocp.args.JsonSave(meta)),
+            force=True))
+
+    # ---------------------------------------------------------------- restore
+    def read_meta(self, step: int | None = None) -> dict:
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        out = self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
+    def check_config(self, meta: dict) -> None:
+        """Raises IncompatibleCheckpointError naming every field that differs."""
+        if self.config is None or self.allow_config_change or not meta.get("config"):
+            return
+        diff = config_lib.config_diff(meta["config"], self.config)
+        if diff:
+            saved = config_lib._flatten(meta["config"])
+            now = config_lib._flatten(config_lib.config_to_dict(self.config))
+            lines = [f"  {k}: checkpoint={saved.get(k, '<absent>')!r} now={now.get(k, '<absent>')!r}"
+                     for k in diff]
+            raise IncompatibleCheckpointError(
+                f"checkpoint in {self.directory} (step {meta.get('step')}) was written with a "
+                "different config:\n" + "\n".join(lines) + "\nUse the checkpoint's values, a new "
+                "workdir, or --config.checkpoint.allow_config_change=True to load it anyway.")
+
+    def restore(self, target_state: Any, key: jax.Array, step: int | None = None
+                ) -> tuple[Any, jax.Array, Any, int]:
+        """Restores onto the shardings of `target_state` (a live or abstract TrainState).
+
+        Returns (state, key, data_state, step). Checks the config first.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        meta = self.read_meta(step)
+        self.check_config(meta)
+        target = {"train_state": _abstract(target_state),
+                  "key": _abstract(jax.random.key_data(key))}
+        out = self._mngr.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+        items = out["state"]
+        new_key = jax.random.wrap_key_data(np.asarray(items["key"]),
+                                           impl=jax.random.key_impl(key))
+        return items["train_state"], new_key, meta.get("data_state"), int(step)
+
+    def wait(self) -> None:
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+
+def _abstract(tree: Any) -> Any:
+    def one(x):
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        return abstract_of(x)
+    return jax.tree.map(one, tree)

@@ -1,0 +1,85 @@
+"""Multi-host set-up and the host -> global-array path of the batch.
+
+Every process samples and scores its own share of the prompts (per-host
+data); the step sees one global batch assembled with
+`jax.make_array_from_process_local_data`, so the advantage statistics (group
+and batch) are over all hosts, as the reference implementations require.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from gdpo_jax.train import mesh as mesh_lib
+
+_ENV_HINTS = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE",
+              "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID")
+
+
+def initialize(mode: str = "auto", *, coordinator_address: str = "", num_processes: int = 0,
+               process_id: int = -1) -> bool:
+    """Calls `jax.distributed.initialize` when asked or when the environment asks for it.
+
+    mode: "never" does nothing; "always" initializes (explicit arguments, else
+      JAX's cluster auto-detection); "auto" initializes when an address is given
+      or a known cluster environment variable is set.
+    Must run before anything touches a device. Returns True when initialized.
+    """
+    if mode == "never":
+        return False
+    explicit = bool(coordinator_address) or num_processes > 1
+    if mode == "auto" and not explicit and not any(k in os.environ for k in _ENV_HINTS):
+        return False
+    kwargs: dict[str, Any] = {}
+    if coordinator_address:
+        kwargs["coordinator_address"] = coordinator_address
+    if num_processes:
+        kwargs["num_processes"] = num_processes
+    if process_id >= 0:
+        kwargs["process_id"] = process_id
+    jax.distributed.initialize(**kwargs)
+    return True
+
+
+def initialize_from_config(cfg) -> bool:
+    d = cfg.distributed
+    return initialize(d.initialize, coordinator_address=d.coordinator_address,
+                      num_processes=d.num_processes, process_id=d.process_id)
+
+
+def host_rows(global_rows: int) -> tuple[int, int]:
+    """(start, stop) of this process's rows of a global batch split evenly over processes."""
+    n, i = jax.process_count(), jax.process_index()
+    if global_rows % n:
+        raise ValueError(f"{global_rows} batch rows do not split over {n} processes.")
+    per = global_rows // n
+    return i * per, (i + 1) * per
+
+
+def to_global(local: Mapping[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
+    """Host-local batch rows -> global arrays sharded over the mesh's batch axes.
+
+    Each process passes its own rows (leading dimension); the global leading
+    dimension is the sum over processes. Without a mesh, a plain device_put.
+    """
+    if mesh is None:
+        return {k: jax.device_put(np.asarray(v)) for k, v in local.items()}
+    out = {}
+    for k, v in local.items():
+        v = np.asarray(v)
+        sharding = mesh_lib.batch_sharding(mesh, v.ndim)
+        global_shape = (v.shape[0] * jax.process_count(),) + v.shape[1:]
+        out[k] = jax.make_array_from_process_local_data(sharding, v, global_shape)
+    return out
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """The full value of a (possibly multi-host) array on every host."""
+    if jax.process_count() > 1 and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)

@@ -1,0 +1,169 @@
+"""One rollout batch on the host: prompts -> Sampler -> RewardRunner -> arrays.
+
+With dynamic sampling, groups whose rewards have no spread are dropped and
+more prompts are sampled until the batch is full or the tries run out; under
+GDPO a group is kept when *any* reward has spread (its summed reward may be
+constant and still carry signal in one reward), under GRPO when the weighted
+sum has spread. Shapes never change: a batch still short after the last try
+is filled with dropped groups marked invalid (valid=False: no loss, no
+statistics), so the step compiles once.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from gdpo_jax.train.data import PromptStream
+
+
+def group_has_signal(rewards: np.ndarray, *, decoupled: bool,
+                     weights: Sequence[float] | None = None) -> bool:
+    """rewards f32[G, K] of one group -> whether normalizing it gives any nonzero advantage.
+
+    decoupled (GDPO): some reward column has >= 2 distinct scorable (non-NaN)
+    values. Otherwise (GRPO): the weighted sum (NaN as 0) has >= 2 distinct values.
+    """
+    rewards = np.asarray(rewards, np.float64)
+    if decoupled:
+        for col in rewards.T:
+            col = col[~np.isnan(col)]
+            if col.size >= 2 and np.ptp(col) > 0:
+                return True
+        return False
+    w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights, np.float64)
+    s = np.nan_to_num(rewards, nan=0.0) @ w
+    return bool(np.ptp(s) > 0)
+
+
+def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
+    if x.shape[1] > width:
+        raise ValueError(
+            f"a prompt of {x.shape[1]} tokens exceeds sampling.max_prompt_len={width}; raise "
+            "--config.sampling.max_prompt_len or drop long prompts from the data.")
+    out = np.full((x.shape[0], width), value, x.dtype)
+    out[:, width - x.shape[1]:] = x
+    return out
+
+
+def sample_and_score(records: list[dict], *, sampler: Any, runner: Callable, params: Any,
+                     group_size: int, key: jax.Array, max_prompt_len: int, pad_id: int,
+                     chat_template: bool = True) -> dict[str, Any]:
+    """Generates G completions for each record and scores them. Host NumPy out.
+
+    Returns a dict with the batch arrays (rows = len(records) * G, prompts
+    left padded to max_prompt_len), "texts", "finish", "sample_s", "reward_s",
+    "reward_info".
+    """
+    t0 = time.perf_counter()
+    prompts = [r["prompt"] for r in records]
+    ro = sampler.generate(prompts, params, num_generations=group_size, key=key,
+                          chat_template=chat_template)
+    t1 = time.perf_counter()
+    rows_prompts = [prompts[i] for i in ro.group_ids]
+    examples = [records[i] for i in ro.group_ids]
+    rewards, info = runner(rows_prompts, list(ro.texts), examples,
+                           completion_lengths=[int(x) for x in ro.lengths])
+    t2 = time.perf_counter()
+    return {
+        "prompt_ids": _pad_left(ro.prompt_ids.astype(np.int32), max_prompt_len, pad_id),
+        "prompt_mask": _pad_left(ro.prompt_mask.astype(np.int32), max_prompt_len, 0),
+        "completion_ids": ro.completion_ids.astype(np.int32),
+        "completion_mask": ro.completion_mask.astype(np.int32),
+        "old_logp": ro.logprobs.astype(np.float32),
+        "rewards": np.asarray(rewards, np.float32).reshape(len(ro.group_ids), -1),
+        "group_ids": ro.group_ids.astype(np.int32),
+        "texts": list(ro.texts), "finish": list(ro.finish_reason),
+        "sample_s": t1 - t0, "reward_s": t2 - t1, "reward_info": dict(info or {}),
+    }
+
+
+_ARRAYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp",
+           "rewards")
+
+
+def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, key: jax.Array,
+                  dynamic: bool = False, max_tries: int = 1, decoupled: bool = True,
+                  weights: Sequence[float] | None = None, group_offset: int = 0,
+                  **kw: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A full host batch of `num_prompts` groups (rows num_prompts * G).
+
+    Args:
+      stream: prompt records for this host.
+      key: PRNG key of this step (try t uses fold_in(key, t)).
+      dynamic / max_tries: dynamic sampling (see module docstring).
+      decoupled: judge spread per reward (GDPO) or on the weighted sum (GRPO).
+      group_offset: added to group ids (this host's first global group).
+      **kw: passed to `sample_and_score` (sampler, runner, params, ...).
+    Returns:
+      (arrays incl. group_ids and valid, info with texts, timings, counts).
+    """
+    kept: list[tuple[dict, int]] = []      # (scored try, group index) with signal
+    dropped: list[tuple[dict, int]] = []
+    tries, sample_s, reward_s = 0, 0.0, 0.0
+    reward_info: dict[str, float] = {}
+    scored_groups = 0
+    while True:
+        records = stream.take(num_prompts)
+        out = sample_and_score(records, group_size=group_size,
+                               key=jax.random.fold_in(key, tries), **kw)
+        tries += 1
+        sample_s += out["sample_s"]
+        reward_s += out["reward_s"]
+        for k, v in out["reward_info"].items():  # runner's per-reward times / failures
+            if isinstance(v, (int, float)):
+                reward_info[k] = reward_info.get(k, 0.0) + float(v)
+        for g in range(num_prompts):
+            rows = slice(g * group_size, (g + 1) * group_size)
+            signal = group_has_signal(out["rewards"][rows], decoupled=decoupled, weights=weights)
+            (kept if signal or not dynamic else dropped).append((out, g))
+        scored_groups += num_prompts
+        if not dynamic or len(kept) >= num_prompts or tries >= max_tries:
+            break
+    chosen = kept[:num_prompts]
+    valid_groups = len(chosen)
+    chosen += dropped[: num_prompts - len(chosen)]
+
+    batch: dict[str, Any] = {k: [] for k in _ARRAYS}
+    texts, finish = [], []
+    for out, g in chosen:
+        rows = slice(g * group_size, (g + 1) * group_size)
+        for k in _ARRAYS:
+            batch[k].append(out[k][rows])
+        texts += out["texts"][rows]
+        finish += out["finish"][rows]
+    arrays = {k: np.concatenate(v, axis=0) for k, v in batch.items()}
+    n = num_prompts * group_size
+    arrays["group_ids"] = (np.repeat(np.arange(num_prompts), group_size) + group_offset
+                           ).astype(np.int32)
+    arrays["valid"] = np.repeat(np.arange(num_prompts) < valid_groups, group_size)
+    assert arrays["rewards"].shape[0] == n
+    info = {"texts": texts, "finish": finish, "sample_s": sample_s, "reward_s": reward_s,
+            "tries": tries, "kept_groups": len(kept), "scored_groups": scored_groups,
+            "valid_groups": valid_groups, "reward_info": reward_info}
+    return arrays, info
+
+
+def rollout_metrics(arrays: dict[str, np.ndarray], finish: Sequence[str],
+                    reward_names: Sequence[str], weights: Sequence[float] | None
+                    ) -> dict[str, float]:
+    """Reward mean/std per reward (NaN excluded), weighted total, lengths, truncation."""
+    valid = arrays["valid"].astype(bool)
+    r = arrays["rewards"][valid].astype(np.float64)
+    out: dict[str, float] = {}
+    w = np.ones(len(reward_names)) if not weights else np.asarray(weights, np.float64)
+    for k, name in enumerate(reward_names):
+        col = r[:, k]
+        ok = ~np.isnan(col)
+        out[f"reward/{name}/mean"] = float(col[ok].mean()) if ok.any() else float("nan")
+        out[f"reward/{name}/std"] = float(col[ok].std()) if ok.any() else float("nan")
+        out[f"reward/{name}/nan_frac"] = float(1 - ok.mean()) if col.size else 0.0
+    out["reward/total"] = float((np.nan_to_num(r[:, : len(w)]) @ w).mean()) if r.size else 0.0
+    lengths = arrays["completion_mask"].sum(1)[valid]
+    out["len/mean"] = float(lengths.mean()) if lengths.size else 0.0
+    out["len/max"] = float(lengths.max()) if lengths.size else 0.0
+    fin = np.asarray(finish)[valid] if len(finish) else np.asarray([])
+    out["len/truncated_frac"] = float((fin == "length").mean()) if fin.size else 0.0
+    return out

@@ -1,0 +1,335 @@
+"""The fused, sharded RL step: rewards -> advantages -> log-probs -> loss -> update.
+
+One `jax.jit` for the whole rollout batch: GDPO/GRPO advantages from raw
+rewards f32[N, K] and group ids (segment sums, never back on the host), then
+`num_epochs x num_minibatches` optimizer updates, each accumulating gradients
+over `num_microbatches` micro-batches with a `lax.scan`. The loss is a
+(sum, denominator) pair, so the accumulated gradient is exactly the gradient
+of the whole mini-batch's loss: grad(sum_1 + ... + sum_M) / (den_1 + ... + den_M).
+
+Row layout: the batch is sharded over ("data", "fsdp") in contiguous blocks.
+Micro-batch j of U*M takes rows j, j + U*M, j + 2*U*M, ... ; as a reshape
+[N] -> [b, U*M] -> transpose, this keeps every micro-batch spread evenly over
+all batch shards (each device keeps its rows; no communication).
+
+Batch (global arrays, leading dim N = num_prompts * group_size):
+  prompt_ids i32[N,P] (left padded), prompt_mask i32[N,P],
+  completion_ids i32[N,C], completion_mask i32[N,C],
+  old_logp f32[N,C] (tempered log-probs of the policy that sampled),
+  ref_logp f32[N,C] (only when beta > 0 or kl_in_reward > 0),
+  rewards f32[N,K] (NaN = unscorable), group_ids i32[N], valid bool[N].
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
+from gdpo_jax.core.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
+from gdpo_jax.core.losses import policy_loss
+from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax.train.state import TrainState
+
+Batch = dict[str, jax.Array]
+BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp",
+              "rewards", "group_ids", "valid")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Static (hashable) settings of the step; bound with functools.partial."""
+    num_groups: int
+    estimator: str = "gdpo"
+    weights: tuple[float, ...] | None = None
+    eps: float = 1e-4
+    batch_norm: str = "sample"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    beta: float = 0.0
+    kl_estimator: str = "k3"
+    kl_in_reward: float = 0.0
+    entropy_coef: float = 0.0
+    aggregation: str = "grpo"
+    max_len: int | None = None
+    num_minibatches: int = 1
+    num_microbatches: int = 1
+    num_epochs: int = 1
+    temperature: float = 1.0
+    logprob_chunk_size: int = 0
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.beta > 0 or self.kl_in_reward > 0
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.num_epochs * self.num_minibatches
+
+    @classmethod
+    def from_config(cls, cfg) -> "StepConfig":
+        a = cfg.algo
+        return cls(
+            num_groups=a.num_prompts, estimator=a.estimator,
+            weights=tuple(float(w) for w in cfg.rewards.weights) or None, eps=a.eps,
+            batch_norm=a.batch_norm, clip_low=a.clip_low, clip_high=a.clip_high,
+            dual_clip=a.dual_clip or None, beta=a.beta, kl_estimator=a.kl_estimator,
+            kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef,
+            aggregation=a.aggregation, max_len=a.max_len or cfg.sampling.max_new_tokens,
+            num_minibatches=a.num_minibatches, num_microbatches=a.num_microbatches,
+            num_epochs=a.num_epochs, temperature=cfg.sampling.temperature,
+            logprob_chunk_size=a.logprob_chunk_size)
+
+
+# --------------------------------------------------------------------------- #
+# Log-probs of the completion tokens.
+# --------------------------------------------------------------------------- #
+def completion_logprobs(model: nnx.Module, batch: Batch, *, temperature: float = 1.0,
+                        chunk_size: int = 0) -> tuple[jax.Array, jax.Array]:
+    """Per-token log-probs and entropies of the completion under `model`.
+
+    One forward over prompt + completion; only the C positions that predict a
+    completion token are unembedded (the prompt's logits are never made).
+    Returns (logp f32[B,C], entropy f32[B,C]).
+    """
+    prompt_len = batch["prompt_ids"].shape[1]
+    ids = jnp.concatenate([batch["prompt_ids"], batch["completion_ids"]], axis=1)
+    mask = jnp.concatenate([batch["prompt_mask"], batch["completion_mask"]], axis=1)
+    hidden = model(ids, mask, return_hidden=True)
+    hidden = hidden[:, prompt_len - 1:-1]  # position t predicts token t + 1
+    unembed = model.unembed_matrix()
+    targets = batch["completion_ids"]
+    if chunk_size:
+        return chunked_token_logprobs(hidden, unembed, targets, chunk_size=chunk_size,
+                                      temperature=temperature)
+    logits = jnp.einsum("btd,dv->btv", hidden.astype(jnp.float32), unembed.astype(jnp.float32))
+    return (token_logprobs(logits, targets, temperature=temperature),
+            token_entropy(logits, temperature=temperature))
+
+
+def _to_blocks(x: jax.Array, n_blocks: int) -> jax.Array:
+    """[N, ...] -> [n_blocks, N / n_blocks, ...], block j = rows j, j + n_blocks, ..."""
+    return jnp.swapaxes(x.reshape(x.shape[0] // n_blocks, n_blocks, *x.shape[1:]), 0, 1)
+
+
+def _from_blocks(x: jax.Array) -> jax.Array:
+    """Inverse of _to_blocks: [n_blocks, b, ...] -> [b * n_blocks, ...]."""
+    y = jnp.swapaxes(x, 0, 1)
+    return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+
+
+def _combine(a: dict, b: dict) -> dict:
+    """Adds (sum, denom) metric pairs; *_min / *_max keys combine by min / max."""
+    out = {}
+    for k in a:
+        (sa, da), (sb, db) = a[k], b[k]
+        if k.endswith("_min"):
+            out[k] = (jnp.minimum(sa, sb), da)
+        elif k.endswith("_max"):
+            out[k] = (jnp.maximum(sa, sb), da)
+        else:
+            out[k] = (sa + sb, da + db)
+    return out
+
+
+def _finalize(pairs: dict) -> dict[str, jax.Array]:
+    return {k: s / jnp.maximum(d, 1e-12) if not k.endswith(("_min", "_max")) else s
+            for k, (s, d) in pairs.items()}
+
+
+# --------------------------------------------------------------------------- #
+# The step.
+# --------------------------------------------------------------------------- #
+def sequence_kl(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Array:
+    """Summed per-token k1 KL of each sequence: f32[N] (KL-in-reward penalty)."""
+    return jnp.sum((logp - ref_logp) * mask, axis=-1)
+
+
+def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
+               tx: optax.GradientTransformation, schedule: optax.Schedule,
+               cfg: StepConfig) -> tuple[TrainState, dict[str, jax.Array]]:
+    """All optimizer updates of one rollout batch. Returns (new state, scalar metrics)."""
+    mask = batch["completion_mask"].astype(jnp.float32) * batch["valid"][:, None]
+    rewards = batch["rewards"].astype(jnp.float32)
+    weights = None if cfg.weights is None else jnp.asarray(cfg.weights, jnp.float32)
+    if cfg.kl_in_reward > 0:
+        # The KL penalty enters as one more reward, -coef * sum_t (logp_old - logp_ref),
+        # with weight 1 (GRPO: summed before normalizing, as verl's kl-in-reward).
+        pen = -cfg.kl_in_reward * sequence_kl(batch["old_logp"], batch["ref_logp"], mask)
+        rewards = jnp.concatenate([rewards, pen[:, None]], axis=1)
+        if weights is not None:
+            weights = jnp.concatenate([weights, jnp.ones((1,), jnp.float32)])
+    adv = compute_advantages(
+        rewards, batch["group_ids"], num_groups=cfg.num_groups, estimator=cfg.estimator,
+        weights=weights, valid=batch["valid"], eps=cfg.eps, batch_norm=cfg.batch_norm,
+        token_counts=jnp.sum(mask, axis=-1).astype(jnp.int32))
+
+    data = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                  "completion_mask", "old_logp")}
+    data["loss_mask"], data["adv"] = mask, adv
+    use_ref = cfg.beta > 0
+    if use_ref:
+        data["ref_logp"] = batch["ref_logp"]
+    U, M = cfg.num_minibatches, cfg.num_microbatches
+    blocks = jax.tree.map(lambda x: _to_blocks(x, U * M), data)
+    blocks = jax.tree.map(lambda x: x.reshape(U, M, *x.shape[1:]), blocks)
+
+    def micro_loss(params, mb):
+        model = nnx.merge(graphdef, params)
+        logp, ent = completion_logprobs(model, mb, temperature=cfg.temperature,
+                                        chunk_size=cfg.logprob_chunk_size)
+        if cfg.entropy_coef == 0:
+            ent = jax.lax.stop_gradient(ent)  # metric only
+        loss_sum, denom, metrics = policy_loss(
+            logp, mb["old_logp"], mb["adv"], mb["loss_mask"], clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
+            ref_logp=mb["ref_logp"] if use_ref else None, beta=cfg.beta,
+            kl_estimator=cfg.kl_estimator, entropy=ent, entropy_coef=cfg.entropy_coef,
+            aggregation=cfg.aggregation, max_len=cfg.max_len)
+        return loss_sum, (denom, metrics)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def update(carry, mini):
+        params, opt_state = carry
+
+        def micro(acc, mb):
+            (loss_sum, (denom, metrics)), grads = grad_fn(params, mb)
+            g_acc, l_acc, d_acc, m_acc = acc
+            g_acc = jax.tree.map(jnp.add, g_acc, grads)
+            m_acc = _combine(m_acc, metrics)
+            return (g_acc, l_acc + loss_sum, d_acc + denom, m_acc), None
+
+        # Accumulators start at the identity of each reduction, so every
+        # micro-batch runs through the one scanned body (compiled once).
+        shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], mini))
+        (_, (_, m_shape)), _ = shapes
+        m0 = {k: (jnp.full((), jnp.inf if k.endswith("_min") else
+                           -jnp.inf if k.endswith("_max") else 0.0, jnp.float32),
+                  jnp.zeros((), jnp.float32)) for k in m_shape}
+        g0 = jax.tree.map(jnp.zeros_like, params)
+        zero = jnp.zeros((), jnp.float32)
+        (g, l, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
+        # Denominators depend only on masks, so dividing the summed gradient
+        # by the summed denominator is the exact mini-batch gradient.
+        scale = 1.0 / jnp.maximum(d, 1e-12)
+        grads = jax.tree.map(lambda x: x * scale, g)
+        grad_norm = optax.global_norm(grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), (m, l * scale, grad_norm)
+
+    def epoch(carry, _):
+        return jax.lax.scan(update, carry, blocks)
+
+    (params, opt_state), (m, losses, grad_norms) = jax.lax.scan(
+        epoch, (state.params, state.opt_state), None, length=cfg.num_epochs)
+    # m: pairs with leading [E, U]; reduce them like micro-batches.
+    flat = {k: (s.reshape(-1), d.reshape(-1)) for k, (s, d) in m.items()}
+    reduced = {}
+    for k, (s, d) in flat.items():
+        if k.endswith("_min"):
+            reduced[k] = (jnp.min(s), d[0])
+        elif k.endswith("_max"):
+            reduced[k] = (jnp.max(s), d[0])
+        else:
+            reduced[k] = (jnp.sum(s), jnp.sum(d))
+    metrics = _finalize(reduced)
+    valid = batch["valid"].astype(jnp.float32)
+    n_valid = jnp.maximum(jnp.sum(valid), 1.0)
+    adv_mean = jnp.sum(adv * valid) / n_valid
+    metrics.update({
+        "loss": jnp.mean(losses),
+        "grad_norm": jnp.mean(grad_norms),
+        "lr": jnp.asarray(schedule(state.step * cfg.updates_per_step), jnp.float32),
+        "adv/mean": adv_mean,
+        "adv/std": jnp.sqrt(jnp.sum(((adv - adv_mean) ** 2) * valid) / n_valid),
+        "adv/distinct_per_group": group_distinct_advantages(
+            adv, batch["group_ids"], num_groups=cfg.num_groups, valid=batch["valid"]),
+    })
+    if cfg.kl_in_reward > 0:
+        metrics["kl_in_reward"] = jnp.sum(sequence_kl(batch["old_logp"], batch["ref_logp"],
+                                                      mask)) / n_valid
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
+    return new_state, metrics
+
+
+def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepConfig
+               ) -> jax.Array:
+    """Completion log-probs f32[N,C] of `params` (reference or pre-update policy).
+
+    Run micro-batch by micro-batch (same layout as the step) to bound memory.
+    """
+    n_blocks = cfg.num_minibatches * cfg.num_microbatches
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    blocks = {k: _to_blocks(batch[k], n_blocks) for k in keys}
+    model = nnx.merge(graphdef, params)
+
+    def one(mb):
+        return completion_logprobs(model, mb, temperature=cfg.temperature,
+                                   chunk_size=cfg.logprob_chunk_size)[0]
+
+    return _from_blocks(jax.lax.map(one, blocks))
+
+
+class CompiledStep:
+    """`train_step` and `logprob_fn` jitted with explicit shardings for one mesh.
+
+    Call `step(state, batch)`; `logprobs(params, batch)`. `compile_count()`
+    reports how many times the step has been compiled (tests assert 1).
+    """
+
+    def __init__(self, *, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                 schedule: optax.Schedule, cfg: StepConfig, state_shardings: Any = None,
+                 mesh: Mesh | None = None, batch_keys: tuple[str, ...] | None = None):
+        self.cfg, self.mesh = cfg, mesh
+        keys = tuple(batch_keys or BATCH_KEYS + (("ref_logp",) if cfg.needs_ref else ()))
+        self.batch_keys = keys
+        step = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
+                                 cfg=cfg)
+        lp = functools.partial(logprob_fn, graphdef=graphdef, cfg=cfg)
+        if mesh is None:
+            self._step = jax.jit(step, donate_argnums=(0,))
+            self._logprobs = jax.jit(lp)
+            return
+        ndim = {"rewards": 2, "group_ids": 1, "valid": 1}
+        batch_sh = {k: mesh_lib.batch_sharding(mesh, ndim.get(k, 2)) for k in keys}
+        rep = NamedSharding(mesh, P())
+        self._step = jax.jit(step, in_shardings=(state_shardings, batch_sh),
+                             out_shardings=(state_shardings, rep), donate_argnums=(0,))
+        lp_keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+        self._logprobs = jax.jit(
+            lambda params, b: lp(params, b),
+            in_shardings=(state_shardings.params, {k: batch_sh[k] for k in lp_keys}),
+            out_shardings=mesh_lib.batch_sharding(mesh, 2))
+        self._lp_keys = lp_keys
+
+    def _ctx(self):
+        import contextlib
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+        batch = {k: batch[k] for k in self.batch_keys}
+        with self._ctx():
+            return self._step(state, batch)
+
+    def logprobs(self, params: Any, batch: Batch) -> jax.Array:
+        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+        with self._ctx():
+            return self._logprobs(params, {k: batch[k] for k in keys})
+
+    def compile_count(self) -> int:
+        return self._step._cache_size()
+
+    def lower(self, state: TrainState, batch: Batch):
+        batch = {k: batch[k] for k in self.batch_keys}
+        with self._ctx():
+            return self._step.lower(state, batch)
+

@@ -1,0 +1,89 @@
+"""Config validation: each bad field gives an error naming the field and the fix."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gdpo_jax.train.config import (ConfigError, config_diff, fingerprint, reward_specs,
+                                   validate_config)
+from tests._train_fixtures import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cfg():
+    return tiny_config("/tmp/unused")
+
+
+def test_valid_configs_pass():
+    validate_config(_cfg(), num_devices=8)
+    sys.path.insert(0, ROOT)
+    from configs import tiny_cpu
+    for arg in ("", "runlocal"):
+        c = tiny_cpu.get_config(arg)
+        c.workdir = "/tmp/x"
+        validate_config(c, num_devices=8)
+        validate_config(c, num_devices=2)
+
+
+@pytest.mark.parametrize("mutate,pattern", [
+    (lambda c: setattr(c.algo, "estimator", "gdpoo"), r"algo\.estimator='gdpoo'.*Did you mean 'gdpo'"),
+    (lambda c: setattr(c.rewards, "weights", (1.0, 2.0, 3.0)),
+     r"rewards\.weights has 3 entries but config\.rewards\.names has 2"),
+    (lambda c: setattr(c.algo, "group_size", 1), r"algo\.group_size=1.*group_size=2 or more"),
+    (lambda c: setattr(c.algo, "num_prompts", 3),
+     r"micro-batch has 12 rows.*not divisible by the mesh's batch axes data x fsdp = 8"),
+    (lambda c: setattr(c.rewards, "names", ("test_short", "test_has_w11")),
+     r"unknown reward 'test_has_w11'.*Did you mean 'test_has_w10'"),
+    (lambda c: setattr(c.task, "name", "tool_call"), r"task\.name='tool_call'.*Did you mean"),
+    (lambda c: setattr(c.algo, "aggregation", "mean"), r"algo\.aggregation='mean'"),
+    (lambda c: setattr(c.mesh, "shape", (3, -1, 1)), r"mesh\.shape=\(3, -1, 1\).*not divisible"),
+    (lambda c: setattr(c.mesh, "shape", (2, 2, 1)), r"mesh\.shape=\(2, 2, 1\) needs 4 devices"),
+    (lambda c: setattr(c, "workdir", ""), r"workdir is empty"),
+    (lambda c: setattr(c.rewards, "conditions", ("", "nope")), r"conditioned on 'nope'"),
+    (lambda c: setattr(c.algo, "num_microbatches", 3), r"num_minibatches\*num_microbatches = 3"),
+])
+def test_bad_config_names_field(mutate, pattern):
+    c = _cfg()
+    c.mesh.num_devices = 0
+    mutate(c)
+    with pytest.raises(ConfigError, match=pattern):
+        validate_config(c, num_devices=8)
+
+
+def test_reward_specs_and_fingerprint():
+    c = _cfg()
+    c.rewards.conditions = ("", "test_has_w10")
+    c.rewards.thresholds = (1.0, 0.5)
+    specs = reward_specs(c)
+    assert [s.name for s in specs] == ["test_has_w10", "test_short"]
+    assert specs[1].condition == "test_has_w10" and specs[1].threshold == 0.5
+    assert specs[0].condition is None and specs[0].weight == 1.0
+    d = _cfg()
+    d.train.num_steps = 999          # resumable: same fingerprint
+    d.workdir = "/elsewhere"
+    assert fingerprint(_cfg()) == fingerprint(d)
+    d.algo.clip_high = 0.28
+    assert fingerprint(_cfg()) != fingerprint(d)
+    from gdpo_jax.train.config import config_to_dict
+    assert config_diff(config_to_dict(_cfg()), d) == ["algo.clip_high"]
+
+
+def test_cli_rejects_bad_config_with_message(tmp_path):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--config=configs/tiny_cpu.py",
+         "--config.algo.estimator=gdpo_nobn", f"--config.workdir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "config.algo.estimator='gdpo_nobn'" in out.stderr
+    assert "gdpo_no_bn" in out.stderr
+    # A misspelled field is refused by the locked config.
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--config=configs/tiny_cpu.py",
+         "--config.algo.estimater=grpo", f"--config.workdir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "estimater" in out.stderr

@@ -1,0 +1,85 @@
+"""The RL loop end to end on a tiny model: metrics, eval, resume-after-kill == uninterrupted."""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+from gdpo_jax.train.loop import Trainer, train
+from gdpo_jax.train.metrics import read_jsonl
+from tests._train_fixtures import tiny_config
+
+# Wall-clock metrics differ between runs; everything else must match exactly.
+_TIMING = ("time/", "perf/", "reward_time/")
+
+
+def _comparable(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if not k.startswith(_TIMING)}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    wd = str(tmp_path_factory.mktemp("full"))
+    cfg = tiny_config(wd)
+    cfg.checkpoint.every = 2
+    cfg.train.eval_every = 2
+    cfg.algo.beta = 0.01         # exercises the reference pass
+    cfg.algo.dynamic_sampling = True
+    cfg.algo.old_logprobs = "recompute"
+    train(cfg)
+    return cfg, read_jsonl(os.path.join(wd, "metrics.jsonl"))
+
+
+def test_loop_writes_metrics(uninterrupted):
+    cfg, recs = uninterrupted
+    assert sorted(recs) == [1, 2, 3, 4]
+    rec = recs[4]
+    for key in ("reward/test_has_w10/mean", "reward/test_short/std", "reward/total",
+                "adv/mean", "adv/std", "adv/distinct_per_group", "clip_frac", "kl", "entropy",
+                "len/mean", "len/truncated_frac", "grad_norm", "lr", "perf/tokens_per_s",
+                "time/sample_s", "time/reward_s", "time/step_s", "data/tries",
+                "eval/test_short", "eval/frac_nonempty", "loss"):
+        assert key in rec, key
+        assert isinstance(rec[key], (int, float)) and not math.isnan(rec[key]), key
+    assert "eval/test_short" not in recs[1] and "eval/test_short" in recs[2]
+    assert 0.0 <= rec["reward/test_short/mean"] <= 1.0
+    ckpts = sorted(os.listdir(os.path.join(cfg.workdir, "checkpoints")))
+    assert ckpts == ["2", "4"], ckpts
+
+
+def test_resume_after_kill_equals_uninterrupted(uninterrupted, tmp_path):
+    full_cfg, full = uninterrupted
+    wd = str(tmp_path / "killed")
+    cfg = tiny_config(wd)
+    cfg.checkpoint.every = 2
+    cfg.train.eval_every = 2
+    cfg.algo.beta = 0.01
+    cfg.algo.dynamic_sampling = True
+    cfg.algo.old_logprobs = "recompute"
+    cfg.train.stop_after_step = 3    # "killed" after step 3: the last checkpoint is step 2
+    train(cfg)
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]
+    cfg.train.stop_after_step = 0
+    trainer = Trainer(cfg)
+    assert trainer.start_step == 2
+    trainer.run()
+    assert trainer.step.compile_count() == 1   # steps 3 and 4: one compilation
+    resumed = read_jsonl(os.path.join(wd, "metrics.jsonl"))
+    assert sorted(resumed) == [1, 2, 3, 4]
+    for step in (3, 4):
+        assert _comparable(resumed[step]) == _comparable(full[step]), step
+
+
+def test_incompatible_checkpoint_names_fields(uninterrupted):
+    from gdpo_jax.train.checkpoint import IncompatibleCheckpointError
+    cfg = tiny_config(uninterrupted[0].workdir)
+    cfg.checkpoint.every = 2
+    cfg.train.eval_every = 2
+    cfg.algo.dynamic_sampling = True
+    cfg.algo.beta = 0.01
+    cfg.algo.old_logprobs = "recompute"
+    cfg.algo.estimator = "grpo"
+    cfg.optim.lr = 1.0
+    with pytest.raises(IncompatibleCheckpointError, match=r"algo\.estimator.*\n.*optim\.lr"):
+        Trainer(cfg)

@@ -1,0 +1,75 @@
+"""Dynamic sampling on the host: per-reward spread under GDPO, refill, invalid padding."""
+from __future__ import annotations
+
+import types
+
+import jax
+import numpy as np
+
+from gdpo_jax.train.data import PromptStream
+from gdpo_jax.train.rollout import collect_batch, group_has_signal, rollout_metrics
+
+G = 2
+
+
+def test_group_signal_per_reward_vs_sum():
+    # Rewards trade off: the sum is constant, each reward has spread.
+    r = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert group_has_signal(r, decoupled=True)
+    assert not group_has_signal(r, decoupled=False)
+    assert group_has_signal(r, decoupled=False, weights=[1.0, 2.0])
+    assert not group_has_signal(np.array([[1.0, 0.5], [1.0, 0.5]]), decoupled=True)
+    # NaN is unscorable: one scorable value is no spread.
+    assert not group_has_signal(np.array([[np.nan, 1.0], [0.0, 1.0]]), decoupled=True)
+
+
+class FakeSampler:
+    """Completion text = the prompt; token ids are irrelevant here."""
+
+    def generate(self, prompts, params, *, num_generations, key, chat_template):
+        n = len(prompts) * num_generations
+        gid = np.repeat(np.arange(len(prompts)), num_generations).astype(np.int32)
+        return types.SimpleNamespace(
+            prompt_ids=np.ones((n, 3), np.int32), prompt_mask=np.ones((n, 3), np.int32),
+            completion_ids=np.ones((n, 4), np.int32), completion_mask=np.ones((n, 4), np.int32),
+            logprobs=np.zeros((n, 4), np.float32), lengths=np.full(n, 4), group_ids=gid,
+            finish_reason=["length"] * n, texts=[prompts[g] for g in gid])
+
+
+def fake_runner(prompts, completions, examples, **kw):
+    """Prompt "s<k>" -> row j of its group scores (j, -j) when k is odd (spread in each
+    reward, constant sum), else constant (no signal)."""
+    out = []
+    for i, c in enumerate(completions):
+        k, j = int(c[1:]), i % G
+        out.append([j, -j] if k % 2 else [1.0, 1.0])
+    return np.asarray(out, np.float32), {"reward_time/a": 0.1}
+
+
+def _collect(decoupled, max_tries):
+    stream = PromptStream([{"prompt": f"s{k}"} for k in range(40)], seed=0)
+    return collect_batch(stream, num_prompts=4, group_size=G, key=jax.random.key(0),
+                         dynamic=True, max_tries=max_tries, decoupled=decoupled,
+                         group_offset=10, sampler=FakeSampler(), runner=fake_runner, params=None,
+                         max_prompt_len=5, pad_id=0)
+
+
+def test_dynamic_sampling_refills_with_signal_groups():
+    arrays, info = _collect(decoupled=True, max_tries=10)
+    assert arrays["valid"].all() and info["valid_groups"] == 4 and info["tries"] >= 2
+    # Every kept group has spread in reward 0 (odd prompts only).
+    assert (np.ptp(arrays["rewards"].reshape(4, G, 2)[:, :, 0], axis=1) > 0).all()
+    np.testing.assert_array_equal(arrays["group_ids"], np.repeat(np.arange(10, 14), G))
+    assert arrays["prompt_ids"].shape == (8, 5)           # left padded to max_prompt_len
+    assert (arrays["prompt_ids"][:, :2] == 0).all()
+    assert info["reward_info"]["reward_time/a"] == 0.1 * info["tries"]
+
+
+def test_dynamic_sampling_grpo_keeps_nothing_and_pads_invalid():
+    # Under GRPO the summed reward is constant in every group: no group is kept;
+    # the batch is filled with dropped groups marked invalid, same shapes.
+    arrays, info = _collect(decoupled=False, max_tries=2)
+    assert info["tries"] == 2 and info["valid_groups"] == 0 and not arrays["valid"].any()
+    assert arrays["rewards"].shape == (8, 2)
+    m = rollout_metrics(arrays | {"valid": np.ones(8, bool)}, ["length"] * 8, ["a", "b"], None)
+    assert m["len/truncated_frac"] == 1.0 and m["len/mean"] == 4.0
