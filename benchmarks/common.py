@@ -1,0 +1,279 @@
+"""Shared benchmark helpers: machine description, a measured matmul peak, timing,
+and the JSON / markdown writers used by ``benchmarks/run_all.py``.
+
+Absolute throughput means little across machines; a benchmark that reports
+its FLOP/s next to :func:`matmul_peak` measured in the same run gives a ratio
+(model FLOPs utilization) that does compare.
+
+    from benchmarks import common
+    info = common.machine_info()             # CPU, cores, memory, versions, backend
+    peak = common.matmul_peak()              # {"flops_per_s": ..., "n": 2048, ...}
+    print(common.markdown_table(rows))       # rows: list of dicts
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+# Versions worth recording next to a number (torch/trl are benchmark baselines).
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "transformers", "torch", "trl")
+
+
+# --------------------------------------------------------------------------- #
+# Machine description
+# --------------------------------------------------------------------------- #
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / 2**20, 1)  # kB -> GiB
+    except OSError:
+        pass
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers came from: CPU, cores, memory, package versions, JAX backend.
+
+    Package versions are read from the installed metadata (torch is never
+    imported here). Initializes the JAX backend.
+    """
+    import jax
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    devices = jax.devices()
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpu_usable": usable,
+        "memory_gib": _memory_gib(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": {p: _version(p) for p in PACKAGES},
+        "backend": jax.default_backend(),
+        "device_kind": getattr(devices[0], "device_kind", str(devices[0])),
+        "device_count": len(devices),
+        "process_count": jax.process_count(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def describe_machine(info: Mapping[str, Any]) -> str:
+    """One line, e.g. 'AMD EPYC, 2/2 cores, 23.4 GiB; jax 0.10.2 cpu (cpu x8)'."""
+    v = info.get("versions", {})
+    return (f"{info['cpu_model']}, {info['cpu_usable']}/{info['cpu_count']} cores, "
+            f"{info['memory_gib']} GiB; jax {v.get('jax')} {info['backend']} "
+            f"({info['device_kind']} x{info['device_count']})")
+
+
+# --------------------------------------------------------------------------- #
+# Timing and the matmul peak
+# --------------------------------------------------------------------------- #
+def time_fn(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Wall seconds of ``fn()`` (which must block until its result is ready).
+
+    Returns {"best_s", "median_s", "repeats"}; the best is the least noisy on a
+    shared machine, the median is what a user sees.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats={repeats} must be >= 1.")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"best_s": min(times), "median_s": statistics.median(times), "repeats": repeats}
+
+
+def matmul_peak(n: int | None = None, *, dtype: str = "float32", repeats: int = 5,
+                calls: int | None = None) -> dict[str, Any]:
+    """Measured dense matmul throughput of the default device: jitted ``a @ b``, a, b [n, n].
+
+    Args:
+      n: matrix size; default 2048 on CPU, 8192 on accelerators (enough work
+        per call that dispatch does not count).
+      dtype: "float32" or "bfloat16".
+      repeats: timed rounds; the best round counts.
+      calls: matmuls per round, dispatched back to back and waited on once, so
+        the launch latency overlaps; default 1 on CPU, 10 on accelerators.
+    Returns:
+      {"flops_per_s", "gflops_per_s", "n", "dtype", "best_s" (per matmul),
+       "backend", "device_kind", "precision"}. On GPUs, float32 dots run at
+      JAX's default precision (TF32 where the hardware has it); "precision"
+      records the setting so that numbers are read with it.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    backend = jax.default_backend()
+    accel = backend != "cpu"
+    n = int(n or (8192 if accel else 2048))
+    calls = int(calls or (10 if accel else 1))
+    if n < 1 or calls < 1:
+        raise ValueError(f"matmul_peak: n={n} and calls={calls} must be >= 1.")
+    ka, kb = jax.random.split(jax.random.key(0))
+    a = jax.random.normal(ka, (n, n), jnp.dtype(dtype))
+    b = jax.random.normal(kb, (n, n), jnp.dtype(dtype))
+    mm = jax.jit(jnp.matmul)
+
+    def round_() -> None:
+        out = [mm(a, b) for _ in range(calls)]
+        jax.block_until_ready(out)
+
+    t = time_fn(round_, repeats=repeats, warmup=1)
+    per_call = t["best_s"] / calls
+    flops = 2.0 * n ** 3 / per_call
+    dev = jax.devices()[0]
+    return {"flops_per_s": flops, "gflops_per_s": round(flops / 1e9, 2), "n": n,
+            "dtype": dtype, "best_s": per_call, "calls_per_round": calls, "repeats": repeats,
+            "backend": backend, "device_kind": getattr(dev, "device_kind", str(dev)),
+            "precision": str(jax.config.jax_default_matmul_precision or "default")}
+
+
+# --------------------------------------------------------------------------- #
+# Output: JSON and markdown
+# --------------------------------------------------------------------------- #
+def to_jsonable(obj: Any) -> Any:
+    """NumPy / JAX scalars and arrays, tuples, dataclass-free objects -> JSON types.
+
+    Non-finite floats become None (strict JSON readers reject NaN).
+    """
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "tolist"):  # numpy / jax arrays and scalars
+        return to_jsonable(obj.tolist())
+    return str(obj)
+
+
+def write_json(path: str, obj: Any) -> str:
+    """Writes ``obj`` (made JSON-able) to ``path`` atomically; returns the path."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(to_jsonable(obj), f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)  # a reader never sees half a file
+    return path
+
+
+def write_text(path: str, text: str) -> str:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text if text.endswith("\n") else text + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def format_value(v: Any) -> str:
+    """Compact cell text: 4 significant digits, thousands separators from 1e4, exponent past 1e6."""
+    if isinstance(v, bool) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v)
+        if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
+            return f"{v:.3e}"
+        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 1e4 else str(v)
+    if isinstance(v, (list, tuple)):
+        return ", ".join(format_value(x) for x in v)
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """GitHub markdown table of ``rows`` (dicts); columns default to the keys in first-seen order."""
+    if not rows:
+        return "_(no rows)_"
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(format_value(r.get(c)) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def text_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Fixed-width plain-text table for the terminal."""
+    if not rows:
+        return "(no rows)"
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[format_value(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    fmt = lambda row: "  ".join(x.rjust(w) for x, w in zip(row, widths))  # noqa: E731
+    return "\n".join([fmt(list(columns)), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells])
+
+
+def result_to_markdown(result: Mapping[str, Any]) -> str:
+    """Generic rendering of one benchmark's result dict.
+
+    Scalars go into a key/value list; each list of dicts (e.g. "results")
+    becomes a table; nested dicts are rendered the same way under a heading.
+    """
+    scalars = {k: v for k, v in result.items()
+               if not isinstance(v, (Mapping, list, tuple)) or
+               (isinstance(v, (list, tuple)) and not any(isinstance(x, Mapping) for x in v))}
+    parts = []
+    if scalars:
+        parts.append(markdown_table([{"field": k, "value": v} for k, v in scalars.items()]))
+    for k, v in result.items():
+        if isinstance(v, (list, tuple)) and v and all(isinstance(x, Mapping) for x in v):
+            parts.append(f"**{k}**\n\n" + markdown_table(v))
+        elif isinstance(v, Mapping):
+            parts.append(f"**{k}**\n\n" + result_to_markdown(v))
+    return "\n\n".join(parts)
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def command_line() -> str:
+    """The command as typed (``python -m benchmarks.run_all --quick``), not the script path."""
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    return " ".join(["python", *argv[1:]])

@@ -1,0 +1,94 @@
+"""The notebooks run top to bottom (small settings) and are committed clean.
+
+Each notebook is executed with nbclient on a kernel spec written at test time
+that points at this interpreter (``sys.executable``), so a user-level
+``python3`` kernel spec from another Python cannot be picked up by accident.
+The notebooks read ``GDPO_NB_FULL`` (unset / "0" = the small settings CI uses).
+
+    pytest tests/test_notebooks.py -q              # all notebooks (slow)
+    pytest tests/test_notebooks.py -q -m "not slow"  # only the static checks
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+NB_DIR = ROOT / "notebooks"
+NOTEBOOKS = sorted(NB_DIR.glob("*.ipynb"))
+KERNEL = "gdpo-jax-notebook-test"
+CELL_TIMEOUT_S = 300
+
+
+def _ids(paths: list[pathlib.Path]) -> list[str]:
+    return [p.stem for p in paths]
+
+
+def test_notebooks_exist():
+    names = {p.stem for p in NOTEBOOKS}
+    assert {"01_quickstart", "02_reward_collapse"} <= names, names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_is_clean(path: pathlib.Path):
+    """Committed without outputs, with a parameters cell whose default is the small setting."""
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    for i, c in enumerate(code):
+        assert not c.get("outputs") and c.get("execution_count") is None, (
+            f"{path.name}: code cell {i} has outputs; clear them before committing.")
+    params = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'."
+    src = "".join(params[0]["source"])
+    assert "GDPO_NB_FULL" in src and re.search(r"SMALL\s*=", src), (
+        f"{path.name}: the parameters cell must set SMALL from GDPO_NB_FULL.")
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.fixture(scope="module")
+def kernel_env(tmp_path_factory):
+    """JUPYTER_PATH with a kernel spec for this interpreter; the env the kernel inherits."""
+    from ipykernel.kernelspec import install
+    prefix = tmp_path_factory.mktemp("jupyter")
+    install(kernel_name=KERNEL, prefix=str(prefix), display_name="gdpo_jax test")
+    spec = json.loads((prefix / "share/jupyter/kernels" / KERNEL / "kernel.json").read_text())
+    assert spec["argv"][0] == sys.executable, spec["argv"]
+    env = {
+        "JUPYTER_PATH": str(prefix / "share/jupyter"),
+        "GDPO_NB_FULL": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        # A user's notebook sees one CPU device, not the 8 fake ones of the test session.
+        "XLA_FLAGS": re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                            os.environ.get("XLA_FLAGS", "")).strip(),
+    }
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    for k, v in kernel_env.items():
+        monkeypatch.setenv(k, v)
+    nb = nbformat.read(path, as_version=4)
+    # First, prove the kernel is this interpreter (not whatever "python3" resolves to).
+    nb.cells.insert(0, nbformat.v4.new_code_cell(
+        f"import sys\nassert sys.executable == {sys.executable!r}, sys.executable"))
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL,
+                            resources={"metadata": {"path": str(NB_DIR)}})
+    t0 = time.perf_counter()
+    client.execute()  # raises CellExecutionError with the cell and traceback on failure
+    seconds = time.perf_counter() - t0
+    print(f"{path.name}: {seconds:.1f} s")
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, errors
