@@ -1,10 +1,12 @@
-"""One process of the multi-host test: a train step on its share of a global batch.
+"""One process of the multi-host test: a train step on its share of a global
+batch, sampling with its own prompts, and the RL loop.
 
-    python -m tests._multihost_worker <process_id> <num_processes> <port> <out.json>
+    python -m tests._multihost_worker <process_id> <num_processes> <port> <out.json> <workdir>
 
 Each process has 2 CPU devices (4 in all). Writes loss, metrics and per-leaf
-parameter sums after the update. `run_step(jax.devices()[:4])` in one process
-is the single-process reference.
+parameter sums after the update, this process's sampled rows, and the RL
+loop's per-step metrics. `run_step(jax.devices()[:4])`, `run_sampler(...)` and
+`run_loop(...)` in one process are the single-process references.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 
 def main() -> None:
     pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    workdir = sys.argv[5]
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // nproc}"
     import jax
@@ -25,6 +28,9 @@ def main() -> None:
                                       num_processes=nproc, process_id=pid)
     assert jax.device_count() == 4 and jax.process_count() == nproc
     result = run_step(jax.devices())
+    result["sampler"] = run_sampler(jax.devices(), SAMPLER_PROMPTS[pid::nproc][0]
+                                    if nproc > 1 else sum(SAMPLER_PROMPTS, []))
+    result["loop"] = run_loop(workdir, num_devices=4)
     with open(out, "w") as f:
         json.dump(result, f)
     if nproc > 1:
@@ -64,6 +70,63 @@ def run_step(devices) -> dict:
 
     return {"metrics": {k: host(v) for k, v in metrics.items()},
             "param_sums": [host(x) for x in jax.tree.leaves(leaf_sums)], "rows": [lo, hi]}
+
+
+# Process 0 / process 1 prompts (unequal counts); one process samples all five.
+SAMPLER_PROMPTS = [[[7, 8, 9], [10], [11, 12]], [[13, 14, 15, 16], [17, 18]]]
+
+
+def run_sampler(devices, prompts) -> dict:
+    """Temperature-1 sampling on a (2, 2, 1) mesh; this process passes only `prompts`."""
+    import jax
+    from gdpo_jax.models.sharding import create_model
+    from gdpo_jax.sampling import Sampler, SamplingParams
+    from gdpo_jax.train import mesh as mesh_lib
+    from tests.test_train_step import CFG
+
+    mesh = mesh_lib.make_mesh((2, 2, 1), devices=devices)
+    model = create_model(CFG, mesh=mesh, seed=1)
+    sampler = Sampler(model, None, mesh=mesh, prompt_buckets=(8,))
+    ro = sampler.generate(prompts, SamplingParams(max_new_tokens=5, temperature=1.0),
+                          num_generations=2, key=jax.random.key(3))
+    return {"tokens": ro.completion_ids.tolist(), "logprobs": ro.logprobs.tolist(),
+            "group_ids": ro.group_ids.tolist(), "row_offset": ro.info["row_offset"],
+            "prompt_ids": ro.prompt_ids.tolist()}
+
+
+_TIMING = ("time/", "perf/", "reward_time/")
+
+
+def run_loop(workdir: str, *, num_devices: int) -> list[dict]:
+    """Two RL iterations (temperature-1 sampling) + one eval of the
+    tiny test task on a (2, 2, 1) mesh; each process samples its own prompts."""
+    import jax
+    from gdpo_jax.train.loop import Trainer
+    from tests._train_fixtures import tiny_config
+
+    cfg = tiny_config(workdir)
+    cfg.mesh.shape = (2, 2, 1)
+    cfg.mesh.num_devices = num_devices
+    cfg.train.num_steps = 2
+    cfg.checkpoint.every = 0
+    # Eval samples like training (temperature 1, 2 prompts x 4 per process):
+    # the same compiled sampler, no second compilation.
+    cfg.eval.greedy, cfg.eval.temperature, cfg.eval.top_p = False, 1.0, 1.0
+    cfg.eval.num_samples = 4
+    cfg.train.eval_num_examples = 4
+    trainer = Trainer(cfg)
+    out = []
+    try:
+        for step in range(2):
+            m = trainer.train_step(step)
+            if step == 1:
+                m.update(trainer.evaluate())
+            out.append({k: float(v) for k, v in m.items() if not k.startswith(_TIMING)})
+    finally:
+        trainer.ckpt.close()
+        trainer.runner.close()
+    assert jax.process_count() >= 1
+    return out
 
 
 if __name__ == "__main__":

@@ -73,3 +73,16 @@ def test_dynamic_sampling_grpo_keeps_nothing_and_pads_invalid():
     assert arrays["rewards"].shape == (8, 2)
     m = rollout_metrics(arrays | {"valid": np.ones(8, bool)}, ["length"] * 8, ["a", "b"], None)
     assert m["len/truncated_frac"] == 1.0 and m["len/mean"] == 4.0
+
+
+def test_prompt_stream_shares_do_not_depend_on_process_count():
+    # Process p's take(n) is rows [p*n, (p+1)*n) of the 1-process take(n * P), every
+    # step: the global batch (process-major, as the sampler lays rows out) is the same.
+    recs = [{"prompt": f"s{k}"} for k in range(10)]
+    one = PromptStream(recs, seed=3)
+    hosts = [PromptStream(recs, seed=3, process_index=p, process_count=2) for p in range(2)]
+    for _ in range(4):   # crosses an epoch boundary (12 > 10 records by step 2)
+        ref = [r["prompt"] for r in one.take(6)]
+        got = [r["prompt"] for h in hosts for r in h.take(3)]
+        assert got == ref
+    assert hosts[0].get_state() == hosts[1].get_state() == one.get_state()

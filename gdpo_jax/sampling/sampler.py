@@ -22,10 +22,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from gdpo_jax.sampling import decode
+from gdpo_jax.sampling import decode, hostio
 from gdpo_jax.sampling.stopping import apply_stop_strings
 
 FINISH_NAMES = {decode.FINISH_LENGTH: "length", decode.FINISH_EOS: "eos",
@@ -196,51 +194,78 @@ class Sampler:
                chat_template: bool = True) -> Rollouts:
     """Samples ``num_generations`` completions for every prompt (rows grouped:
     row r answers prompt r // G). Deterministic given key (and the mesh-
-    independent threefry, so sharded == unsharded)."""
-    if not len(prompts):
-      raise ValueError("prompts is empty.")
+    independent threefry, so sharded == unsharded).
+
+    Several processes (``jax.distributed``, a mesh over all of them): a
+    collective; every process calls it with its *own* prompts (any number,
+    0 included) and gets back only its own rows. The global batch is the
+    processes' blocks in mesh order, and a row's randomness depends on its
+    global index, so the rollouts equal a one-process run over the
+    concatenated prompts when every process passes the same count.
+    ``info["row_offset"]`` / ``info["prompt_offset"]``: where this process's
+    rows / prompts sit in the global batch.
+    """
     g = int(num_generations)
     if g < 1:
       raise ValueError(f"num_generations={num_generations} must be >= 1.")
     if params.stop_strings and self.tokenizer is None:
       raise ValueError("stop_strings need a tokenizer (Sampler(tokenizer=...)).")
     t0 = time.perf_counter()
-    encoded = self.encode_prompts(prompts, chat_template)
-    n = len(encoded) * g
-    plen = bucket_length(max(len(e) for e in encoded), self.prompt_buckets)
-    shards = decode.batch_shards(self.mesh)
-    n_pad = -(-n // shards) * shards
-    ids = np.full((len(encoded), plen), self.pad_id, np.int32)
-    mask = np.zeros((len(encoded), plen), np.int32)
+    encoded = self.encode_prompts(prompts, chat_template) if len(prompts) else []
+    axes = decode.batch_axes(self.mesh)
+    # Several processes (mesh given): agree on prompt count and width; this
+    # process's rows are its block of the global batch (see hostio.py).
+    multi = self.mesh is not None and jax.process_count() > 1
+    block, nblocks = hostio.row_block(self.mesh, axes) if multi else (0, 1)
+    facts = np.array([block, len(encoded), max((len(e) for e in encoded), default=0)], np.int64)
+    facts = hostio.allgather(facts) if multi else facts[None]
+    if not facts[:, 1].any():
+      raise ValueError("prompts is empty." if not multi else
+                       "prompts is empty on every process.")
+    u_max, n = int(facts[:, 1].max()), len(encoded) * g
+    plen = bucket_length(int(facts[:, 2].max()), self.prompt_buckets)
+    local_shards = decode.batch_shards(self.mesh) // nblocks
+    n_local_pad = max(-(-(u_max * g) // local_shards) * local_shards, local_shards)
+    # Absent prompts (a process with fewer) are one pad token: prefilled, never read.
+    ids = np.full((u_max, plen), self.pad_id, np.int32)
+    mask = np.zeros((u_max, plen), np.int32)
+    mask[:, -1] = 1
     for i, e in enumerate(encoded):
       ids[i, plen - len(e):] = e
+      mask[i, :] = 0
       mask[i, plen - len(e):] = 1
+    if multi:  # every process learns every prompt, in block order
+      order = np.argsort(facts[:, 0])
+      all_ids, all_mask = hostio.allgather(ids)[order], hostio.allgather(mask)[order]
+      ids_g, mask_g = all_ids.reshape(-1, plen), all_mask.reshape(-1, plen)
+    else:
+      ids_g, mask_g = ids, mask
     # Row r answers prompt r // G; batch-padding rows copy the last prompt.
-    row_prompt = (np.minimum(np.arange(n_pad), n - 1) // g).astype(np.int32)
-    active = np.arange(n_pad) < n
+    local_row = np.minimum(np.arange(n_local_pad), max(n - 1, 0)) // g
+    row_prompt = (block * u_max + local_row).astype(np.int32)
+    active = np.arange(n_local_pad) < n
 
     fn = self._get_fn(params)
     state = nnx.state(self.model)
-    args = (ids, mask, row_prompt, active, key, np.float32(params.temperature),
+    args = (ids_g, mask_g, row_prompt, active, key, np.float32(params.temperature),
             np.float32(params.top_p), np.asarray(self.eos_token_ids, np.int32).reshape(-1),
             np.asarray(params.stop_token_ids, np.int32).reshape(-1),
             self._stop_sequences(params.stop_strings))
     traces = self.num_traces
+    lo = block * n_local_pad
     t1 = time.perf_counter()
     if self.mesh is None:
-      out = fn(state, *args)
+      out = jax.device_get(fn(state, *args))
+      out = {k: np.asarray(v) for k, v in out.items()}
     else:
-      rows = NamedSharding(self.mesh, P(decode.batch_axes(self.mesh)))
-      rep = NamedSharding(self.mesh, P())
-      args = tuple(jax.device_put(a, rows if i in (2, 3) else rep) if i != 4 else a
-                   for i, a in enumerate(args))
+      args = tuple(hostio.to_global_rows(a, self.mesh, axes, nblocks) if i in (2, 3) else
+                   hostio.replicate_key(a, self.mesh) if i == 4 else
+                   hostio.to_global_replicated(a, self.mesh) for i, a in enumerate(args))
       with jax.set_mesh(self.mesh):
-        out = fn(state, *args)
-    if jax.process_count() > 1:  # every host gets all rows (untested here: one host)
-      from jax.experimental import multihost_utils
-      out = multihost_utils.process_allgather(out, tiled=True)
-    else:
-      out = jax.device_get(out)
+        res = fn(state, *args)
+      # Only this process's rows come back (no cross-host transfer).
+      out = {k: hostio.local_rows(v, lo, lo + n) for k, v in res.items() if k != "steps"}
+      out["steps"] = hostio.scalar(res["steps"])
     t_dev = time.perf_counter() - t1  # compile (first call) + prefill + decode + transfer
 
     tokens = np.array(out["tokens"][:n], np.int32)  # writable copies
@@ -259,10 +284,13 @@ class Sampler:
     logprobs = np.where(cmask > 0, logprobs, 0.0).astype(np.float32)
     group = (np.arange(n) // g).astype(np.int32)
     info = dict(seconds=time.perf_counter() - t0, device_seconds=t_dev, prompt_bucket=plen,
-                decode_steps=int(out["steps"]), batch_rows=n_pad,
-                generated_tokens=int(lengths.sum()), compiled=self.num_traces > traces)
+                decode_steps=int(out["steps"]), batch_rows=n_local_pad * nblocks,
+                generated_tokens=int(lengths.sum()), compiled=self.num_traces > traces,
+                row_offset=lo, prompt_offset=block * u_max)
+    u = len(encoded)
     return Rollouts(
-        prompt_ids=np.repeat(ids, g, axis=0), prompt_mask=np.repeat(mask, g, axis=0), completion_ids=tokens,
+        prompt_ids=np.repeat(ids[:u], g, axis=0), prompt_mask=np.repeat(mask[:u], g, axis=0),
+        completion_ids=tokens,
         completion_mask=cmask, logprobs=logprobs, lengths=lengths, finish_reason=finish,
         group_ids=group, prompt_index=group.copy(), texts=texts, info=info)
 

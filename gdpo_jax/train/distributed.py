@@ -83,3 +83,43 @@ def to_host(x: jax.Array) -> np.ndarray:
         from jax.experimental import multihost_utils
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
+
+
+# --------------------------------------------------------------------------- #
+# Small host-side collectives (identity on one process). Every process must
+# call them, with equal shapes where noted.
+# --------------------------------------------------------------------------- #
+def allgather_host(x: np.ndarray) -> np.ndarray:
+    """[...] (same shape on every process) -> [process_count, ...] on every process."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x[None]
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=False))
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process when `flag` is True on any."""
+    return bool(allgather_host(np.asarray([bool(flag)])).any())
+
+
+def sum_processes(x: float) -> float:
+    """Sum of a host scalar over processes."""
+    return float(allgather_host(np.asarray([float(x)], np.float64)).sum())
+
+
+def allgather_strings(texts: list[str]) -> list[list[str]]:
+    """Every process's list of strings (any lengths), indexed by process."""
+    if jax.process_count() == 1:
+        return [list(texts)]
+    raw = [t.encode("utf-8") for t in texts]
+    sizes = allgather_host(np.asarray([len(raw), max((len(b) for b in raw), default=0)]))
+    n, width = int(sizes[:, 0].max()), max(int(sizes[:, 1].max()), 1)
+    buf = np.zeros((n, width), np.uint8)
+    lens = np.zeros((n,), np.int64)
+    for i, b in enumerate(raw):
+        buf[i, :len(b)] = np.frombuffer(b, np.uint8)
+        lens[i] = len(b)
+    bufs, all_lens = allgather_host(buf), allgather_host(lens)
+    return [[bytes(bufs[p, i, :all_lens[p, i]]).decode("utf-8") for i in range(int(sizes[p, 0]))]
+            for p in range(bufs.shape[0])]

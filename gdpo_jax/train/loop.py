@@ -160,35 +160,52 @@ class Trainer:
             "time/step_s": t2 - t1, "time/iter_s": t2 - t0,
             "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9),
             "perf/step_tokens_per_s": tokens / max(t2 - t1, 1e-9),
-            "data/valid_groups_frac": info["valid_groups"] / self.local_prompts,
+            # Over all processes (tries are in lock step across them).
+            "data/valid_groups_frac": distributed.sum_processes(info["valid_groups"])
+            / self.cfg.algo.num_prompts,
         })
         if self.cfg.algo.dynamic_sampling:
             metrics["data/tries"] = info["tries"]
-            metrics["data/kept_groups_frac"] = info["kept_groups"] / max(info["scored_groups"], 1)
+            metrics["data/kept_groups_frac"] = (distributed.sum_processes(info["kept_groups"])
+                                                / max(distributed.sum_processes(
+                                                    info["scored_groups"]), 1))
         for k, v in info["reward_info"].items():
             if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/")):
                 metrics[k] = v
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out split: the config's eval sampling, rewards and the task's own metrics."""
+        """Held-out split: the config's eval sampling, rewards and the task's own metrics.
+
+        With several processes each scores a contiguous share of every chunk
+        (the short ones pad with repeats, dropped after) and the rows are
+        gathered, so every process computes the same metrics as one process.
+        """
         if not self.eval_records:
             return {}
         cfg, k = self.cfg, max(int(self.cfg.eval.num_samples), 1)
+        pi, pc = jax.process_index(), jax.process_count()
         chunk = max(cfg.algo.num_prompts * cfg.algo.group_size // k, 1)
         texts, recs, rewards, lengths, gids = [], [], [], [], []
         key = jax.random.fold_in(jax.random.key(cfg.seed + 1), 0)
         for i in range(0, len(self.eval_records), chunk):
             part = self.eval_records[i:i + chunk]
+            per = -(-len(part) // pc)
+            mine = part[pi * per:(pi + 1) * per]
+            mine = mine + [part[-1]] * (per - len(mine))
             out = rollout.sample_and_score(
-                part, sampler=self.sampler, runner=self.runner, params=self.eval_params,
+                mine, sampler=self.sampler, runner=self.runner, params=self.eval_params,
                 group_size=k, key=jax.random.fold_in(key, i), max_prompt_len=cfg.sampling.max_prompt_len,
                 pad_id=self.sampler.pad_id, chat_template=cfg.task.chat_template)
-            texts += out["texts"]
-            recs += [part[j // k] for j in range(len(part) * k)]
-            gids += [i + j // k for j in range(len(part) * k)]
-            rewards.append(out["rewards"])
-            lengths.append(out["completion_mask"].sum(1))
+            rows = len(part) * k  # real rows come first, host by host
+            all_texts = distributed.allgather_strings(out["texts"])
+            texts += [t for host in all_texts for t in host][:rows]
+            recs += [part[j // k] for j in range(rows)]
+            gids += [i + j // k for j in range(rows)]
+            rewards.append(distributed.allgather_host(out["rewards"]).reshape(
+                -1, out["rewards"].shape[1])[:rows])
+            lengths.append(distributed.allgather_host(out["completion_mask"].sum(1)
+                                                      ).reshape(-1)[:rows])
         r = np.concatenate(rewards)
         metrics = {f"eval/{n}": float(np.nanmean(r[:, j])) for j, n in enumerate(self.reward_names)}
         metrics["eval/len_mean"] = float(np.concatenate(lengths).mean())

@@ -1,7 +1,9 @@
 """One rollout batch on the host: prompts -> Sampler -> RewardRunner -> arrays.
 
 With dynamic sampling, groups whose rewards have no spread are dropped and
-more prompts are sampled until the batch is full or the tries run out; under
+more prompts are sampled until the batch is full or the tries run out (with
+several processes: until every process's batch is full, all in lock step,
+since sampling is a collective); under
 GDPO a group is kept when *any* reward has spread (its summed reward may be
 constant and still carry signal in one reward), under GRPO when the weighted
 sum has spread. Shapes never change: a batch still short after the last try
@@ -16,6 +18,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from gdpo_jax.train import distributed
 from gdpo_jax.train.data import PromptStream
 
 
@@ -120,7 +123,11 @@ def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, ke
             signal = group_has_signal(out["rewards"][rows], decoupled=decoupled, weights=weights)
             (kept if signal or not dynamic else dropped).append((out, g))
         scored_groups += num_prompts
-        if not dynamic or len(kept) >= num_prompts or tries >= max_tries:
+        if not dynamic or tries >= max_tries:
+            break
+        # Sampling is a collective over all processes: every process tries
+        # again while any one of them is short (a full one's extras are unused).
+        if not distributed.any_process(len(kept) < num_prompts):
             break
     chosen = kept[:num_prompts]
     valid_groups = len(chosen)
