@@ -53,8 +53,12 @@ _NEG = float(np.finfo(np.float32).min)
 
 @flax.struct.dataclass
 class KVCache:
-    """Decode cache. k, v: f[L,B,S,Hkv,Dh]; mask: bool[B,S] (slot holds a real
-    token); index: i32[] next slot to write. A pytree: jit/donate friendly."""
+    """Decode cache. k, v: f[L,B,Hkv,S,Dh]; mask: bool[B,S] (slot holds a real
+    token); index: i32[] next slot to write. A pytree: jit/donate friendly.
+
+    Heads before slots so each (row, kv head) is one contiguous [S,Dh] matrix:
+    the attention dots read the cache as it lies (no per-step transpose copy).
+    """
 
     k: jax.Array
     v: jax.Array
@@ -137,15 +141,15 @@ class Transformer(nnx.Module):
         """
         cfg = self.cfg
         dt = jnp.dtype(dtype or cfg.dtype)
-        shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         mesh = _concrete_mesh(self.embed.get_value())
         if mesh is None:
             kv_sh = mask_sh = idx_sh = None
         else:
             from gdpo_jax.models.sharding import sanitize_spec
-            kv_spec = sanitize_spec((None, BATCH_AXES, None, "tensor", None), shape, mesh)
+            kv_spec = sanitize_spec((None, BATCH_AXES, "tensor", None, None), shape, mesh)
             kv_sh = jax.NamedSharding(mesh, kv_spec)
-            mask_sh = jax.NamedSharding(mesh, P(*kv_spec[1:3]))
+            mask_sh = jax.NamedSharding(mesh, P(kv_spec[1], None))
             idx_sh = jax.NamedSharding(mesh, P())
         return KVCache(
             k=jnp.zeros(shape, dt, device=kv_sh), v=jnp.zeros(shape, dt, device=kv_sh),
@@ -234,17 +238,24 @@ def _batch_constraint(x: jax.Array) -> jax.Array:
 
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
                cfg: ModelConfig) -> jax.Array:
-    """q f[B,T,Hq,Dh], k/v f[B,S,Hkv,Dh], allowed bool[B,T,S] -> f[B,T,Hq,Dh]."""
+    """q f[B,T,Hq,Dh], k/v f[B,Hkv,S,Dh], allowed bool[B,T,S] -> f[B,T,Hq,Dh].
+
+    GQA without repeating K/V: q is grouped [B,Hkv,G*T,Dh] so both dots are
+    plain batched matmuls over (b, kv head) with k/v in their stored layout.
+    """
     B, T, Hq, Dh = q.shape
-    G = Hq // cfg.num_kv_heads
-    q = q.reshape(B, T, cfg.num_kv_heads, G, Dh)
-    s = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(q.dtype),
+    Hkv = cfg.num_kv_heads
+    G = Hq // Hkv
+    # [B,T,Hkv,G,Dh] -> [B,Hkv,G,T,Dh] (small: only the T new tokens move).
+    q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
+    s = jnp.einsum("bkqd,bksd->bkqs", q, k.astype(q.dtype),
                    preferred_element_type=jnp.float32) * (Dh ** -0.5)
+    s = s.reshape(B, Hkv, G, T, -1)
     # Finite fill: fully masked rows (left padding) give uniform weights, not NaN.
     s = jnp.where(allowed[:, None, None], s, _NEG)
-    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
-    o = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(q.dtype))
-    return o.reshape(B, T, Hq, Dh)
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype).reshape(B, Hkv, G * T, -1)
+    o = jnp.einsum("bkqs,bksd->bkqd", p, v.astype(q.dtype))
+    return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
 
 
 def _forward(params: dict, input_ids: jax.Array, mask: jax.Array, positions: jax.Array,
@@ -280,9 +291,12 @@ def _forward(params: dict, input_ids: jax.Array, mask: jax.Array, positions: jax
         if cfg.qk_norm:
             q, k = _rms_norm(q, lp["q_norm"], eps), _rms_norm(k, lp["k_norm"], eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B,Hkv,T,Dh]
         if kc is not None:
-            # Write this layer's new keys into the carried cache in place.
-            start = (i, 0, cache.index, 0, 0)
+            # Write only the T new slots of layer i into the carried stacked
+            # cache (in place: the carry is donated loop state), then read the
+            # layer's [B,Hkv,S,Dh] slice in its stored layout.
+            start = (i, 0, 0, cache.index, 0)
             kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
             vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
             k, v = kc[i], vc[i]

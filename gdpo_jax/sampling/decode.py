@@ -122,11 +122,11 @@ def make_generate_fn(
     return _constrain(x, _spec(x, mesh, batch_dim, heads_dim), mesh)
 
   def place_cache_leaf(x: jax.Array) -> jax.Array:
-    # KVCache leaves: k/v [L, B, S, Hkv, Dh] (heads over "tensor", as the
+    # KVCache leaves: k/v [L, B, Hkv, S, Dh] (heads over "tensor", as the
     # model's own init_cache lays them out), mask [B, S], index [].
     if x.ndim == 0:
       return x
-    return place(x, 1, 3) if x.ndim == 5 else place(x)
+    return place(x, 1, 2) if x.ndim == 5 else place(x)
 
   def gather_rows(x: jax.Array, idx: jax.Array, dim: int) -> jax.Array:
     fn = lambda x, i: jnp.take(x, i, axis=dim)  # noqa: E731
@@ -161,7 +161,7 @@ def make_generate_fn(
   def grow(x: jax.Array, slots: int) -> jax.Array:
     if x.ndim == 0:
       return x
-    dim = 2 if x.ndim == 5 else 1
+    dim = 3 if x.ndim == 5 else 1  # the slot axis (k/v [L,B,Hkv,S,Dh], mask [B,S])
     pad = [(0, 0)] * x.ndim
     pad[dim] = (0, slots - x.shape[dim])
     return place_cache_leaf(jnp.pad(x, pad))
