@@ -170,15 +170,15 @@ def run_comparison(task: str, *, out_dir: str, estimators: Sequence[str] = ESTIM
 
 # ------------------------------------------------------------- reporting
 def load_runs(out_dir: str, estimators: Sequence[str], seeds: Sequence[int]
-              ) -> dict[str, list[dict[int, dict]]]:
-    """estimator -> [step -> record] per finished seed, from each run's metrics.jsonl."""
+              ) -> dict[str, dict[int, dict[int, dict]]]:
+    """estimator -> seed -> step -> record, for the finished runs (their metrics.jsonl)."""
     from gdpo_jax.train.metrics import read_jsonl
-    runs: dict[str, list[dict[int, dict]]] = {}
+    runs: dict[str, dict[int, dict[int, dict]]] = {}
     for est in estimators:
         for seed in seeds:
             path = os.path.join(out_dir, "runs", est, f"seed{seed}", "metrics.jsonl")
             if os.path.exists(os.path.join(os.path.dirname(path), "run_info.json")):  # finished
-                runs.setdefault(est, []).append(read_jsonl(path))
+                runs.setdefault(est, {})[seed] = read_jsonl(path)
     return runs
 
 
@@ -201,7 +201,7 @@ def band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.nd
     return np.asarray(common), med, q25, q75
 
 
-def plot(runs: dict[str, list[dict[int, dict]]], key: str, path: str, *, title: str,
+def plot(runs: dict[str, dict[int, dict[int, dict]]], key: str, path: str, *, title: str,
          window: int = 1) -> bool:
     """One figure: per estimator, the median over seeds and the IQR band of `key`."""
     import matplotlib
@@ -210,7 +210,7 @@ def plot(runs: dict[str, list[dict[int, dict]]], key: str, path: str, *, title: 
     fig, ax = plt.subplots(figsize=(5.0, 3.4), dpi=110)
     drawn = False
     for est, recs in runs.items():
-        curves = [curve(r, key, window) for r in recs]
+        curves = [curve(r, key, window) for r in recs.values()]
         curves = [c for c in curves if len(c[0])]
         if not curves:
             continue
@@ -254,7 +254,7 @@ def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[i
     runs = load_runs(out_dir, estimators, seeds)
     plots_dir = os.path.join(out_dir, "plots")
     os.makedirs(plots_dir, exist_ok=True)
-    some = next((r for recs in runs.values() for r in recs), {})
+    some = next((r for recs in runs.values() for r in recs.values()), {})
     keys = sorted({k for rec in some.values() for k in rec})
     plots = []
     for key in [k for k in keys if k.startswith("reward/") and k.endswith("/mean")]:
@@ -270,13 +270,24 @@ def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[i
             plots.append(path)
 
     rows: dict[str, Any] = {}
-    first = {k: [r[0].get(k) for recs in runs.values() for r in recs if 0 in r]
-             for k, _ in TABLE[task]}
+    metrics = [k for k, _ in TABLE[task]]
+    first = {k: [r[0].get(k) for recs in runs.values() for r in recs.values() if 0 in r]
+             for k in metrics}
     rows["warm start (step 0)"] = {k: _stats(v) for k, v in first.items()}
+    finals: dict[str, dict[int, dict]] = {}
     for est, recs in runs.items():
-        finals = [r[max(s for s in r if any(k in r[s] for k, _ in TABLE[task]))] for r in recs]
-        rows[est] = {k: _stats([f.get(k) for f in finals]) for k, _ in TABLE[task]}
-        rows[est]["final_step"] = int(max(max(r) for r in recs))
+        finals[est] = {seed: r[max(s for s in r if any(k in r[s] for k in metrics))]
+                       for seed, r in recs.items()}
+        rows[est] = {k: _stats([f.get(k) for f in finals[est].values()]) for k in metrics}
+        rows[est]["final_step"] = int(max(max(r) for r in recs.values()))
+    # Same seed = same prompt order and warm start for every estimator, so per-seed
+    # differences to GRPO cancel most of the batch-to-batch noise.
+    paired: dict[str, Any] = {}
+    if "grpo" in finals:
+        for est in [e for e in finals if e != "grpo"]:
+            common = sorted(set(finals[est]) & set(finals["grpo"]))
+            paired[est] = {k: _stats([finals[est][s].get(k, math.nan) - finals["grpo"][s].get(k, math.nan)
+                                      for s in common]) for k in metrics}
     timing = {}
     for est in runs:
         infos = [os.path.join(out_dir, "runs", est, f"seed{s}", "run_info.json") for s in seeds]
@@ -284,7 +295,7 @@ def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[i
         timing[est] = {"wall_s": [i["seconds"] for i in infos],
                        "cpu_s": [i.get("cpu_s") for i in infos]}
     table = {"task": task, "estimators": list(runs), "seeds": list(seeds), "rows": rows,
-             "metrics": [k for k, _ in TABLE[task]], "plots": plots, "timing": timing}
+             "paired_vs_grpo": paired, "metrics": metrics, "plots": plots, "timing": timing}
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(table))
     return table
@@ -303,6 +314,14 @@ def markdown(table: dict[str, Any]) -> str:
             cells.append(f"{s['mean']:.3f} ± {s['std']:.3f} (med {s['median']:.3f}, n={s['n']})"
                          if s["n"] else "n/a")
         lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+    if table.get("paired_vs_grpo"):
+        lines += ["", "Paired difference to GRPO (same seed), mean ± std over seeds:", "",
+                  "| estimator − GRPO | " + " | ".join(labels[m] for m in metrics) + " |",
+                  "|---" * (len(metrics) + 1) + "|"]
+        for name, row in table["paired_vs_grpo"].items():
+            cells = [f"{row[m]['mean']:+.3f} ± {row[m]['std']:.3f} (n={row[m]['n']})"
+                     if row[m]["n"] else "n/a" for m in metrics]
+            lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -334,6 +353,11 @@ def main(argv: list[str]) -> None:
     overrides = dict(item.split("=", 1) for item in F.set)
     if F.report_only:
         table = report(F.task, out_dir, estimators, seeds, window=1 if F.quick else F.window)
+        path = os.path.join(out_dir, "results.json")
+        if os.path.exists(path):  # keep the measured total time of the run that made them
+            table["total_seconds"] = _read_json(path).get("total_seconds")
+        with open(path, "w") as f:
+            json.dump(table, f, indent=2, allow_nan=True)
     else:
         enable_compilation_cache(os.path.join(os.path.dirname(os.path.abspath(out_dir)),
                                               ".jax_cache"))

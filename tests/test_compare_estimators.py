@@ -90,8 +90,12 @@ def test_quick_comparison_writes_metrics_plots_and_table(tmp_path):
             assert all(math.isfinite(s[k]) for k in ("mean", "std", "median", "q25", "q75"))
     assert -3.0 <= saved["rows"]["gdpo"]["eval/toolcall_correctness"]["mean"] <= 3.0
     md = (out / "results.md").read_text().strip().splitlines()
-    assert md[0].startswith("| estimator | correctness reward") and len(md) == 2 + 3
+    assert md[0].startswith("| estimator | correctness reward")
     assert md[3].startswith("| GRPO |") and md[4].startswith("| GDPO |")
+    assert md[5] == "" and md[-1].startswith("| GDPO | ")  # then the paired table
+    paired = saved["paired_vs_grpo"]["gdpo"]["eval/format"]
+    assert paired["n"] == 1 and paired["mean"] == pytest.approx(
+        saved["rows"]["gdpo"]["eval/format"]["mean"] - saved["rows"]["grpo"]["eval/format"]["mean"])
 
     # A second call finds the runs done and only redraws the report.
     again = ce.run_comparison("toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0],
