@@ -75,31 +75,5 @@ def get_config(arg: str = ""):
     c.rewards.num_workers = 64
     c.rewards.timeout_s = 900.0
 
-    c.algo.estimator = "gdpo"
-    c.algo.num_prompts = 512
-    c.algo.group_size = 16
-    c.algo.num_minibatches = 8
-    c.algo.num_microbatches = 128       # 8 devices: 1 row of 9024 tokens per device
-    c.algo.clip_low = 0.2
-    c.algo.clip_high = 0.28
-    c.algo.beta = 0.0005
-    c.algo.kl_estimator = "mse"
-    c.algo.kl_in_reward = 0.0
-    c.algo.entropy_coef = 0.0
-    c.algo.dynamic_sampling = True
-    c.algo.dynamic_sampling_max_tries = 4
-
-    c.sampling.max_prompt_len = 1024
-    c.sampling.max_new_tokens = 8000
-
-    c.eval.greedy = False
-    c.eval.num_samples = 4
-    c.eval.temperature = 0.6
-    c.eval.top_p = 0.95
-
-    c.optim.lr = 1e-6
-
-    c.train.num_steps = 500
-    c.train.eval_every = 50
-    c.checkpoint.every = 25
+    common.set_dapo_recipe(c, eval_samples=4)
     return c

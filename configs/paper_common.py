@@ -142,6 +142,43 @@ def set_verl_defaults(c: mlc.ConfigDict) -> None:
     c.checkpoint.keep = 3
 
 
+def set_dapo_recipe(c: mlc.ConfigDict, *, eval_samples: int) -> None:
+    """The paper's Sec. 4.2 recipe (a DAPO-style verl run), shared by math and code.
+
+    batch 512 prompts x G 16 (8192 rows/step), mini-batch 64 prompts, lr 1e-6,
+    500 steps, clip 0.2 / 0.28, dynamic sampling (at most 4 generation rounds),
+    KL loss 0.0005 with the mse estimator, 1024 + 8000 tokens; held-out
+    `eval_samples` samples per problem at T 0.6, top-p 0.95.
+    """
+    c.algo.estimator = "gdpo"
+    c.algo.num_prompts = 512
+    c.algo.group_size = 16
+    c.algo.num_minibatches = 8
+    c.algo.num_microbatches = 128       # 8 devices: 1 row of 9024 tokens per device
+    c.algo.clip_low = 0.2
+    c.algo.clip_high = 0.28
+    c.algo.beta = 0.0005
+    c.algo.kl_estimator = "mse"
+    c.algo.kl_in_reward = 0.0
+    c.algo.entropy_coef = 0.0
+    c.algo.dynamic_sampling = True
+    c.algo.dynamic_sampling_max_tries = 4
+
+    c.sampling.max_prompt_len = 1024
+    c.sampling.max_new_tokens = 8000
+
+    c.eval.greedy = False
+    c.eval.num_samples = eval_samples
+    c.eval.temperature = 0.6
+    c.eval.top_p = 0.95
+
+    c.optim.lr = 1e-6
+
+    c.train.num_steps = 500
+    c.train.eval_every = 50
+    c.checkpoint.every = 25
+
+
 def describe(c: mlc.ConfigDict) -> dict[str, Any]:
     """Derived sizes of a config (for docs and tests): rows per step / update / micro-batch."""
     a = c.algo

@@ -248,6 +248,23 @@ def _stats(values: list[float]) -> dict[str, Any]:
             "values": [float(x) for x in values]}
 
 
+def warm_start_values(runs: dict[str, dict[int, dict[int, dict]]], key: str) -> list[float]:
+    """One step-0 value of `key` per seed (the mean over that seed's estimators).
+
+    Every estimator of a seed starts from the same weights and evaluates the same
+    prompts with the same sampling key, so their step-0 evals are copies of one
+    measurement: counting each copy would report n = seeds x estimators and a
+    standard deviation over duplicates.
+    """
+    per_seed: dict[int, list[float]] = {}
+    for recs in runs.values():
+        for seed, r in recs.items():
+            v = r.get(0, {}).get(key)
+            if v is not None and math.isfinite(v):
+                per_seed.setdefault(seed, []).append(float(v))
+    return [float(np.mean(per_seed[s])) for s in sorted(per_seed)]
+
+
 def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[int], *,
            window: int = 5) -> dict[str, Any]:
     """Plots and results.md from the runs on disk. Returns the table dict."""
@@ -271,9 +288,7 @@ def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[i
 
     rows: dict[str, Any] = {}
     metrics = [k for k, _ in TABLE[task]]
-    first = {k: [r[0].get(k) for recs in runs.values() for r in recs.values() if 0 in r]
-             for k in metrics}
-    rows["warm start (step 0)"] = {k: _stats(v) for k, v in first.items()}
+    rows["warm start (step 0)"] = {k: _stats(warm_start_values(runs, k)) for k in metrics}
     finals: dict[str, dict[int, dict]] = {}
     for est, recs in runs.items():
         finals[est] = {seed: r[max(s for s in r if any(k in r[s] for k in metrics))]

@@ -101,3 +101,22 @@ def test_quick_comparison_writes_metrics_plots_and_table(tmp_path):
     again = ce.run_comparison("toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0],
                               quick=True, window=1)
     assert again["rows"] == table["rows"]
+
+
+def test_warm_start_row_counts_each_seed_once(tmp_path):
+    # 3 estimators x 3 seeds; step 0 is the same measurement for every estimator of
+    # a seed, so the warm-start row must have n = 3 seeds, not n = 9 copies.
+    step0 = {0: 0.1, 1: 0.4, 2: 0.7}
+    for est in ("grpo", "gdpo", "gdpo_no_bn"):
+        for seed, v in step0.items():
+            d = tmp_path / "runs" / est / f"seed{seed}"
+            d.mkdir(parents=True)
+            recs = [{"step": 0, "eval/pass@1": v}, {"step": 2, "eval/pass@1": v + 0.05}]
+            (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+            (d / "run_info.json").write_text(json.dumps({"seconds": 1.0}))
+    table = ce.report("math", str(tmp_path), ["grpo", "gdpo", "gdpo_no_bn"], [0, 1, 2], window=1)
+    row = table["rows"]["warm start (step 0)"]["eval/pass@1"]
+    assert row["n"] == 3
+    assert row["mean"] == pytest.approx(0.4)
+    assert row["std"] == pytest.approx(np.std([0.1, 0.4, 0.7], ddof=1))
+    assert table["rows"]["gdpo"]["eval/pass@1"]["mean"] == pytest.approx(0.45)

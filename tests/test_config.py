@@ -87,3 +87,16 @@ def test_cli_rejects_bad_config_with_message(tmp_path):
          "--config.algo.estimater=grpo", f"--config.workdir={tmp_path}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "estimater" in out.stderr
+
+
+def test_kl_in_reward_under_gdpo_warns(caplog):
+    # Under GDPO the penalty column is group-normalized like a task reward; the
+    # user is told so, and GRPO (where it is summed before normalizing) is not.
+    c = _cfg()
+    c.algo.kl_in_reward = 0.001
+    for est, warns in (("gdpo", True), ("gdpo_no_bn", True), ("grpo", False)):
+        c.algo.estimator = est
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="gdpo_jax.config"):
+            validate_config(c, num_devices=8)
+        assert any("kl_in_reward" in r.getMessage() for r in caplog.records) == warns, est

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import logging
 from typing import Any
 
 import ml_collections as mlc
@@ -202,6 +203,14 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
     for field in ("clip_low", "clip_high", "beta", "kl_in_reward", "entropy_coef", "eps"):
         if a[field] < 0:
             raise ConfigError(f"config.algo.{field}={a[field]} must be >= 0.")
+    if a.kl_in_reward > 0 and a.estimator.startswith("gdpo"):
+        # Not an error (it is well defined), but rarely what is meant: the official
+        # GDPO patch has no KL term, and GRPO's recipe sums the penalty into the reward.
+        logging.getLogger("gdpo_jax.config").warning(
+            "config.algo.kl_in_reward=%g with estimator=%r: the KL penalty is added as one more "
+            "reward column, which GDPO group-normalizes into an objective as strong as each "
+            "task reward. For a KL term of fixed strength use --config.algo.beta (KL in the "
+            "loss) and --config.algo.kl_in_reward=0.", a.kl_in_reward, a.estimator)
     if a.dual_clip and a.dual_clip <= 1.0:
         raise ConfigError(f"config.algo.dual_clip={a.dual_clip} must be > 1 (or 0 = off).")
     for field in ("num_minibatches", "num_epochs", "num_microbatches"):
