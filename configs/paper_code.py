@@ -33,8 +33,7 @@ plus --config.algo.num_microbatches=16 (1 row per chip per micro-batch).
 The reward sandbox runs on each host's CPUs for that host's rollouts;
 rewards.num_workers sets the parallel programs per host.
 
-Missing for a full-scale run (trainer): chunked generation of the 8192-row
-rollout batch (the sampler decodes a batch in one call).
+Generation: 16 sampler calls of 512 rows (sampling.rows_per_call), as math.
 """
 from __future__ import annotations
 

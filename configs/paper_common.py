@@ -166,6 +166,10 @@ def set_dapo_recipe(c: mlc.ConfigDict, *, eval_samples: int) -> None:
 
     c.sampling.max_prompt_len = 1024
     c.sampling.max_new_tokens = 8000
+    # 8192 rows x 9024 tokens do not fit one decode: 16 sampler calls of 512 rows.
+    # KV cache of a call, 7B in bf16 (28 layers x 4 kv heads x 128 x k,v): 0.5 GB
+    # per row, ~33 GB per device on 8 devices. Raise it on larger slices.
+    c.sampling.rows_per_call = 512
 
     c.eval.greedy = False
     c.eval.num_samples = eval_samples

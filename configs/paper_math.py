@@ -52,8 +52,9 @@ For the 7B policy on many chips a tensor axis shortens the all-gathers:
 Memory: 128 micro-batches of 8 rows on 8 devices = 1 row of 9024 tokens per
 device at a time, layers rematerialized, log-probs chunked (512 positions).
 
-Missing for a full-scale run (trainer): the sampler decodes the whole rollout
-batch (8192 rows x 8000 tokens) in one call; this needs chunked generation.
+Generation: 8192 rows x 9024 tokens decode in 16 sampler calls of 512 rows
+(sampling.rows_per_call, set by paper_common.set_dapo_recipe): ~33 GB of bf16
+KV cache per device on 8 devices for the 7B, half that for the 1.5B.
 """
 from __future__ import annotations
 

@@ -53,8 +53,9 @@ Memory: 16 micro-batches of 32 rows on 8 devices = 4 rows x 3072 tokens per
 device per micro-batch (verl used ppo_max_token_len_per_gpu 16384). Raise
 algo.num_microbatches if it does not fit, lower it on more devices.
 
-Missing for a full-scale run (trainer): the sampler decodes the whole rollout
-batch (2048 rows here) in one call; paper-scale runs need chunked generation.
+Generation: the 2048-row batch decodes in one sampler call
+(sampling.rows_per_call=0): bf16 KV cache of ~22 GB (1.5B) / ~29 GB (3B) per
+device on 8 devices. On smaller devices pass --config.sampling.rows_per_call=512.
 """
 from __future__ import annotations
 

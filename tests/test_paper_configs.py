@@ -227,6 +227,8 @@ def tiny_run_config(setting: str, arg: str, ckpt: str, workdir: str):
     c.algo.dynamic_sampling_max_tries = 2
     c.sampling.max_prompt_len = 128
     c.sampling.max_new_tokens = 4
+    if c.sampling.rows_per_call:             # keep the chunked-generation path: 2 calls
+        c.sampling.rows_per_call = 2
     c.rewards.num_workers = 2
     c.mesh.num_devices = 2                   # the config's own (1, -1, 1): fsdp over 2
     c.train.num_steps = 1

@@ -340,3 +340,24 @@ def test_sharded_equals_unsharded(sampler, tok):
   np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
   np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
   assert a.finish_reason == b.finish_reason and a.texts == b.texts
+
+
+def test_chunked_rollout_equals_one_call_greedy(sampler):
+  # Greedy rows do not depend on the key, so chunking the sampler calls
+  # (train.rollout, sampling.rows_per_call) must give the same batch, with each
+  # chunk left padded to its own prompt bucket and re-padded to max_prompt_len.
+  from gdpo_jax.train.rollout import sample_and_score
+  records = [{"prompt": p} for p in ("w6 w7 w8 w9 w10", "w11", "w12 w13", "w14 w15 w16")]
+  runner = lambda prompts, completions, examples, **kw: (  # noqa: E731
+      np.asarray([[len(c)] for c in completions], np.float32), {})
+  kw = dict(sampler=sampler, runner=runner, params=SamplingParams(max_new_tokens=M, greedy=True),
+            group_size=2, key=jax.random.key(0), max_prompt_len=32, pad_id=0,
+            chat_template=False)
+  one = sample_and_score(records, **kw)
+  chunked = sample_and_score(records, prompts_per_call=1, **kw)
+  assert chunked["sample_calls"] == 4
+  for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "rewards",
+            "group_ids"):
+    np.testing.assert_array_equal(chunked[k], one[k], err_msg=k)
+  np.testing.assert_allclose(chunked["old_logp"], one["old_logp"], atol=1e-5)
+  assert chunked["texts"] == one["texts"]

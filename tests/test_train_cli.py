@@ -57,3 +57,21 @@ def test_sigkill_then_resume(tmp_path):
     assert lines[-2:] == [target - 1, target]   # the resumed run logged the last steps
     assert max(_complete_steps(ckpt)) == target
     assert not [d for d in os.listdir(ckpt) if "tmp" in d]   # leftovers cleaned up
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics_across_processes(tmp_path):
+    # Two fresh processes, same config and seed: every non-timing metric equal
+    # (no dependence on thread scheduling, dict order or process-level state).
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    recs = []
+    for name in ("a", "b"):
+        wd = str(tmp_path / name)
+        out = subprocess.run(_cmd(wd, 2), cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        recs.append([{k: v for k, v in json.loads(line).items()
+                      if not k.startswith(("time/", "perf/", "reward_time/"))}
+                     for line in open(os.path.join(wd, "metrics.jsonl"))])
+    assert [r["step"] for r in recs[0]] == [1, 2]
+    assert recs[0] == recs[1]

@@ -86,3 +86,40 @@ def test_prompt_stream_shares_do_not_depend_on_process_count():
         got = [r["prompt"] for h in hosts for r in h.take(3)]
         assert got == ref
     assert hosts[0].get_state() == hosts[1].get_state() == one.get_state()
+
+
+class RecordingSampler(FakeSampler):
+    """FakeSampler that records each call's prompts and key."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, params, *, num_generations, key, chat_template):
+        self.calls.append((list(prompts), jax.random.key_data(key).tolist()))
+        return super().generate(prompts, params, num_generations=num_generations, key=key,
+                                chat_template=chat_template)
+
+
+def test_sample_and_score_chunks_the_sampler_calls():
+    from gdpo_jax.train.rollout import sample_and_score
+    records = [{"prompt": f"s{k}"} for k in range(6)]
+    kw = dict(runner=fake_runner, params=None, group_size=G, key=jax.random.key(3),
+              max_prompt_len=5, pad_id=0)
+    one = RecordingSampler()
+    whole = sample_and_score(records, sampler=one, **kw)
+    assert len(one.calls) == 1 and whole["sample_calls"] == 1
+    assert one.calls[0][1] == jax.random.key_data(jax.random.key(3)).tolist()  # key unchanged
+    rec = RecordingSampler()
+    out = sample_and_score(records, sampler=rec, prompts_per_call=2, **kw)
+    assert [c[0] for c in rec.calls] == [["s0", "s1"], ["s2", "s3"], ["s4", "s5"]]
+    assert len({str(c[1]) for c in rec.calls}) == 3      # a different key per chunk
+    assert out["sample_calls"] == 3
+    # Rows stay grouped by prompt in input order: row r answers prompt r // G.
+    np.testing.assert_array_equal(out["group_ids"], np.repeat(np.arange(6), G))
+    assert out["texts"] == [f"s{k}" for k in range(6) for _ in range(G)]
+    for k in ("rewards", "prompt_ids", "completion_mask"):
+        np.testing.assert_array_equal(out[k], whole[k])
+    # A last, shorter chunk is allowed.
+    rec = RecordingSampler()
+    out = sample_and_score(records[:5], sampler=rec, prompts_per_call=2, **kw)
+    assert [len(c[0]) for c in rec.calls] == [2, 2, 1] and len(out["texts"]) == 5 * G

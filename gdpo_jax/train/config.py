@@ -22,6 +22,8 @@ RESUMABLE_FIELDS = (
     "workdir", "train.num_steps", "train.stop_after_step", "train.log_every",
     "train.eval_every", "train.eval_num_examples", "train.progress_bar",
     "checkpoint.", "distributed.", "train.tensorboard", "benchmark.",
+    # Memory, not maths: lowered to fit a decode after an OOM (changes later rollouts' keys).
+    "sampling.rows_per_call",
 )
 _SCHEDULES = ("cosine", "constant", "linear")
 _OLD_LOGPROBS = ("sampler", "recompute")
@@ -93,6 +95,9 @@ def base_config() -> mlc.ConfigDict:
     c.sampling.top_k = 0
     c.sampling.top_p = 1.0
     c.sampling.stop_strings = ()
+    # Global rows (prompts x G) per Sampler.generate call; 0 = the whole rollout
+    # batch at once. Bounds the KV cache of one decode at paper scale.
+    c.sampling.rows_per_call = 0
 
     c.eval = mlc.ConfigDict()
     c.eval.greedy = True
@@ -171,6 +176,11 @@ def _estimators() -> tuple[str, ...]:
 def _losses() -> tuple[tuple[str, ...], tuple[str, ...]]:
     from gdpo_jax.core.losses import AGGREGATIONS, KL_ESTIMATORS
     return tuple(AGGREGATIONS), tuple(KL_ESTIMATORS)
+
+
+def _divisor(n: int, near: int) -> int:
+    """The largest divisor of n that is <= near (at least 1)."""
+    return max(d for d in range(1, max(min(n, near), 1) + 1) if n % d == 0)
 
 
 def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
@@ -257,6 +267,12 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
 
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
+    rpc = int(cfg.sampling.get("rows_per_call", 0))
+    if rpc < 0 or (rpc and (rpc % a.group_size or a.num_prompts % (rpc // a.group_size))):
+        raise ConfigError(
+            f"config.sampling.rows_per_call={rpc} must be 0 (one call) or a multiple of "
+            f"algo.group_size={a.group_size} whose prompt count divides algo.num_prompts="
+            f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))}.")
     if cfg.sampling.temperature <= 0:
         raise ConfigError(
             f"config.sampling.temperature={cfg.sampling.temperature} must be > 0 for RL "
@@ -343,4 +359,8 @@ def config_diff(saved: dict, current: mlc.ConfigDict | dict) -> list[str]:
     """Fields (dotted) whose values differ and that a resume does not allow to differ."""
     cur = current if isinstance(current, dict) else config_to_dict(current)
     a, b = _flatten(saved), _flatten(cur)
+    # A field added to base_config after the checkpoint was written is absent
+    # from it; the run then used what is now that field's default.
+    defaults = _flatten(config_to_dict(base_config()))
+    a.update({k: defaults[k] for k in set(b) - set(a) if k in defaults})
     return sorted(k for k in set(a) | set(b) if not _resumable(k) and a.get(k) != b.get(k))

@@ -91,6 +91,15 @@ class Trainer:
                                    process_count=pc)
         self.local_prompts = cfg.algo.num_prompts // pc
         self.group_offset = pi * self.local_prompts
+        # This process's prompts per sampler call (every process makes the same calls).
+        rpc = int(s.get("rows_per_call", 0))
+        self.prompts_per_call = rpc // cfg.algo.group_size // pc if rpc else 0
+        if rpc and (self.prompts_per_call < 1 or self.local_prompts % self.prompts_per_call):
+            raise ValueError(
+                f"config.sampling.rows_per_call={rpc} gives {rpc // cfg.algo.group_size} prompts "
+                f"per call, which does not split evenly over {pc} processes of "
+                f"{self.local_prompts} prompts each; use a multiple of "
+                f"{cfg.algo.group_size * pc}.")
 
         sc = self.step_cfg
         total_updates = cfg.train.num_steps * sc.updates_per_step
@@ -131,7 +140,8 @@ class Trainer:
             decoupled=cfg.algo.estimator.startswith("gdpo"), weights=self.weights,
             group_offset=self.group_offset, sampler=self.sampler, runner=self.runner,
             params=self.sampling_params, max_prompt_len=cfg.sampling.max_prompt_len,
-            pad_id=self.sampler.pad_id, chat_template=cfg.task.chat_template)
+            pad_id=self.sampler.pad_id, chat_template=cfg.task.chat_template,
+            prompts_per_call=self.prompts_per_call)
 
     def train_step(self, step: int) -> dict[str, float]:
         """One RL iteration (step = number of steps done before it)."""
@@ -157,6 +167,7 @@ class Trainer:
                         * rows["valid"]).sum())
         metrics.update({
             "time/sample_s": info["sample_s"], "time/reward_s": info["reward_s"],
+            "data/sample_calls": info["sample_calls"],
             "time/step_s": t2 - t1, "time/iter_s": t2 - t0,
             "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9),
             "perf/step_tokens_per_s": tokens / max(t2 - t1, 1e-9),
@@ -185,7 +196,9 @@ class Trainer:
             return {}
         cfg, k = self.cfg, max(int(self.cfg.eval.num_samples), 1)
         pi, pc = jax.process_index(), jax.process_count()
-        chunk = max(cfg.algo.num_prompts * cfg.algo.group_size // k, 1)
+        call_rows = (int(cfg.sampling.get("rows_per_call", 0))
+                     or cfg.algo.num_prompts * cfg.algo.group_size)
+        chunk = max(call_rows // k, 1)  # held-out prompts per sampler call
         texts, recs, rewards, lengths, gids = [], [], [], [], []
         key = jax.random.fold_in(jax.random.key(cfg.seed + 1), 0)
         for i in range(0, len(self.eval_records), chunk):

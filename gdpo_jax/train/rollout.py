@@ -51,35 +51,77 @@ def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
     return out
 
 
+def _generate_chunked(sampler: Any, prompts: list, params: Any, *, group_size: int,
+                      key: jax.Array, chat_template: bool, prompts_per_call: int
+                      ) -> dict[str, Any]:
+    """Sampler.generate over consecutive chunks of `prompts_per_call` prompts.
+
+    Bounds the rows one decode holds (KV cache [L, rows, Hkv, S, Dh]) so a
+    paper-size rollout batch (e.g. 8192 rows x 8000 tokens) fits. One chunk
+    (prompts_per_call 0 or >= len(prompts)) is a single call with `key`, so
+    results equal an unchunked run; with several chunks, chunk c uses fold_in(key, c). With
+    several processes every process passes the same number of prompts, hence
+    makes the same number of (collective) calls.
+    Returns the Rollouts fields concatenated over chunks (group ids offset to
+    index `prompts`), with "prompt_ids"/"prompt_mask" as lists of per-chunk
+    arrays (each chunk has its own prompt bucket width).
+    """
+    n = len(prompts)
+    per = n if prompts_per_call <= 0 else min(int(prompts_per_call), n)
+    chunks = [(i, prompts[i:i + per]) for i in range(0, n, per)] if n else [(0, [])]
+    outs = []
+    for c, (start, part) in enumerate(chunks):
+        k = key if len(chunks) == 1 else jax.random.fold_in(key, c)
+        ro = sampler.generate(part, params, num_generations=group_size, key=k,
+                              chat_template=chat_template)
+        outs.append((start, ro))
+    cat = lambda f: np.concatenate([np.asarray(getattr(ro, f)) for _, ro in outs])  # noqa: E731
+    return {
+        "prompt_ids": [ro.prompt_ids for _, ro in outs],
+        "prompt_mask": [ro.prompt_mask for _, ro in outs],
+        "completion_ids": cat("completion_ids"), "completion_mask": cat("completion_mask"),
+        "logprobs": cat("logprobs"), "lengths": cat("lengths"),
+        "group_ids": np.concatenate([start + np.asarray(ro.group_ids) for start, ro in outs]),
+        "texts": [t for _, ro in outs for t in ro.texts],
+        "finish_reason": [f for _, ro in outs for f in ro.finish_reason],
+        "num_calls": len(outs),
+    }
+
+
 def sample_and_score(records: list[dict], *, sampler: Any, runner: Callable, params: Any,
                      group_size: int, key: jax.Array, max_prompt_len: int, pad_id: int,
-                     chat_template: bool = True) -> dict[str, Any]:
+                     chat_template: bool = True, prompts_per_call: int = 0) -> dict[str, Any]:
     """Generates G completions for each record and scores them. Host NumPy out.
 
+    prompts_per_call: this process's prompts per Sampler.generate call (0 =
+    all in one call); the rewards are scored once for all rows.
     Returns a dict with the batch arrays (rows = len(records) * G, prompts
     left padded to max_prompt_len), "texts", "finish", "sample_s", "reward_s",
-    "reward_info".
+    "reward_info", "sample_calls".
     """
     t0 = time.perf_counter()
     prompts = [r["prompt"] for r in records]
-    ro = sampler.generate(prompts, params, num_generations=group_size, key=key,
-                          chat_template=chat_template)
+    ro = _generate_chunked(sampler, prompts, params, group_size=group_size, key=key,
+                           chat_template=chat_template, prompts_per_call=prompts_per_call)
     t1 = time.perf_counter()
-    rows_prompts = [prompts[i] for i in ro.group_ids]
-    examples = [records[i] for i in ro.group_ids]
-    rewards, info = runner(rows_prompts, list(ro.texts), examples,
-                           completion_lengths=[int(x) for x in ro.lengths])
+    rows_prompts = [prompts[i] for i in ro["group_ids"]]
+    examples = [records[i] for i in ro["group_ids"]]
+    rewards, info = runner(rows_prompts, list(ro["texts"]), examples,
+                           completion_lengths=[int(x) for x in ro["lengths"]])
     t2 = time.perf_counter()
     return {
-        "prompt_ids": _pad_left(ro.prompt_ids.astype(np.int32), max_prompt_len, pad_id),
-        "prompt_mask": _pad_left(ro.prompt_mask.astype(np.int32), max_prompt_len, 0),
-        "completion_ids": ro.completion_ids.astype(np.int32),
-        "completion_mask": ro.completion_mask.astype(np.int32),
-        "old_logp": ro.logprobs.astype(np.float32),
-        "rewards": np.asarray(rewards, np.float32).reshape(len(ro.group_ids), -1),
-        "group_ids": ro.group_ids.astype(np.int32),
-        "texts": list(ro.texts), "finish": list(ro.finish_reason),
+        "prompt_ids": np.concatenate([_pad_left(np.asarray(x).astype(np.int32), max_prompt_len,
+                                                pad_id) for x in ro["prompt_ids"]]),
+        "prompt_mask": np.concatenate([_pad_left(np.asarray(x).astype(np.int32), max_prompt_len, 0)
+                                       for x in ro["prompt_mask"]]),
+        "completion_ids": ro["completion_ids"].astype(np.int32),
+        "completion_mask": ro["completion_mask"].astype(np.int32),
+        "old_logp": ro["logprobs"].astype(np.float32),
+        "rewards": np.asarray(rewards, np.float32).reshape(len(ro["group_ids"]), -1),
+        "group_ids": ro["group_ids"].astype(np.int32),
+        "texts": list(ro["texts"]), "finish": list(ro["finish_reason"]),
         "sample_s": t1 - t0, "reward_s": t2 - t1, "reward_info": dict(info or {}),
+        "sample_calls": ro["num_calls"],
     }
 
 
@@ -105,7 +147,7 @@ def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, ke
     """
     kept: list[tuple[dict, int]] = []      # (scored try, group index) with signal
     dropped: list[tuple[dict, int]] = []
-    tries, sample_s, reward_s = 0, 0.0, 0.0
+    tries, sample_s, reward_s, sample_calls = 0, 0.0, 0.0, 0
     reward_info: dict[str, float] = {}
     scored_groups = 0
     while True:
@@ -115,6 +157,7 @@ def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, ke
         tries += 1
         sample_s += out["sample_s"]
         reward_s += out["reward_s"]
+        sample_calls += out["sample_calls"]
         for k, v in out["reward_info"].items():  # runner's per-reward times / failures
             if isinstance(v, (int, float)):
                 reward_info[k] = reward_info.get(k, 0.0) + float(v)
@@ -149,7 +192,8 @@ def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, ke
     assert arrays["rewards"].shape[0] == n
     info = {"texts": texts, "finish": finish, "sample_s": sample_s, "reward_s": reward_s,
             "tries": tries, "kept_groups": len(kept), "scored_groups": scored_groups,
-            "valid_groups": valid_groups, "reward_info": reward_info}
+            "valid_groups": valid_groups, "reward_info": reward_info,
+            "sample_calls": sample_calls}
     return arrays, info
 
 
