@@ -45,6 +45,7 @@ except ImportError:  # loaded by path from outside the repository root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from configs import paper_common as common
 
+from gdpo_jax.tasks import code as code_task
 from gdpo_jax.train.config import base_config
 
 VARIANTS = ("r1-distill-7b", "r1-distill-1.5b")
@@ -69,10 +70,11 @@ def get_config(arg: str = ""):
     c.rewards.conditions = tuple("code_pass_rate" if n == "length" else "" for n in names)
     c.rewards.thresholds = (1.0,) * len(names)   # length counts only when every test passes
     c.rewards.kwargs.length = dict(max_tokens=LENGTH_LIMIT)
-    # The runner gives each worker thread ceil(rows / num_workers) programs per
-    # call and the deadline is per call: 8192 rows / 64 = 128 programs in turn.
+    # One program per runner task (code.RUNNER_DEFAULTS), so the deadline is per
+    # program (all its tests); 64 sandboxed programs run at once per host.
     c.rewards.num_workers = 64
-    c.rewards.timeout_s = 900.0
+    c.rewards.chunk_size = code_task.RUNNER_DEFAULTS["chunk_size"]
+    c.rewards.timeout_s = code_task.RUNNER_DEFAULTS["timeout_s"]
 
     common.set_dapo_recipe(c, eval_samples=4)
     return c

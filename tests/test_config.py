@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gdpo_jax.train.config import (ConfigError, config_diff, fingerprint, reward_specs,
@@ -119,3 +120,27 @@ def test_checkpoint_config_from_before_a_new_field():
     c = _cfg()
     c.sampling.rows_per_call = 8                 # memory knob: may change on resume
     assert config_diff(config_to_dict(_cfg()), c) == []
+
+
+def test_reward_runner_from_config():
+    # The runner's pools and chunking come from config.rewards.
+    from gdpo_jax.train.config import reward_runner
+    c = _cfg()
+    c.rewards.executor = "thread"
+    c.rewards.executors = ("", "process")
+    c.rewards.chunk_size = 3
+    c.rewards.num_workers = 2
+    validate_config(c, num_devices=8)
+    with reward_runner(c) as r:
+        assert r._executors == ["thread", "process"]
+        assert r.chunk_size == 3 and r.num_workers == 2
+        vals, _ = r(["p"] * 4, ["w10 a", "b", "w10 c d e", "f g h i"], [{}] * 4)
+        np.testing.assert_array_equal(vals, [[1, 1], [0, 1], [1, 0], [0, 0]])
+    for field, value, pattern in (("executor", "procs", r"rewards\.executor='procs'"),
+                                  ("executors", ("thread",), r"rewards\.executors has 1 entries"),
+                                  ("executors", ("", "gpu"), r"rewards\.executors: 'gpu'"),
+                                  ("chunk_size", -1, r"rewards\.chunk_size=-1")):
+        c = _cfg()
+        setattr(c.rewards, field, value)
+        with pytest.raises(ConfigError, match=pattern):
+            validate_config(c, num_devices=8)

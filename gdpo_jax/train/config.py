@@ -24,6 +24,8 @@ RESUMABLE_FIELDS = (
     "checkpoint.", "distributed.", "train.tensorboard", "benchmark.",
     # Memory, not maths: lowered to fit a decode after an OOM (changes later rollouts' keys).
     "sampling.rows_per_call",
+    # How rewards are computed, not what they are.
+    "rewards.num_workers", "rewards.executor", "rewards.executors", "rewards.chunk_size",
 )
 _SCHEDULES = ("cosine", "constant", "linear")
 _OLD_LOGPROBS = ("sampler", "recompute")
@@ -63,6 +65,9 @@ def base_config() -> mlc.ConfigDict:
     c.rewards.kwargs = mlc.ConfigDict()  # reward name -> dict of keyword args
     c.rewards.on_error = "raise"  # "raise": stop with the reward's name and sample; "nan": score NaN
     c.rewards.num_workers = 4
+    c.rewards.executor = "thread"  # "process" for CPU-bound rewards (sympy, parsing): no GIL
+    c.rewards.executors = ()     # () or one "" / "thread" / "process" per name (overrides executor)
+    c.rewards.chunk_size = 0     # completions per task; 0 = ceil(rows / num_workers)
     c.rewards.timeout_s = 30.0
 
     c.algo = mlc.ConfigDict()
@@ -203,6 +208,7 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", _SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
+    _choice(cfg, "rewards.executor", ("thread", "process"))
     _choice(cfg, "distributed.initialize", ("auto", "always", "never"))
     if a.group_size < 2:
         raise ConfigError(
@@ -246,8 +252,15 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
             raise ConfigError(
                 f"config.rewards.names: unknown reward {n!r}.{_suggest(n, tuple(known_rewards))} "
                 f"Registered rewards: {sorted(known_rewards)}.")
-    for field in ("weights", "conditions", "thresholds"):
-        value = tuple(cfg.rewards[field])
+    for e in tuple(cfg.rewards.get("executors", ())):
+        if e not in ("", "thread", "process"):
+            raise ConfigError(f"config.rewards.executors: {e!r} is not one of '', 'thread', "
+                              "'process'.")
+    if int(cfg.rewards.get("chunk_size", 0)) < 0:
+        raise ConfigError(f"config.rewards.chunk_size={cfg.rewards.chunk_size} must be >= 0 "
+                          "(0 = split the rows evenly over the workers).")
+    for field in ("weights", "conditions", "thresholds", "executors"):
+        value = tuple(cfg.rewards.get(field, ()))
         if value and len(value) != len(names):
             raise ConfigError(
                 f"config.rewards.{field} has {len(value)} entries but config.rewards.names has "
@@ -324,9 +337,20 @@ def reward_specs(cfg: mlc.ConfigDict) -> list:
     conditions = tuple(cfg.rewards.conditions) or ("",) * len(names)
     thresholds = tuple(cfg.rewards.thresholds) or (1.0,) * len(names)
     kwargs = cfg.rewards.kwargs.to_dict()
+    executors = tuple(cfg.rewards.get("executors", ())) or ("",) * len(names)
     return [RewardSpec(name=n, weight=float(w), condition=c or None, threshold=float(t),
-                       kwargs=dict(kwargs.get(n, {})))
-            for n, w, c, t in zip(names, weights, conditions, thresholds)]
+                       kwargs=dict(kwargs.get(n, {})), executor=e or None)
+            for n, w, c, t, e in zip(names, weights, conditions, thresholds, executors)]
+
+
+def reward_runner(cfg: mlc.ConfigDict, specs: list | None = None):
+    """The config's gdpo_jax.rewards.RewardRunner (pools, deadline, error policy)."""
+    from gdpo_jax.rewards import RewardRunner
+    r = cfg.rewards
+    return RewardRunner(specs if specs is not None else reward_specs(cfg),
+                        num_workers=r.num_workers, timeout_s=r.timeout_s, on_error=r.on_error,
+                        executor=r.get("executor", "thread"),
+                        chunk_size=int(r.get("chunk_size", 0)) or None)
 
 
 def config_to_dict(cfg: mlc.ConfigDict) -> dict:

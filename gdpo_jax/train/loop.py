@@ -23,7 +23,7 @@ from flax import nnx
 from gdpo_jax.train import build, distributed, mesh as mesh_lib, rollout
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
-from gdpo_jax.train.config import reward_specs, validate_config
+from gdpo_jax.train.config import reward_runner, reward_specs, validate_config
 from gdpo_jax.train.data import PromptStream
 from gdpo_jax.train.metrics import MetricsWriter
 from gdpo_jax.train.step import CompiledStep, StepConfig
@@ -69,12 +69,10 @@ class Trainer:
             max_new_tokens=s.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
             greedy=e.greedy, stop_strings=tuple(s.stop_strings))
 
-        from gdpo_jax.rewards import RewardRunner
         self.specs = reward_specs(cfg)
         self.reward_names = [sp.name for sp in self.specs]
         self.weights = [sp.weight for sp in self.specs]
-        self.runner = RewardRunner(self.specs, num_workers=cfg.rewards.num_workers,
-                                   timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error)
+        self.runner = reward_runner(cfg, self.specs)
 
         self.task = task or build.load_task(cfg)
         pi, pc = build.process_info()

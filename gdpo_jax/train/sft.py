@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from gdpo_jax.train import build, mesh as mesh_lib, rollout
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
-from gdpo_jax.train.config import ConfigError, base_config, reward_specs
+from gdpo_jax.train.config import ConfigError, base_config, reward_runner, reward_specs
 from gdpo_jax.train.metrics import MetricsWriter
 from gdpo_jax.train.step import completion_logprobs
 
@@ -279,14 +279,12 @@ class SFT:
 
     def evaluate(self) -> dict[str, float]:
         """Held-out: greedy (1 per prompt) and sampled (k per prompt at sampling.temperature)."""
-        from gdpo_jax.rewards import RewardRunner
         from gdpo_jax.sampling import SamplingParams
         cfg = self.cfg
         nnx.update(self.model, self.state.params)
         out: dict[str, float] = {}
         specs = reward_specs(cfg)
-        with RewardRunner(specs, num_workers=cfg.rewards.num_workers,
-                          timeout_s=cfg.rewards.timeout_s, on_error=cfg.rewards.on_error) as runner:
+        with reward_runner(cfg, specs) as runner:
             for mode, k in (("greedy", 1), ("sample", max(cfg.sft.eval_samples, 1))):
                 params = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens,
                                         temperature=cfg.sampling.temperature,
