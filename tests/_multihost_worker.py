@@ -31,6 +31,8 @@ def main() -> None:
     result["sampler"] = run_sampler(jax.devices(), SAMPLER_PROMPTS[pid::nproc][0]
                                     if nproc > 1 else sum(SAMPLER_PROMPTS, []))
     result["loop"] = run_loop(workdir, num_devices=4)
+    # Chunked generation: 16 rows in calls of 8 (1 prompt x G 4 per process per call).
+    result["loop_chunked"] = run_loop(workdir + "_chunked", num_devices=4, rows_per_call=8)
     with open(out, "w") as f:
         json.dump(result, f)
     if nproc > 1:
@@ -97,7 +99,7 @@ def run_sampler(devices, prompts) -> dict:
 _TIMING = ("time/", "perf/", "reward_time/")
 
 
-def run_loop(workdir: str, *, num_devices: int) -> list[dict]:
+def run_loop(workdir: str, *, num_devices: int, rows_per_call: int = 0) -> list[dict]:
     """Two RL iterations (temperature-1 sampling) + one eval of the
     tiny test task on a (2, 2, 1) mesh; each process samples its own prompts."""
     import jax
@@ -109,6 +111,7 @@ def run_loop(workdir: str, *, num_devices: int) -> list[dict]:
     cfg.mesh.num_devices = num_devices
     cfg.train.num_steps = 2
     cfg.checkpoint.every = 0
+    cfg.sampling.rows_per_call = rows_per_call
     # Eval samples like training (temperature 1, 2 prompts x 4 per process):
     # the same compiled sampler, no second compilation.
     cfg.eval.greedy, cfg.eval.temperature, cfg.eval.top_p = False, 1.0, 1.0
