@@ -32,7 +32,9 @@ def main() -> None:
                                     if nproc > 1 else sum(SAMPLER_PROMPTS, []))
     result["loop"] = run_loop(workdir, num_devices=4)
     # Chunked generation: 16 rows in calls of 8 (1 prompt x G 4 per process per call).
-    result["loop_chunked"] = run_loop(workdir + "_chunked", num_devices=4, rows_per_call=8)
+    # Also a reward that fails on process 1 only (scored NaN): both report its failures.
+    result["loop_chunked"] = run_loop(workdir + "_chunked", num_devices=4, rows_per_call=8,
+                                      extra_reward="test_fails_on_p1")
     with open(out, "w") as f:
         json.dump(result, f)
     if nproc > 1:
@@ -99,7 +101,21 @@ def run_sampler(devices, prompts) -> dict:
 _TIMING = ("time/", "perf/", "reward_time/")
 
 
-def run_loop(workdir: str, *, num_devices: int, rows_per_call: int = 0) -> list[dict]:
+def _register_failing_reward() -> None:
+    from gdpo_jax.rewards import list_rewards, register_reward
+    if "test_fails_on_p1" in list_rewards():
+        return
+
+    @register_reward("test_fails_on_p1")
+    def fails_on_p1(prompts, completions, **kw):
+        import jax
+        if jax.process_index() == 1:
+            raise RuntimeError("this reward fails on process 1")
+        return [0.5] * len(completions)
+
+
+def run_loop(workdir: str, *, num_devices: int, rows_per_call: int = 0,
+             extra_reward: str = "") -> list[dict]:
     """Two RL iterations (temperature-1 sampling) + one eval of the
     tiny test task on a (2, 2, 1) mesh; each process samples its own prompts."""
     import jax
@@ -112,6 +128,10 @@ def run_loop(workdir: str, *, num_devices: int, rows_per_call: int = 0) -> list[
     cfg.train.num_steps = 2
     cfg.checkpoint.every = 0
     cfg.sampling.rows_per_call = rows_per_call
+    if extra_reward:
+        _register_failing_reward()
+        cfg.rewards.names = tuple(cfg.rewards.names) + (extra_reward,)
+        cfg.rewards.on_error = "nan"
     # Eval samples like training (temperature 1, 2 prompts x 4 per process):
     # the same compiled sampler, no second compilation.
     cfg.eval.greedy, cfg.eval.temperature, cfg.eval.top_p = False, 1.0, 1.0

@@ -108,3 +108,16 @@ def test_chunked_generation_two_processes(two):
             np.testing.assert_allclose(b[step][k], v, rtol=1e-6, err_msg=f"step {step}: {k}")
         assert np.isfinite(a[step]["loss"])
     assert "eval/test_short" in a[1]
+    # The reward fails on process 1's 8 rows per step (4 per call): process 0
+    # reports them too, and the eval's failures are not mixed in.
+    for m in (a[0], b[0]):
+        assert m["reward_failures/test_fails_on_p1"] == 8
+        assert m["reward_failures/test_has_w10"] == 0
+
+
+def test_combine_rows_by_hand():
+    from gdpo_jax.train.distributed import combine_rows
+    table = np.array([[1.0, 0.5, 2.0], [3.0, 0.25, 0.0]])   # 2 processes x 3 keys
+    out = combine_rows(table, ["reward_failures/a", "time/step_s", "reward_time/a"],
+                       max_prefixes=("time/", "reward_time/"))
+    assert out == {"reward_failures/a": 4.0, "time/step_s": 0.5, "reward_time/a": 2.0}

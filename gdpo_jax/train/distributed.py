@@ -8,7 +8,7 @@ and batch) are over all hosts, as the reference implementations require.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -106,6 +106,24 @@ def any_process(flag: bool) -> bool:
 def sum_processes(x: float) -> float:
     """Sum of a host scalar over processes."""
     return float(allgather_host(np.asarray([float(x)], np.float64)).sum())
+
+
+def reduce_processes(values: Mapping[str, float], *, max_prefixes: tuple[str, ...] = ()
+                     ) -> dict[str, float]:
+    """Host scalars combined over processes: max for keys starting with one of
+    `max_prefixes` (times: the slowest host sets the pace), sum for the rest
+    (counts). Every process must pass the same keys."""
+    keys = sorted(values)
+    table = allgather_host(np.asarray([float(values[k]) for k in keys], np.float64))
+    return combine_rows(table, keys, max_prefixes=max_prefixes)
+
+
+def combine_rows(table: np.ndarray, keys: Sequence[str], *, max_prefixes: tuple[str, ...] = ()
+                 ) -> dict[str, float]:
+    """f64[P, K] per-process values of `keys` -> {key: max or sum over P} (see above)."""
+    table = np.asarray(table, np.float64).reshape(-1, len(keys))
+    return {k: float(table[:, j].max() if k.startswith(max_prefixes) else table[:, j].sum())
+            for j, k in enumerate(keys)}
 
 
 def allgather_strings(texts: list[str]) -> list[list[str]]:

@@ -178,9 +178,13 @@ class Trainer:
             metrics["data/kept_groups_frac"] = (distributed.sum_processes(info["kept_groups"])
                                                 / max(distributed.sum_processes(
                                                     info["scored_groups"]), 1))
-        for k, v in info["reward_info"].items():
-            if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/")):
-                metrics[k] = v
+        host = {k: v for k, v in info["reward_info"].items()
+                if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/"))}
+        host.update({"time/sample_s": info["sample_s"], "time/reward_s": info["reward_s"]})
+        if jax.process_count() > 1:
+            # Failures anywhere are counted (summed); times are the slowest host's.
+            host = distributed.reduce_processes(host, max_prefixes=("time/", "reward_time/"))
+        metrics.update(host)
         return metrics
 
     def evaluate(self) -> dict[str, float]:
