@@ -63,7 +63,10 @@ def get_config(arg: str = ""):
     c.train.eval_num_examples = 64
     c.train.tensorboard = False
     c.train.progress_bar = False
-    c.checkpoint.every = 0
+    # A killed comparison resumes each unfinished run from its last checkpoint;
+    # compare_estimators removes a run's checkpoints once it has finished.
+    c.checkpoint.every = 10
+    c.checkpoint.keep = 1
 
     if arg == "quick":
         c.task.num_train = 64
@@ -71,6 +74,7 @@ def get_config(arg: str = ""):
         c.train.num_steps = 2
         c.train.eval_every = 2
         c.train.eval_num_examples = 4
+        c.checkpoint.every = 1
         c.algo.num_prompts = 2
         c.algo.num_minibatches = 1
         c.sampling.max_new_tokens = 16

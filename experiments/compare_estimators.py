@@ -115,14 +115,23 @@ def _parse(value: Any, like: Any) -> Any:
 
 
 def run_one(cfg: Any) -> dict[str, Any]:
-    """Step-0 held-out eval + the RL run; writes run_info.json when finished."""
+    """Step-0 held-out eval + the RL run; writes run_info.json when finished.
+
+    A run killed earlier resumes from its last checkpoint (the Trainer does
+    this) and keeps its step-0 eval: evaluating again would score the resumed
+    weights, not the warm start.
+    """
     from gdpo_jax.train.loop import Trainer
     from gdpo_jax.train.metrics import MetricsWriter
     t0, c0 = time.perf_counter(), time.process_time()
     trainer = Trainer(cfg)
     t_build = time.perf_counter() - t0
-    with MetricsWriter(cfg.workdir, tensorboard=False, progress_bar=False) as w:
-        w.write(0, trainer.evaluate())
+    resumed_from = trainer.start_step
+    if resumed_from == 0:
+        with MetricsWriter(cfg.workdir, tensorboard=False, progress_bar=False) as w:
+            w.write(0, trainer.evaluate())
+    else:
+        log.info("%s: resuming from step %d", cfg.workdir, resumed_from)
     t_eval0 = time.perf_counter() - t0 - t_build
     final = trainer.run()
     info = {"estimator": cfg.algo.estimator, "seed": cfg.seed, "done": True,
@@ -130,9 +139,14 @@ def run_one(cfg: Any) -> dict[str, Any]:
             # CPU seconds of this process (all threads): close to the wall time on an
             # idle machine, and unaffected by other jobs sharing the cores.
             "cpu_s": time.process_time() - c0,
-            "num_steps": cfg.train.num_steps, "final": final}
+            "num_steps": cfg.train.num_steps, "resumed_from": resumed_from, "final": final}
+    if cfg.train.stop_after_step and cfg.train.stop_after_step < cfg.train.num_steps:
+        info["done"] = False  # stopped on purpose: not finished, the next call resumes it
+        return info
     with open(os.path.join(cfg.workdir, "run_info.json"), "w") as f:
         json.dump(info, f, indent=2, allow_nan=True)
+    # Finished: the comparison needs the metrics, not the resume state.
+    shutil.rmtree(os.path.join(cfg.workdir, "checkpoints"), ignore_errors=True)
     return info
 
 
@@ -155,8 +169,9 @@ def run_comparison(task: str, *, out_dir: str, estimators: Sequence[str] = ESTIM
             if os.path.exists(os.path.join(workdir, "run_info.json")) and not force:
                 log.info("%s seed %d: done already, skipped", est, seed)
                 continue
-            if os.path.isdir(workdir):
-                shutil.rmtree(workdir)  # an unfinished run of ours: start it over
+            if force and os.path.isdir(workdir):
+                shutil.rmtree(workdir)
+            # An unfinished run (killed) resumes from its last checkpoint in run_one.
             cfg = run_config(task, estimator=est, seed=seed, workdir=workdir, model=model,
                              quick=quick, overrides=overrides)
             info = run_one(cfg)

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -101,6 +102,29 @@ def test_quick_comparison_writes_metrics_plots_and_table(tmp_path):
     again = ce.run_comparison("toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0],
                               quick=True, window=1)
     assert again["rows"] == table["rows"]
+
+    # A run killed after step 1 (checkpoint written, no run_info.json) is resumed
+    # by the next call and ends exactly like the uninterrupted one, step-0 eval kept.
+    run = out / "runs" / "gdpo" / "seed0"
+    full = read_jsonl(str(run / "metrics.jsonl"))
+    shutil.rmtree(run)
+    cfg = ce.run_config("toolcall", estimator="gdpo", seed=0, workdir=str(run),
+                        model=str(out / "sft" / "hf"), quick=True)
+    cfg.train.stop_after_step = 1
+    assert ce.run_one(cfg)["done"] is False
+    assert not (run / "run_info.json").exists() and (run / "checkpoints").is_dir()
+    assert sorted(read_jsonl(str(run / "metrics.jsonl"))) == [0, 1]
+    ce.run_comparison("toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0],
+                      quick=True, window=1)
+    assert json.loads((run / "run_info.json").read_text())["resumed_from"] == 1
+    assert not (run / "checkpoints").exists()   # removed once the run finished
+    resumed = read_jsonl(str(run / "metrics.jsonl"))
+    assert sorted(resumed) == [0, 1, 2]
+    timing = ("time/", "perf/", "reward_time/")
+    for step in (0, 1, 2):
+        a = {k: v for k, v in full[step].items() if not k.startswith(timing)}
+        b = {k: v for k, v in resumed[step].items() if not k.startswith(timing)}
+        assert a == b, step
 
 
 def test_warm_start_row_counts_each_seed_once(tmp_path):
