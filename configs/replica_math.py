@@ -19,13 +19,22 @@ WARM_START = "runs/replica/math/sft/hf"
 
 
 def get_config(arg: str = ""):
+    """arg: comma-separated options: "quick" (CI size), "plain" (length reward
+    not gated on correctness: the paper's main math setting, where (right, long)
+    and (wrong, short) tie under GRPO's sum)."""
+    opts = set(filter(None, arg.split(",")))
+    unknown = opts - {"quick", "plain"}
+    if unknown:
+        raise ValueError(f"configs/replica_math.py: unknown option(s) {sorted(unknown)}; "
+                         "use 'quick' and/or 'plain'.")
+    arg = "quick" if "quick" in opts else ""
     c = _toolcall_rl(arg)
     c.model.name = WARM_START
     c.task.name = "math"
     c.task.eval_kwargs.max_tokens = LENGTH_BUDGET
     c.rewards.names = ("math_correct", "length")
     c.rewards.weights = (1.0, 1.0)
-    c.rewards.conditions = ("", "math_correct")
+    c.rewards.conditions = ("", "" if "plain" in opts else "math_correct")
     c.rewards.thresholds = (1.0, 1.0)
     c.rewards.kwargs.length = dict(max_tokens=LENGTH_BUDGET)
     c.algo.group_size = 8

@@ -19,6 +19,8 @@ WARM_START = "runs/replica/sft_toolcall/hf"
 
 
 def get_config(arg: str = ""):
+    if arg not in ("", "quick"):
+        raise ValueError(f"configs/replica_toolcall.py: unknown option {arg!r}; use '' or 'quick'.")
     c = base_config()
     c.seed = 0
     c.model.name = WARM_START          # the SFT export (an HF dir); compare_estimators sets it

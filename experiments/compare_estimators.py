@@ -86,9 +86,13 @@ def warm_start(task: str, sft_dir: str, *, quick: bool) -> str:
 
 
 def run_config(task: str, *, estimator: str, seed: int, workdir: str, model: str, quick: bool,
-               overrides: dict[str, Any] | None = None) -> Any:
-    """The shared replica config with only estimator, seed and workdir set per run."""
-    cfg = load_config(os.path.join(ROOT, "configs", f"replica_{task}.py"), "quick" if quick else "")
+               overrides: dict[str, Any] | None = None, variant: str = "") -> Any:
+    """The shared replica config with only estimator, seed and workdir set per run.
+
+    variant: extra option(s) of configs/replica_<task>.py (e.g. "plain" for math).
+    """
+    arg = ",".join(x for x in ("quick" if quick else "", variant) if x)
+    cfg = load_config(os.path.join(ROOT, "configs", f"replica_{task}.py"), arg)
     cfg.model.name, cfg.workdir = model, workdir
     cfg.algo.estimator, cfg.seed = estimator, int(seed)
     for dotted, value in (overrides or {}).items():
@@ -153,7 +157,7 @@ def run_one(cfg: Any) -> dict[str, Any]:
 def run_comparison(task: str, *, out_dir: str, estimators: Sequence[str] = ESTIMATORS,
                    seeds: Sequence[int] = range(5), quick: bool = False, sft_dir: str = "",
                    force: bool = False, overrides: dict[str, Any] | None = None,
-                   window: int = 5) -> dict[str, Any]:
+                   window: int = 5, variant: str = "") -> dict[str, Any]:
     """Warm start -> every (estimator, seed) run -> plots and table. Returns the table dict."""
     if task not in TABLE:
         raise ValueError(f"--task={task!r}; choose one of {sorted(TABLE)}.")
@@ -173,7 +177,7 @@ def run_comparison(task: str, *, out_dir: str, estimators: Sequence[str] = ESTIM
                 shutil.rmtree(workdir)
             # An unfinished run (killed) resumes from its last checkpoint in run_one.
             cfg = run_config(task, estimator=est, seed=seed, workdir=workdir, model=model,
-                             quick=quick, overrides=overrides)
+                             quick=quick, overrides=overrides, variant=variant)
             info = run_one(cfg)
             log.info("%s seed %d: %.0f s", est, seed, info["seconds"])
     table = report(task, out_dir, estimators, seeds, window=window)
@@ -366,6 +370,9 @@ def define_flags() -> None:
     flags.DEFINE_bool("force", False, "Redo finished runs.")
     flags.DEFINE_bool("report_only", False, "Only redraw plots and table from the runs on disk.")
     flags.DEFINE_integer("window", 5, "Moving-average window of the training curves.")
+    flags.DEFINE_string("variant", "", "Extra option of configs/replica_<task>.py, e.g. 'plain' "
+                        "(math: length reward not gated on correctness). Default out_dir gets "
+                        "a _<variant> suffix; the warm start defaults to the base task's.")
     flags.DEFINE_list("set", [], "Shared config overrides for every run, e.g. train.num_steps=40.")
 
 
@@ -373,7 +380,9 @@ def main(argv: list[str]) -> None:
     del argv
     F = flags.FLAGS
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    out_dir = F.out_dir or os.path.join("runs", "replica_quick" if F.quick else "replica", F.task)
+    base = os.path.join("runs", "replica_quick" if F.quick else "replica")
+    out_dir = F.out_dir or os.path.join(base, F.task + (f"_{F.variant}" if F.variant else ""))
+    sft_dir = F.sft_dir or (os.path.join(base, F.task, "sft") if F.variant else "")
     estimators = F.estimators
     seeds = list(range(F.seeds))
     if F.quick and F["estimators"].using_default_value:
@@ -392,8 +401,9 @@ def main(argv: list[str]) -> None:
         enable_compilation_cache(os.path.join(os.path.dirname(os.path.abspath(out_dir)),
                                               ".jax_cache"))
         table = run_comparison(F.task, out_dir=out_dir, estimators=estimators, seeds=seeds,
-                               quick=F.quick, sft_dir=F.sft_dir, force=F.force,
-                               overrides=overrides, window=1 if F.quick else F.window)
+                               quick=F.quick, sft_dir=sft_dir, force=F.force,
+                               overrides=overrides, window=1 if F.quick else F.window,
+                               variant=F.variant)
     print(markdown(table))
     print(f"plots: {table['plots']}")
 

@@ -53,6 +53,13 @@ def test_run_config_changes_only_estimator_seed_and_workdir():
                                           model="m", quick=quick), num_devices=1)
     m = ce.run_config("math", estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=False)
     assert tuple(m.rewards.conditions) == ("", "math_correct")  # length gated on correctness
+    plain = ce.run_config("math", estimator="gdpo", seed=0, workdir="/tmp/w", model="m",
+                          quick=True, variant="plain")
+    assert tuple(plain.rewards.conditions) == ("", "")          # the paper's main math setting
+    assert plain.train.num_steps == 2                            # quick still applies
+    with pytest.raises(ValueError, match="unknown option"):
+        ce.run_config("math", estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=False,
+                      variant="plian")
     o = ce.run_config("toolcall", estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=True,
                       overrides={"train.num_steps": "3", "train.tensorboard": "true"})
     assert o.train.num_steps == 3 and o.train.tensorboard is True
