@@ -46,7 +46,7 @@ TABLE = {
                  ("eval/accuracy", "AST accuracy"), ("eval/format", "format"),
                  ("eval/len_mean", "length (tokens)")],
     "math": [("eval/pass@1", "pass@1"), ("eval/exceed_ratio", "Exceed ratio"),
-             ("eval/length", "length reward (gated)"), ("eval/mean_length", "length (tokens)")],
+             ("eval/length", "length reward"), ("eval/mean_length", "length (tokens)")],
 }
 log = logging.getLogger("gdpo_jax.compare")
 
