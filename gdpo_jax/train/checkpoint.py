@@ -57,6 +57,13 @@ class Checkpointer:
         self._mngr = ocp.CheckpointManager(self.directory, options=options,
                                            item_names=("state", "meta"))
 
+    @classmethod
+    def from_config(cls, cfg: mlc.ConfigDict) -> "Checkpointer":
+        """The run's checkpointer: `<cfg.workdir>/checkpoints`, `cfg.checkpoint.*` settings."""
+        c = cfg.checkpoint
+        return cls(os.path.join(cfg.workdir, "checkpoints"), every=c.every, keep=c.keep,
+                   async_save=c.async_save, config=cfg, allow_config_change=c.allow_config_change)
+
     # ------------------------------------------------------------------ query
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()

@@ -11,7 +11,6 @@ with exactly the batches it would have seen (each step's sampling key is
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -115,10 +114,7 @@ class Trainer:
             with jax.set_mesh(self.mesh):
                 self.ref_params = copy(self.state.params)
         self.key = jax.random.key(cfg.seed)
-        self.ckpt = Checkpointer(os.path.join(cfg.workdir, "checkpoints"),
-                                 every=cfg.checkpoint.every, keep=cfg.checkpoint.keep,
-                                 async_save=cfg.checkpoint.async_save, config=cfg,
-                                 allow_config_change=cfg.checkpoint.allow_config_change)
+        self.ckpt = Checkpointer.from_config(cfg)
         self.start_step = 0
         if self.ckpt.latest_step() is not None:
             self.state, self.key, data_state, self.start_step = self.ckpt.restore(

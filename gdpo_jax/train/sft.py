@@ -235,10 +235,7 @@ class SFT:
             in_shardings=(shardings, batch_sh),
             out_shardings=(shardings, NamedSharding(self.mesh, P())), donate_argnums=(0,))
         self.key = jax.random.key(cfg.seed)
-        self.ckpt = Checkpointer(os.path.join(cfg.workdir, "checkpoints"),
-                                 every=cfg.checkpoint.every, keep=cfg.checkpoint.keep,
-                                 async_save=cfg.checkpoint.async_save, config=cfg,
-                                 allow_config_change=cfg.checkpoint.allow_config_change)
+        self.ckpt = Checkpointer.from_config(cfg)
         self.start_step = 0
         if self.ckpt.latest_step() is not None:
             self.state, self.key, _, self.start_step = self.ckpt.restore(self.state, self.key)
