@@ -7,6 +7,7 @@ gradient step; the JAX version runs on the accelerator inside the step.
 
   python -m benchmarks.bench_advantages [--quick] [--out runs/bench/advantages.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ DEFAULT_OUT = "runs/bench/advantages.json"
 # --------------------------------------------------------------------------- #
 # Vectorised NumPy reference implementation (same semantics, float64).
 # --------------------------------------------------------------------------- #
-def _np_group_norm(x: np.ndarray, m: np.ndarray, ids: np.ndarray, num_groups: int,
-                   eps: float, scale: bool) -> np.ndarray:
+def _np_group_norm(
+    x: np.ndarray, m: np.ndarray, ids: np.ndarray, num_groups: int, eps: float, scale: bool
+) -> np.ndarray:
     """x, m: [N, C]; per (group, column) (x - mean) / (std_ddof1 + eps) over m."""
     c = x.shape[1]
     flat = (ids[:, None] * c + np.arange(c)).ravel()
@@ -45,14 +47,16 @@ def _np_group_norm(x: np.ndarray, m: np.ndarray, ids: np.ndarray, num_groups: in
     return np.where(m & (cnt >= 2)[ids], dev, 0.0)
 
 
-def numpy_advantages(rewards: np.ndarray, group_ids: np.ndarray, num_groups: int,
-                     estimator: str, eps: float = 1e-4) -> np.ndarray:
+def numpy_advantages(
+    rewards: np.ndarray, group_ids: np.ndarray, num_groups: int, estimator: str, eps: float = 1e-4
+) -> np.ndarray:
     """rewards f[N, K] (NaN = unscorable), group_ids i[N] -> f64[N]; all rows valid."""
     ids = group_ids.astype(np.int64)
     if estimator in ("grpo", "grpo_no_std"):
         s = np.nansum(rewards, axis=1, dtype=np.float64)[:, None]
-        return _np_group_norm(s, np.ones_like(s, bool), ids, num_groups, eps,
-                              estimator == "grpo")[:, 0]
+        return _np_group_norm(s, np.ones_like(s, bool), ids, num_groups, eps, estimator == "grpo")[
+            :, 0
+        ]
     r = rewards.astype(np.float64)
     s = _np_group_norm(r, ~np.isnan(r), ids, num_groups, eps, True).sum(1)
     if estimator == "gdpo_no_bn":
@@ -95,24 +99,43 @@ def run(quick: bool = False) -> dict:
         want = numpy_advantages(rewards, group_ids, num_groups, est)
         jax_ms = _median_ms(lambda: f(r_dev, ids_dev).block_until_ready(), repeats)
         np_ms = _median_ms(lambda: numpy_advantages(rewards, group_ids, num_groups, est), repeats)
-        rows.append({"estimator": est, "jax_ms": round(jax_ms, 3), "numpy_ms": round(np_ms, 3),
-                     "speedup": round(np_ms / jax_ms, 2), "compile_s": round(compile_s, 3),
-                     "max_abs_diff": float(np.max(np.abs(got - want)))})
+        rows.append(
+            {
+                "estimator": est,
+                "jax_ms": round(jax_ms, 3),
+                "numpy_ms": round(np_ms, 3),
+                "speedup": round(np_ms / jax_ms, 2),
+                "compile_s": round(compile_s, 3),
+                "max_abs_diff": float(np.max(np.abs(got - want))),
+            }
+        )
     dev = jax.devices()[0]
-    return {"benchmark": "advantages", "N": N, "G": G, "K": K, "num_groups": num_groups,
-            "repeats": repeats, "backend": jax.default_backend(),
-            "device": getattr(dev, "device_kind", str(dev)), "device_count": jax.device_count(),
-            "results": rows}
+    return {
+        "benchmark": "advantages",
+        "N": N,
+        "G": G,
+        "K": K,
+        "num_groups": num_groups,
+        "repeats": repeats,
+        "backend": jax.default_backend(),
+        "device": getattr(dev, "device_kind", str(dev)),
+        "device_count": jax.device_count(),
+        "results": rows,
+    }
 
 
 def format_table(result: dict) -> str:
-    lines = [f"compute_advantages, N={result['N']} (G={result['G']}), K={result['K']}, "
-             f"{result['backend']} ({result['device']}), median of {result['repeats']}",
-             f"{'estimator':<12} {'jax ms':>9} {'numpy ms':>9} {'numpy/jax':>9} "
-             f"{'compile s':>9} {'max|diff|':>9}"]
+    lines = [
+        f"compute_advantages, N={result['N']} (G={result['G']}), K={result['K']}, "
+        f"{result['backend']} ({result['device']}), median of {result['repeats']}",
+        f"{'estimator':<12} {'jax ms':>9} {'numpy ms':>9} {'numpy/jax':>9} "
+        f"{'compile s':>9} {'max|diff|':>9}",
+    ]
     for r in result["results"]:
-        lines.append(f"{r['estimator']:<12} {r['jax_ms']:>9.3f} {r['numpy_ms']:>9.3f} "
-                     f"{r['speedup']:>9.2f} {r['compile_s']:>9.3f} {r['max_abs_diff']:>9.1e}")
+        lines.append(
+            f"{r['estimator']:<12} {r['jax_ms']:>9.3f} {r['numpy_ms']:>9.3f} "
+            f"{r['speedup']:>9.2f} {r['compile_s']:>9.3f} {r['max_abs_diff']:>9.1e}"
+        )
     return "\n".join(lines)
 
 

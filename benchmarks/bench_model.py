@@ -9,6 +9,7 @@ machines even where absolute tokens/s do not.
 
   python -m benchmarks.bench_model [--quick] [--out runs/bench/model.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,10 +26,22 @@ from gdpo_jax.models import ModelConfig, create_model
 
 DEFAULT_OUT = "runs/bench/model.json"
 SMOLLM2_135M = ModelConfig(
-    model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-    num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-    rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192,
-    bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rope_theta=100000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    max_position_embeddings=8192,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
 
 
 def _cases(quick: bool) -> list[tuple[str, ModelConfig, int, int]]:
@@ -36,8 +49,11 @@ def _cases(quick: bool) -> list[tuple[str, ModelConfig, int, int]]:
     tiny = ModelConfig.tiny()
     if quick:
         return [("tiny", tiny, 8, 64), ("smollm2-135m", SMOLLM2_135M, 1, 64)]
-    return [("tiny", tiny, 16, 128), ("smollm2-135m", SMOLLM2_135M, 2, 256),
-            ("smollm2-135m+remat", SMOLLM2_135M.replace(remat=True), 2, 256)]
+    return [
+        ("tiny", tiny, 16, 128),
+        ("smollm2-135m", SMOLLM2_135M, 2, 256),
+        ("smollm2-135m+remat", SMOLLM2_135M.replace(remat=True), 2, 256),
+    ]
 
 
 def bench_train_step(cfg: ModelConfig, batch: int, seq_len: int, *, repeats: int) -> dict[str, Any]:
@@ -59,11 +75,16 @@ def bench_train_step(cfg: ModelConfig, batch: int, seq_len: int, *, repeats: int
     t = common.time_fn(lambda: jax.block_until_ready(step(params, ids)), repeats=repeats, warmup=0)
     tokens = batch * seq_len
     flops = cfg.flops_per_token(seq_len, training=True) * tokens
-    return {"params_m": round(cfg.num_params() / 1e6, 3), "batch": batch, "seq_len": seq_len,
-            "compile_s": round(compile_s, 2), "step_s": round(t["best_s"], 4),
-            "median_step_s": round(t["median_s"], 4),
-            "tokens_per_s": round(tokens / t["best_s"], 1),
-            "gflops_per_s": round(flops / t["best_s"] / 1e9, 2)}
+    return {
+        "params_m": round(cfg.num_params() / 1e6, 3),
+        "batch": batch,
+        "seq_len": seq_len,
+        "compile_s": round(compile_s, 2),
+        "step_s": round(t["best_s"], 4),
+        "median_step_s": round(t["median_s"], 4),
+        "tokens_per_s": round(tokens / t["best_s"], 1),
+        "gflops_per_s": round(flops / t["best_s"] / 1e9, 2),
+    }
 
 
 def run(quick: bool = False) -> dict:
@@ -75,17 +96,34 @@ def run(quick: bool = False) -> dict:
         r = bench_train_step(cfg, batch, seq_len, repeats=repeats)
         r["mfu"] = round(r["gflops_per_s"] / peak["gflops_per_s"], 4)
         rows.append({"model": name, **r})
-    return {"benchmark": "model", "quick": quick, "machine": common.machine_info(),
-            "matmul_peak_gflops": peak["gflops_per_s"], "matmul_peak": peak,
-            "repeats": repeats, "results": rows}
+    return {
+        "benchmark": "model",
+        "quick": quick,
+        "machine": common.machine_info(),
+        "matmul_peak_gflops": peak["gflops_per_s"],
+        "matmul_peak": peak,
+        "repeats": repeats,
+        "results": rows,
+    }
 
 
 def format_table(result: dict) -> str:
-    head = (f"Transformer forward+backward (f32) on {result['machine'].get('backend')}; "
-            f"matmul peak {result['matmul_peak_gflops']:.1f} GFLOP/s "
-            f"(f32 {result['matmul_peak']['n']}^2); best of {result['repeats']}")
-    cols = ["model", "params_m", "batch", "seq_len", "tokens_per_s", "gflops_per_s", "mfu",
-            "step_s", "compile_s"]
+    head = (
+        f"Transformer forward+backward (f32) on {result['machine'].get('backend')}; "
+        f"matmul peak {result['matmul_peak_gflops']:.1f} GFLOP/s "
+        f"(f32 {result['matmul_peak']['n']}^2); best of {result['repeats']}"
+    )
+    cols = [
+        "model",
+        "params_m",
+        "batch",
+        "seq_len",
+        "tokens_per_s",
+        "gflops_per_s",
+        "mfu",
+        "step_s",
+        "compile_s",
+    ]
     return head + "\n" + common.text_table(result["results"], cols)
 
 

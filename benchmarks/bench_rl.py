@@ -9,6 +9,7 @@ FLOPs utilization against a matmul peak measured in the same run.
 
     python -m benchmarks.bench_rl [--quick] [--out results.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,13 +31,19 @@ def make_tokenizer(vocab: int = VOCAB) -> Any:
     """Word-level tokenizer: <pad>, <s>, </s>, then words w3..w{vocab-1}."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
+
     words = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
     tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", unk_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<pad>",
+    )
     fast.padding_side = "left"
     return fast
 
@@ -45,12 +52,22 @@ def make_checkpoint(out_dir: str) -> str:
     """A random-init HF Llama checkpoint (+ tokenizer) both frameworks load."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER,
-                      num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, max_position_embeddings=256,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False,
-                      torch_dtype="float32")
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
     LlamaForCausalLM(cfg).save_pretrained(out_dir)
     make_tokenizer().save_pretrained(out_dir)
     return out_dir
@@ -94,16 +111,18 @@ def matmul_peak(framework: str, n: int = 1024, reps: int = 20) -> float:
     if framework == "jax":
         import jax
         import jax.numpy as jnp
+
         a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
         f = jax.jit(lambda x: x @ x)
         f(a).block_until_ready()
         best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(reps))
     else:
         import torch
+
         a = torch.randn(n, n)
         a @ a
         best = min(_timed(lambda: a @ a) for _ in range(reps))
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def _timed(fn) -> float:
@@ -118,12 +137,13 @@ def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, 
     from gdpo_jax.train.build import TaskData
     from gdpo_jax.train.config import base_config
     from gdpo_jax.train.loop import Trainer
+
     for fn in REWARDS:
         register_reward(f"bench_{fn.__name__}")(fn)
     c = base_config()
     c.workdir = tempfile.mkdtemp(prefix="bench_rl_")
     c.model.name = ckpt
-    c.task.name = "toolcall"          # not loaded: the task data is passed in
+    c.task.name = "toolcall"  # not loaded: the task data is passed in
     c.task.chat_template = False
     c.rewards.names = tuple(f"bench_{fn.__name__}" for fn in REWARDS)
     c.rewards.num_workers = 1
@@ -143,13 +163,21 @@ def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, 
         if i >= warmup:
             rows.append(m)
     trainer.runner.close()
-    med = {k: statistics.median(r[k] for r in rows) for k in
-           ("time/sample_s", "time/reward_s", "time/step_s", "time/iter_s", "len/mean")}
+    med = {
+        k: statistics.median(r[k] for r in rows)
+        for k in ("time/sample_s", "time/reward_s", "time/step_s", "time/iter_s", "len/mean")
+    }
     gen = med["len/mean"] * PROMPTS * GENERATIONS
-    return {"iter_s": med["time/iter_s"], "sample_s": med["time/sample_s"],
-            "reward_s": med["time/reward_s"], "step_s": med["time/step_s"],
-            "gen_tokens_per_s": gen / med["time/iter_s"], "mean_len": med["len/mean"],
-            "seq": PROMPT_WORDS + 1 + NEW_TOKENS, "compiles": trainer.step.compile_count()}
+    return {
+        "iter_s": med["time/iter_s"],
+        "sample_s": med["time/sample_s"],
+        "reward_s": med["time/reward_s"],
+        "step_s": med["time/step_s"],
+        "gen_tokens_per_s": gen / med["time/iter_s"],
+        "mean_len": med["len/mean"],
+        "seq": PROMPT_WORDS + 1 + NEW_TOKENS,
+        "compiles": trainer.step.compile_count(),
+    }
 
 
 # ------------------------------------------------------------------- TRL
@@ -158,18 +186,37 @@ def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, f
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
     torch.manual_seed(0)
     steps = warmup + iters
     ds = Dataset.from_list([{"prompt": p} for p in prompts(PROMPTS * steps)])
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), per_device_train_batch_size=PROMPTS *
-        GENERATIONS, num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, beta=beta,
-        learning_rate=1e-5, max_steps=steps, logging_steps=1, report_to=[], use_cpu=True,
-        bf16=False, temperature=1.0, multi_objective_aggregation="normalize_then_sum",
-        loss_type="grpo", save_strategy="no", seed=0, disable_tqdm=True,
-        dataloader_num_workers=0)
-    trainer = GRPOTrainer(model=ckpt, reward_funcs=list(REWARDS), args=args, train_dataset=ds,
-                          processing_class=AutoTokenizer.from_pretrained(ckpt))
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_"),
+        per_device_train_batch_size=PROMPTS * GENERATIONS,
+        num_generations=GENERATIONS,
+        max_completion_length=NEW_TOKENS,
+        beta=beta,
+        learning_rate=1e-5,
+        max_steps=steps,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        temperature=1.0,
+        multi_objective_aggregation="normalize_then_sum",
+        loss_type="grpo",
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=ckpt,
+        reward_funcs=list(REWARDS),
+        args=args,
+        train_dataset=ds,
+        processing_class=AutoTokenizer.from_pretrained(ckpt),
+    )
     times: dict[str, list[float]] = {"sample": [], "reward": [], "iter": [], "len": []}
 
     def wrap(name, key):
@@ -180,7 +227,9 @@ def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, f
             out = orig(*a, **k)
             times[key].append(time.perf_counter() - t)
             return out
+
         setattr(trainer, name, timed)
+
     wrap("_generate", "sample")
     wrap("_calculate_rewards", "reward")
 
@@ -194,14 +243,21 @@ def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, f
         def on_log(self, args, state, control, logs=None, **k):
             if logs and "completions/mean_length" in logs:
                 times["len"].append(logs["completions/mean_length"])
+
     trainer.add_callback(Clock())
     trainer.train()
     med = {k: statistics.median(v[warmup:]) for k, v in times.items() if v}
     step = med["iter"] - med["sample"] - med["reward"]
     gen = med.get("len", NEW_TOKENS) * PROMPTS * GENERATIONS
-    return {"iter_s": med["iter"], "sample_s": med["sample"], "reward_s": med["reward"],
-            "step_s": step, "gen_tokens_per_s": gen / med["iter"],
-            "mean_len": med.get("len", float("nan")), "seq": PROMPT_WORDS + 1 + NEW_TOKENS}
+    return {
+        "iter_s": med["iter"],
+        "sample_s": med["sample"],
+        "reward_s": med["reward"],
+        "step_s": step,
+        "gen_tokens_per_s": gen / med["iter"],
+        "mean_len": med.get("len", float("nan")),
+        "seq": PROMPT_WORDS + 1 + NEW_TOKENS,
+    }
 
 
 # ------------------------------------------------------------------- driver
@@ -210,12 +266,24 @@ def run(quick: bool = False) -> dict:
     warmup, iters = (1, 1) if quick else (2, 5)
     ckpt = make_checkpoint(tempfile.mkdtemp(prefix="bench_ckpt_"))
     peak = {"jax": matmul_peak("jax"), "torch": matmul_peak("torch")}
-    out: dict[str, Any] = {"config": dict(hidden=HIDDEN, layers=LAYERS, heads=HEADS,
-                                          kv_heads=KV_HEADS, intermediate=INTER, vocab=VOCAB,
-                                          prompts=PROMPTS, generations=GENERATIONS,
-                                          new_tokens=NEW_TOKENS, warmup=warmup, iters=iters),
-                           "matmul_peak_gflops": {k: v / 1e9 for k, v in peak.items()},
-                           "cpu_count": os.cpu_count(), "results": {}}
+    out: dict[str, Any] = {
+        "config": dict(
+            hidden=HIDDEN,
+            layers=LAYERS,
+            heads=HEADS,
+            kv_heads=KV_HEADS,
+            intermediate=INTER,
+            vocab=VOCAB,
+            prompts=PROMPTS,
+            generations=GENERATIONS,
+            new_tokens=NEW_TOKENS,
+            warmup=warmup,
+            iters=iters,
+        ),
+        "matmul_peak_gflops": {k: v / 1e9 for k, v in peak.items()},
+        "cpu_count": os.cpu_count(),
+        "results": {},
+    }
     for beta in (0.0, 0.04):
         ours = bench_ours(ckpt, beta, warmup=warmup, iters=iters)
         trl = bench_trl(ckpt, beta, warmup=warmup, iters=iters)
@@ -225,27 +293,37 @@ def run(quick: bool = False) -> dict:
             r["step_mfu"] = flops / r["step_s"] / peak[fw] if r["step_s"] > 0 else float("nan")
             r["step_gflops"] = flops / 1e9
         out["results"][f"beta={beta}"] = {
-            "gdpo_jax": ours, "trl": trl,
+            "gdpo_jax": ours,
+            "trl": trl,
             "speedup_iter": trl["iter_s"] / ours["iter_s"],
             "speedup_step": trl["step_s"] / ours["step_s"],
-            "speedup_sample": trl["sample_s"] / ours["sample_s"]}
+            "speedup_sample": trl["sample_s"] / ours["sample_s"],
+        }
     return out
 
 
 def table(res: dict) -> str:
-    lines = ["| beta | framework | iter s | sample s | reward s | step s | gen tok/s | step MFU |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| beta | framework | iter s | sample s | reward s | step s | gen tok/s | step MFU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for key, r in res["results"].items():
         for fw in ("gdpo_jax", "trl"):
             x = r[fw]
-            lines.append(f"| {key[5:]} | {fw} | {x['iter_s']:.3f} | {x['sample_s']:.3f} | "
-                         f"{x['reward_s']:.4f} | {x['step_s']:.3f} | {x['gen_tokens_per_s']:.0f} | "
-                         f"{100 * x['step_mfu']:.1f}% |")
-        lines.append(f"| {key[5:]} | TRL / gdpo_jax | {r['speedup_iter']:.1f}x | "
-                     f"{r['speedup_sample']:.1f}x | | {r['speedup_step']:.1f}x | | |")
+            lines.append(
+                f"| {key[5:]} | {fw} | {x['iter_s']:.3f} | {x['sample_s']:.3f} | "
+                f"{x['reward_s']:.4f} | {x['step_s']:.3f} | {x['gen_tokens_per_s']:.0f} | "
+                f"{100 * x['step_mfu']:.1f}% |"
+            )
+        lines.append(
+            f"| {key[5:]} | TRL / gdpo_jax | {r['speedup_iter']:.1f}x | "
+            f"{r['speedup_sample']:.1f}x | | {r['speedup_step']:.1f}x | | |"
+        )
     peak = res["matmul_peak_gflops"]
-    lines.append(f"\nmatmul peak (f32, 1024^3): jax {peak['jax']:.1f} GFLOP/s, "
-                 f"torch {peak['torch']:.1f} GFLOP/s")
+    lines.append(
+        f"\nmatmul peak (f32, 1024^3): jax {peak['jax']:.1f} GFLOP/s, "
+        f"torch {peak['torch']:.1f} GFLOP/s"
+    )
     return "\n".join(lines)
 
 

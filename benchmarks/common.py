@@ -10,6 +10,7 @@ its FLOP/s next to :func:`matmul_peak` measured in the same run gives a ratio
     peak = common.matmul_peak()              # {"flops_per_s": ..., "n": 2048, ...}
     print(common.markdown_table(rows))       # rows: list of dicts
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -95,9 +96,11 @@ def machine_info() -> dict[str, Any]:
 def describe_machine(info: Mapping[str, Any]) -> str:
     """One line, e.g. 'AMD EPYC, 2/2 cores, 23.4 GiB; jax 0.10.2 cpu (cpu x8)'."""
     v = info.get("versions", {})
-    return (f"{info['cpu_model']}, {info['cpu_usable']}/{info['cpu_count']} cores, "
-            f"{info['memory_gib']} GiB; jax {v.get('jax')} {info['backend']} "
-            f"({info['device_kind']} x{info['device_count']})")
+    return (
+        f"{info['cpu_model']}, {info['cpu_usable']}/{info['cpu_count']} cores, "
+        f"{info['memory_gib']} GiB; jax {v.get('jax')} {info['backend']} "
+        f"({info['device_kind']} x{info['device_count']})"
+    )
 
 
 # --------------------------------------------------------------------------- #
@@ -121,8 +124,9 @@ def time_fn(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> dict
     return {"best_s": min(times), "median_s": statistics.median(times), "repeats": repeats}
 
 
-def matmul_peak(n: int | None = None, *, dtype: str = "float32", repeats: int = 5,
-                calls: int | None = None) -> dict[str, Any]:
+def matmul_peak(
+    n: int | None = None, *, dtype: str = "float32", repeats: int = 5, calls: int | None = None
+) -> dict[str, Any]:
     """Measured dense matmul throughput of the default device: jitted ``a @ b``, a, b [n, n].
 
     Args:
@@ -158,12 +162,20 @@ def matmul_peak(n: int | None = None, *, dtype: str = "float32", repeats: int = 
 
     t = time_fn(round_, repeats=repeats, warmup=1)
     per_call = t["best_s"] / calls
-    flops = 2.0 * n ** 3 / per_call
+    flops = 2.0 * n**3 / per_call
     dev = jax.devices()[0]
-    return {"flops_per_s": flops, "gflops_per_s": round(flops / 1e9, 2), "n": n,
-            "dtype": dtype, "best_s": per_call, "calls_per_round": calls, "repeats": repeats,
-            "backend": backend, "device_kind": getattr(dev, "device_kind", str(dev)),
-            "precision": str(jax.config.jax_default_matmul_precision or "default")}
+    return {
+        "flops_per_s": flops,
+        "gflops_per_s": round(flops / 1e9, 2),
+        "n": n,
+        "dtype": dtype,
+        "best_s": per_call,
+        "calls_per_round": calls,
+        "repeats": repeats,
+        "backend": backend,
+        "device_kind": getattr(dev, "device_kind", str(dev)),
+        "precision": str(jax.config.jax_default_matmul_precision or "default"),
+    }
 
 
 # --------------------------------------------------------------------------- #
@@ -230,8 +242,7 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | N
         return "_(no rows)_"
     if columns is None:
         columns = list(dict.fromkeys(k for r in rows for k in r))
-    lines = ["| " + " | ".join(columns) + " |",
-             "|" + "|".join("---" for _ in columns) + "|"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
     for r in rows:
         lines.append("| " + " | ".join(format_value(r.get(c)) for c in columns) + " |")
     return "\n".join(lines)
@@ -255,9 +266,12 @@ def result_to_markdown(result: Mapping[str, Any]) -> str:
     Scalars go into a key/value list; each list of dicts (e.g. "results")
     becomes a table; nested dicts are rendered the same way under a heading.
     """
-    scalars = {k: v for k, v in result.items()
-               if not isinstance(v, (Mapping, list, tuple)) or
-               (isinstance(v, (list, tuple)) and not any(isinstance(x, Mapping) for x in v))}
+    scalars = {
+        k: v
+        for k, v in result.items()
+        if not isinstance(v, (Mapping, list, tuple))
+        or (isinstance(v, (list, tuple)) and not any(isinstance(x, Mapping) for x in v))
+    }
     parts = []
     if scalars:
         parts.append(markdown_table([{"field": k, "value": v} for k, v in scalars.items()]))

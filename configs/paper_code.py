@@ -35,6 +35,7 @@ rewards.num_workers sets the parallel programs per host.
 
 Generation: 16 sampler calls of 512 rows (sampling.rows_per_call), as math.
 """
+
 from __future__ import annotations
 
 try:
@@ -42,6 +43,7 @@ try:
 except ImportError:  # loaded by path from outside the repository root
     import os
     import sys
+
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from configs import paper_common as common
 
@@ -53,14 +55,13 @@ LENGTH_LIMIT = 4000
 
 
 def get_config(arg: str = ""):
-    opts = common.parse_arg(arg, variants=VARIANTS, default="r1-distill-7b",
-                            objectives=("2", "3"))
+    opts = common.parse_arg(arg, variants=VARIANTS, default="r1-distill-7b", objectives=("2", "3"))
     c = base_config()
     common.set_verl_defaults(c)
     common.set_model(c, opts["model"])
 
     c.task.name = "code"
-    c.task.source = "data/eurus2_code"   # --config.task.source=/path/to/eurus2 code split
+    c.task.source = "data/eurus2_code"  # --config.task.source=/path/to/eurus2 code split
     c.task.eval_source = ""
     c.task.eval_kwargs.max_tokens = LENGTH_LIMIT
 
@@ -68,7 +69,7 @@ def get_config(arg: str = ""):
     c.rewards.names = tuple(names)
     c.rewards.weights = (1.0,) * len(names)
     c.rewards.conditions = tuple("code_pass_rate" if n == "length" else "" for n in names)
-    c.rewards.thresholds = (1.0,) * len(names)   # length counts only when every test passes
+    c.rewards.thresholds = (1.0,) * len(names)  # length counts only when every test passes
     c.rewards.kwargs.length = dict(max_tokens=LENGTH_LIMIT)
     # One program per runner task (code.RUNNER_DEFAULTS), so the deadline is per
     # program (all its tests); 64 sandboxed programs run at once per host.

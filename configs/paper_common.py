@@ -24,6 +24,7 @@ translate verl's settings into ours. Conventions used by all three:
 `get_config(arg)` of each config takes "variant[,key=value...]", e.g.
 "qwen2.5-3b" or "r1-distill-7b,length=cond"; see `parse_arg`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,8 +38,9 @@ class PaperModel:
     """The released checkpoint a variant names, with the config.json facts that
     define its architecture (tests build tiny random models with the same
     model_type / tying / GQA ratio / head_dim relation)."""
+
     hf_id: str
-    model_type: str            # config.json model_type ("qwen2": q/k/v bias; "qwen3": q/k norm)
+    model_type: str  # config.json model_type ("qwen2": q/k/v bias; "qwen3": q/k norm)
     hidden_size: int
     num_layers: int
     num_heads: int
@@ -62,23 +64,62 @@ class PaperModel:
 # DeepSeek-R1-Distill-Qwen-* are Qwen2 architectures (model_type "qwen2", q/k/v
 # bias, untied embeddings, rope_theta 1e4), not Llama.
 MODELS: dict[str, PaperModel] = {
-    "qwen2.5-1.5b": PaperModel("Qwen/Qwen2.5-1.5B-Instruct", "qwen2", 1536, 28, 12, 2, 128, 8960,
-                               151936, True, 1e6, 32768),
-    "qwen2.5-3b": PaperModel("Qwen/Qwen2.5-3B-Instruct", "qwen2", 2048, 36, 16, 2, 128, 11008,
-                             151936, True, 1e6, 32768),
-    "r1-distill-1.5b": PaperModel("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "qwen2", 1536, 28,
-                                  12, 2, 128, 8960, 151936, False, 1e4, 131072),
-    "r1-distill-7b": PaperModel("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "qwen2", 3584, 28, 28,
-                                4, 128, 18944, 152064, False, 1e4, 131072),
+    "qwen2.5-1.5b": PaperModel(
+        "Qwen/Qwen2.5-1.5B-Instruct", "qwen2", 1536, 28, 12, 2, 128, 8960, 151936, True, 1e6, 32768
+    ),
+    "qwen2.5-3b": PaperModel(
+        "Qwen/Qwen2.5-3B-Instruct", "qwen2", 2048, 36, 16, 2, 128, 11008, 151936, True, 1e6, 32768
+    ),
+    "r1-distill-1.5b": PaperModel(
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        "qwen2",
+        1536,
+        28,
+        12,
+        2,
+        128,
+        8960,
+        151936,
+        False,
+        1e4,
+        131072,
+    ),
+    "r1-distill-7b": PaperModel(
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        "qwen2",
+        3584,
+        28,
+        28,
+        4,
+        128,
+        18944,
+        152064,
+        False,
+        1e4,
+        131072,
+    ),
     # Qwen3: head_dim 128 != hidden / heads = 80.
-    "qwen3-4b": PaperModel("Qwen/Qwen3-4B-Instruct-2507", "qwen3", 2560, 36, 32, 8, 128, 9728,
-                           151936, True, 5e6, 262144),
+    "qwen3-4b": PaperModel(
+        "Qwen/Qwen3-4B-Instruct-2507",
+        "qwen3",
+        2560,
+        36,
+        32,
+        8,
+        128,
+        9728,
+        151936,
+        True,
+        5e6,
+        262144,
+    ),
 }
 
 
-def parse_arg(arg: str, *, variants: tuple[str, ...], default: str,
-              **options: tuple[str, ...]) -> dict[str, str]:
-    """"variant[,key=value,...]" -> {"model": variant, key: value, ...}.
+def parse_arg(
+    arg: str, *, variants: tuple[str, ...], default: str, **options: tuple[str, ...]
+) -> dict[str, str]:
+    """ "variant[,key=value,...]" -> {"model": variant, key: value, ...}.
 
     options: allowed values per key; the first is the default. Raises
     ValueError naming the bad part and the choices.
@@ -88,15 +129,18 @@ def parse_arg(arg: str, *, variants: tuple[str, ...], default: str,
     for i, part in enumerate(parts):
         if "=" not in part:
             if i:
-                raise ValueError(f"config arg {arg!r}: only the first part may be a bare "
-                                 f"model variant; write key=value for {part!r}.")
+                raise ValueError(
+                    f"config arg {arg!r}: only the first part may be a bare "
+                    f"model variant; write key=value for {part!r}."
+                )
             key, value = "model", part
         else:
             key, value = (s.strip() for s in part.split("=", 1))
         choices = variants if key == "model" else options.get(key)
         if choices is None:
-            raise ValueError(f"config arg {arg!r}: unknown key {key!r}; keys: "
-                             f"{('model',) + tuple(options)}.")
+            raise ValueError(
+                f"config arg {arg!r}: unknown key {key!r}; keys: {('model',) + tuple(options)}."
+            )
         if value.lower() not in choices:
             raise ValueError(f"config arg {arg!r}: {key}={value!r} is not one of {choices}.")
         out[key] = value.lower()
@@ -114,7 +158,7 @@ def set_model(c: mlc.ConfigDict, variant: str) -> PaperModel:
     c.model.dtype = "bfloat16"
     c.model.param_dtype = "float32"
     c.model.remat = True
-    c.algo.logprob_chunk_size = 512   # [rows, 512, 152k] f32 logits per chunk
+    c.algo.logprob_chunk_size = 512  # [rows, 512, 152k] f32 logits per chunk
     c.mesh.shape = (1, -1, 1)
     c.mesh.axis_types = "explicit"
     return spec
@@ -122,18 +166,18 @@ def set_model(c: mlc.ConfigDict, variant: str) -> PaperModel:
 
 def set_verl_defaults(c: mlc.ConfigDict) -> None:
     """Settings every paper config shares (verl's actor defaults the paper kept)."""
-    c.task.num_train = 0          # all records of the files (0 = no truncation)
+    c.task.num_train = 0  # all records of the files (0 = no truncation)
     c.task.num_eval = 0
     c.task.chat_template = True
     c.algo.eps = 1e-6
     c.algo.batch_norm = "token"
     c.algo.old_logprobs = "recompute"
-    c.algo.aggregation = "dapo"   # verl token-mean
+    c.algo.aggregation = "dapo"  # verl token-mean
     c.algo.num_epochs = 1
     c.algo.dual_clip = 0.0
     c.optim.schedule = "constant"
     c.optim.warmup_steps = 0
-    c.optim.weight_decay = 0.01   # verl actor AdamW default
+    c.optim.weight_decay = 0.01  # verl actor AdamW default
     c.optim.b1, c.optim.b2, c.optim.eps = 0.9, 0.999, 1e-8
     c.optim.max_grad_norm = 1.0
     c.sampling.temperature = 1.0
@@ -154,7 +198,7 @@ def set_dapo_recipe(c: mlc.ConfigDict, *, eval_samples: int) -> None:
     c.algo.num_prompts = 512
     c.algo.group_size = 16
     c.algo.num_minibatches = 8
-    c.algo.num_microbatches = 128       # 8 devices: 1 row of 9024 tokens per device
+    c.algo.num_microbatches = 128  # 8 devices: 1 row of 9024 tokens per device
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.28
     c.algo.beta = 0.0005
@@ -188,7 +232,10 @@ def describe(c: mlc.ConfigDict) -> dict[str, Any]:
     a = c.algo
     rows = a.num_prompts * a.group_size
     per_update = rows // a.num_minibatches
-    return {"rows_per_step": rows, "rows_per_update": per_update,
-            "updates_per_step": a.num_minibatches * a.num_epochs,
-            "rows_per_microbatch": per_update // a.num_microbatches,
-            "tokens_per_row": c.sampling.max_prompt_len + c.sampling.max_new_tokens}
+    return {
+        "rows_per_step": rows,
+        "rows_per_update": per_update,
+        "updates_per_step": a.num_minibatches * a.num_epochs,
+        "rows_per_microbatch": per_update // a.num_microbatches,
+        "tokens_per_row": c.sampling.max_prompt_len + c.sampling.max_new_tokens,
+    }

@@ -56,6 +56,7 @@ Generation: 8192 rows x 9024 tokens decode in 16 sampler calls of 512 rows
 (sampling.rows_per_call, set by paper_common.set_dapo_recipe): ~33 GB of bf16
 KV cache per device on 8 devices for the 7B, half that for the 1.5B.
 """
+
 from __future__ import annotations
 
 try:
@@ -63,6 +64,7 @@ try:
 except ImportError:  # loaded by path from outside the repository root
     import os
     import sys
+
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from configs import paper_common as common
 
@@ -73,15 +75,16 @@ LENGTH_LIMIT = 4000
 
 
 def get_config(arg: str = ""):
-    opts = common.parse_arg(arg, variants=VARIANTS, default="r1-distill-1.5b",
-                            length=("plain", "cond"))
+    opts = common.parse_arg(
+        arg, variants=VARIANTS, default="r1-distill-1.5b", length=("plain", "cond")
+    )
     c = base_config()
     common.set_verl_defaults(c)
     common.set_model(c, opts["model"])
 
     c.task.name = "math"
-    c.task.source = "data/deepscaler"   # --config.task.source=/path/to/deepscaler
-    c.task.eval_source = ""             # "" = <source>/test.*; else e.g. an AIME file
+    c.task.source = "data/deepscaler"  # --config.task.source=/path/to/deepscaler
+    c.task.eval_source = ""  # "" = <source>/test.*; else e.g. an AIME file
     c.task.eval_kwargs.max_tokens = LENGTH_LIMIT  # the Exceed ratio's limit
 
     c.rewards.names = ("math_correct", "length")
@@ -89,7 +92,7 @@ def get_config(arg: str = ""):
     c.rewards.conditions = ("", "math_correct" if opts["length"] == "cond" else "")
     c.rewards.thresholds = (1.0, 1.0)
     c.rewards.kwargs.length = dict(max_tokens=LENGTH_LIMIT)
-    c.rewards.num_workers = 16          # math-verify (sympy) is slow per sample
+    c.rewards.num_workers = 16  # math-verify (sympy) is slow per sample
 
     common.set_dapo_recipe(c, eval_samples=16)
     return c

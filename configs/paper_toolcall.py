@@ -57,6 +57,7 @@ Generation: the 2048-row batch decodes in one sampler call
 (sampling.rows_per_call=0): bf16 KV cache of ~22 GB (1.5B) / ~29 GB (3B) per
 device on 8 devices. On smaller devices pass --config.sampling.rows_per_call=512.
 """
+
 from __future__ import annotations
 
 try:
@@ -64,13 +65,14 @@ try:
 except ImportError:  # loaded by path from outside the repository root
     import os
     import sys
+
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from configs import paper_common as common
 
 from gdpo_jax.train.config import base_config
 
 VARIANTS = ("qwen2.5-1.5b", "qwen2.5-3b")
-KL_IN_REWARD = 0.001   # the published coefficient, for GRPO runs (see the docstring)
+KL_IN_REWARD = 0.001  # the published coefficient, for GRPO runs (see the docstring)
 
 
 def get_config(arg: str = ""):
@@ -80,8 +82,8 @@ def get_config(arg: str = ""):
     common.set_model(c, opts["model"])
 
     c.task.name = "toolcall"
-    c.task.source = "data/rlla_4k"   # --config.task.source=/path/to/ToolRL/dataset/rlla_4k
-    c.task.eval_source = ""          # "" = <source>/test.*
+    c.task.source = "data/rlla_4k"  # --config.task.source=/path/to/ToolRL/dataset/rlla_4k
+    c.task.eval_source = ""  # "" = <source>/test.*
 
     c.rewards.names = ("toolcall_format", "toolcall_correctness")
     c.rewards.weights = (1.0, 1.0)
@@ -91,11 +93,11 @@ def get_config(arg: str = ""):
     c.algo.num_prompts = 512
     c.algo.group_size = 4
     c.algo.num_minibatches = 4
-    c.algo.num_microbatches = 16     # 8 devices: 4 rows of 3072 tokens per device
+    c.algo.num_microbatches = 16  # 8 devices: 4 rows of 3072 tokens per device
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.2
-    c.algo.beta = 0.0                # no KL loss; KL in the reward only for GRPO runs:
-    c.algo.kl_in_reward = 0.0        # --config.algo.kl_in_reward=0.001 (KL_IN_REWARD)
+    c.algo.beta = 0.0  # no KL loss; KL in the reward only for GRPO runs:
+    c.algo.kl_in_reward = 0.0  # --config.algo.kl_in_reward=0.001 (KL_IN_REWARD)
     c.algo.kl_estimator = "k1"
     c.algo.entropy_coef = 0.001
     c.algo.dynamic_sampling = False
@@ -109,7 +111,7 @@ def get_config(arg: str = ""):
     c.optim.lr = 1e-6
 
     c.train.num_steps = 100
-    c.train.eval_every = 10          # verl test_freq
+    c.train.eval_every = 10  # verl test_freq
     c.train.eval_num_examples = 0
     c.checkpoint.every = 10
     return c

@@ -12,6 +12,7 @@ per problem at T = 1 and the Exceed ratio (share of answers over 40 tokens).
         --config.model.name=runs/replica/math/sft/hf --config.algo.estimator=gdpo \
         --config.workdir=runs/replica/math/runs/gdpo/seed0
 """
+
 from configs.replica_toolcall import get_config as _toolcall_rl
 from configs.sft_math import LENGTH_BUDGET
 
@@ -25,8 +26,10 @@ def get_config(arg: str = ""):
     opts = set(filter(None, arg.split(",")))
     unknown = opts - {"quick", "plain"}
     if unknown:
-        raise ValueError(f"configs/replica_math.py: unknown option(s) {sorted(unknown)}; "
-                         "use 'quick' and/or 'plain'.")
+        raise ValueError(
+            f"configs/replica_math.py: unknown option(s) {sorted(unknown)}; "
+            "use 'quick' and/or 'plain'."
+        )
     arg = "quick" if "quick" in opts else ""
     c = _toolcall_rl(arg)
     c.model.name = WARM_START
@@ -40,7 +43,7 @@ def get_config(arg: str = ""):
     c.algo.group_size = 8
     c.algo.num_prompts = 4 if arg != "quick" else 1
     c.algo.clip_high = 0.28
-    c.algo.aggregation = "dapo"          # token-mean loss
+    c.algo.aggregation = "dapo"  # token-mean loss
     c.sampling.max_prompt_len = 64
     c.sampling.max_new_tokens = 96 if arg != "quick" else 16
     return c

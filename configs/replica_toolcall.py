@@ -13,6 +13,7 @@ algo.estimator and seed change (experiments/compare_estimators.py).
 
 `get_config("quick")` is the CI-sized version (2 steps, tiny eval).
 """
+
 from gdpo_jax.train.config import base_config
 
 WARM_START = "runs/replica/sft_toolcall/hf"
@@ -23,11 +24,11 @@ def get_config(arg: str = ""):
         raise ValueError(f"configs/replica_toolcall.py: unknown option {arg!r}; use '' or 'quick'.")
     c = base_config()
     c.seed = 0
-    c.model.name = WARM_START          # the SFT export (an HF dir); compare_estimators sets it
+    c.model.name = WARM_START  # the SFT export (an HF dir); compare_estimators sets it
 
     c.task.name = "toolcall"
     c.task.source = "synthetic"
-    c.task.seed = 0                    # same data (and held-out split) as the SFT
+    c.task.seed = 0  # same data (and held-out split) as the SFT
     c.task.num_train = 2048
     c.task.num_eval = 64
     c.task.chat_template = True
@@ -36,13 +37,13 @@ def get_config(arg: str = ""):
     c.rewards.weights = (1.0, 1.0)
     c.rewards.num_workers = 1
 
-    c.algo.group_size = 4              # paper: G = 4
+    c.algo.group_size = 4  # paper: G = 4
     c.algo.num_prompts = 8
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.2
-    c.algo.beta = 0.0                  # paper: KL 0.001 in the reward; off here (no ref pass)
+    c.algo.beta = 0.0  # paper: KL 0.001 in the reward; off here (no ref pass)
     c.algo.aggregation = "grpo"
-    c.algo.num_minibatches = 2         # paper: batch 512 / mini-batch 128 = 4 updates
+    c.algo.num_minibatches = 2  # paper: batch 512 / mini-batch 128 = 4 updates
 
     c.sampling.max_prompt_len = 112
     c.sampling.max_new_tokens = 80
@@ -55,7 +56,7 @@ def get_config(arg: str = ""):
     c.eval.top_p = 1.0
     c.eval.num_samples = 2
 
-    c.optim.lr = 5e-5                 # one value for every estimator (see README)
+    c.optim.lr = 5e-5  # one value for every estimator (see README)
     c.optim.schedule = "constant"
     c.optim.warmup_steps = 0
     c.optim.max_grad_norm = 1.0

@@ -11,8 +11,9 @@ while bringing the Exceed ratio down.
 
 `get_config("runlocal")`: a tiny, seconds-long smoke version.
 """
-from gdpo_jax.data import tokenizer as _tokenizer  # noqa: F401  (registers "synthetic_bpe")
+
 from configs.sft_toolcall import get_config as _toolcall_sft
+from gdpo_jax.data import tokenizer as _tokenizer  # noqa: F401  (registers "synthetic_bpe")
 
 LENGTH_BUDGET = 40  # tokens (incl. EOS); the paper's L = 4000 at 8000-token responses
 
@@ -27,7 +28,7 @@ def get_config(arg: str = ""):
     c.rewards.conditions = ("", "math_correct")
     c.rewards.thresholds = (1.0, 1.0)
     c.rewards.kwargs.length = dict(max_tokens=LENGTH_BUDGET)
-    c.sampling.max_prompt_len = 64   # synthetic word problems: <= 56 tokens
+    c.sampling.max_prompt_len = 64  # synthetic word problems: <= 56 tokens
     c.sampling.max_new_tokens = 96 if arg != "runlocal" else 48
     c.sft.format_noise = 0.0
     c.sft.value_noise = 0.0

@@ -13,11 +13,19 @@ config's model.name), <workdir>/sft_result.json (held-out greedy and sampled
 metrics), <workdir>/metrics.jsonl. `get_config("runlocal")` is a seconds-long
 smoke version (a tiny model, a few steps).
 """
+
 from gdpo_jax.data import tokenizer as _tokenizer  # noqa: F401  (registers "synthetic_bpe")
 from gdpo_jax.train.sft import sft_config
 
-POLICY = dict(hidden_size=256, intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2,
-              head_dim=64, max_position_embeddings=256)
+POLICY = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_layers=4,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    max_position_embeddings=256,
+)
 
 
 def get_config(arg: str = ""):
@@ -33,10 +41,10 @@ def get_config(arg: str = ""):
     c.task.num_eval = 64
     c.task.chat_template = True
     c.rewards.names = ("toolcall_format", "toolcall_correctness")
-    c.rewards.num_workers = 1      # microsecond rewards: threads would only cost
+    c.rewards.num_workers = 1  # microsecond rewards: threads would only cost
 
-    c.sampling.max_prompt_len = 112   # synthetic prompts: <= 103 tokens
-    c.sampling.max_new_tokens = 80    # reference answers: <= 73 tokens incl. EOS
+    c.sampling.max_prompt_len = 112  # synthetic prompts: <= 103 tokens
+    c.sampling.max_new_tokens = 80  # reference answers: <= 73 tokens incl. EOS
     c.sampling.temperature = 1.0
 
     # The budget that lands "partly solved" (held-out, sampled at T=1: format ~0.8 of 1,
@@ -46,7 +54,7 @@ def get_config(arg: str = ""):
     c.sft.num_steps = 200
     c.sft.batch_size = 32
     c.sft.num_examples = 0
-    c.sft.format_noise = 0.3      # 30% of targets break the tag structure
+    c.sft.format_noise = 0.3  # 30% of targets break the tag structure
     c.sft.value_noise = 0.0
     c.sft.log_every = 10
     c.sft.eval_num_examples = 64
@@ -65,8 +73,16 @@ def get_config(arg: str = ""):
     c.checkpoint.async_save = False
 
     if arg == "runlocal":
-        c.model.tiny.update(dict(hidden_size=64, intermediate_size=128, num_layers=2,
-                                 num_heads=4, num_kv_heads=2, head_dim=16))
+        c.model.tiny.update(
+            dict(
+                hidden_size=64,
+                intermediate_size=128,
+                num_layers=2,
+                num_heads=4,
+                num_kv_heads=2,
+                head_dim=16,
+            )
+        )
         c.task.num_train = 64
         c.task.num_eval = 8
         c.sft.num_steps = 4

@@ -37,6 +37,7 @@ temperature 0.7 (at 1.0 a 135M model writes noise), 2 updates per batch, no KL
 forward).
 `get_config("runlocal")`: 2 steps (smoke test).
 """
+
 from __future__ import annotations
 
 import ml_collections as mlc
@@ -44,14 +45,19 @@ import ml_collections as mlc
 from gdpo_jax.train import build
 from gdpo_jax.train.config import base_config
 
-FORMAT = ("Answer in this format:\n<think>which tool to use</think>\n<tool_call>\n"
-          '{"name":"tool_name","parameters":{"arg":"value"}}\n</tool_call>\n'
-          "One JSON line per call. If no tool fits: <think>no tool needed</think>\n"
-          "<response>your reply</response>")
+FORMAT = (
+    "Answer in this format:\n<think>which tool to use</think>\n<tool_call>\n"
+    '{"name":"tool_name","parameters":{"arg":"value"}}\n</tool_call>\n'
+    "One JSON line per call. If no tool fits: <think>no tool needed</think>\n"
+    "<response>your reply</response>"
+)
 EXAMPLE = [
     {"role": "user", "content": "Weather in Oslo in celsius?"},
-    {"role": "assistant", "content": '<think>use get_weather</think>\n<tool_call>\n'
-     '{"name":"get_weather","parameters":{"city":"Oslo","unit":"celsius"}}\n</tool_call>'},
+    {
+        "role": "assistant",
+        "content": "<think>use get_weather</think>\n<tool_call>\n"
+        '{"name":"get_weather","parameters":{"city":"Oslo","unit":"celsius"}}\n</tool_call>',
+    },
 ]
 
 
@@ -65,11 +71,14 @@ def one_shot(record: dict) -> dict:
 
 @build.register_task("toolcall_oneshot")
 def _load_one_shot(cfg) -> build.TaskData:
-    base = mlc.ConfigDict(cfg.to_dict())     # an unlocked copy, asking for the plain task
+    base = mlc.ConfigDict(cfg.to_dict())  # an unlocked copy, asking for the plain task
     base.task.name = "toolcall"
     data = build.load_task(base)
-    return build.TaskData(train=[one_shot(r) for r in data.train],
-                          eval=[one_shot(r) for r in data.eval], evaluate=data.evaluate)
+    return build.TaskData(
+        train=[one_shot(r) for r in data.train],
+        eval=[one_shot(r) for r in data.eval],
+        evaluate=data.evaluate,
+    )
 
 
 def get_config(arg: str = ""):
@@ -77,7 +86,7 @@ def get_config(arg: str = ""):
     c.seed = 0
 
     c.model.name = "smollm2-135m-instruct"
-    c.model.dtype = "float32"        # bf16 matmuls are slower than f32 on most CPUs
+    c.model.dtype = "float32"  # bf16 matmuls are slower than f32 on most CPUs
     c.model.param_dtype = "float32"
     c.model.remat = False
 
@@ -91,12 +100,12 @@ def get_config(arg: str = ""):
 
     c.rewards.names = ("toolcall_format", "toolcall_correctness")
     c.rewards.weights = (1.0, 1.0)
-    c.rewards.num_workers = 1        # microsecond string rewards
+    c.rewards.num_workers = 1  # microsecond string rewards
 
     c.algo.estimator = "gdpo"
     c.algo.num_prompts = 4
     c.algo.group_size = 4
-    c.algo.num_minibatches = 2       # 2 updates per batch for the compute of 1
+    c.algo.num_minibatches = 2  # 2 updates per batch for the compute of 1
     c.algo.num_microbatches = 1
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.2
@@ -107,7 +116,7 @@ def get_config(arg: str = ""):
     c.algo.old_logprobs = "sampler"
 
     c.sampling.max_prompt_len = 240  # the longest one-shot prompt has 232 tokens
-    c.sampling.max_new_tokens = 96   # a two-call answer is ~75 tokens
+    c.sampling.max_new_tokens = 96  # a two-call answer is ~75 tokens
     c.sampling.temperature = 0.7
 
     c.eval.greedy = True
@@ -121,7 +130,7 @@ def get_config(arg: str = ""):
     c.mesh.shape = (-1, 1, 1)
 
     c.train.num_steps = 20
-    c.train.eval_every = 10          # greedy, on the 16 held-out prompts
+    c.train.eval_every = 10  # greedy, on the 16 held-out prompts
     c.checkpoint.every = 10
     c.checkpoint.keep = 1
 

@@ -12,6 +12,7 @@ our run); metrics in <workdir>/metrics.jsonl and <workdir>/tb (TensorBoard).
 
 `get_config("runlocal")` shortens it to a handful of steps (smoke tests).
 """
+
 from gdpo_jax.train.config import base_config
 
 
@@ -21,20 +22,29 @@ def get_config(arg: str = ""):
     c.workdir = ""
 
     c.model.tokenizer = "toy_words"
-    c.model.tiny.update(dict(hidden_size=128, intermediate_size=384, num_layers=4, num_heads=4,
-                             num_kv_heads=2, head_dim=32, max_position_embeddings=64))
+    c.model.tiny.update(
+        dict(
+            hidden_size=128,
+            intermediate_size=384,
+            num_layers=4,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=32,
+            max_position_embeddings=64,
+        )
+    )
 
     c.task.name = "toy_toolcall"
-    c.task.chat_template = False   # plain-text prompts
+    c.task.chat_template = False  # plain-text prompts
     c.task.num_train = 4096
     c.task.num_eval = 64
-    c.task.kwargs.filler = 0.0     # fixed word positions: the copy is learnable from scratch
-    c.task.kwargs.num_tools = 4     # 4 tools x 8 argument words: chance hits are frequent
+    c.task.kwargs.filler = 0.0  # fixed word positions: the copy is learnable from scratch
+    c.task.kwargs.num_tools = 4  # 4 tools x 8 argument words: chance hits are frequent
     c.task.kwargs.num_args = 8
 
     c.rewards.names = ("toy_format", "toy_correct", "toy_length")
     c.rewards.weights = (1.0, 2.0, 1.0)  # correctness is the hard one
-    c.rewards.num_workers = 1      # the rewards are microseconds; threads would only cost
+    c.rewards.num_workers = 1  # the rewards are microseconds; threads would only cost
 
     c.algo.estimator = "gdpo"
     c.algo.group_size = 8
@@ -42,7 +52,7 @@ def get_config(arg: str = ""):
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.28
     c.algo.aggregation = "grpo"
-    c.algo.num_minibatches = 2     # two PPO updates per rollout batch
+    c.algo.num_minibatches = 2  # two PPO updates per rollout batch
 
     c.sampling.max_prompt_len = 8
     c.sampling.max_new_tokens = 8
@@ -50,7 +60,7 @@ def get_config(arg: str = ""):
 
     c.eval.greedy = True
 
-    c.optim.lr = 5e-4             # 1e-3 collapses onto short, wrong answers
+    c.optim.lr = 5e-4  # 1e-3 collapses onto short, wrong answers
     c.optim.warmup_steps = 5
     c.optim.schedule = "cosine"
     c.optim.min_lr_ratio = 0.1

@@ -11,6 +11,7 @@ G = 4 with K = 1..max_k.
 Writes ``counts.json`` and ``advantage_groups.png`` to --out_dir and prints a
 table. With K = 2, G = 2: GRPO 2, GDPO 3.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,15 +29,21 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """Defined on launch, not on import, so tests and other entry points that
     import ``run`` never collide with their own flags of the same name."""
-    flags.DEFINE_string("out_dir", "runs/advantage_groups",
-                        "Where to write counts.json and the PNG.")
+    flags.DEFINE_string(
+        "out_dir", "runs/advantage_groups", "Where to write counts.json and the PNG."
+    )
     flags.DEFINE_integer("max_g", 8, "Largest G in the K-fixed sweep (G = 2..max_g).")
     flags.DEFINE_integer("max_k", 5, "Largest K in the G-fixed sweep (K = 1..max_k).")
     flags.DEFINE_integer("fixed_k", 2, "K held fixed in the G sweep (paper: 2).")
     flags.DEFINE_integer("fixed_g", 4, "G held fixed in the K sweep (paper: 4).")
 
-LABELS = {"grpo": "GRPO", "grpo_no_std": "GRPO w/o std", "gdpo": "GDPO",
-          "gdpo_no_bn": "GDPO w/o batch norm"}
+
+LABELS = {
+    "grpo": "GRPO",
+    "grpo_no_std": "GRPO w/o std",
+    "gdpo": "GDPO",
+    "gdpo_no_bn": "GDPO w/o batch norm",
+}
 
 
 def sweep(pairs: list[tuple[int, int]]) -> list[dict]:
@@ -45,15 +52,24 @@ def sweep(pairs: list[tuple[int, int]]) -> list[dict]:
     for g, k in pairs:
         t0 = time.perf_counter()
         counts = distinct_advantage_counts(g, k, ESTIMATORS)
-        rows.append({"G": g, "K": k, "multisets": num_multisets(g, k),
-                     "seconds": round(time.perf_counter() - t0, 3), **counts})
+        rows.append(
+            {
+                "G": g,
+                "K": k,
+                "multisets": num_multisets(g, k),
+                "seconds": round(time.perf_counter() - t0, 3),
+                **counts,
+            }
+        )
     return rows
 
 
 def format_table(title: str, rows: list[dict]) -> str:
     head = ["G", "K", "multisets"] + [LABELS[e] for e in ESTIMATORS]
-    body = [[str(r["G"]), str(r["K"]), str(r["multisets"])] + [str(r[e]) for e in ESTIMATORS]
-            for r in rows]
+    body = [
+        [str(r["G"]), str(r["K"]), str(r["multisets"])] + [str(r[e]) for e in ESTIMATORS]
+        for r in rows
+    ]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     line = lambda cells: "  ".join(c.rjust(w) for c, w in zip(cells, widths))  # noqa: E731
     return "\n".join([title, line(head), line(["-" * w for w in widths])] + [line(b) for b in body])
@@ -61,13 +77,16 @@ def format_table(title: str, rows: list[dict]) -> str:
 
 def plot(result: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    panels = [("by_g", "G", f"K = {result['fixed_k']} rewards: vary rollouts G"),
-              ("by_k", "K", f"G = {result['fixed_g']} rollouts: vary rewards K")]
+    panels = [
+        ("by_g", "G", f"K = {result['fixed_k']} rewards: vary rollouts G"),
+        ("by_k", "K", f"G = {result['fixed_g']} rollouts: vary rewards K"),
+    ]
     for ax, (key, var, title) in zip(axes, panels):
         rows = result[key]
         xs = [r[var] for r in rows]
@@ -92,13 +111,14 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def run(out_dir: str, max_g: int = 8, max_k: int = 5, fixed_k: int = 2,
-        fixed_g: int = 4) -> dict:
+def run(out_dir: str, max_g: int = 8, max_k: int = 5, fixed_k: int = 2, fixed_g: int = 4) -> dict:
     """Runs both sweeps, prints the tables, writes counts.json and the PNG; returns the result."""
     if max_g < 2 or max_k < 1 or fixed_g < 2 or fixed_k < 1:
         raise ValueError("need max_g >= 2, max_k >= 1, fixed_g >= 2, fixed_k >= 1.")
     result = {
-        "fixed_k": fixed_k, "fixed_g": fixed_g, "estimators": list(ESTIMATORS),
+        "fixed_k": fixed_k,
+        "fixed_g": fixed_g,
+        "estimators": list(ESTIMATORS),
         "by_g": sweep([(g, fixed_k) for g in range(2, max_g + 1)]),
         "by_k": sweep([(fixed_g, k) for k in range(1, max_k + 1)]),
     }

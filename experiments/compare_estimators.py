@@ -20,6 +20,7 @@ r"""GRPO vs GDPO (and their ablations) from one SFT warm start: the CPU replica 
 
 Layout: <out_dir>/{sft/, runs/<estimator>/seed<k>/metrics.jsonl, plots/, results.*}.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,24 +30,40 @@ import math
 import os
 import shutil
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from absl import app, flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ESTIMATORS = ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn")
-LABELS = {"grpo": "GRPO", "grpo_no_std": "GRPO w/o std", "gdpo": "GDPO",
-          "gdpo_no_bn": "GDPO w/o batch norm"}
-COLORS = {"grpo": "tab:blue", "grpo_no_std": "tab:cyan", "gdpo": "tab:red",
-          "gdpo_no_bn": "tab:orange"}
+LABELS = {
+    "grpo": "GRPO",
+    "grpo_no_std": "GRPO w/o std",
+    "gdpo": "GDPO",
+    "gdpo_no_bn": "GDPO w/o batch norm",
+}
+COLORS = {
+    "grpo": "tab:blue",
+    "grpo_no_std": "tab:cyan",
+    "gdpo": "tab:red",
+    "gdpo_no_bn": "tab:orange",
+}
 # Held-out metrics of the table: (key in metrics.jsonl, label), per task.
 TABLE = {
-    "toolcall": [("eval/toolcall_correctness", "correctness reward [-3,3]"),
-                 ("eval/accuracy", "AST accuracy"), ("eval/format", "format"),
-                 ("eval/len_mean", "length (tokens)")],
-    "math": [("eval/pass@1", "pass@1"), ("eval/exceed_ratio", "Exceed ratio"),
-             ("eval/length", "length reward"), ("eval/mean_length", "length (tokens)")],
+    "toolcall": [
+        ("eval/toolcall_correctness", "correctness reward [-3,3]"),
+        ("eval/accuracy", "AST accuracy"),
+        ("eval/format", "format"),
+        ("eval/len_mean", "length (tokens)"),
+    ],
+    "math": [
+        ("eval/pass@1", "pass@1"),
+        ("eval/exceed_ratio", "Exceed ratio"),
+        ("eval/length", "length reward"),
+        ("eval/mean_length", "length (tokens)"),
+    ],
 }
 log = logging.getLogger("gdpo_jax.compare")
 
@@ -54,6 +71,7 @@ log = logging.getLogger("gdpo_jax.compare")
 def load_config(path: str, arg: str = "") -> Any:
     """`get_config(arg)` of a configs/*.py file (unlocked: the caller overrides fields)."""
     import sys
+
     if ROOT not in sys.path:  # config files import each other as `configs.<name>`
         sys.path.insert(0, ROOT)
     spec = importlib.util.spec_from_file_location(f"_cfg_{os.path.basename(path)[:-3]}", path)
@@ -65,6 +83,7 @@ def load_config(path: str, arg: str = "") -> Any:
 def enable_compilation_cache(path: str) -> None:
     """XLA persistent cache: identical programs (the sampler, eval) compile once over all runs."""
     import jax
+
     os.makedirs(path, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -77,6 +96,7 @@ def warm_start(task: str, sft_dir: str, *, quick: bool) -> str:
     if os.path.exists(os.path.join(hf, "config.json")):
         return hf
     from gdpo_jax.train.sft import run_sft
+
     cfg = load_config(os.path.join(ROOT, "configs", f"sft_{task}.py"), "runlocal" if quick else "")
     cfg.workdir = sft_dir
     cfg.train.progress_bar = False
@@ -85,8 +105,17 @@ def warm_start(task: str, sft_dir: str, *, quick: bool) -> str:
     return run_sft(cfg)["hf_dir"]
 
 
-def run_config(task: str, *, estimator: str, seed: int, workdir: str, model: str, quick: bool,
-               overrides: dict[str, Any] | None = None, variant: str = "") -> Any:
+def run_config(
+    task: str,
+    *,
+    estimator: str,
+    seed: int,
+    workdir: str,
+    model: str,
+    quick: bool,
+    overrides: dict[str, Any] | None = None,
+    variant: str = "",
+) -> Any:
     """The shared replica config with only estimator, seed and workdir set per run.
 
     variant: extra option(s) of configs/replica_<task>.py (e.g. "plain" for math).
@@ -114,6 +143,7 @@ def _parse(value: Any, like: Any) -> Any:
         return value.lower() in ("true", "1")
     if isinstance(like, (tuple, list)):
         import ast
+
         return tuple(ast.literal_eval(value))
     return type(like)(value)
 
@@ -127,6 +157,7 @@ def run_one(cfg: Any) -> dict[str, Any]:
     """
     from gdpo_jax.train.loop import Trainer
     from gdpo_jax.train.metrics import MetricsWriter
+
     t0, c0 = time.perf_counter(), time.process_time()
     trainer = Trainer(cfg)
     t_build = time.perf_counter() - t0
@@ -138,12 +169,20 @@ def run_one(cfg: Any) -> dict[str, Any]:
         log.info("%s: resuming from step %d", cfg.workdir, resumed_from)
     t_eval0 = time.perf_counter() - t0 - t_build
     final = trainer.run()
-    info = {"estimator": cfg.algo.estimator, "seed": cfg.seed, "done": True,
-            "seconds": time.perf_counter() - t0, "build_s": t_build, "eval0_s": t_eval0,
-            # CPU seconds of this process (all threads): close to the wall time on an
-            # idle machine, and unaffected by other jobs sharing the cores.
-            "cpu_s": time.process_time() - c0,
-            "num_steps": cfg.train.num_steps, "resumed_from": resumed_from, "final": final}
+    info = {
+        "estimator": cfg.algo.estimator,
+        "seed": cfg.seed,
+        "done": True,
+        "seconds": time.perf_counter() - t0,
+        "build_s": t_build,
+        "eval0_s": t_eval0,
+        # CPU seconds of this process (all threads): close to the wall time on an
+        # idle machine, and unaffected by other jobs sharing the cores.
+        "cpu_s": time.process_time() - c0,
+        "num_steps": cfg.train.num_steps,
+        "resumed_from": resumed_from,
+        "final": final,
+    }
     if cfg.train.stop_after_step and cfg.train.stop_after_step < cfg.train.num_steps:
         info["done"] = False  # stopped on purpose: not finished, the next call resumes it
         return info
@@ -154,10 +193,19 @@ def run_one(cfg: Any) -> dict[str, Any]:
     return info
 
 
-def run_comparison(task: str, *, out_dir: str, estimators: Sequence[str] = ESTIMATORS,
-                   seeds: Sequence[int] = range(5), quick: bool = False, sft_dir: str = "",
-                   force: bool = False, overrides: dict[str, Any] | None = None,
-                   window: int = 5, variant: str = "") -> dict[str, Any]:
+def run_comparison(
+    task: str,
+    *,
+    out_dir: str,
+    estimators: Sequence[str] = ESTIMATORS,
+    seeds: Sequence[int] = range(5),
+    quick: bool = False,
+    sft_dir: str = "",
+    force: bool = False,
+    overrides: dict[str, Any] | None = None,
+    window: int = 5,
+    variant: str = "",
+) -> dict[str, Any]:
     """Warm start -> every (estimator, seed) run -> plots and table. Returns the table dict."""
     if task not in TABLE:
         raise ValueError(f"--task={task!r}; choose one of {sorted(TABLE)}.")
@@ -176,8 +224,16 @@ def run_comparison(task: str, *, out_dir: str, estimators: Sequence[str] = ESTIM
             if force and os.path.isdir(workdir):
                 shutil.rmtree(workdir)
             # An unfinished run (killed) resumes from its last checkpoint in run_one.
-            cfg = run_config(task, estimator=est, seed=seed, workdir=workdir, model=model,
-                             quick=quick, overrides=overrides, variant=variant)
+            cfg = run_config(
+                task,
+                estimator=est,
+                seed=seed,
+                workdir=workdir,
+                model=model,
+                quick=quick,
+                overrides=overrides,
+                variant=variant,
+            )
             info = run_one(cfg)
             log.info("%s seed %d: %.0f s", est, seed, info["seconds"])
     table = report(task, out_dir, estimators, seeds, window=window)
@@ -188,10 +244,12 @@ def run_comparison(task: str, *, out_dir: str, estimators: Sequence[str] = ESTIM
 
 
 # ------------------------------------------------------------- reporting
-def load_runs(out_dir: str, estimators: Sequence[str], seeds: Sequence[int]
-              ) -> dict[str, dict[int, dict[int, dict]]]:
+def load_runs(
+    out_dir: str, estimators: Sequence[str], seeds: Sequence[int]
+) -> dict[str, dict[int, dict[int, dict]]]:
     """estimator -> seed -> step -> record, for the finished runs (their metrics.jsonl)."""
     from gdpo_jax.train.metrics import read_jsonl
+
     runs: dict[str, dict[int, dict[int, dict]]] = {}
     for est in estimators:
         for seed in seeds:
@@ -220,12 +278,15 @@ def band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.nd
     return np.asarray(common), med, q25, q75
 
 
-def plot(runs: dict[str, dict[int, dict[int, dict]]], key: str, path: str, *, title: str,
-         window: int = 1) -> bool:
+def plot(
+    runs: dict[str, dict[int, dict[int, dict]]], key: str, path: str, *, title: str, window: int = 1
+) -> bool:
     """One figure: per estimator, the median over seeds and the IQR band of `key`."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(5.0, 3.4), dpi=110)
     drawn = False
     for est, recs in runs.items():
@@ -234,8 +295,14 @@ def plot(runs: dict[str, dict[int, dict[int, dict]]], key: str, path: str, *, ti
         if not curves:
             continue
         steps, med, q25, q75 = band(curves)
-        ax.plot(steps, med, color=COLORS.get(est), label=f"{LABELS.get(est, est)} (n={len(curves)})",
-                marker="o" if len(steps) < 12 else None, ms=3)
+        ax.plot(
+            steps,
+            med,
+            color=COLORS.get(est),
+            label=f"{LABELS.get(est, est)} (n={len(curves)})",
+            marker="o" if len(steps) < 12 else None,
+            ms=3,
+        )
         ax.fill_between(steps, q25, q75, color=COLORS.get(est), alpha=0.2, lw=0)
         drawn = True
     if not drawn:
@@ -262,9 +329,15 @@ def _stats(values: list[float]) -> dict[str, Any]:
     if not v.size:
         return {"n": 0, "values": values}
     q25, med, q75 = np.percentile(v, [25, 50, 75])
-    return {"n": int(v.size), "mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1
-            else 0.0, "median": float(med), "q25": float(q25), "q75": float(q75),
-            "values": [float(x) for x in values]}
+    return {
+        "n": int(v.size),
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+        "median": float(med),
+        "q25": float(q25),
+        "q75": float(q75),
+        "values": [float(x) for x in values],
+    }
 
 
 def warm_start_values(runs: dict[str, dict[int, dict[int, dict]]], key: str) -> list[float]:
@@ -284,8 +357,9 @@ def warm_start_values(runs: dict[str, dict[int, dict[int, dict]]], key: str) -> 
     return [float(np.mean(per_seed[s])) for s in sorted(per_seed)]
 
 
-def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[int], *,
-           window: int = 5) -> dict[str, Any]:
+def report(
+    task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[int], *, window: int = 5
+) -> dict[str, Any]:
     """Plots and results.md from the runs on disk. Returns the table dict."""
     runs = load_runs(out_dir, estimators, seeds)
     plots_dir = os.path.join(out_dir, "plots")
@@ -296,9 +370,13 @@ def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[i
     for key in [k for k in keys if k.startswith("reward/") and k.endswith("/mean")]:
         name = key.split("/")[1]
         path = os.path.join(plots_dir, f"train_{name}.png")
-        if plot(runs, key, path, window=window,
-                title=f"{task}: training {name}, {window}-step moving avg.\n"
-                      "median and IQR over seeds"):
+        if plot(
+            runs,
+            key,
+            path,
+            window=window,
+            title=f"{task}: training {name}, {window}-step moving avg.\nmedian and IQR over seeds",
+        ):
             plots.append(path)
     for key, label in TABLE[task]:
         path = os.path.join(plots_dir, f"eval_{key.split('/')[1].replace('@', 'at')}.png")
@@ -310,8 +388,10 @@ def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[i
     rows["warm start (step 0)"] = {k: _stats(warm_start_values(runs, k)) for k in metrics}
     finals: dict[str, dict[int, dict]] = {}
     for est, recs in runs.items():
-        finals[est] = {seed: r[max(s for s in r if any(k in r[s] for k in metrics))]
-                       for seed, r in recs.items()}
+        finals[est] = {
+            seed: r[max(s for s in r if any(k in r[s] for k in metrics))]
+            for seed, r in recs.items()
+        }
         rows[est] = {k: _stats([f.get(k) for f in finals[est].values()]) for k in metrics}
         rows[est]["final_step"] = int(max(max(r) for r in recs.values()))
     # Same seed = same prompt order and warm start for every estimator, so per-seed
@@ -320,16 +400,33 @@ def report(task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[i
     if "grpo" in finals:
         for est in [e for e in finals if e != "grpo"]:
             common = sorted(set(finals[est]) & set(finals["grpo"]))
-            paired[est] = {k: _stats([finals[est][s].get(k, math.nan) - finals["grpo"][s].get(k, math.nan)
-                                      for s in common]) for k in metrics}
+            paired[est] = {
+                k: _stats(
+                    [
+                        finals[est][s].get(k, math.nan) - finals["grpo"][s].get(k, math.nan)
+                        for s in common
+                    ]
+                )
+                for k in metrics
+            }
     timing = {}
     for est in runs:
         infos = [os.path.join(out_dir, "runs", est, f"seed{s}", "run_info.json") for s in seeds]
         infos = [_read_json(p) for p in infos if os.path.exists(p)]
-        timing[est] = {"wall_s": [i["seconds"] for i in infos],
-                       "cpu_s": [i.get("cpu_s") for i in infos]}
-    table = {"task": task, "estimators": list(runs), "seeds": list(seeds), "rows": rows,
-             "paired_vs_grpo": paired, "metrics": metrics, "plots": plots, "timing": timing}
+        timing[est] = {
+            "wall_s": [i["seconds"] for i in infos],
+            "cpu_s": [i.get("cpu_s") for i in infos],
+        }
+    table = {
+        "task": task,
+        "estimators": list(runs),
+        "seeds": list(seeds),
+        "rows": rows,
+        "paired_vs_grpo": paired,
+        "metrics": metrics,
+        "plots": plots,
+        "timing": timing,
+    }
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(table))
     return table
@@ -339,22 +436,35 @@ def markdown(table: dict[str, Any]) -> str:
     """Mean ± std over seeds, with the median and the number of seeds, per metric."""
     metrics = table["metrics"]
     labels = dict(TABLE[table["task"]])
-    lines = ["| estimator | " + " | ".join(labels[m] for m in metrics) + " |",
-             "|---" * (len(metrics) + 1) + "|"]
+    lines = [
+        "| estimator | " + " | ".join(labels[m] for m in metrics) + " |",
+        "|---" * (len(metrics) + 1) + "|",
+    ]
     for name, row in table["rows"].items():
         cells = []
         for m in metrics:
             s = row[m]
-            cells.append(f"{s['mean']:.3f} ± {s['std']:.3f} (med {s['median']:.3f}, n={s['n']})"
-                         if s["n"] else "n/a")
+            cells.append(
+                f"{s['mean']:.3f} ± {s['std']:.3f} (med {s['median']:.3f}, n={s['n']})"
+                if s["n"]
+                else "n/a"
+            )
         lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
     if table.get("paired_vs_grpo"):
-        lines += ["", "Paired difference to GRPO (same seed), mean ± std over seeds:", "",
-                  "| estimator − GRPO | " + " | ".join(labels[m] for m in metrics) + " |",
-                  "|---" * (len(metrics) + 1) + "|"]
+        lines += [
+            "",
+            "Paired difference to GRPO (same seed), mean ± std over seeds:",
+            "",
+            "| estimator − GRPO | " + " | ".join(labels[m] for m in metrics) + " |",
+            "|---" * (len(metrics) + 1) + "|",
+        ]
         for name, row in table["paired_vs_grpo"].items():
-            cells = [f"{row[m]['mean']:+.3f} ± {row[m]['std']:.3f} (n={row[m]['n']})"
-                     if row[m]["n"] else "n/a" for m in metrics]
+            cells = [
+                f"{row[m]['mean']:+.3f} ± {row[m]['std']:.3f} (n={row[m]['n']})"
+                if row[m]["n"]
+                else "n/a"
+                for m in metrics
+            ]
             lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -370,9 +480,13 @@ def define_flags() -> None:
     flags.DEFINE_bool("force", False, "Redo finished runs.")
     flags.DEFINE_bool("report_only", False, "Only redraw plots and table from the runs on disk.")
     flags.DEFINE_integer("window", 5, "Moving-average window of the training curves.")
-    flags.DEFINE_string("variant", "", "Extra option of configs/replica_<task>.py, e.g. 'plain' "
-                        "(math: length reward not gated on correctness). Default out_dir gets "
-                        "a _<variant> suffix; the warm start defaults to the base task's.")
+    flags.DEFINE_string(
+        "variant",
+        "",
+        "Extra option of configs/replica_<task>.py, e.g. 'plain' "
+        "(math: length reward not gated on correctness). Default out_dir gets "
+        "a _<variant> suffix; the warm start defaults to the base task's.",
+    )
     flags.DEFINE_list("set", [], "Shared config overrides for every run, e.g. train.num_steps=40.")
 
 
@@ -398,12 +512,21 @@ def main(argv: list[str]) -> None:
         with open(path, "w") as f:
             json.dump(table, f, indent=2, allow_nan=True)
     else:
-        enable_compilation_cache(os.path.join(os.path.dirname(os.path.abspath(out_dir)),
-                                              ".jax_cache"))
-        table = run_comparison(F.task, out_dir=out_dir, estimators=estimators, seeds=seeds,
-                               quick=F.quick, sft_dir=sft_dir, force=F.force,
-                               overrides=overrides, window=1 if F.quick else F.window,
-                               variant=F.variant)
+        enable_compilation_cache(
+            os.path.join(os.path.dirname(os.path.abspath(out_dir)), ".jax_cache")
+        )
+        table = run_comparison(
+            F.task,
+            out_dir=out_dir,
+            estimators=estimators,
+            seeds=seeds,
+            quick=F.quick,
+            sft_dir=sft_dir,
+            force=F.force,
+            overrides=overrides,
+            window=1 if F.quick else F.window,
+            variant=F.variant,
+        )
     print(markdown(table))
     print(f"plots: {table['plots']}")
 

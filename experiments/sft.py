@@ -8,6 +8,7 @@ Writes <workdir>/hf (Hugging Face dir: the RL configs' model.name),
 <workdir>/sft_result.json and <workdir>/metrics.jsonl; rerunning with the same
 workdir resumes from its latest checkpoint (when config.checkpoint.every > 0).
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,9 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/sft_*.py file.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Path to a configs/sft_*.py file.", lock_config=True
+)
 
 
 def main(argv: list[str]) -> None:
@@ -27,6 +29,7 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from gdpo_jax.train.config import ConfigError
     from gdpo_jax.train.sft import run_sft
+
     try:
         result = run_sft(_CONFIG.value)
     except ConfigError as e:

@@ -9,6 +9,7 @@ a misspelled field is an error). Re-running with the same workdir resumes
 from its latest checkpoint. Multi-host: set --config.distributed.* (or run
 under a cluster environment JAX detects); every process runs this command.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,9 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Path to a configs/*.py file.", lock_config=True
+)
 
 
 def main(argv: list[str]) -> None:
@@ -30,21 +32,30 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # Before anything touches a device: multi-host set-up.
     from gdpo_jax.train import distributed
+
     distributed.initialize_from_config(cfg)
 
     from gdpo_jax.train.config import ConfigError, validate_config
+
     try:
         validate_config(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     from gdpo_jax.train.loop import train
+
     final = train(cfg)
     if final:
-        keys = [k for k in sorted(final) if k.startswith(("reward/", "eval/")) and
-                k.endswith(("/mean",)) or k.startswith("eval/")]
+        keys = [
+            k
+            for k in sorted(final)
+            if k.startswith(("reward/", "eval/"))
+            and k.endswith(("/mean",))
+            or k.startswith("eval/")
+        ]
         logging.getLogger("gdpo_jax.train").info(
-            "done: %s", ", ".join(f"{k}={final[k]:.4g}" for k in keys))
+            "done: %s", ", ".join(f"{k}={final[k]:.4g}" for k in keys)
+        )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ All multisets of one (G, K) go through a single ``compute_advantages`` call
 (one group per multiset), so the count is exactly what the trainer's
 estimator computes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,12 +37,13 @@ MAX_ROWS = 4_000_000
 
 def num_multisets(num_generations: int, num_rewards: int) -> int:
     """Number of multisets of G rollouts over 2**K binary reward vectors."""
-    types = 2 ** num_rewards
+    types = 2**num_rewards
     return math.comb(types + num_generations - 1, num_generations)
 
 
-def enumerate_reward_multisets(num_generations: int, num_rewards: int
-                               ) -> tuple[np.ndarray, np.ndarray, int]:
+def enumerate_reward_multisets(
+    num_generations: int, num_rewards: int
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Every multiset of G rollouts with K binary rewards, one group per multiset.
 
     Returns:
@@ -53,12 +55,16 @@ def enumerate_reward_multisets(num_generations: int, num_rewards: int
         raise ValueError(f"need G >= 2 rollouts and K >= 1 rewards; got G={g}, K={k}.")
     m = num_multisets(g, k)
     if m * g > MAX_ROWS:
-        raise ValueError(f"G={g}, K={k} has {m} multisets ({m * g} rows) > {MAX_ROWS} rows; "
-                         f"pick a smaller G or K.")
+        raise ValueError(
+            f"G={g}, K={k} has {m} multisets ({m * g} rows) > {MAX_ROWS} rows; "
+            f"pick a smaller G or K."
+        )
     types = np.array(list(itertools.product((0.0, 1.0), repeat=k)), np.float32)  # [2^K, K]
     combos = np.fromiter(
-        itertools.chain.from_iterable(itertools.combinations_with_replacement(range(2 ** k), g)),
-        dtype=np.int32, count=m * g)
+        itertools.chain.from_iterable(itertools.combinations_with_replacement(range(2**k), g)),
+        dtype=np.int32,
+        count=m * g,
+    )
     rewards = types[combos]
     group_ids = np.repeat(np.arange(m, dtype=np.int32), g)
     return rewards, group_ids, m
@@ -83,9 +89,14 @@ def count_distinct_rows(adv: np.ndarray, tol: float = 1e-5) -> int:
     return int(np.unique(rows, axis=0).shape[0])
 
 
-def distinct_advantage_counts(num_generations: int, num_rewards: int,
-                              estimators: Sequence[str] = ESTIMATORS, *,
-                              eps: float = 0.0, tol: float = 1e-5) -> dict[str, int]:
+def distinct_advantage_counts(
+    num_generations: int,
+    num_rewards: int,
+    estimators: Sequence[str] = ESTIMATORS,
+    *,
+    eps: float = 0.0,
+    tol: float = 1e-5,
+) -> dict[str, int]:
     """Distinct advantage groups for each estimator at one (G, K).
 
     Args:
@@ -101,28 +112,36 @@ def distinct_advantage_counts(num_generations: int, num_rewards: int,
     for e in estimators:
         if e not in ESTIMATORS:
             raise ValueError(f"unknown estimator {e!r}; choose from {ESTIMATORS}.")
-    return dict(_counts(int(num_generations), int(num_rewards), tuple(estimators),
-                        float(eps), float(tol)))
+    return dict(
+        _counts(int(num_generations), int(num_rewards), tuple(estimators), float(eps), float(tol))
+    )
 
 
 @functools.lru_cache(maxsize=64)  # sweeps and notebooks revisit the same (G, K)
-def _counts(num_generations: int, num_rewards: int, estimators: tuple[str, ...],
-            eps: float, tol: float) -> dict[str, int]:
+def _counts(
+    num_generations: int, num_rewards: int, estimators: tuple[str, ...], eps: float, tol: float
+) -> dict[str, int]:
     rewards, group_ids, m = enumerate_reward_multisets(num_generations, num_rewards)
 
     @jax.jit
     def all_advantages(r, ids):
-        return {e: compute_advantages(r, ids, num_groups=m, estimator=e, eps=eps)
-                for e in estimators}
+        return {
+            e: compute_advantages(r, ids, num_groups=m, estimator=e, eps=eps) for e in estimators
+        }
 
     out = jax.device_get(all_advantages(rewards, group_ids))
-    return {e: count_distinct_rows(out[e].reshape(m, num_generations), tol)
-            for e in estimators}
+    return {e: count_distinct_rows(out[e].reshape(m, num_generations), tol) for e in estimators}
 
 
-def count_distinct_advantage_groups(num_generations: int, num_rewards: int,
-                                    estimator: str = "gdpo", *, eps: float = 0.0,
-                                    tol: float = 1e-5) -> int:
+def count_distinct_advantage_groups(
+    num_generations: int,
+    num_rewards: int,
+    estimator: str = "gdpo",
+    *,
+    eps: float = 0.0,
+    tol: float = 1e-5,
+) -> int:
     """Paper Fig. 2-3 count for one estimator: e.g. (2, 2, "grpo") -> 2, (2, 2, "gdpo") -> 3."""
-    return distinct_advantage_counts(num_generations, num_rewards, (estimator,),
-                                     eps=eps, tol=tol)[estimator]
+    return distinct_advantage_counts(num_generations, num_rewards, (estimator,), eps=eps, tol=tol)[
+        estimator
+    ]

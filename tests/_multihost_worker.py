@@ -8,6 +8,7 @@ parameter sums after the update, this process's sampled rows, and the RL
 loop's per-step metrics. `run_step(jax.devices()[:4])`, `run_sampler(...)` and
 `run_loop(...)` in one process are the single-process references.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,20 +22,25 @@ def main() -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // nproc}"
     import jax
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     from gdpo_jax.train import distributed
+
     if nproc > 1:
-        assert distributed.initialize("always", coordinator_address=f"127.0.0.1:{port}",
-                                      num_processes=nproc, process_id=pid)
+        assert distributed.initialize(
+            "always", coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid
+        )
     assert jax.device_count() == 4 and jax.process_count() == nproc
     result = run_step(jax.devices())
-    result["sampler"] = run_sampler(jax.devices(), SAMPLER_PROMPTS[pid::nproc][0]
-                                    if nproc > 1 else sum(SAMPLER_PROMPTS, []))
+    result["sampler"] = run_sampler(
+        jax.devices(), SAMPLER_PROMPTS[pid::nproc][0] if nproc > 1 else sum(SAMPLER_PROMPTS, [])
+    )
     result["loop"] = run_loop(workdir, num_devices=4)
     # Chunked generation: 16 rows in calls of 8 (1 prompt x G 4 per process per call).
     # Also a reward that fails on process 1 only (scored NaN): both report its failures.
-    result["loop_chunked"] = run_loop(workdir + "_chunked", num_devices=4, rows_per_call=8,
-                                      extra_reward="test_fails_on_p1")
+    result["loop_chunked"] = run_loop(
+        workdir + "_chunked", num_devices=4, rows_per_call=8, extra_reward="test_fails_on_p1"
+    )
     with open(out, "w") as f:
         json.dump(result, f)
     if nproc > 1:
@@ -45,8 +51,11 @@ def run_step(devices) -> dict:
     """One step on a (2, 2, 1) mesh over `devices`; this process feeds only its rows."""
     import jax
     import jax.numpy as jnp
+
     from gdpo_jax.models.sharding import create_model
-    from gdpo_jax.train import distributed, mesh as mesh_lib, state as state_lib
+    from gdpo_jax.train import distributed
+    from gdpo_jax.train import mesh as mesh_lib
+    from gdpo_jax.train import state as state_lib
     from gdpo_jax.train.config import base_config
     from gdpo_jax.train.step import CompiledStep, StepConfig
     from tests.test_train_step import CFG, NUM_GROUPS, make_batch
@@ -58,22 +67,33 @@ def run_step(devices) -> dict:
     model = create_model(CFG, mesh=mesh, seed=0)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
     sc = StepConfig(num_groups=NUM_GROUPS, weights=(1.0, 0.5), num_microbatches=2, beta=0.02)
-    step = CompiledStep(graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc,
-                        state_shardings=state_lib.shardings_of(state), mesh=mesh)
+    step = CompiledStep(
+        graphdef=graphdef,
+        tx=tx,
+        schedule=schedule,
+        cfg=sc,
+        state_shardings=state_lib.shardings_of(state),
+        mesh=mesh,
+    )
     full = make_batch(5, with_ref=True)
     lo, hi = distributed.host_rows(full["rewards"].shape[0])
-    local = {k: v[lo:hi] for k, v in full.items()}      # this host's rows only
+    local = {k: v[lo:hi] for k, v in full.items()}  # this host's rows only
     state, metrics = step(state, distributed.to_global(local, mesh))
-    sums = jax.jit(lambda p: jax.tree.map(lambda x: jnp.sum(x.astype(jnp.float32) ** 2), p),
-                   out_shardings=mesh_lib.replicated(mesh))
+    sums = jax.jit(
+        lambda p: jax.tree.map(lambda x: jnp.sum(x.astype(jnp.float32) ** 2), p),
+        out_shardings=mesh_lib.replicated(mesh),
+    )
     with jax.set_mesh(mesh):
         leaf_sums = sums(state.params)
 
     def host(x):
         return float(x.addressable_data(0)) if hasattr(x, "addressable_data") else float(x)
 
-    return {"metrics": {k: host(v) for k, v in metrics.items()},
-            "param_sums": [host(x) for x in jax.tree.leaves(leaf_sums)], "rows": [lo, hi]}
+    return {
+        "metrics": {k: host(v) for k, v in metrics.items()},
+        "param_sums": [host(x) for x in jax.tree.leaves(leaf_sums)],
+        "rows": [lo, hi],
+    }
 
 
 # Process 0 / process 1 prompts (unequal counts); one process samples all five.
@@ -83,6 +103,7 @@ SAMPLER_PROMPTS = [[[7, 8, 9], [10], [11, 12]], [[13, 14, 15, 16], [17, 18]]]
 def run_sampler(devices, prompts) -> dict:
     """Temperature-1 sampling on a (2, 2, 1) mesh; this process passes only `prompts`."""
     import jax
+
     from gdpo_jax.models.sharding import create_model
     from gdpo_jax.sampling import Sampler, SamplingParams
     from gdpo_jax.train import mesh as mesh_lib
@@ -91,11 +112,19 @@ def run_sampler(devices, prompts) -> dict:
     mesh = mesh_lib.make_mesh((2, 2, 1), devices=devices)
     model = create_model(CFG, mesh=mesh, seed=1)
     sampler = Sampler(model, None, mesh=mesh, prompt_buckets=(8,))
-    ro = sampler.generate(prompts, SamplingParams(max_new_tokens=5, temperature=1.0),
-                          num_generations=2, key=jax.random.key(3))
-    return {"tokens": ro.completion_ids.tolist(), "logprobs": ro.logprobs.tolist(),
-            "group_ids": ro.group_ids.tolist(), "row_offset": ro.info["row_offset"],
-            "prompt_ids": ro.prompt_ids.tolist()}
+    ro = sampler.generate(
+        prompts,
+        SamplingParams(max_new_tokens=5, temperature=1.0),
+        num_generations=2,
+        key=jax.random.key(3),
+    )
+    return {
+        "tokens": ro.completion_ids.tolist(),
+        "logprobs": ro.logprobs.tolist(),
+        "group_ids": ro.group_ids.tolist(),
+        "row_offset": ro.info["row_offset"],
+        "prompt_ids": ro.prompt_ids.tolist(),
+    }
 
 
 _TIMING = ("time/", "perf/", "reward_time/")
@@ -103,22 +132,26 @@ _TIMING = ("time/", "perf/", "reward_time/")
 
 def _register_failing_reward() -> None:
     from gdpo_jax.rewards import list_rewards, register_reward
+
     if "test_fails_on_p1" in list_rewards():
         return
 
     @register_reward("test_fails_on_p1")
     def fails_on_p1(prompts, completions, **kw):
         import jax
+
         if jax.process_index() == 1:
             raise RuntimeError("this reward fails on process 1")
         return [0.5] * len(completions)
 
 
-def run_loop(workdir: str, *, num_devices: int, rows_per_call: int = 0,
-             extra_reward: str = "") -> list[dict]:
+def run_loop(
+    workdir: str, *, num_devices: int, rows_per_call: int = 0, extra_reward: str = ""
+) -> list[dict]:
     """Two RL iterations (temperature-1 sampling) + one eval of the
     tiny test task on a (2, 2, 1) mesh; each process samples its own prompts."""
     import jax
+
     from gdpo_jax.train.loop import Trainer
     from tests._train_fixtures import tiny_config
 

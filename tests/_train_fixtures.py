@@ -4,6 +4,7 @@ Task "test_words": prompts "w7 w8 ..." (plain strings, no chat template);
 rewards "test_has_w10" (1 if the word w10 appears) and "test_short" (1 if at
 most 3 words): two binary rewards a random tiny policy hits sometimes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,14 +34,17 @@ def short(prompts, completions, **kw):
 
 def _records(n: int, seed: int) -> list[dict]:
     r = np.random.default_rng(seed)
-    return [{"prompt": " ".join(f"w{i}" for i in r.integers(6, VOCAB, r.integers(2, 5))),
-             "id": k} for k in range(n)]
+    return [
+        {"prompt": " ".join(f"w{i}" for i in r.integers(6, VOCAB, r.integers(2, 5))), "id": k}
+        for k in range(n)
+    ]
 
 
 @register_task("test_words")
 def _task(cfg) -> TaskData:
     def evaluate(completions, records, **kw):
         return {"frac_nonempty": float(np.mean([bool(c.strip()) for c in completions]))}
+
     return TaskData(train=_records(64, 0), eval=_records(6, 1), evaluate=evaluate)
 
 
@@ -48,8 +52,16 @@ def tiny_config(workdir: str):
     c = base_config()
     c.workdir = workdir
     c.model.tokenizer = "test_tiny"
-    c.model.tiny.update(dict(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                             num_kv_heads=1, head_dim=16))
+    c.model.tiny.update(
+        dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=16,
+        )
+    )
     c.task.name = "test_words"
     c.task.chat_template = False
     c.rewards.names = ("test_has_w10", "test_short")

@@ -3,6 +3,7 @@
 XLA reads the flag once, when the backend starts, so it is set here, before any
 test module imports jax.
 """
+
 import os
 
 os.environ["XLA_FLAGS"] = (

@@ -4,6 +4,7 @@ The reference below loops over groups and rows in plain Python/float64; it
 shares no code with gdpo_jax.core. Shapes are fixed (N=40, 12 groups) so the
 eager/jitted kernels compile once per K.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,17 +50,26 @@ def _normalize(values: dict[int, float], eps: float, scale: bool) -> dict[int, f
     return out
 
 
-def ref_advantages(rewards, group_ids, num_groups, estimator, weights=None, valid=None,
-                   eps=1e-4, batch_norm="sample", token_counts=None):
+def ref_advantages(
+    rewards,
+    group_ids,
+    num_groups,
+    estimator,
+    weights=None,
+    valid=None,
+    eps=1e-4,
+    batch_norm="sample",
+    token_counts=None,
+):
     r = np.asarray(rewards, np.float64)
     n, k = r.shape
     w = np.ones(k) if weights is None else np.asarray(weights, np.float64)
-    ok = [(valid is None or bool(valid[i])) and 0 <= group_ids[i] < num_groups
-          for i in range(n)]
+    ok = [(valid is None or bool(valid[i])) and 0 <= group_ids[i] < num_groups for i in range(n)]
     out = np.zeros(n)
     if estimator in ("grpo", "grpo_no_std"):
-        s = [sum(w[j] * (0.0 if np.isnan(r[i, j]) else r[i, j]) for j in range(k))
-             for i in range(n)]
+        s = [
+            sum(w[j] * (0.0 if np.isnan(r[i, j]) else r[i, j]) for j in range(k)) for i in range(n)
+        ]
         for g in range(num_groups):
             members = {i: s[i] for i in range(n) if ok[i] and group_ids[i] == g}
             for i, a in _normalize(members, eps, estimator == "grpo").items():
@@ -68,8 +78,11 @@ def ref_advantages(rewards, group_ids, num_groups, estimator, weights=None, vali
     total = np.zeros(n)
     for j in range(k):
         for g in range(num_groups):
-            members = {i: r[i, j] for i in range(n)
-                       if ok[i] and group_ids[i] == g and not np.isnan(r[i, j])}
+            members = {
+                i: r[i, j]
+                for i in range(n)
+                if ok[i] and group_ids[i] == g and not np.isnan(r[i, j])
+            }
             for i, a in _normalize(members, eps, True).items():
                 total[i] += w[j] * a
     if estimator == "gdpo_no_bn":
@@ -90,7 +103,7 @@ def ref_advantages(rewards, group_ids, num_groups, estimator, weights=None, vali
     msk = np.zeros((n, tmax))
     for i in rows:
         tok[i, :] = total[i]
-        msk[i, :token_counts[i]] = 1.0
+        msk[i, : token_counts[i]] = 1.0
     msum = msk.sum()
     mean = (tok * msk).sum() / msum
     var = (((tok - mean) ** 2) * msk).sum() / msum * (msum / (msum - 1))
@@ -135,15 +148,23 @@ _JIT_CACHE: dict = {}
 def jitted(estimator: str, batch_norm: str = "sample", eps: float = 1e-4):
     key = (estimator, batch_norm, eps)
     if key not in _JIT_CACHE:
-        _JIT_CACHE[key] = jax.jit(partial(compute_advantages, num_groups=G, estimator=estimator,
-                                          batch_norm=batch_norm, eps=eps))
+        _JIT_CACHE[key] = jax.jit(
+            partial(
+                compute_advantages,
+                num_groups=G,
+                estimator=estimator,
+                batch_norm=batch_norm,
+                eps=eps,
+            )
+        )
     return _JIT_CACHE[key]
 
 
 def adv_fn(r, ids, **kwargs):
     """One compiled call (cheaper than eager op-by-op dispatch for a new shape)."""
-    static = {k: kwargs.pop(k) for k in ("num_groups", "estimator", "eps", "batch_norm")
-              if k in kwargs}
+    static = {
+        k: kwargs.pop(k) for k in ("num_groups", "estimator", "eps", "batch_norm") if k in kwargs
+    }
     return jax.jit(partial(compute_advantages, **static))(r, ids, **kwargs)
 
 
@@ -160,8 +181,9 @@ def test_matches_reference_jitted(estimator, batch_norm):
         k = 1 + seed % 3 * 2  # K in {1, 3, 5}: three compilations per variant
         r, ids, w, valid, tc = make_case(seed, k)
         got = f(r, ids, weights=w, valid=valid, token_counts=tc)
-        want = ref_advantages(r, ids, G, estimator, w, valid, batch_norm=batch_norm,
-                              token_counts=tc)
+        want = ref_advantages(
+            r, ids, G, estimator, w, valid, batch_norm=batch_norm, token_counts=tc
+        )
         np.testing.assert_allclose(np.asarray(got), want, **TOL, err_msg=f"seed {seed}")
         assert got.dtype == jnp.float32
 
@@ -248,8 +270,7 @@ def test_nan_size_one_constant_and_padding_rules():
         assert np.all(np.asarray(out) == 0.0), est
     # eps = 0 (NeMo-RL): constant and size-1 groups give 0, never NaN.
     r3 = np.array([[1.0], [1.0], [0.0], [1.0]], np.float32)
-    out = adv_fn(r3, np.array([0, 0, 1, 2], np.int32), num_groups=3,
-                             estimator="grpo", eps=0.0)
+    out = adv_fn(r3, np.array([0, 0, 1, 2], np.int32), num_groups=3, estimator="grpo", eps=0.0)
     np.testing.assert_array_equal(out, [0, 0, 0, 0])
 
 
@@ -279,8 +300,9 @@ def test_gdpo_invariant_to_scale_and_shift_of_one_reward():
     g = jitted("grpo", eps=1e-6)
     r2 = r.copy()
     r2[:, 0] *= 3.0
-    assert not np.allclose(g(r2, ids, weights=w, valid=valid), g(r, ids, weights=w, valid=valid),
-                           atol=1e-2)
+    assert not np.allclose(
+        g(r2, ids, weights=w, valid=valid), g(r, ids, weights=w, valid=valid), atol=1e-2
+    )
 
 
 def test_k1_gdpo_is_grpo_then_whitening():
@@ -311,10 +333,13 @@ def test_nan_column_is_a_no_op_for_gdpo_and_zero_weight_for_grpo():
 # Sharded == unsharded (8 fake CPU devices), Auto and Explicit meshes.
 # --------------------------------------------------------------------------- #
 def _everything(r, ids, w, valid, tc):
-    out = {e: compute_advantages(r, ids, num_groups=G, estimator=e, weights=w, valid=valid)
-           for e in ESTIMATORS}
-    out["gdpo_token"] = compute_advantages(r, ids, num_groups=G, weights=w, valid=valid,
-                                           batch_norm="token", token_counts=tc)
+    out = {
+        e: compute_advantages(r, ids, num_groups=G, estimator=e, weights=w, valid=valid)
+        for e in ESTIMATORS
+    }
+    out["gdpo_token"] = compute_advantages(
+        r, ids, num_groups=G, weights=w, valid=valid, batch_norm="token", token_counts=tc
+    )
     out["distinct"] = group_distinct_advantages(out["gdpo"], ids, num_groups=G, valid=valid)
     out["spread"] = per_reward_group_spread(r, ids, num_groups=G, valid=valid)
     return out
@@ -335,13 +360,18 @@ def test_sharded_equals_unsharded(axis_type):
     mesh = jax.make_mesh((4, 2, 1), ("data", "fsdp", "tensor"), axis_types=(axis_type,) * 3)
     rows = NamedSharding(mesh, P(("data", "fsdp")))
     with jax.set_mesh(mesh):
-        args = [jax.device_put(r, rows), jax.device_put(ids, rows),
-                jax.device_put(w, NamedSharding(mesh, P())), jax.device_put(valid, rows),
-                jax.device_put(tc, rows)]
+        args = [
+            jax.device_put(r, rows),
+            jax.device_put(ids, rows),
+            jax.device_put(w, NamedSharding(mesh, P())),
+            jax.device_put(valid, rows),
+            jax.device_put(tc, rows),
+        ]
         got = jax.jit(_everything)(*args)
     for key in want:
-        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]),
-                                   rtol=1e-5, atol=1e-5, err_msg=key)
+        np.testing.assert_allclose(
+            np.asarray(got[key]), np.asarray(want[key]), rtol=1e-5, atol=1e-5, err_msg=key
+        )
     # The advantages stay sharded like the rows (no silent gather to one device).
     assert got["gdpo"].sharding.spec[0] == ("data", "fsdp")
     assert len(got["gdpo"].sharding.device_set) == 8
@@ -365,8 +395,11 @@ def test_gate_reward():
 def _ref_distinct(adv, ids, num_groups, valid, decimals):
     counts = []
     for g in range(num_groups):
-        vals = {round(float(adv[i]), decimals) + 0.0 for i in range(len(adv))
-                if valid[i] and ids[i] == g}
+        vals = {
+            round(float(adv[i]), decimals) + 0.0
+            for i in range(len(adv))
+            if valid[i] and ids[i] == g
+        }
         if vals:
             counts.append(len(vals))
     return sum(counts) / max(len(counts), 1)
@@ -394,13 +427,17 @@ def test_per_reward_group_spread():
     assert got.shape == (G, 3) and got.dtype == bool
     for g in range(G):
         for j in range(3):
-            vals = {float(r[i, j]) for i in range(N)
-                    if valid[i] and ids[i] == g and not np.isnan(r[i, j])}
+            vals = {
+                float(r[i, j])
+                for i in range(N)
+                if valid[i] and ids[i] == g and not np.isnan(r[i, j])
+            }
             assert got[g, j] == (len(vals) > 1), (g, j)
     # A group whose *sum* is constant still has spread in each reward.
     r2 = np.array([[1, 0], [0, 1]], np.float32)
-    np.testing.assert_array_equal(per_reward_group_spread(r2, np.zeros(2, np.int32), num_groups=1),
-                                  [[True, True]])
+    np.testing.assert_array_equal(
+        per_reward_group_spread(r2, np.zeros(2, np.int32), num_groups=1), [[True, True]]
+    )
 
 
 # --------------------------------------------------------------------------- #

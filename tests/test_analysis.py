@@ -1,4 +1,5 @@
 """Distinct-advantage-group counts (paper Fig. 2-3) vs hand enumeration and brute force."""
+
 from __future__ import annotations
 
 import itertools
@@ -29,9 +30,16 @@ def test_hand_enumerated_g2_k2():
     # one differing reward gives +-1/sqrt2, two agreeing give +-sqrt2.
     gdpo = {(0, 0), (-S, S), (-2 * S, 2 * S)}
     counts = distinct_advantage_counts(2, 2)
-    assert counts == {"grpo": len(grpo), "grpo_no_std": len(no_std),
-                      "gdpo": len(gdpo), "gdpo_no_bn": len(gdpo)} == {
-        "grpo": 2, "grpo_no_std": 3, "gdpo": 3, "gdpo_no_bn": 3}
+    assert (
+        counts
+        == {
+            "grpo": len(grpo),
+            "grpo_no_std": len(no_std),
+            "gdpo": len(gdpo),
+            "gdpo_no_bn": len(gdpo),
+        }
+        == {"grpo": 2, "grpo_no_std": 3, "gdpo": 3, "gdpo_no_bn": 3}
+    )
     assert count_distinct_advantage_groups(2, 2, "grpo") == 2
     assert count_distinct_advantage_groups(2, 2, "gdpo") == 3
 
@@ -40,14 +48,16 @@ def test_hand_enumerated_g3_k1():
     # Multisets {000, 001, 011, 111}: 000 and 111 both give (0,0,0); 001 and 011
     # give two different non-zero patterns -> 3 for every estimator (K = 1: no collapse).
     assert distinct_advantage_counts(3, 1) == dict.fromkeys(
-        ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn"), 3)
+        ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn"), 3
+    )
 
 
 def _brute_force(g: int, k: int) -> dict[str, int]:
     """Independent float64 count: per-multiset formulas, explicit loops."""
     seen = {"grpo": set(), "grpo_no_std": set(), "gdpo_no_bn": set()}
     for combo in itertools.combinations_with_replacement(
-            list(itertools.product((0, 1), repeat=k)), g):
+        list(itertools.product((0, 1), repeat=k)), g
+    ):
         r = np.array(combo, np.float64)  # [G, K]
         s = r.sum(1)
         sd = s.std(ddof=1)

@@ -3,6 +3,7 @@
 run_all is exercised on throw-away benchmark modules (one that works, one that
 raises, one that does not exist), inline and in child processes.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,36 +21,49 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_markdown_table_hand_written():
     rows = [{"name": "a", "ms": 1.23456, "n": 65536}, {"name": "b|c", "ms": 0.0001}]
-    want = ("| name | ms | n |\n"
-            "|---|---|---|\n"
-            "| a | 1.235 | 65,536 |\n"
-            "| b\\|c | 1.000e-04 |  |")
+    want = "| name | ms | n |\n|---|---|---|\n| a | 1.235 | 65,536 |\n| b\\|c | 1.000e-04 |  |"
     assert common.markdown_table(rows) == want
     assert common.markdown_table([]) == "_(no rows)_"
 
 
 def test_text_table_aligns_columns():
     out = common.text_table([{"x": 1, "long name": "v"}, {"x": 100}]).splitlines()
-    assert len({len(line) for line in out}) == 1, out   # every line the same width
+    assert len({len(line) for line in out}) == 1, out  # every line the same width
     assert out[0].split() == ["x", "long", "name"]
 
 
-@pytest.mark.parametrize("value, text", [
-    (True, "True"), (None, ""), (3, "3"), (12345, "12,345"), (0.5, "0.5"),
-    (123456.0, "123,456"), (2e9, "2.000e+09"), (float("nan"), "nan"), ([1, 2.5], "1, 2.5"),
-])
+@pytest.mark.parametrize(
+    "value, text",
+    [
+        (True, "True"),
+        (None, ""),
+        (3, "3"),
+        (12345, "12,345"),
+        (0.5, "0.5"),
+        (123456.0, "123,456"),
+        (2e9, "2.000e+09"),
+        (float("nan"), "nan"),
+        ([1, 2.5], "1, 2.5"),
+    ],
+)
 def test_format_value(value, text):
     assert common.format_value(value) == text
 
 
 def test_to_jsonable_and_write_json(tmp_path):
-    obj = {"a": np.float32(1.5), "b": np.arange(3), "c": (1, float("nan")), 4: np.int64(7),
-           "d": float("inf"), "e": object}
+    obj = {
+        "a": np.float32(1.5),
+        "b": np.arange(3),
+        "c": (1, float("nan")),
+        4: np.int64(7),
+        "d": float("inf"),
+        "e": object,
+    }
     path = common.write_json(str(tmp_path / "sub" / "x.json"), obj)
     got = json.loads(pathlib.Path(path).read_text())
     assert got["a"] == 1.5 and got["b"] == [0, 1, 2] and got["c"] == [1, None]
     assert got["4"] == 7 and got["d"] is None and got["e"].startswith("<class")
-    assert not list(tmp_path.glob("sub/*.tmp"))          # the temp file was moved into place
+    assert not list(tmp_path.glob("sub/*.tmp"))  # the temp file was moved into place
 
 
 def test_result_to_markdown_renders_lists_of_dicts_as_tables():
@@ -70,7 +84,7 @@ def test_matmul_peak_is_consistent():
     peak = common.matmul_peak(128, repeats=2)
     assert peak["n"] == 128 and peak["dtype"] == "float32"
     # FLOP/s is 2 n^3 over the best per-matmul time (independent arithmetic).
-    assert math.isclose(peak["flops_per_s"], 2 * 128 ** 3 / peak["best_s"], rel_tol=1e-9)
+    assert math.isclose(peak["flops_per_s"], 2 * 128**3 / peak["best_s"], rel_tol=1e-9)
     assert peak["flops_per_s"] > 1e6
     with pytest.raises(ValueError, match="repeats"):
         common.time_fn(lambda: None, repeats=0)
@@ -85,11 +99,12 @@ def fake_benchmarks(tmp_path, monkeypatch):
         "import numpy as np\n"
         "def run(quick: bool = False):\n"
         "    print('hello from ok')\n"
-        "    return {'quick': quick, 'value': np.float32(2.0), 'results': [{'a': 1}]}\n")
+        "    return {'quick': quick, 'value': np.float32(2.0), 'results': [{'a': 1}]}\n"
+    )
     (pkg / "boom.py").write_text("def run(quick=False):\n    raise RuntimeError('kaboom')\n")
     (pkg / "norun.py").write_text("X = 1\n")
     path = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    monkeypatch.setenv("PYTHONPATH", path)    # the child processes import from here
+    monkeypatch.setenv("PYTHONPATH", path)  # the child processes import from here
     monkeypatch.syspath_prepend(str(tmp_path))
     return ["nbh_fakebench.ok", "nbh_fakebench.boom", "nbh_fakebench.norun", "bench_missing_xyz"]
 
@@ -97,8 +112,9 @@ def fake_benchmarks(tmp_path, monkeypatch):
 @pytest.mark.parametrize("isolate", [False, True], ids=["inline", "isolated"])
 def test_run_all_records_ok_error_and_missing(fake_benchmarks, isolate, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
-    report = run_all.run_benchmarks(fake_benchmarks, quick=True, isolate=isolate,
-                                    measure_peak=False)
+    report = run_all.run_benchmarks(
+        fake_benchmarks, quick=True, isolate=isolate, measure_peak=False
+    )
     b = report["benchmarks"]
     assert b["nbh_fakebench.ok"]["status"] == "ok"
     assert b["nbh_fakebench.ok"]["result"] == {"quick": True, "value": 2.0, "results": [{"a": 1}]}
@@ -111,8 +127,10 @@ def test_run_all_records_ok_error_and_missing(fake_benchmarks, isolate, tmp_path
     assert report["machine"]["cpu_count"] >= 1
 
     js, md = run_all.write_report(report, str(tmp_path / "bench"))
-    assert json.loads(pathlib.Path(js).read_text())["benchmarks"]["bench_missing_xyz"]["status"] \
+    assert (
+        json.loads(pathlib.Path(js).read_text())["benchmarks"]["bench_missing_xyz"]["status"]
         == "missing"
+    )
     text = pathlib.Path(md).read_text()
     assert "| nbh_fakebench.boom | error |" in text and "## nbh_fakebench.ok" in text
     assert len(list((tmp_path / "bench").glob("bench-*.json"))) == 1
@@ -121,10 +139,19 @@ def test_run_all_records_ok_error_and_missing(fake_benchmarks, isolate, tmp_path
 def test_run_all_main_writes_latest_with_peak(fake_benchmarks, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "out"
-    rc = run_all.main(["--quick", "--out_dir", str(out),   # isolated: peak in a child too
-                       "--only", "nbh_fakebench.ok,bench_missing_xyz"])
+    rc = run_all.main(
+        [
+            "--quick",
+            "--out_dir",
+            str(out),  # isolated: peak in a child too
+            "--only",
+            "nbh_fakebench.ok,bench_missing_xyz",
+        ]
+    )
     assert rc == 0
     report = json.loads((out / "latest.json").read_text())
     assert report["matmul_peak"]["flops_per_s"] > 0
     assert "Measured matmul peak" in (out / "latest.md").read_text()
-    assert run_all.main(["--no_isolate", "--out_dir", str(out), "--only", "nbh_fakebench.boom"]) == 1
+    assert (
+        run_all.main(["--no_isolate", "--out_dir", str(out), "--only", "nbh_fakebench.boom"]) == 1
+    )

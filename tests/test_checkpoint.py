@@ -1,4 +1,5 @@
 """Orbax checkpoints: keep-last-N, interval, atomicity, resharding restore, config check."""
+
 from __future__ import annotations
 
 import os
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from gdpo_jax.models.sharding import create_model
-from gdpo_jax.train import mesh as mesh_lib, state as state_lib
+from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer, IncompatibleCheckpointError
 from gdpo_jax.train.config import base_config
 from tests.test_train_step import CFG
@@ -39,11 +41,13 @@ def test_keep_interval_and_roundtrip(tmp_path):
     # Restore onto a different layout (unsharded, one device): values unchanged.
     target = _state(None, seed=1)
     restored, rkey, data_state, step = Checkpointer(str(tmp_path), every=2, config=_cfg()).restore(
-        target, jax.random.key(0))
+        target, jax.random.key(0)
+    )
     assert step == 5 and data_state == {"next_index": 5}
     np.testing.assert_array_equal(jax.random.key_data(rkey), jax.random.key_data(key))
-    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-                 restored, state)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, state
+    )
     leaf = jax.tree.leaves(restored.params)[0]
     assert len(leaf.sharding.device_set) == 1
     ck.close()
@@ -73,7 +77,7 @@ def test_incompatible_config_names_every_field(tmp_path):
     other = _cfg()
     other.algo.estimator = "grpo"
     other.model.tiny.hidden_size = 128
-    other.train.num_steps = 500      # allowed to change on resume
+    other.train.num_steps = 500  # allowed to change on resume
     with pytest.raises(IncompatibleCheckpointError) as e:
         Checkpointer(str(tmp_path), every=1, config=other).restore(state, jax.random.key(0))
     msg = str(e.value)

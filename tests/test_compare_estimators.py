@@ -1,4 +1,5 @@
 """experiments/compare_estimators.py: the --quick comparison end to end, and its statistics."""
+
 import json
 import math
 import os
@@ -22,70 +23,111 @@ def test_curve_moving_average_and_band_by_hand():
     np.testing.assert_array_equal(steps, [1, 2, 3, 5])
     np.testing.assert_allclose(vals, [1.0, 2.0, 4.0, 6.0])  # trailing mean of <= 2 points
     # Three seeds; the band is over the steps all of them have (here 1 and 2).
-    curves = [(np.array([1, 2]), np.array([0.0, 1.0])), (np.array([1, 2, 3]), np.array([2.0, 3.0, 9.0])),
-              (np.array([1, 2]), np.array([4.0, 5.0]))]
+    curves = [
+        (np.array([1, 2]), np.array([0.0, 1.0])),
+        (np.array([1, 2, 3]), np.array([2.0, 3.0, 9.0])),
+        (np.array([1, 2]), np.array([4.0, 5.0])),
+    ]
     steps, med, q25, q75 = ce.band(curves)
     np.testing.assert_array_equal(steps, [1, 2])
     np.testing.assert_allclose(med, [2.0, 3.0])
-    np.testing.assert_allclose(q25, [1.0, 2.0])   # numpy's linear interpolation: 0 + 0.5 * 2
+    np.testing.assert_allclose(q25, [1.0, 2.0])  # numpy's linear interpolation: 0 + 0.5 * 2
     np.testing.assert_allclose(q75, [3.0, 4.0])
 
 
 def test_stats_by_hand():
     s = ce._stats([1.0, 2.0, 4.0, float("nan")])
     assert s["n"] == 3 and s["mean"] == pytest.approx(7 / 3) and s["median"] == 2.0
-    assert s["std"] == pytest.approx(math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2))
+    assert s["std"] == pytest.approx(
+        math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2)
+    )
     assert ce._stats([])["n"] == 0
 
 
 def test_run_config_changes_only_estimator_seed_and_workdir():
     from gdpo_jax.train.config import config_to_dict, validate_config
-    a = ce.run_config("toolcall", estimator="grpo", seed=0, workdir="/tmp/a", model="m", quick=False)
-    b = ce.run_config("toolcall", estimator="gdpo_no_bn", seed=3, workdir="/tmp/b", model="m",
-                      quick=False)
+
+    a = ce.run_config(
+        "toolcall", estimator="grpo", seed=0, workdir="/tmp/a", model="m", quick=False
+    )
+    b = ce.run_config(
+        "toolcall", estimator="gdpo_no_bn", seed=3, workdir="/tmp/b", model="m", quick=False
+    )
     da, db = config_to_dict(a), config_to_dict(b)
     diff = sorted(k for k in da if da[k] != db[k])
     assert diff == ["algo", "seed", "workdir"]
     assert {k for k in da["algo"] if da["algo"][k] != db["algo"][k]} == {"estimator"}
     for task in ("toolcall", "math"):
         for quick in (False, True):
-            validate_config(ce.run_config(task, estimator="gdpo", seed=0, workdir="/tmp/w",
-                                          model="m", quick=quick), num_devices=1)
+            validate_config(
+                ce.run_config(
+                    task, estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=quick
+                ),
+                num_devices=1,
+            )
     m = ce.run_config("math", estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=False)
     assert tuple(m.rewards.conditions) == ("", "math_correct")  # length gated on correctness
-    plain = ce.run_config("math", estimator="gdpo", seed=0, workdir="/tmp/w", model="m",
-                          quick=True, variant="plain")
-    assert tuple(plain.rewards.conditions) == ("", "")          # the paper's main math setting
-    assert plain.train.num_steps == 2                            # quick still applies
+    plain = ce.run_config(
+        "math", estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=True, variant="plain"
+    )
+    assert tuple(plain.rewards.conditions) == ("", "")  # the paper's main math setting
+    assert plain.train.num_steps == 2  # quick still applies
     with pytest.raises(ValueError, match="unknown option"):
-        ce.run_config("math", estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=False,
-                      variant="plian")
-    o = ce.run_config("toolcall", estimator="gdpo", seed=0, workdir="/tmp/w", model="m", quick=True,
-                      overrides={"train.num_steps": "3", "train.tensorboard": "true"})
+        ce.run_config(
+            "math",
+            estimator="gdpo",
+            seed=0,
+            workdir="/tmp/w",
+            model="m",
+            quick=False,
+            variant="plian",
+        )
+    o = ce.run_config(
+        "toolcall",
+        estimator="gdpo",
+        seed=0,
+        workdir="/tmp/w",
+        model="m",
+        quick=True,
+        overrides={"train.num_steps": "3", "train.tensorboard": "true"},
+    )
     assert o.train.num_steps == 3 and o.train.tensorboard is True
 
 
 def test_quick_comparison_writes_metrics_plots_and_table(tmp_path):
     out = tmp_path / "cmp"
-    table = ce.run_comparison("toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0],
-                              quick=True, window=1)
+    table = ce.run_comparison(
+        "toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0], quick=True, window=1
+    )
     from gdpo_jax.train.metrics import read_jsonl
+
     assert (out / "sft" / "hf" / "config.json").exists()
     for est in ("grpo", "gdpo"):
         run = out / "runs" / est / "seed0"
         recs = read_jsonl(str(run / "metrics.jsonl"))
         assert sorted(recs) == [0, 1, 2]
-        assert {"eval/toolcall_format", "eval/toolcall_correctness", "eval/accuracy"} <= set(recs[0])
+        assert {"eval/toolcall_format", "eval/toolcall_correctness", "eval/accuracy"} <= set(
+            recs[0]
+        )
         for step in (1, 2):
-            for k in ("reward/toolcall_format/mean", "reward/toolcall_correctness/mean", "loss",
-                      "adv/std"):
+            for k in (
+                "reward/toolcall_format/mean",
+                "reward/toolcall_correctness/mean",
+                "loss",
+                "adv/std",
+            ):
                 assert math.isfinite(recs[step][k]), (est, step, k)
         assert "eval/accuracy" in recs[2]  # evaluated after the last step
         info = json.loads((run / "run_info.json").read_text())
         assert info["done"] and info["estimator"] == est and info["seconds"] > 0
 
-    for name in ("train_toolcall_format", "train_toolcall_correctness", "eval_toolcall_correctness",
-                 "eval_accuracy", "eval_format"):
+    for name in (
+        "train_toolcall_format",
+        "train_toolcall_correctness",
+        "eval_toolcall_correctness",
+        "eval_accuracy",
+        "eval_format",
+    ):
         path = out / "plots" / f"{name}.png"
         assert path.read_bytes()[:8] == PNG_MAGIC, name
 
@@ -103,11 +145,13 @@ def test_quick_comparison_writes_metrics_plots_and_table(tmp_path):
     assert md[5] == "" and md[-1].startswith("| GDPO | ")  # then the paired table
     paired = saved["paired_vs_grpo"]["gdpo"]["eval/format"]
     assert paired["n"] == 1 and paired["mean"] == pytest.approx(
-        saved["rows"]["gdpo"]["eval/format"]["mean"] - saved["rows"]["grpo"]["eval/format"]["mean"])
+        saved["rows"]["gdpo"]["eval/format"]["mean"] - saved["rows"]["grpo"]["eval/format"]["mean"]
+    )
 
     # A second call finds the runs done and only redraws the report.
-    again = ce.run_comparison("toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0],
-                              quick=True, window=1)
+    again = ce.run_comparison(
+        "toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0], quick=True, window=1
+    )
     assert again["rows"] == table["rows"]
 
     # A run killed after step 1 (checkpoint written, no run_info.json) is resumed
@@ -115,16 +159,23 @@ def test_quick_comparison_writes_metrics_plots_and_table(tmp_path):
     run = out / "runs" / "gdpo" / "seed0"
     full = read_jsonl(str(run / "metrics.jsonl"))
     shutil.rmtree(run)
-    cfg = ce.run_config("toolcall", estimator="gdpo", seed=0, workdir=str(run),
-                        model=str(out / "sft" / "hf"), quick=True)
+    cfg = ce.run_config(
+        "toolcall",
+        estimator="gdpo",
+        seed=0,
+        workdir=str(run),
+        model=str(out / "sft" / "hf"),
+        quick=True,
+    )
     cfg.train.stop_after_step = 1
     assert ce.run_one(cfg)["done"] is False
     assert not (run / "run_info.json").exists() and (run / "checkpoints").is_dir()
     assert sorted(read_jsonl(str(run / "metrics.jsonl"))) == [0, 1]
-    ce.run_comparison("toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0],
-                      quick=True, window=1)
+    ce.run_comparison(
+        "toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0], quick=True, window=1
+    )
     assert json.loads((run / "run_info.json").read_text())["resumed_from"] == 1
-    assert not (run / "checkpoints").exists()   # removed once the run finished
+    assert not (run / "checkpoints").exists()  # removed once the run finished
     resumed = read_jsonl(str(run / "metrics.jsonl"))
     assert sorted(resumed) == [0, 1, 2]
     timing = ("time/", "perf/", "reward_time/")

@@ -1,4 +1,5 @@
 """token_logprobs / token_entropy / chunked_token_logprobs vs NumPy (float64)."""
+
 from __future__ import annotations
 
 import jax
@@ -64,8 +65,9 @@ def test_chunked_equals_unchunked(data, chunk_size):
     _, targets, hidden, unembed = data
     logits = np.einsum("btd,dv->btv", hidden.astype(np.float64), unembed)
     ref = np_log_softmax(logits / 0.8)
-    logp, ent = chunked_token_logprobs(hidden, unembed, targets, chunk_size=chunk_size,
-                                       temperature=0.8)
+    logp, ent = chunked_token_logprobs(
+        hidden, unembed, targets, chunk_size=chunk_size, temperature=0.8
+    )
     np.testing.assert_allclose(logp, np_pick(ref, targets), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ent, -(np.exp(ref) * ref).sum(-1), rtol=1e-5, atol=1e-5)
 
@@ -107,7 +109,7 @@ def _all_avals(jaxpr):
         for v in eqn.outvars:
             yield v.aval
         for p in eqn.params.values():
-            for sub in (p if isinstance(p, (list, tuple)) else [p]):
+            for sub in p if isinstance(p, (list, tuple)) else [p]:
                 inner = getattr(sub, "jaxpr", None)
                 if inner is not None:
                     yield from _all_avals(getattr(inner, "jaxpr", inner))
@@ -125,6 +127,9 @@ def test_chunked_never_builds_full_logits():
         return jnp.sum(lp) + jnp.sum(ent)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(hidden, unembed).jaxpr
-    sizes = [int(np.prod(a.shape)) for a in _all_avals(jaxpr)
-             if hasattr(a, "shape") and len(a.shape) and a.shape[-1] == v]
+    sizes = [
+        int(np.prod(a.shape))
+        for a in _all_avals(jaxpr)
+        if hasattr(a, "shape") and len(a.shape) and a.shape[-1] == v
+    ]
     assert sizes and max(sizes) <= b * c * v, max(sizes)

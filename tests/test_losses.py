@@ -1,4 +1,5 @@
 """policy_loss / kl_penalty / aggregate: hand-worked cases, exact splits, gradients."""
+
 from __future__ import annotations
 
 import math
@@ -12,12 +13,14 @@ from gdpo_jax.core import aggregate, kl_penalty, policy_loss, safe_div
 
 # One token per row; each row exercises one branch of the clipped surrogate.
 #            A     rho   expected per-token loss (clip 0.2/0.2, dual clip 3)  branch
-CASES = [(+1.0, 0.5, -0.5, "unclipped, A>0"),
-         (+1.0, 1.5, -1.2, "high clip: -A * 1.2"),
-         (-1.0, 0.5, +0.8, "low clip: -A * 0.8"),
-         (-1.0, 1.5, +1.5, "unclipped, A<0"),
-         (-1.0, 4.0, +3.0, "dual clip: -A * 3"),
-         (+2.0, 1.1, -2.2, "inside the trust region")]
+CASES = [
+    (+1.0, 0.5, -0.5, "unclipped, A>0"),
+    (+1.0, 1.5, -1.2, "high clip: -A * 1.2"),
+    (-1.0, 0.5, +0.8, "low clip: -A * 0.8"),
+    (-1.0, 1.5, +1.5, "unclipped, A<0"),
+    (-1.0, 4.0, +3.0, "dual clip: -A * 3"),
+    (+2.0, 1.1, -2.2, "inside the trust region"),
+]
 
 
 def _case_arrays():
@@ -57,8 +60,11 @@ def test_each_clip_branch_hand_worked():
 def test_gradient_is_zero_exactly_where_clipped():
     # d(per-token loss)/d logp = -A * rho where unclipped, 0 where a clip is active.
     logp, old, adv, mask = _case_arrays()
-    grad = jax.grad(lambda lp: policy_loss(lp, old, adv, mask, dual_clip=3.0,
-                                           aggregation="dr_grpo", max_len=1)[0])(logp)
+    grad = jax.grad(
+        lambda lp: policy_loss(lp, old, adv, mask, dual_clip=3.0, aggregation="dr_grpo", max_len=1)[
+            0
+        ]
+    )(logp)
     rho = np.array([c[1] for c in CASES])
     want = -adv * rho
     want[[1, 2, 4]] = 0.0
@@ -66,8 +72,12 @@ def test_gradient_is_zero_exactly_where_clipped():
 
 
 def test_clip_higher():
-    logp, old, adv, mask = (np.log([[1.25]]).astype(np.float32), np.zeros((1, 1), np.float32),
-                            np.ones(1, np.float32), np.ones((1, 1), np.float32))
+    logp, old, adv, mask = (
+        np.log([[1.25]]).astype(np.float32),
+        np.zeros((1, 1), np.float32),
+        np.ones(1, np.float32),
+        np.ones((1, 1), np.float32),
+    )
     s, _, m = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
     assert float(s) == pytest.approx(-1.25, rel=1e-5) and float(m["clip_frac_high"][0]) == 0.0
     s, _, m = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
@@ -98,8 +108,18 @@ def test_kl_and_entropy_terms_in_loss():
     mask = np.ones((1, 2), np.float32)
     adv = np.array([0.5], np.float32)
     k3 = 0.5 + math.log(2) - 1  # token 0; token 1 has KL 0
-    s, d, m = policy_loss(logp, old, adv, mask, ref_logp=ref, beta=0.1, kl_estimator="k3",
-                          entropy=ent, entropy_coef=0.01, aggregation="bnpo")
+    s, d, m = policy_loss(
+        logp,
+        old,
+        adv,
+        mask,
+        ref_logp=ref,
+        beta=0.1,
+        kl_estimator="k3",
+        entropy=ent,
+        entropy_coef=0.01,
+        aggregation="bnpo",
+    )
     want = (-0.5 + 0.1 * k3 - 0.01 * 2.0) + (-0.5 - 0.01 * 1.0)
     assert float(s) == pytest.approx(want, rel=1e-5) and float(d) == 2
     assert float(m["kl"][0] / m["kl"][1]) == pytest.approx(k3 / 2, rel=1e-5)
@@ -110,8 +130,12 @@ def test_kl_and_entropy_terms_in_loss():
 def test_aggregations_hand_worked():
     per_token = np.array([[1, 2, 3, 0], [4, 0, 0, 0], [5, 6, np.inf, np.nan]], np.float32)
     mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
-    expect = {"grpo": (2 + 4, 2),  # row means 2 and 4; the empty row is not counted
-              "bnpo": (10, 4), "dapo": (10, 4), "dr_grpo": (10, 3 * 4)}
+    expect = {
+        "grpo": (2 + 4, 2),  # row means 2 and 4; the empty row is not counted
+        "bnpo": (10, 4),
+        "dapo": (10, 4),
+        "dr_grpo": (10, 3 * 4),
+    }
     for mode, (s_want, d_want) in expect.items():
         s, d = aggregate(per_token, mask, mode)
         assert (float(s), float(d)) == (s_want, d_want), mode
@@ -134,8 +158,9 @@ def test_sum_denom_exact_over_micro_batches(mode):
     np.testing.assert_allclose(sum(p[0] for p in parts), full[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(sum(p[1] for p in parts), full[1], rtol=0, atol=0)
     for key in ("clip_frac", "approx_kl", "ratio_mean", "pg_loss"):
-        np.testing.assert_allclose(sum(p[2][key][0] for p in parts), full[2][key][0],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            sum(p[2][key][0] for p in parts), full[2][key][0], rtol=1e-5, atol=1e-6
+        )
         np.testing.assert_allclose(sum(p[2][key][1] for p in parts), full[2][key][1])
     # Independent NumPy value of the full-batch loss.
     rho = np.exp(logp.astype(np.float64) - old)
@@ -144,8 +169,10 @@ def test_sum_denom_exact_over_micro_batches(mode):
         rows = [pg[i, : lens[i]].mean() for i in range(b) if lens[i] > 0]
         want = (sum(rows), len(rows))
     else:
-        want = (sum(pg[i, : lens[i]].sum() for i in range(b)),
-                lens.sum() if mode != "dr_grpo" else b * t)
+        want = (
+            sum(pg[i, : lens[i]].sum() for i in range(b)),
+            lens.sum() if mode != "dr_grpo" else b * t,
+        )
     np.testing.assert_allclose((full[0], full[1]), want, rtol=1e-5)
 
 
@@ -162,8 +189,17 @@ def test_surrogate_gradient_vs_finite_differences():
     mask[1, 3:] = 0
 
     def loss(lp):
-        s, d, _ = policy_loss(lp, old, adv, mask, ref_logp=ref, beta=0.05, kl_estimator="k3",
-                              dual_clip=1.4, aggregation="grpo")
+        s, d, _ = policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            ref_logp=ref,
+            beta=0.05,
+            kl_estimator="k3",
+            dual_clip=1.4,
+            aggregation="grpo",
+        )
         return s / d
 
     f = jax.jit(loss)
@@ -216,16 +252,32 @@ def test_sharded_loss_and_grad_equal_unsharded(axis_type):
     def step(h, u, tgt, old, adv, mask):
         def loss(h, u):
             lp, ent = chunked_token_logprobs(h, u, tgt, chunk_size=4)
-            s, den, m = policy_loss(lp, old, adv, mask, ref_logp=old, beta=0.1, entropy=ent,
-                                    entropy_coef=0.01, dual_clip=3.0)
+            s, den, m = policy_loss(
+                lp,
+                old,
+                adv,
+                mask,
+                ref_logp=old,
+                beta=0.1,
+                entropy=ent,
+                entropy_coef=0.01,
+                dual_clip=3.0,
+            )
             return s / den, m
+
         return jax.value_and_grad(loss, argnums=(0, 1), has_aux=True)(h, u)
 
     want = jax.jit(step)(h, u, tgt, old, adv, mask)
     at = AxisType.Auto if axis_type == "auto" else AxisType.Explicit
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=(at,) * 3)
     with jax.set_mesh(mesh):
-        rows = lambda x: jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp")))) # noqa: E731
-        got = jax.jit(step)(rows(h), jax.device_put(u, NamedSharding(mesh, P(None, "tensor"))),
-                            rows(tgt), rows(old), rows(adv), rows(mask))
+        rows = lambda x: jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"))))  # noqa: E731
+        got = jax.jit(step)(
+            rows(h),
+            jax.device_put(u, NamedSharding(mesh, P(None, "tensor"))),
+            rows(tgt),
+            rows(old),
+            rows(adv),
+            rows(mask),
+        )
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)

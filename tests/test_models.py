@@ -1,4 +1,5 @@
 """Core model tests: config, RoPE vs transformers, KV cache, remat, dtypes, sharding."""
+
 import dataclasses
 
 import jax
@@ -51,10 +52,16 @@ def models():
 
 # ----------------------------------------------------------------- config
 def test_config_hf_roundtrip_and_hashable():
-    cfg = ModelConfig.tiny(rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                         "original_max_position_embeddings": 64},
-                           eos_token_id=[2, 5])
+    cfg = ModelConfig.tiny(
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        eos_token_id=[2, 5],
+    )
     hash(cfg)
     back = ModelConfig.from_hf(cfg.to_hf())
     assert back == cfg
@@ -73,19 +80,29 @@ def test_config_errors_name_the_problem():
         ModelConfig.tiny(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
 
 
-@pytest.mark.parametrize("rope", [
-    {"rope_type": "linear", "factor": 4.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-])
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    ],
+)
 def test_rope_frequencies_match_transformers(rope):
     torch = pytest.importorskip("torch")
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     cfg = ModelConfig.tiny(rope_theta=500000.0, rope_scaling=rope, max_position_embeddings=256)
-    hf = LlamaConfig(**{k: v for k, v in cfg.to_hf().items()
-                        if k not in ("rope_scaling", "rope_theta")})
+    hf = LlamaConfig(
+        **{k: v for k, v in cfg.to_hf().items() if k not in ("rope_scaling", "rope_theta")}
+    )
     ref, ref_scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, torch.device("cpu"))
     ours, scale = rope_frequencies(cfg)
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
@@ -109,7 +126,7 @@ def test_kv_cache_decode_matches_full_forward(models, name):
     logits, cache = step(model, ids[:, 3:5], mask[:, 3:5], cache)  # a 2-token chunk
     outs.append(logits)
     for t in range(5, 8):  # then token by token
-        logits, cache = step(model, ids[:, t:t + 1], mask[:, t:t + 1], cache)
+        logits, cache = step(model, ids[:, t : t + 1], mask[:, t : t + 1], cache)
         outs.append(logits)
     got = jnp.concatenate(outs, axis=1)
     valid = np.asarray(mask, bool)
@@ -129,7 +146,7 @@ def test_left_padding_equals_unpadded(models):
     np.testing.assert_array_equal(junk[np.asarray(mask, bool)], full[np.asarray(mask, bool)])
     for r in (1, 3):
         n = int(mask[r].sum())
-        alone = np.asarray(_fwd(model, ids[r:r + 1, -n:], None))
+        alone = np.asarray(_fwd(model, ids[r : r + 1, -n:], None))
         np.testing.assert_allclose(full[r, -n:], alone[0], atol=2e-5)
 
 
@@ -139,8 +156,9 @@ def test_return_hidden_and_unembed(models):
         ids, mask = _batch()
         h = jax.jit(lambda m: m(ids, mask, return_hidden=True))(model)
         assert h.shape == (4, 8, model.cfg.hidden_size)
-        np.testing.assert_allclose(np.asarray(h @ model.unembed_matrix()),
-                                   np.asarray(_fwd(model, ids, mask)), atol=2e-5)
+        np.testing.assert_allclose(
+            np.asarray(h @ model.unembed_matrix()), np.asarray(_fwd(model, ids, mask)), atol=2e-5
+        )
 
 
 def test_remat_same_grads():
@@ -151,8 +169,9 @@ def test_remat_same_grads():
 
     def grads(remat):
         model = _random_model(dataclasses.replace(cfg, remat=remat))
-        jaxpr = str(jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(
-            nnx.state(model)))
+        jaxpr = str(
+            jax.make_jaxpr(lambda s: loss(nnx.merge(nnx.graphdef(model), s)))(nnx.state(model))
+        )
         assert ("remat" in jaxpr or "checkpoint" in jaxpr) == remat
         return jax.tree.leaves(jax.jit(nnx.grad(loss))(model))
 
@@ -198,8 +217,10 @@ def test_sharded_equals_unsharded(models, shape, full):
     mesh = jax.make_mesh(shape, axes, axis_types=(kind,) * 3)
     model = create_model(ref.cfg, mesh=mesh)
     # Copy the reference weights into the born-sharded model, keeping shardings.
-    nnx.update(model, jax.tree.map(lambda r, m: jax.device_put(r, m.sharding),
-                                   nnx.state(ref), nnx.state(model)))
+    nnx.update(
+        model,
+        jax.tree.map(lambda r, m: jax.device_put(r, m.sharding), nnx.state(ref), nnx.state(model)),
+    )
     sizes = dict(zip(axes, shape))
     for path, var in nnx.to_flat_state(nnx.state(model)):
         arr = var.get_value()
@@ -208,11 +229,12 @@ def test_sharded_equals_unsharded(models, shape, full):
         # The shard shape proves the array really is split as declared.
         expect = list(arr.shape)
         for d, entry in enumerate(spec):
-            for a in ((entry,) if isinstance(entry, str) else entry or ()):
+            for a in (entry,) if isinstance(entry, str) else entry or ():
                 expect[d] //= sizes[a]
         assert arr.addressable_shards[0].data.shape == tuple(expect), path
     assert get_param_specs(model, mesh)["layers/q_proj"] == sanitize_spec(
-        (None, "fsdp", "tensor"), model.layers.q_proj.get_value().shape, mesh)
+        (None, "fsdp", "tensor"), model.layers.q_proj.get_value().shape, mesh
+    )
     ids, mask = _batch()
     want = np.asarray(_fwd(ref, ids, mask))
     with jax.set_mesh(mesh):
@@ -229,7 +251,10 @@ def test_sharded_equals_unsharded(models, shape, full):
         valid = np.asarray(mask, bool)  # padded query rows are garbage by contract
         np.testing.assert_allclose(np.asarray(lg)[valid], want[valid], atol=2e-5)
         g = jax.jit(nnx.grad(lambda m: jnp.sum(m(sids, smask) ** 2)))(model)
-        assert g.layers.q_proj.get_value().sharding.spec == model.layers.q_proj.get_value().sharding.spec
+        assert (
+            g.layers.q_proj.get_value().sharding.spec
+            == model.layers.q_proj.get_value().sharding.spec
+        )
     # Without a mesh in context the explicit-sharded params still work.
     np.testing.assert_allclose(np.asarray(jax.jit(lambda m: m(ids, mask))(model)), want, atol=2e-5)
 

@@ -1,4 +1,5 @@
 """GGUF loading: a synthetic llama.cpp-style file vs PyTorch, and the real SmolLM2."""
+
 import os
 
 import jax
@@ -18,8 +19,11 @@ SMOL = "smollm2-135m-instruct"
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py LlamaModel.permute, copied independently of ours."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _write_gguf(tmodel, path: str) -> None:
@@ -35,12 +39,22 @@ def _write_gguf(tmodel, path: str) -> None:
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     sd = {k: v.detach().numpy().astype(np.float32) for k, v in tmodel.state_dict().items()}
-    names = {"model.embed_tokens.weight": "token_embd.weight",
-             "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}
-    sub = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
-           "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-           "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
-           "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    sub = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for k, a in sd.items():
         if k in names:
             w.add_tensor(names[k], a)
@@ -53,8 +67,11 @@ def _write_gguf(tmodel, path: str) -> None:
             a = llama_cpp_permute(a, c.num_key_value_heads)
         name = f"blk.{i}.{sub[mod]}.weight"
         if mod.startswith("mlp."):  # a quantized tensor, as in real files
-            w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(
+                name,
+                gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+            )
         else:
             w.add_tensor(name, a)
     w.write_header_to_file()
@@ -66,10 +83,17 @@ def _write_gguf(tmodel, path: str) -> None:
 def test_synthetic_gguf_matches_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, rope_theta=1000.0,
-                                   rms_norm_eps=1e-5, tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=1000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    )
     tmodel = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in tmodel.named_parameters():
@@ -121,8 +145,11 @@ def test_smollm2_answers_capital_of_france(smol):
     cfg = model.cfg
     assert (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.hidden_size) == (30, 9, 3, 576)
     assert cfg.tie_word_embeddings and cfg.vocab_size == 49152
-    text = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                   tokenize=False, add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert text.startswith("<|im_start|>system") and text.endswith("<|im_start|>assistant\n")
     ids = tok(text, add_special_tokens=False).input_ids
     answer = tok.decode(_greedy(model, ids, 16, tok.eos_token_id), skip_special_tokens=True)
@@ -135,10 +162,14 @@ def test_smollm2_matches_transformers_gguf_loader(smol):
     model, tok = smol
     path = find_known_gguf(SMOL)
     ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), local_files_only=True,
-        dtype=torch.float32).eval()
-    ids = np.asarray([tok("The capital of Italy is Rome, and the capital of Spain").input_ids],
-                     np.int32)
+        os.path.dirname(path),
+        gguf_file=os.path.basename(path),
+        local_files_only=True,
+        dtype=torch.float32,
+    ).eval()
+    ids = np.asarray(
+        [tok("The capital of Italy is Rome, and the capital of Spain").input_ids], np.int32
+    )
     with torch.no_grad():
         ref = ref_model(torch.tensor(ids, dtype=torch.long)).logits.numpy()
     ours = np.asarray(jax.jit(lambda m, i: m(i))(model, ids))

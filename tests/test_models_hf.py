@@ -1,4 +1,5 @@
 """Parity with transformers' PyTorch models; HF checkpoint loading, export, bad input."""
+
 import json
 import os
 
@@ -15,20 +16,40 @@ from gdpo_jax.models.loading import SafetensorsDir  # noqa: E402
 from tests._tiny_tokenizer import make_tiny_tokenizer  # noqa: E402
 
 V = 128
-COMMON = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-              max_position_embeddings=256, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+COMMON = dict(
+    vocab_size=V,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 HF_CONFIGS = {
     # llama3 rope scaling with a short original context so it changes the angles.
     "llama": lambda: transformers.LlamaConfig(
-        **COMMON, rope_theta=500.0, tie_word_embeddings=False,
-        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-    "qwen2": lambda: transformers.Qwen2Config(**COMMON, rope_theta=1000.0,
-                                              tie_word_embeddings=False),
+        **COMMON,
+        rope_theta=500.0,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "qwen2": lambda: transformers.Qwen2Config(
+        **COMMON, rope_theta=1000.0, tie_word_embeddings=False
+    ),
     # head_dim 24 != hidden/heads = 16; tied embeddings.
-    "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=24, rope_theta=1000.0,
-                                              tie_word_embeddings=True),
+    "qwen3": lambda: transformers.Qwen3Config(
+        **COMMON, head_dim=24, rope_theta=1000.0, tie_word_embeddings=True
+    ),
 }
 
 
@@ -59,9 +80,11 @@ def _batch(B=3, T=9, seed=0):
 def _torch_logits(model, ids, mask):
     pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
     with torch.no_grad():
-        out = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                    attention_mask=torch.tensor(mask, dtype=torch.long),
-                    position_ids=torch.tensor(pos, dtype=torch.long))
+        out = model(
+            input_ids=torch.tensor(ids, dtype=torch.long),
+            attention_mask=torch.tensor(mask, dtype=torch.long),
+            position_ids=torch.tensor(pos, dtype=torch.long),
+        )
     return out.logits.float().numpy()
 
 
@@ -103,8 +126,12 @@ def test_export_roundtrip_loads_in_transformers(hf_dirs, tmp_path):
         model, _ = load_pretrained(hf_dirs[kind][0])
         out = save_pretrained(model, tok, str(tmp_path / kind))
         files = set(os.listdir(out))
-        assert {"config.json", "generation_config.json", "model.safetensors",
-                "tokenizer_config.json"} <= files
+        assert {
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer_config.json",
+        } <= files
         back = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
         back.eval()
         ids, mask = _batch(seed=1)
@@ -138,8 +165,13 @@ def test_load_sharded_into_mesh_bf16(hf_dirs):
 
 
 # ---------------------------------------------------------------- bad input
-def _copy_ckpt(src: str, dst: str, drop: str | None = None, reshape: str | None = None,
-               config_edit: dict | None = None) -> str:
+def _copy_ckpt(
+    src: str,
+    dst: str,
+    drop: str | None = None,
+    reshape: str | None = None,
+    config_edit: dict | None = None,
+) -> str:
     os.makedirs(dst, exist_ok=True)
     reader = SafetensorsDir(src)
     tensors = {k: np.array(reader[k]) for k in reader.entries if k != drop}

@@ -1,6 +1,7 @@
 """Two processes on one CPU machine (gloo collectives, loopback coordinator):
 the 2-process step (each host feeding only its own rows), sampler (each host
 passing its own prompts, getting its own rows) and RL loop equal 1 process's."""
+
 from __future__ import annotations
 
 import json
@@ -27,9 +28,26 @@ def _launch(nproc: int, tmp_path) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
     env["PYTHONPATH"] = ROOT
     outs = [str(tmp_path / f"p{nproc}_{i}.json") for i in range(nproc)]
-    procs = [subprocess.Popen([sys.executable, "-m", "tests._multihost_worker", str(i), str(nproc),
-                               str(port), outs[i], wd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for i in range(nproc)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests._multihost_worker",
+                str(i),
+                str(nproc),
+                str(port),
+                outs[i],
+                wd,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(nproc)
+    ]
     logs = []
     try:
         for p in procs:
@@ -51,8 +69,10 @@ def two(tmp_path_factory):
 @pytest.mark.slow
 def test_two_processes_match_one(two):
     import jax
+
     from tests._multihost_worker import run_step
-    one = run_step(jax.devices()[:4])          # this process, 4 of its 8 fake devices
+
+    one = run_step(jax.devices()[:4])  # this process, 4 of its 8 fake devices
     assert one["rows"] == [0, 16]
     assert [r["rows"] for r in two] == [[0, 8], [8, 16]]
     for r in two:
@@ -65,34 +85,40 @@ def test_two_processes_match_one(two):
 @pytest.mark.slow
 def test_sampler_process_local_rows_match_one_process(two):
     import jax
+
     from tests._multihost_worker import SAMPLER_PROMPTS, run_sampler
+
     one = run_sampler(jax.devices()[:4], sum(SAMPLER_PROMPTS, []))  # 5 prompts x G=2
     p0, p1 = two[0]["sampler"], two[1]["sampler"]
     # Each process got back only its own rows (3 and 2 prompts x 2), local group ids.
     assert len(p0["tokens"]) == 6 and len(p1["tokens"]) == 4
     assert p0["group_ids"] == [0, 0, 1, 1, 2, 2] and p1["group_ids"] == [0, 0, 1, 1]
     assert p0["row_offset"] == 0 and p1["row_offset"] == 6
-    np.testing.assert_array_equal(np.asarray(p1["prompt_ids"])[::2, -4:],
-                                  [[13, 14, 15, 16], [0, 0, 17, 18]])
+    np.testing.assert_array_equal(
+        np.asarray(p1["prompt_ids"])[::2, -4:], [[13, 14, 15, 16], [0, 0, 17, 18]]
+    )
     # Sampled (temperature 1) rows equal the one-process run's rows at the same
     # global index: randomness follows the global row, not the process.
     np.testing.assert_array_equal(p0["tokens"] + p1["tokens"], one["tokens"])
-    np.testing.assert_allclose(p0["logprobs"] + p1["logprobs"], one["logprobs"], rtol=1e-5,
-                               atol=1e-6)
-    assert len({tuple(t) for t in one["tokens"]}) > 5   # really sampled, not constant
+    np.testing.assert_allclose(
+        p0["logprobs"] + p1["logprobs"], one["logprobs"], rtol=1e-5, atol=1e-6
+    )
+    assert len({tuple(t) for t in one["tokens"]}) > 5  # really sampled, not constant
 
 
 @pytest.mark.slow
 def test_rl_loop_two_processes_match_one(two, tmp_path):
     from tests._multihost_worker import run_loop
+
     one = run_loop(str(tmp_path / "one"), num_devices=4)
     assert "eval/test_short" in one[1] and "reward/test_has_w10/mean" in one[0]
     for r in two:
         for step in range(2):
             assert set(r["loop"][step]) == set(one[step])
             for k, v in one[step].items():
-                np.testing.assert_allclose(r["loop"][step][k], v, rtol=2e-5, atol=1e-6,
-                                           err_msg=f"step {step}: {k}")
+                np.testing.assert_allclose(
+                    r["loop"][step][k], v, rtol=2e-5, atol=1e-6, err_msg=f"step {step}: {k}"
+                )
     assert one[1]["loss"] != one[0]["loss"]
     assert 0 < one[1]["reward/test_short/mean"] < 1 or 0 < one[0]["reward/test_short/mean"] < 1
 
@@ -117,7 +143,11 @@ def test_chunked_generation_two_processes(two):
 
 def test_combine_rows_by_hand():
     from gdpo_jax.train.distributed import combine_rows
-    table = np.array([[1.0, 0.5, 2.0], [3.0, 0.25, 0.0]])   # 2 processes x 3 keys
-    out = combine_rows(table, ["reward_failures/a", "time/step_s", "reward_time/a"],
-                       max_prefixes=("time/", "reward_time/"))
+
+    table = np.array([[1.0, 0.5, 2.0], [3.0, 0.25, 0.0]])  # 2 processes x 3 keys
+    out = combine_rows(
+        table,
+        ["reward_failures/a", "time/step_s", "reward_time/a"],
+        max_prefixes=("time/", "reward_time/"),
+    )
     assert out == {"reward_failures/a": 4.0, "time/step_s": 0.5, "reward_time/a": 2.0}

@@ -8,6 +8,7 @@ The notebooks read ``GDPO_NB_FULL`` (unset / "0" = the small settings CI uses).
     pytest tests/test_notebooks.py -q              # all notebooks (slow)
     pytest tests/test_notebooks.py -q -m "not slow"  # only the static checks
 """
+
 from __future__ import annotations
 
 import json
@@ -42,12 +43,14 @@ def test_notebook_is_clean(path: pathlib.Path):
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     for i, c in enumerate(code):
         assert not c.get("outputs") and c.get("execution_count") is None, (
-            f"{path.name}: code cell {i} has outputs; clear them before committing.")
+            f"{path.name}: code cell {i} has outputs; clear them before committing."
+        )
     params = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
     assert len(params) == 1, f"{path.name}: needs exactly one cell tagged 'parameters'."
     src = "".join(params[0]["source"])
     assert "GDPO_NB_FULL" in src and re.search(r"SMALL\s*=", src), (
-        f"{path.name}: the parameters cell must set SMALL from GDPO_NB_FULL.")
+        f"{path.name}: the parameters cell must set SMALL from GDPO_NB_FULL."
+    )
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
 
 
@@ -55,6 +58,7 @@ def test_notebook_is_clean(path: pathlib.Path):
 def kernel_env(tmp_path_factory):
     """JUPYTER_PATH with a kernel spec for this interpreter; the env the kernel inherits."""
     from ipykernel.kernelspec import install
+
     prefix = tmp_path_factory.mktemp("jupyter")
     install(kernel_name=KERNEL, prefix=str(prefix), display_name="gdpo_jax test")
     spec = json.loads((prefix / "share/jupyter/kernels" / KERNEL / "kernel.json").read_text())
@@ -65,8 +69,9 @@ def kernel_env(tmp_path_factory):
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
         # A user's notebook sees one CPU device, not the 8 fake ones of the test session.
-        "XLA_FLAGS": re.sub(r"--xla_force_host_platform_device_count=\d+", "",
-                            os.environ.get("XLA_FLAGS", "")).strip(),
+        "XLA_FLAGS": re.sub(
+            r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", "")
+        ).strip(),
     }
     return env
 
@@ -81,14 +86,27 @@ def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch):
         monkeypatch.setenv(k, v)
     nb = nbformat.read(path, as_version=4)
     # First, prove the kernel is this interpreter (not whatever "python3" resolves to).
-    nb.cells.insert(0, nbformat.v4.new_code_cell(
-        f"import sys\nassert sys.executable == {sys.executable!r}, sys.executable"))
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name=KERNEL,
-                            resources={"metadata": {"path": str(NB_DIR)}})
+    nb.cells.insert(
+        0,
+        nbformat.v4.new_code_cell(
+            f"import sys\nassert sys.executable == {sys.executable!r}, sys.executable"
+        ),
+    )
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT_S,
+        kernel_name=KERNEL,
+        resources={"metadata": {"path": str(NB_DIR)}},
+    )
     t0 = time.perf_counter()
     client.execute()  # raises CellExecutionError with the cell and traceback on failure
     seconds = time.perf_counter() - t0
     print(f"{path.name}: {seconds:.1f} s")
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors, errors

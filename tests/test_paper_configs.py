@@ -9,6 +9,7 @@ kind Qwen ships), so the step goes through load_pretrained, the chat template,
 the task loader on the shipped sample files, the reward functions and the
 compiled step exactly as a real run does, only smaller.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,23 +32,64 @@ CONFIGS = {"toolcall": paper_toolcall, "math": paper_math, "code": paper_code}
 # Published values, transcribed from the paper / GDPO_SPEC.md table (verl
 # counts batch and mini-batch in prompts, each with G responses).
 PUBLISHED = {
-    "toolcall": dict(prompts=512, G=4, minibatch_prompts=128, lr=1e-6, clip=(0.2, 0.2),
-                     kl_in_reward=0.0, beta=0.0, temperature=1.0, prompt_len=2048,
-                     response_len=1024, steps=100, dynamic=False,
-                     rewards=("toolcall_format", "toolcall_correctness")),
-    "math": dict(prompts=512, G=16, minibatch_prompts=64, lr=1e-6, clip=(0.2, 0.28),
-                 kl_in_reward=0.0, beta=0.0005, kl_estimator="mse", aggregation="dapo",
-                 temperature=1.0, response_len=8000, steps=500, dynamic=True,
-                 rewards=("math_correct", "length")),
-    "code": dict(prompts=512, G=16, minibatch_prompts=64, lr=1e-6, clip=(0.2, 0.28),
-                 kl_in_reward=0.0, beta=0.0005, kl_estimator="mse", aggregation="dapo",
-                 temperature=1.0, response_len=8000, steps=500, dynamic=True,
-                 rewards=("code_pass_rate", "length")),
+    "toolcall": dict(
+        prompts=512,
+        G=4,
+        minibatch_prompts=128,
+        lr=1e-6,
+        clip=(0.2, 0.2),
+        kl_in_reward=0.0,
+        beta=0.0,
+        temperature=1.0,
+        prompt_len=2048,
+        response_len=1024,
+        steps=100,
+        dynamic=False,
+        rewards=("toolcall_format", "toolcall_correctness"),
+    ),
+    "math": dict(
+        prompts=512,
+        G=16,
+        minibatch_prompts=64,
+        lr=1e-6,
+        clip=(0.2, 0.28),
+        kl_in_reward=0.0,
+        beta=0.0005,
+        kl_estimator="mse",
+        aggregation="dapo",
+        temperature=1.0,
+        response_len=8000,
+        steps=500,
+        dynamic=True,
+        rewards=("math_correct", "length"),
+    ),
+    "code": dict(
+        prompts=512,
+        G=16,
+        minibatch_prompts=64,
+        lr=1e-6,
+        clip=(0.2, 0.28),
+        kl_in_reward=0.0,
+        beta=0.0005,
+        kl_estimator="mse",
+        aggregation="dapo",
+        temperature=1.0,
+        response_len=8000,
+        steps=500,
+        dynamic=True,
+        rewards=("code_pass_rate", "length"),
+    ),
 }
-VARIANTS = [("toolcall", "qwen2.5-1.5b"), ("toolcall", "qwen2.5-3b"),
-            ("math", "r1-distill-1.5b"), ("math", "r1-distill-7b"), ("math", "qwen3-4b"),
-            ("math", "r1-distill-7b,length=cond"), ("code", "r1-distill-7b"),
-            ("code", "r1-distill-7b,objectives=3")]
+VARIANTS = [
+    ("toolcall", "qwen2.5-1.5b"),
+    ("toolcall", "qwen2.5-3b"),
+    ("math", "r1-distill-1.5b"),
+    ("math", "r1-distill-7b"),
+    ("math", "qwen3-4b"),
+    ("math", "r1-distill-7b,length=cond"),
+    ("code", "r1-distill-7b"),
+    ("code", "r1-distill-7b,objectives=3"),
+]
 
 
 @pytest.mark.parametrize("setting,arg", VARIANTS)
@@ -112,28 +154,51 @@ def test_full_size_validates(setting, arg):
 
 def test_model_registry_matches_released_sizes():
     # Parameter counts (weights only) published on the model cards, in billions.
-    published = {"qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "r1-distill-1.5b": 1.78,
-                 "r1-distill-7b": 7.62, "qwen3-4b": 4.02}
+    published = {
+        "qwen2.5-1.5b": 1.54,
+        "qwen2.5-3b": 3.09,
+        "r1-distill-1.5b": 1.78,
+        "r1-distill-7b": 7.62,
+        "qwen3-4b": 4.02,
+    }
     for name, billions in published.items():
         assert paper_common.MODELS[name].num_params / 1e9 == pytest.approx(billions, rel=0.01), name
 
 
-@pytest.mark.parametrize("module,arg,match", [
-    (paper_toolcall, "qwen2.5-7b", r"model='qwen2.5-7b' is not one of \('qwen2.5-1.5b', 'qwen2.5-3b'\)"),
-    (paper_math, "r1-distill-7b,length=short", r"length='short' is not one of \('plain', 'cond'\)"),
-    (paper_math, "qwen3-4b,lenght=cond", r"unknown key 'lenght'"),
-    (paper_code, "objectives=3,r1-distill-7b", r"only the first part may be a bare model variant"),
-])
+@pytest.mark.parametrize(
+    "module,arg,match",
+    [
+        (
+            paper_toolcall,
+            "qwen2.5-7b",
+            r"model='qwen2.5-7b' is not one of \('qwen2.5-1.5b', 'qwen2.5-3b'\)",
+        ),
+        (
+            paper_math,
+            "r1-distill-7b,length=short",
+            r"length='short' is not one of \('plain', 'cond'\)",
+        ),
+        (paper_math, "qwen3-4b,lenght=cond", r"unknown key 'lenght'"),
+        (
+            paper_code,
+            "objectives=3,r1-distill-7b",
+            r"only the first part may be a bare model variant",
+        ),
+    ],
+)
 def test_bad_arg_names_the_choices(module, arg, match):
     with pytest.raises(ValueError, match=match):
         module.get_config(arg)
 
 
 def test_arg_forms():
-    assert paper_common.parse_arg("", variants=("a", "b"), default="b", k=("x", "y")) == \
-        {"model": "b", "k": "x"}
-    assert paper_common.parse_arg("model=a, k=Y", variants=("a", "b"), default="b",
-                                  k=("x", "y")) == {"model": "a", "k": "y"}
+    assert paper_common.parse_arg("", variants=("a", "b"), default="b", k=("x", "y")) == {
+        "model": "b",
+        "k": "x",
+    }
+    assert paper_common.parse_arg(
+        "model=a, k=Y", variants=("a", "b"), default="b", k=("x", "y")
+    ) == {"model": "a", "k": "y"}
     assert paper_code.get_config("objectives=3").model.name.endswith("R1-Distill-Qwen-7B")
 
 
@@ -141,12 +206,24 @@ def test_cli_loads_config_arg_and_overrides(tmp_path):
     """experiments.train parses `file.py:arg` plus --config.* overrides, validates,
     and stops at the hub-id placeholder with load_pretrained's clear message."""
     import subprocess
+
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     out = subprocess.run(
-        [sys.executable, "-m", "experiments.train",
-         "--config=configs/paper_math.py:qwen3-4b,length=cond", "--config.algo.estimator=grpo",
-         "--config.algo.num_microbatches=64", f"--config.workdir={tmp_path}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "--config=configs/paper_math.py:qwen3-4b,length=cond",
+            "--config.algo.estimator=grpo",
+            "--config.algo.num_microbatches=64",
+            f"--config.workdir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0
     assert "'Qwen/Qwen3-4B-Instruct-2507' is neither a local checkpoint directory" in out.stderr
     assert "Hub ids are not downloaded" in out.stderr
@@ -155,25 +232,37 @@ def test_cli_loads_config_arg_and_overrides(tmp_path):
 # --------------------------------------------------------------------------- #
 # One RL step per setting on a tiny random model of the same architecture.
 # --------------------------------------------------------------------------- #
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-SAMPLES = {"toolcall": ("toolcall_verl.jsonl", ["toolcall"]),
-           "math": ("math_verl.parquet", ["math"]),
-           "code": ("code_eurus.jsonl", ["code"])}
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SAMPLES = {
+    "toolcall": ("toolcall_verl.jsonl", ["toolcall"]),
+    "math": ("math_verl.parquet", ["math"]),
+    "code": ("code_eurus.jsonl", ["code"]),
+}
 
 
 def _tiny_tokenizer(texts: list[str]):
     """Byte-level BPE (any text encodes, any id decodes) with Qwen's ChatML specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>")
+    tok.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=600,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
     fast.chat_template = CHATML
     return fast
 
@@ -181,36 +270,52 @@ def _tiny_tokenizer(texts: list[str]):
 @pytest.fixture(scope="module")
 def tokenizer():
     from gdpo_jax.tasks import get_task
+
     texts = []
     for setting, (fname, _) in SAMPLES.items():
         for r in get_task(setting).load(sample_path(fname)):
             texts += [m["content"] for m in r["prompt"]]
-    return _tiny_tokenizer(texts + ["<think> </think> <tool_call> </tool_call> \\boxed{} ```python"])
+    return _tiny_tokenizer(
+        texts + ["<think> </think> <tool_call> </tool_call> \\boxed{} ```python"]
+    )
 
 
 def tiny_model_config(spec: paper_common.PaperModel, tok):
     """Tiny ModelConfig with the released model's architecture features."""
     from gdpo_jax.models import ModelConfig
+
     ratio = spec.num_heads // spec.num_kv_heads
     head_dim = 8
     if spec.head_dim == spec.hidden_size // spec.num_heads:
         hidden = ratio * head_dim
-    else:                                     # Qwen3: head_dim decoupled from hidden / heads
+    else:  # Qwen3: head_dim decoupled from hidden / heads
         head_dim, hidden = 16, 32
     # Vocab padded past the tokenizer, as Qwen's 151936 rows over 151665 tokens.
     vocab = -(-len(tok) // 64) * 64 + 64
     return ModelConfig(
-        model_type=spec.model_type, vocab_size=vocab, hidden_size=hidden,
-        intermediate_size=2 * hidden, num_layers=2, num_heads=ratio, num_kv_heads=1,
-        head_dim=head_dim, rope_theta=spec.rope_theta, rms_norm_eps=1e-6,
+        model_type=spec.model_type,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_layers=2,
+        num_heads=ratio,
+        num_kv_heads=1,
+        head_dim=head_dim,
+        rope_theta=spec.rope_theta,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=spec.tie_word_embeddings,
-        attention_bias=spec.model_type == "qwen2", qk_norm=spec.model_type == "qwen3",
-        max_position_embeddings=1024, bos_token_id=None, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id)
+        attention_bias=spec.model_type == "qwen2",
+        qk_norm=spec.model_type == "qwen3",
+        max_position_embeddings=1024,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 def write_tiny_checkpoint(spec: paper_common.PaperModel, tok, out_dir: str) -> str:
     from gdpo_jax.models import create_model, save_pretrained
+
     save_pretrained(create_model(tiny_model_config(spec, tok), seed=0), tok, out_dir)
     return out_dir
 
@@ -223,14 +328,14 @@ def tiny_run_config(setting: str, arg: str, ckpt: str, workdir: str):
     c.workdir = workdir
     c.algo.num_prompts, c.algo.group_size = 2, 2
     c.algo.num_minibatches = c.algo.num_microbatches = 1
-    c.algo.logprob_chunk_size = 2            # 2 chunks of the 4 completion positions
+    c.algo.logprob_chunk_size = 2  # 2 chunks of the 4 completion positions
     c.algo.dynamic_sampling_max_tries = 2
     c.sampling.max_prompt_len = 128
     c.sampling.max_new_tokens = 4
-    if c.sampling.rows_per_call:             # keep the chunked-generation path: 2 calls
+    if c.sampling.rows_per_call:  # keep the chunked-generation path: 2 calls
         c.sampling.rows_per_call = 2
     c.rewards.num_workers = 2
-    c.mesh.num_devices = 2                   # the config's own (1, -1, 1): fsdp over 2
+    c.mesh.num_devices = 2  # the config's own (1, -1, 1): fsdp over 2
     c.train.num_steps = 1
     c.train.eval_every = 0
     c.train.progress_bar = c.train.tensorboard = False
@@ -238,16 +343,20 @@ def tiny_run_config(setting: str, arg: str, ckpt: str, workdir: str):
     return c
 
 
-STEP_CASES = [("toolcall", "qwen2.5-1.5b"),                 # qwen2, tied, GQA 6:1
-              ("math", "qwen3-4b,length=cond"),             # qwen3, q/k norm, head_dim 16 != 32/4
-              ("code", "r1-distill-7b,objectives=3")]       # qwen2, untied, GQA 7:1
+STEP_CASES = [
+    ("toolcall", "qwen2.5-1.5b"),  # qwen2, tied, GQA 6:1
+    ("math", "qwen3-4b,length=cond"),  # qwen3, q/k norm, head_dim 16 != 32/4
+    ("code", "r1-distill-7b,objectives=3"),
+]  # qwen2, untied, GQA 7:1
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("setting,arg", STEP_CASES)
 def test_one_step_on_tiny_same_architecture(setting, arg, tokenizer, tmp_path):
     from flax import nnx
+
     from gdpo_jax.train.loop import Trainer
+
     spec = paper_common.MODELS[arg.split(",")[0]]
     ckpt = write_tiny_checkpoint(spec, tokenizer, str(tmp_path / "ckpt"))
     cfg = tiny_run_config(setting, arg, ckpt, str(tmp_path / "run"))
@@ -280,12 +389,13 @@ def test_one_step_on_tiny_same_architecture(setting, arg, tokenizer, tmp_path):
         assert f"reward/{name}/mean" in metrics
     assert trainer.step.compile_count() == 1
     if setting != "toolcall":
-        assert 1 <= metrics["data/tries"] <= 2     # dynamic sampling ran
+        assert 1 <= metrics["data/tries"] <= 2  # dynamic sampling ran
     if cfg.algo.entropy_coef > 0:
         # The entropy bonus gives a gradient even when every reward ties; an
         # lr-1e-6 AdamW step must survive in the fp32 master weights.
-        deltas = jax.tree.leaves(jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))),
-                                              before, after))
+        deltas = jax.tree.leaves(
+            jax.tree.map(lambda x, y: float(np.max(np.abs(x - y))), before, after)
+        )
         assert max(deltas) > 0
 
 
@@ -295,6 +405,7 @@ def test_one_step_on_tiny_same_architecture(setting, arg, tokenizer, tmp_path):
 def test_smollm2_config_validates_and_one_shot_prompts(tmp_path):
     from configs import smollm2_toolcall
     from gdpo_jax.train import build
+
     c = smollm2_toolcall.get_config()
     c.workdir = str(tmp_path)
     validate_config(c, num_devices=1)
@@ -304,17 +415,18 @@ def test_smollm2_config_validates_and_one_shot_prompts(tmp_path):
     plain = build.load_task(dict_to_cfg(c, task_name="toolcall"))
     assert len(data.train) == len(plain.train) == c.task.num_train
     for new, old in zip(data.train[:20], plain.train[:20]):
-        assert new["ground_truth"] == old["ground_truth"]        # same records, same rewards
+        assert new["ground_truth"] == old["ground_truth"]  # same records, same rewards
         roles = [m["role"] for m in new["prompt"]]
         assert roles == ["system", "user", "assistant", "user"]
-        assert new["prompt"][-1] == old["prompt"][-1]             # the request itself
-        tools = old["prompt"][0]["content"].split("\n")[1:-1]     # "Tools:" ... "Reply ..."
+        assert new["prompt"][-1] == old["prompt"][-1]  # the request itself
+        tools = old["prompt"][0]["content"].split("\n")[1:-1]  # "Tools:" ... "Reply ..."
         assert all(t in new["prompt"][0]["content"] for t in tools) and len(tools) == 2
         assert "<tool_call>" in new["prompt"][2]["content"]
 
 
 def dict_to_cfg(c, *, task_name: str):
     import ml_collections as mlc
+
     d = mlc.ConfigDict(c.to_dict())
     d.task.name = task_name
     return d

@@ -1,12 +1,20 @@
 """Reward registry and RewardRunner: gating, errors, timeouts, process pool."""
+
 import math
 import time
 
 import numpy as np
 import pytest
 
-from gdpo_jax.rewards import (RewardError, RewardRunner, RewardSpec, estimate_tokens, get_reward,
-                              list_rewards, register_reward)
+from gdpo_jax.rewards import (
+    RewardError,
+    RewardRunner,
+    RewardSpec,
+    estimate_tokens,
+    get_reward,
+    list_rewards,
+    register_reward,
+)
 
 
 @register_reward("_test_value")
@@ -51,7 +59,14 @@ def _batch(values, completions=None):
 
 def test_registry_lists_builtins_and_rejects_unknown():
     names = list_rewards()
-    for n in ("toolcall_format", "toolcall_correctness", "math_correct", "length", "code_pass_rate", "code_bug"):
+    for n in (
+        "toolcall_format",
+        "toolcall_correctness",
+        "math_correct",
+        "length",
+        "code_pass_rate",
+        "code_bug",
+    ):
         assert n in names
     with pytest.raises(KeyError, match="known rewards: .*math_correct"):
         get_reward("no_such_reward")
@@ -65,7 +80,9 @@ def test_register_clash_is_an_error():
 
 def test_values_kwargs_and_extra_fields():
     prompts, comps, ex = _batch([1, 2, 3])
-    with RewardRunner([RewardSpec("_test_value", kwargs={"scale": 2.0}), "length"], num_workers=2) as r:
+    with RewardRunner(
+        [RewardSpec("_test_value", kwargs={"scale": 2.0}), "length"], num_workers=2
+    ) as r:
         R, info = r(prompts, comps, ex, completion_lengths=np.array([1, 5000, 3]))
     np.testing.assert_array_equal(R, np.array([[2, 1], [4, 0], [6, 1]], np.float32))
     assert R.dtype == np.float32
@@ -82,9 +99,11 @@ def test_gating_numpy_semantics_and_chain():
     cond = [1.0, 0.0, math.nan, 2.0]
     prompts, comps, _ = _batch(cond)
     ex = [{"value": v, "c": 0.7} for v in cond]
-    specs = [RewardSpec("_test_const", condition="_test_value", threshold=1.0),
-             RewardSpec("_test_value"),
-             RewardSpec("length", condition="_test_const", threshold=0.5, kwargs={"max_tokens": 100})]
+    specs = [
+        RewardSpec("_test_const", condition="_test_value", threshold=1.0),
+        RewardSpec("_test_value"),
+        RewardSpec("length", condition="_test_const", threshold=0.5, kwargs={"max_tokens": 100}),
+    ]
     with RewardRunner(specs) as r:
         R, _ = r(prompts, comps, ex)
     # hand-worked: const kept where cond >= 1 (rows 0, 3), 0 where cond < 1,
@@ -108,7 +127,9 @@ def test_gating_matches_core_gate_reward_if_present():
     def rv(prompts, completions, *, rv, **kw):
         return list(rv)
 
-    with RewardRunner([RewardSpec("_test_value"), RewardSpec("_test_rv", condition="_test_value")]) as r:
+    with RewardRunner(
+        [RewardSpec("_test_value"), RewardSpec("_test_rv", condition="_test_value")]
+    ) as r:
         R, _ = r(prompts, comps, ex)
     np.testing.assert_array_equal(R[:, 1], np.asarray(gate(rew, cond, 1.0)))
 
@@ -143,8 +164,9 @@ def test_wrong_length_output_is_reported():
 
 def test_timeout_raise_and_nan():
     prompts, comps, ex = _batch([0] * 4, ["a", "sleep", "b", "c"])
-    with RewardRunner(["_test_sleepy", "_test_value"], num_workers=4, timeout_s=0.3, chunk_size=2,
-                      on_error="nan") as r:
+    with RewardRunner(
+        ["_test_sleepy", "_test_value"], num_workers=4, timeout_s=0.3, chunk_size=2, on_error="nan"
+    ) as r:
         t0 = time.perf_counter()
         R, info = r(prompts, comps, ex)
         assert time.perf_counter() - t0 < 1.8  # did not wait for the 2 s sleep
@@ -173,20 +195,31 @@ def test_process_executor_rejects_unpicklable():
         RewardRunner([RewardSpec("_test_lambda", executor="process")])
 
 
-@pytest.mark.parametrize("specs, err", [
-    ([RewardSpec("length", condition="nope")], "not one of this runner's rewards"),
-    ([RewardSpec("length", condition="_test_value"), RewardSpec("_test_value", condition="length")], "cycle"),
-    (["length", "length"], "unique"),
-    ([RewardSpec("length", executor="gpu")], "executor"),
-    ([{"name": "length", "wieght": 2}], "unknown keys"),
-])
+@pytest.mark.parametrize(
+    "specs, err",
+    [
+        ([RewardSpec("length", condition="nope")], "not one of this runner's rewards"),
+        (
+            [
+                RewardSpec("length", condition="_test_value"),
+                RewardSpec("_test_value", condition="length"),
+            ],
+            "cycle",
+        ),
+        (["length", "length"], "unique"),
+        ([RewardSpec("length", executor="gpu")], "executor"),
+        ([{"name": "length", "wieght": 2}], "unknown keys"),
+    ],
+)
 def test_bad_specs(specs, err):
     with pytest.raises(ValueError, match=err):
         RewardRunner(specs)
 
 
 def test_spec_parse_and_batch_checks():
-    s = RewardSpec.parse({"name": "length", "weight": 0.5, "condition": None, "kwargs": {"max_tokens": 3}})
+    s = RewardSpec.parse(
+        {"name": "length", "weight": 0.5, "condition": None, "kwargs": {"max_tokens": 3}}
+    )
     assert s == RewardSpec("length", 0.5, None, 1.0, {"max_tokens": 3})
     assert RewardSpec.parse("length") == RewardSpec("length")
     prompts, comps, ex = _batch([1, 2])
@@ -207,7 +240,9 @@ def test_length_estimate():
 
 def test_all_workers_hung_cancels_the_queue():
     prompts, comps, ex = _batch([0, 0, 0], ["sleep", "a", "b"])
-    with RewardRunner(["_test_sleepy"], num_workers=1, chunk_size=1, timeout_s=0.3, on_error="nan") as r:
+    with RewardRunner(
+        ["_test_sleepy"], num_workers=1, chunk_size=1, timeout_s=0.3, on_error="nan"
+    ) as r:
         t0 = time.perf_counter()
         R, info = r(prompts, comps, ex)
         assert time.perf_counter() - t0 < 1.8

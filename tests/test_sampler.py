@@ -5,18 +5,18 @@ References are written independently of the sampler: one uncached forward of
 the whole [prompt | completion] sequence with NumPy log-softmax / sorting, or
 plain Python loops over an unconstrained run.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from _tiny_tokenizer import EOS_ID, make_tiny_tokenizer, words
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from _tiny_tokenizer import EOS_ID, make_tiny_tokenizer, words
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.sharding import abstract_model, create_model
-from gdpo_jax.sampling import (Sampler, SamplingParams, bucket_length, nucleus_mask,
-                               top_k_candidates)
+from gdpo_jax.sampling import Sampler, SamplingParams, bucket_length, nucleus_mask, top_k_candidates
 from gdpo_jax.sampling.filters import inverse_cdf_sample
 
 M = 10  # max_new_tokens shared by most tests (one compilation per config)
@@ -26,57 +26,58 @@ ATTN_SCALE = 6.0
 
 
 def _make_model(mesh=None):
-  cfg = ModelConfig.tiny()
-  model = create_model(cfg, mesh=mesh, seed=0)
-  model.lm_head.set_value(model.lm_head.get_value() * LOGIT_SCALE)
-  # Sharper attention too, so positions and the cache contents matter.
-  for name in ("q_proj", "k_proj"):
-    w = getattr(model.layers, name)
-    w.set_value(w.get_value() * ATTN_SCALE)
-  return model
+    cfg = ModelConfig.tiny()
+    model = create_model(cfg, mesh=mesh, seed=0)
+    model.lm_head.set_value(model.lm_head.get_value() * LOGIT_SCALE)
+    # Sharper attention too, so positions and the cache contents matter.
+    for name in ("q_proj", "k_proj"):
+        w = getattr(model.layers, name)
+        w.set_value(w.get_value() * ATTN_SCALE)
+    return model
 
 
 @pytest.fixture(scope="module")
 def model():
-  return _make_model()
+    return _make_model()
 
 
 @pytest.fixture(scope="module")
 def tok(model):
-  return make_tiny_tokenizer(model.cfg.vocab_size)
+    return make_tiny_tokenizer(model.cfg.vocab_size)
 
 
 @pytest.fixture(scope="module")
 def sampler(model, tok):
-  # EOS off: rows run the full M tokens, so references need no stopping logic.
-  return Sampler(model, tok, eos_token_ids=())
+    # EOS off: rows run the full M tokens, so references need no stopping logic.
+    return Sampler(model, tok, eos_token_ids=())
 
 
 @pytest.fixture(scope="module")
 def full_logits(model):
-  """Uncached forward over [prompt | completion]: f32[N, P + C, V] (NumPy)."""
-  graphdef = nnx.graphdef(model)
-  fwd = jax.jit(lambda state, ids, mask: nnx.merge(graphdef, state)(ids, mask))
+    """Uncached forward over [prompt | completion]: f32[N, P + C, V] (NumPy)."""
+    graphdef = nnx.graphdef(model)
+    fwd = jax.jit(lambda state, ids, mask: nnx.merge(graphdef, state)(ids, mask))
 
-  def run(ro):
-    ids = np.concatenate([ro.prompt_ids, ro.completion_ids], 1)
-    mask = np.concatenate([ro.prompt_mask, ro.completion_mask], 1)
-    return np.asarray(fwd(nnx.state(model), ids, mask), np.float64)
+    def run(ro):
+        ids = np.concatenate([ro.prompt_ids, ro.completion_ids], 1)
+        mask = np.concatenate([ro.prompt_mask, ro.completion_mask], 1)
+        return np.asarray(fwd(nnx.state(model), ids, mask), np.float64)
 
-  return run
+    return run
 
 
 def _tempered_logp(logits, temperature):
-  z = logits / temperature
-  z = z - z.max(-1, keepdims=True)
-  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+    z = logits / temperature
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
 
 
 @pytest.fixture(scope="module")
 def base_run(sampler):
-  """Unconstrained sampled run (T=1, no EOS) shared by the stopping tests."""
-  return sampler.generate(PROMPTS, SamplingParams(max_new_tokens=M), num_generations=4,
-                          key=jax.random.key(7))
+    """Unconstrained sampled run (T=1, no EOS) shared by the stopping tests."""
+    return sampler.generate(
+        PROMPTS, SamplingParams(max_new_tokens=M), num_generations=4, key=jax.random.key(7)
+    )
 
 
 # ----------------------------------------------------------------- greedy
@@ -84,280 +85,335 @@ def base_run(sampler):
 
 @pytest.mark.parametrize("decode_chunks", [1, 3])
 def test_greedy_equals_stepwise_argmax_of_uncached_forward(model, tok, sampler, decode_chunks):
-  if decode_chunks != 1:  # decode phases with a growing cache (4 + 3 + 3 steps)
-    sampler = Sampler(model, tok, eos_token_ids=(), decode_chunks=decode_chunks)
-  ro = sampler.generate(PROMPTS, SamplingParams(max_new_tokens=M, greedy=True),
-                        num_generations=2, key=jax.random.key(0))
-  graphdef = nnx.graphdef(model)
-  fwd = jax.jit(lambda state, ids, mask: nnx.merge(graphdef, state)(ids, mask))
-  n, p = ro.prompt_ids.shape
-  ids = np.concatenate([ro.prompt_ids, np.zeros((n, M), np.int32)], 1)
-  mask = np.concatenate([ro.prompt_mask, np.zeros((n, M), np.int32)], 1)
-  for t in range(M):  # causal: right padding does not change position p - 1 + t
-    logits = np.asarray(fwd(nnx.state(model), ids, mask))
-    ids[:, p + t] = logits[:, p - 1 + t].argmax(-1)
-    mask[:, p + t] = 1
-  np.testing.assert_array_equal(ro.completion_ids, ids[:, p:])
-  assert ro.finish_reason == ["length"] * n
-  np.testing.assert_array_equal(ro.lengths, np.full(n, M))
-  # G greedy copies of a prompt agree; distinct prompts differ.
-  np.testing.assert_array_equal(ro.completion_ids[0], ro.completion_ids[1])
-  assert not np.array_equal(ro.completion_ids[0], ro.completion_ids[2])
+    if decode_chunks != 1:  # decode phases with a growing cache (4 + 3 + 3 steps)
+        sampler = Sampler(model, tok, eos_token_ids=(), decode_chunks=decode_chunks)
+    ro = sampler.generate(
+        PROMPTS,
+        SamplingParams(max_new_tokens=M, greedy=True),
+        num_generations=2,
+        key=jax.random.key(0),
+    )
+    graphdef = nnx.graphdef(model)
+    fwd = jax.jit(lambda state, ids, mask: nnx.merge(graphdef, state)(ids, mask))
+    n, p = ro.prompt_ids.shape
+    ids = np.concatenate([ro.prompt_ids, np.zeros((n, M), np.int32)], 1)
+    mask = np.concatenate([ro.prompt_mask, np.zeros((n, M), np.int32)], 1)
+    for t in range(M):  # causal: right padding does not change position p - 1 + t
+        logits = np.asarray(fwd(nnx.state(model), ids, mask))
+        ids[:, p + t] = logits[:, p - 1 + t].argmax(-1)
+        mask[:, p + t] = 1
+    np.testing.assert_array_equal(ro.completion_ids, ids[:, p:])
+    assert ro.finish_reason == ["length"] * n
+    np.testing.assert_array_equal(ro.lengths, np.full(n, M))
+    # G greedy copies of a prompt agree; distinct prompts differ.
+    np.testing.assert_array_equal(ro.completion_ids[0], ro.completion_ids[1])
+    assert not np.array_equal(ro.completion_ids[0], ro.completion_ids[2])
 
 
 # --------------------------------------------------------------- logprobs
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (0.7, 4, 0.8)])
-def test_logprobs_are_tempered_unfiltered_log_softmax(sampler, full_logits, temperature, top_k,
-                                                      top_p):
-  params = SamplingParams(max_new_tokens=M, temperature=temperature, top_k=top_k, top_p=top_p)
-  ro = sampler.generate(PROMPTS, params, num_generations=4, key=jax.random.key(1))
-  p = ro.prompt_ids.shape[1]
-  logp = _tempered_logp(full_logits(ro)[:, p - 1:-1], temperature)  # predicts completion
-  ref = np.take_along_axis(logp, ro.completion_ids[..., None], -1)[..., 0]
-  m = ro.completion_mask.astype(bool)
-  assert m.all()
-  np.testing.assert_allclose(ro.logprobs[m], ref[m], atol=1e-5, rtol=0)
-  assert np.all(ro.logprobs <= 0)
+def test_logprobs_are_tempered_unfiltered_log_softmax(
+    sampler, full_logits, temperature, top_k, top_p
+):
+    params = SamplingParams(max_new_tokens=M, temperature=temperature, top_k=top_k, top_p=top_p)
+    ro = sampler.generate(PROMPTS, params, num_generations=4, key=jax.random.key(1))
+    p = ro.prompt_ids.shape[1]
+    logp = _tempered_logp(full_logits(ro)[:, p - 1 : -1], temperature)  # predicts completion
+    ref = np.take_along_axis(logp, ro.completion_ids[..., None], -1)[..., 0]
+    m = ro.completion_mask.astype(bool)
+    assert m.all()
+    np.testing.assert_allclose(ro.logprobs[m], ref[m], atol=1e-5, rtol=0)
+    assert np.all(ro.logprobs <= 0)
 
 
 # ----------------------------------------------------------------- filters
 
 
 def test_filters_hand_worked():
-  probs = np.array([[0.5, 0.3, 0.15, 0.05]])
-  lg = jnp.asarray(np.log(probs) + 3.0, jnp.float32)  # any shift
+    probs = np.array([[0.5, 0.3, 0.15, 0.05]])
+    lg = jnp.asarray(np.log(probs) + 3.0, jnp.float32)  # any shift
 
-  def nucleus(top_p):
-    return np.flatnonzero(np.asarray(nucleus_mask(lg, top_p))[0]).tolist()
+    def nucleus(top_p):
+        return np.flatnonzero(np.asarray(nucleus_mask(lg, top_p))[0]).tolist()
 
-  def top_k(k, top_p):
-    w, ids = top_k_candidates(lg, k, top_p)
-    return sorted(int(i) for i, v in zip(ids[0], w[0]) if v > 0)
+    def top_k(k, top_p):
+        w, ids = top_k_candidates(lg, k, top_p)
+        return sorted(int(i) for i, v in zip(ids[0], w[0]) if v > 0)
 
-  assert nucleus(0.7) == [0, 1]        # 0.5 < 0.7 <= 0.8
-  assert nucleus(0.8) == [0, 1]        # smallest set with mass >= p
-  assert nucleus(0.81) == [0, 1, 2]
-  assert nucleus(0.01) == [0]          # the top token is always kept
-  assert nucleus(1.0) == [0, 1, 2, 3]
-  assert top_k(2, None) == [0, 1]
-  assert top_k(3, 0.9) == [0, 1, 2]    # renormalized over top-3: .526, .842 < .9
-  assert top_k(3, 0.8) == [0, 1]       # .526 < .8 <= .842
-  assert top_k(10, None) == [0, 1, 2, 3]
+    assert nucleus(0.7) == [0, 1]  # 0.5 < 0.7 <= 0.8
+    assert nucleus(0.8) == [0, 1]  # smallest set with mass >= p
+    assert nucleus(0.81) == [0, 1, 2]
+    assert nucleus(0.01) == [0]  # the top token is always kept
+    assert nucleus(1.0) == [0, 1, 2, 3]
+    assert top_k(2, None) == [0, 1]
+    assert top_k(3, 0.9) == [0, 1, 2]  # renormalized over top-3: .526, .842 < .9
+    assert top_k(3, 0.8) == [0, 1]  # .526 < .8 <= .842
+    assert top_k(10, None) == [0, 1, 2, 3]
 
 
 def test_nucleus_mask_matches_sorting_reference():
-  rng = np.random.default_rng(0)
-  lg = rng.normal(size=(16, 300)).astype(np.float32) * rng.uniform(0.5, 5, (16, 1))
-  lg[0, :5] = 2.0  # ties
-  for top_p in (0.3, 0.9, 0.99):
-    got = np.asarray(nucleus_mask(jnp.asarray(lg), top_p))
-    p = np.exp(lg - lg.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    mass_above = np.array([[p[b][p[b] > p[b, i]].sum() for i in range(300)] for b in range(16)])
-    want = mass_above < top_p
-    # float rounding of the masses may only flip tokens right at the boundary
-    unsure = np.abs(mass_above - top_p) < 1e-5
-    np.testing.assert_array_equal(got[~unsure], want[~unsure])
+    rng = np.random.default_rng(0)
+    lg = rng.normal(size=(16, 300)).astype(np.float32) * rng.uniform(0.5, 5, (16, 1))
+    lg[0, :5] = 2.0  # ties
+    for top_p in (0.3, 0.9, 0.99):
+        got = np.asarray(nucleus_mask(jnp.asarray(lg), top_p))
+        p = np.exp(lg - lg.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        mass_above = np.array([[p[b][p[b] > p[b, i]].sum() for i in range(300)] for b in range(16)])
+        want = mass_above < top_p
+        # float rounding of the masses may only flip tokens right at the boundary
+        unsure = np.abs(mass_above - top_p) < 1e-5
+        np.testing.assert_array_equal(got[~unsure], want[~unsure])
 
 
 def test_inverse_cdf_sampling_frequencies():
-  w = jnp.asarray([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]] * 4000, jnp.float32)
-  idx = np.asarray(inverse_cdf_sample(jax.random.key(0), w))
-  freq = np.bincount(idx, minlength=6) / idx.size
-  assert freq[[0, 2, 5]].sum() == 0  # zero weights never drawn
-  np.testing.assert_allclose(freq, [0, 0.5, 0, 0.3, 0.2, 0], atol=0.03)
+    w = jnp.asarray([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0]] * 4000, jnp.float32)
+    idx = np.asarray(inverse_cdf_sample(jax.random.key(0), w))
+    freq = np.bincount(idx, minlength=6) / idx.size
+    assert freq[[0, 2, 5]].sum() == 0  # zero weights never drawn
+    np.testing.assert_allclose(freq, [0, 0.5, 0, 0.3, 0.2, 0], atol=0.03)
 
 
 @pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.6)])
 def test_top_k_top_p_never_leave_the_allowed_set(sampler, full_logits, top_k, top_p):
-  temperature = 1.3  # flatter: more candidates to wrongly emit
-  params = SamplingParams(max_new_tokens=M, temperature=temperature, top_k=top_k, top_p=top_p)
-  ro = sampler.generate(PROMPTS[:2], params, num_generations=32, key=jax.random.key(2))
-  p = ro.prompt_ids.shape[1]
-  logp = _tempered_logp(full_logits(ro)[:, p - 1:-1], temperature)
-  chosen = np.take_along_axis(logp, ro.completion_ids[..., None], -1)[..., 0]
-  if top_k:
-    rank = (logp > chosen[..., None]).sum(-1)  # tokens strictly more likely
-    assert rank.max() < top_k
-  else:
-    probs = np.exp(logp)
-    mass_before = np.where(probs > np.exp(chosen)[..., None], probs, 0).sum(-1)
-    assert mass_before.max() < top_p + 1e-6
-  # It does sample: the first tokens of one prompt's 32 rows are not all equal,
-  # and their frequencies follow the renormalized filtered distribution.
-  first = ro.completion_ids[:32, 0]
-  assert len(set(first.tolist())) > 1
-  probs0 = np.exp(logp[0, 0])
-  order = np.argsort(-probs0)
-  allowed = order[:top_k] if top_k else order[:int((np.cumsum(probs0[order]) - probs0[order]
-                                                      < top_p).sum())]
-  target = probs0[allowed] / probs0[allowed].sum()
-  emp = np.array([(first == a).mean() for a in allowed])
-  assert 0.5 * np.abs(emp - target).sum() < 0.3  # TV distance, 32 draws
+    temperature = 1.3  # flatter: more candidates to wrongly emit
+    params = SamplingParams(max_new_tokens=M, temperature=temperature, top_k=top_k, top_p=top_p)
+    ro = sampler.generate(PROMPTS[:2], params, num_generations=32, key=jax.random.key(2))
+    p = ro.prompt_ids.shape[1]
+    logp = _tempered_logp(full_logits(ro)[:, p - 1 : -1], temperature)
+    chosen = np.take_along_axis(logp, ro.completion_ids[..., None], -1)[..., 0]
+    if top_k:
+        rank = (logp > chosen[..., None]).sum(-1)  # tokens strictly more likely
+        assert rank.max() < top_k
+    else:
+        probs = np.exp(logp)
+        mass_before = np.where(probs > np.exp(chosen)[..., None], probs, 0).sum(-1)
+        assert mass_before.max() < top_p + 1e-6
+    # It does sample: the first tokens of one prompt's 32 rows are not all equal,
+    # and their frequencies follow the renormalized filtered distribution.
+    first = ro.completion_ids[:32, 0]
+    assert len(set(first.tolist())) > 1
+    probs0 = np.exp(logp[0, 0])
+    order = np.argsort(-probs0)
+    allowed = (
+        order[:top_k]
+        if top_k
+        else order[: int((np.cumsum(probs0[order]) - probs0[order] < top_p).sum())]
+    )
+    target = probs0[allowed] / probs0[allowed].sum()
+    emp = np.array([(first == a).mean() for a in allowed])
+    assert 0.5 * np.abs(emp - target).sum() < 0.3  # TV distance, 32 draws
 
 
 # ---------------------------------------------------------------- stopping
 
 
 def test_eos_and_stop_token_ids_stop_rows_and_mask_the_rest(model, tok, base_run):
-  toks = base_run.completion_ids
-  # An EOS id and a stop id seen mid-completion in some rows, absent from the
-  # last row (which must then run to "length").
-  free = [int(t) for t in np.unique(toks[:-1, 2:6]) if t not in toks[-1]]
-  eos = (free[0],)
-  stop = (next(t for t in free[1:] if any(
-      t in row and (eos[0] not in row or list(row).index(t) < list(row).index(eos[0]))
-      for row in toks)),)
-  s = Sampler(model, tok, eos_token_ids=eos)
-  ro = s.generate(PROMPTS, SamplingParams(max_new_tokens=M, stop_token_ids=stop),
-                  num_generations=4, key=jax.random.key(7))
-  reasons = set()
-  for r in range(len(ro)):
-    hits = [j for j, t in enumerate(toks[r]) if t in eos or t in stop]
-    if hits:
-      j = hits[0]
-      want_len, want = j + 1, "eos" if toks[r, j] in eos else "stop"
-    else:
-      want_len, want = M, "length"
-    reasons.add(want)
-    assert ro.finish_reason[r] == want, r
-    assert ro.lengths[r] == want_len
-    np.testing.assert_array_equal(ro.completion_ids[r, :want_len], toks[r, :want_len])
-    np.testing.assert_array_equal(ro.completion_mask[r], np.arange(M) < want_len)
-    np.testing.assert_allclose(ro.logprobs[r, :want_len], base_run.logprobs[r, :want_len],
-                               atol=1e-6)
-    assert np.all(ro.logprobs[r, want_len:] == 0)
-    assert np.all(ro.completion_ids[r, want_len:] == s.pad_id)
-  assert reasons == {"eos", "stop", "length"}
+    toks = base_run.completion_ids
+    # An EOS id and a stop id seen mid-completion in some rows, absent from the
+    # last row (which must then run to "length").
+    free = [int(t) for t in np.unique(toks[:-1, 2:6]) if t not in toks[-1]]
+    eos = (free[0],)
+    stop = (
+        next(
+            t
+            for t in free[1:]
+            if any(
+                t in row and (eos[0] not in row or list(row).index(t) < list(row).index(eos[0]))
+                for row in toks
+            )
+        ),
+    )
+    s = Sampler(model, tok, eos_token_ids=eos)
+    ro = s.generate(
+        PROMPTS,
+        SamplingParams(max_new_tokens=M, stop_token_ids=stop),
+        num_generations=4,
+        key=jax.random.key(7),
+    )
+    reasons = set()
+    for r in range(len(ro)):
+        hits = [j for j, t in enumerate(toks[r]) if t in eos or t in stop]
+        if hits:
+            j = hits[0]
+            want_len, want = j + 1, "eos" if toks[r, j] in eos else "stop"
+        else:
+            want_len, want = M, "length"
+        reasons.add(want)
+        assert ro.finish_reason[r] == want, r
+        assert ro.lengths[r] == want_len
+        np.testing.assert_array_equal(ro.completion_ids[r, :want_len], toks[r, :want_len])
+        np.testing.assert_array_equal(ro.completion_mask[r], np.arange(M) < want_len)
+        np.testing.assert_allclose(
+            ro.logprobs[r, :want_len], base_run.logprobs[r, :want_len], atol=1e-6
+        )
+        assert np.all(ro.logprobs[r, want_len:] == 0)
+        assert np.all(ro.completion_ids[r, want_len:] == s.pad_id)
+    assert reasons == {"eos", "stop", "length"}
 
 
 def test_default_eos_comes_from_config_and_tokenizer(model, tok):
-  assert Sampler(model, tok).eos_token_ids == (EOS_ID,)
-  cfg = model.cfg.replace(eos_token_id=(EOS_ID, 5))
-  assert Sampler(abstract_model(cfg), tok).eos_token_ids == (EOS_ID, 5)
-  assert Sampler(abstract_model(cfg.replace(eos_token_id=7)), tok).eos_token_ids == (EOS_ID, 7)
+    assert Sampler(model, tok).eos_token_ids == (EOS_ID,)
+    cfg = model.cfg.replace(eos_token_id=(EOS_ID, 5))
+    assert Sampler(abstract_model(cfg), tok).eos_token_ids == (EOS_ID, 5)
+    assert Sampler(abstract_model(cfg.replace(eos_token_id=7)), tok).eos_token_ids == (EOS_ID, 7)
 
 
 def test_stop_strings_truncate_at_first_occurrence(sampler, base_run):
-  toks = base_run.completion_ids
-  # Two consecutive words in the middle of row 0.
-  j = next(j for j in range(2, M - 1) if min(toks[0, j], toks[0, j + 1]) >= 6)
-  stop = words(toks[0, j:j + 2])
-  ro = sampler.generate(PROMPTS, SamplingParams(max_new_tokens=M, stop_strings=(stop,)),
-                        num_generations=4, key=jax.random.key(7))
-  hit_rows = 0
-  for r in range(len(ro)):
-    k = next((k for k in range(1, M + 1) if stop in words(toks[r, :k])), None)
-    if k is None:
-      assert ro.finish_reason[r] == "length" and ro.lengths[r] == M
-      assert ro.texts[r] == words(toks[r])
-      continue
-    hit_rows += 1
-    assert ro.finish_reason[r] == "stop"
-    assert ro.lengths[r] == k
-    np.testing.assert_array_equal(ro.completion_ids[r, :k], toks[r, :k])
-    assert ro.completion_mask[r].sum() == k and np.all(ro.logprobs[r, k:] == 0)
-    full = words(toks[r, :k])
-    assert ro.texts[r] == full[: full.find(stop) + len(stop)]
-  assert hit_rows >= 1 and ro.lengths[0] <= j + 2
+    toks = base_run.completion_ids
+    # Two consecutive words in the middle of row 0.
+    j = next(j for j in range(2, M - 1) if min(toks[0, j], toks[0, j + 1]) >= 6)
+    stop = words(toks[0, j : j + 2])
+    ro = sampler.generate(
+        PROMPTS,
+        SamplingParams(max_new_tokens=M, stop_strings=(stop,)),
+        num_generations=4,
+        key=jax.random.key(7),
+    )
+    hit_rows = 0
+    for r in range(len(ro)):
+        k = next((k for k in range(1, M + 1) if stop in words(toks[r, :k])), None)
+        if k is None:
+            assert ro.finish_reason[r] == "length" and ro.lengths[r] == M
+            assert ro.texts[r] == words(toks[r])
+            continue
+        hit_rows += 1
+        assert ro.finish_reason[r] == "stop"
+        assert ro.lengths[r] == k
+        np.testing.assert_array_equal(ro.completion_ids[r, :k], toks[r, :k])
+        assert ro.completion_mask[r].sum() == k and np.all(ro.logprobs[r, k:] == 0)
+        full = words(toks[r, :k])
+        assert ro.texts[r] == full[: full.find(stop) + len(stop)]
+    assert hit_rows >= 1 and ro.lengths[0] <= j + 2
 
 
 # ------------------------------------------------- determinism, weights, API
 
 
 def test_same_key_same_output_no_recompile_and_fresh_weights(model, sampler):
-  s, m = sampler, model
-  params = SamplingParams(max_new_tokens=M, temperature=0.9, top_p=0.95)
-  traces = s.num_traces
-  a = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(3))
-  assert s.num_traces == traces + 1
-  b = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(3))
-  c = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(4))
-  np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
-  np.testing.assert_array_equal(a.logprobs, b.logprobs)
-  assert not np.array_equal(a.completion_ids, c.completion_ids)
-  # G rows of one prompt are distinct samples.
-  assert len({tuple(r) for r in a.completion_ids[:4].tolist()}) > 1
-  # New weights (a trainer update) are read on the next call, without retracing.
-  m.lm_head.set_value(-m.lm_head.get_value())
-  try:
-    d = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(3))
-  finally:
+    s, m = sampler, model
+    params = SamplingParams(max_new_tokens=M, temperature=0.9, top_p=0.95)
+    traces = s.num_traces
+    a = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(3))
+    assert s.num_traces == traces + 1
+    b = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(3))
+    c = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(4))
+    np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    assert not np.array_equal(a.completion_ids, c.completion_ids)
+    # G rows of one prompt are distinct samples.
+    assert len({tuple(r) for r in a.completion_ids[:4].tolist()}) > 1
+    # New weights (a trainer update) are read on the next call, without retracing.
     m.lm_head.set_value(-m.lm_head.get_value())
-  assert not np.array_equal(a.completion_ids, d.completion_ids)
-  # A new temperature / top_p value does not recompile either.
-  s.generate(PROMPTS, SamplingParams(max_new_tokens=M, temperature=0.5, top_p=0.7),
-             num_generations=4, key=jax.random.key(3))
-  assert s.num_traces == traces + 1
+    try:
+        d = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(3))
+    finally:
+        m.lm_head.set_value(-m.lm_head.get_value())
+    assert not np.array_equal(a.completion_ids, d.completion_ids)
+    # A new temperature / top_p value does not recompile either.
+    s.generate(
+        PROMPTS,
+        SamplingParams(max_new_tokens=M, temperature=0.5, top_p=0.7),
+        num_generations=4,
+        key=jax.random.key(3),
+    )
+    assert s.num_traces == traces + 1
 
 
 def test_rollout_layout_and_prompt_encoding(sampler, tok, base_run):
-  ro = base_run
-  n = len(PROMPTS) * 4
-  assert ro.completion_ids.shape == (n, M) and ro.prompt_ids.shape == (n, 32)
-  np.testing.assert_array_equal(ro.group_ids, np.arange(n) // 4)
-  np.testing.assert_array_equal(ro.prompt_index, ro.group_ids)
-  chat = tok.apply_chat_template(PROMPTS[2], add_generation_prompt=True, tokenize=False)
-  want = [tok(PROMPTS[0])["input_ids"], tok(PROMPTS[1])["input_ids"],
-          tok(chat, add_special_tokens=False)["input_ids"]]
-  assert want[2][0] == 1 and want[2][-1] == 4  # <s> ... <|assistant|>
-  for r in range(n):
-    e = want[r // 4]
-    np.testing.assert_array_equal(ro.prompt_ids[r, -len(e):], e)  # left padded
-    np.testing.assert_array_equal(ro.prompt_mask[r], np.arange(32) >= 32 - len(e))
-  assert ro.texts[0] == words(ro.completion_ids[0])
-  assert sampler.encode_prompts([[5, 6, 7]]) == [[5, 6, 7]]
-  with pytest.raises(ValueError, match="chat_template=False"):
-    sampler.encode_prompts(PROMPTS[2:], chat_template=False)
-  with pytest.raises(ValueError, match="zero tokens"):
-    sampler.encode_prompts([""])
-  assert bucket_length(33, (32, 64)) == 64 and bucket_length(130, (32, 64)) == 192
+    ro = base_run
+    n = len(PROMPTS) * 4
+    assert ro.completion_ids.shape == (n, M) and ro.prompt_ids.shape == (n, 32)
+    np.testing.assert_array_equal(ro.group_ids, np.arange(n) // 4)
+    np.testing.assert_array_equal(ro.prompt_index, ro.group_ids)
+    chat = tok.apply_chat_template(PROMPTS[2], add_generation_prompt=True, tokenize=False)
+    want = [
+        tok(PROMPTS[0])["input_ids"],
+        tok(PROMPTS[1])["input_ids"],
+        tok(chat, add_special_tokens=False)["input_ids"],
+    ]
+    assert want[2][0] == 1 and want[2][-1] == 4  # <s> ... <|assistant|>
+    for r in range(n):
+        e = want[r // 4]
+        np.testing.assert_array_equal(ro.prompt_ids[r, -len(e) :], e)  # left padded
+        np.testing.assert_array_equal(ro.prompt_mask[r], np.arange(32) >= 32 - len(e))
+    assert ro.texts[0] == words(ro.completion_ids[0])
+    assert sampler.encode_prompts([[5, 6, 7]]) == [[5, 6, 7]]
+    with pytest.raises(ValueError, match="chat_template=False"):
+        sampler.encode_prompts(PROMPTS[2:], chat_template=False)
+    with pytest.raises(ValueError, match="zero tokens"):
+        sampler.encode_prompts([""])
+    assert bucket_length(33, (32, 64)) == 64 and bucket_length(130, (32, 64)) == 192
 
 
-@pytest.mark.parametrize("bad", [dict(max_new_tokens=0), dict(temperature=0.0),
-                                 dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
-                                 dict(stop_strings=("",))])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_new_tokens=0),
+        dict(temperature=0.0),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(top_k=-1),
+        dict(stop_strings=("",)),
+    ],
+)
 def test_bad_sampling_params_name_the_field(bad):
-  field = next(iter(bad))
-  with pytest.raises(ValueError, match=field):
-    SamplingParams(**{"max_new_tokens": 4, **bad})
+    field = next(iter(bad))
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{"max_new_tokens": 4, **bad})
 
 
 # ---------------------------------------------------------------- sharding
 
 
 def test_sharded_equals_unsharded(sampler, tok):
-  mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
-  sharded = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=())
-  assert sharded.model.layers.q_proj.get_value().sharding.spec == P(None, "fsdp", "tensor")
-  params = SamplingParams(max_new_tokens=M, temperature=0.8, top_k=8)
-  # 3 prompts x G=3 = 9 rows: padded to 12 for the 4 batch shards.
-  a = sampler.generate(PROMPTS, params, num_generations=3, key=jax.random.key(5))
-  b = sharded.generate(PROMPTS, params, num_generations=3, key=jax.random.key(5))
-  assert b.info["batch_rows"] == 12 and len(b) == 9
-  np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
-  np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-  assert a.finish_reason == b.finish_reason and a.texts == b.texts
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+    sharded = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=())
+    assert sharded.model.layers.q_proj.get_value().sharding.spec == P(None, "fsdp", "tensor")
+    params = SamplingParams(max_new_tokens=M, temperature=0.8, top_k=8)
+    # 3 prompts x G=3 = 9 rows: padded to 12 for the 4 batch shards.
+    a = sampler.generate(PROMPTS, params, num_generations=3, key=jax.random.key(5))
+    b = sharded.generate(PROMPTS, params, num_generations=3, key=jax.random.key(5))
+    assert b.info["batch_rows"] == 12 and len(b) == 9
+    np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert a.finish_reason == b.finish_reason and a.texts == b.texts
 
 
 def test_chunked_rollout_equals_one_call_greedy(sampler):
-  # Greedy rows do not depend on the key, so chunking the sampler calls
-  # (train.rollout, sampling.rows_per_call) must give the same batch, with each
-  # chunk left padded to its own prompt bucket and re-padded to max_prompt_len.
-  from gdpo_jax.train.rollout import sample_and_score
-  records = [{"prompt": p} for p in ("w6 w7 w8 w9 w10", "w11", "w12 w13", "w14 w15 w16")]
-  runner = lambda prompts, completions, examples, **kw: (  # noqa: E731
-      np.asarray([[len(c)] for c in completions], np.float32), {})
-  kw = dict(sampler=sampler, runner=runner, params=SamplingParams(max_new_tokens=M, greedy=True),
-            group_size=2, key=jax.random.key(0), max_prompt_len=32, pad_id=0,
-            chat_template=False)
-  one = sample_and_score(records, **kw)
-  chunked = sample_and_score(records, prompts_per_call=1, **kw)
-  assert chunked["sample_calls"] == 4
-  for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "rewards",
-            "group_ids"):
-    np.testing.assert_array_equal(chunked[k], one[k], err_msg=k)
-  np.testing.assert_allclose(chunked["old_logp"], one["old_logp"], atol=1e-5)
-  assert chunked["texts"] == one["texts"]
+    # Greedy rows do not depend on the key, so chunking the sampler calls
+    # (train.rollout, sampling.rows_per_call) must give the same batch, with each
+    # chunk left padded to its own prompt bucket and re-padded to max_prompt_len.
+    from gdpo_jax.train.rollout import sample_and_score
+
+    records = [{"prompt": p} for p in ("w6 w7 w8 w9 w10", "w11", "w12 w13", "w14 w15 w16")]
+    runner = lambda prompts, completions, examples, **kw: (  # noqa: E731
+        np.asarray([[len(c)] for c in completions], np.float32),
+        {},
+    )
+    kw = dict(
+        sampler=sampler,
+        runner=runner,
+        params=SamplingParams(max_new_tokens=M, greedy=True),
+        group_size=2,
+        key=jax.random.key(0),
+        max_prompt_len=32,
+        pad_id=0,
+        chat_template=False,
+    )
+    one = sample_and_score(records, **kw)
+    chunked = sample_and_score(records, prompts_per_call=1, **kw)
+    assert chunked["sample_calls"] == 4
+    for k in (
+        "prompt_ids",
+        "prompt_mask",
+        "completion_ids",
+        "completion_mask",
+        "rewards",
+        "group_ids",
+    ):
+        np.testing.assert_array_equal(chunked[k], one[k], err_msg=k)
+    np.testing.assert_allclose(chunked["old_logp"], one["old_logp"], atol=1e-5)
+    assert chunked["texts"] == one["texts"]

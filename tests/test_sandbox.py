@@ -1,5 +1,6 @@
 """Sandbox: benign programs, and hostile ones that must each end as a failed
 test case within their limits while this (the runner's) process survives."""
+
 import os
 import socket
 import time
@@ -13,7 +14,9 @@ from gdpo_jax.rewards import sandbox as sb
 
 ISO = sb.isolation()
 FAST = sb.SandboxLimits(cpu_s=1, wall_s=2)
-full = pytest.mark.skipif(ISO.mode != "namespaces", reason=f"needs namespaces isolation, have {ISO.mode}")
+full = pytest.mark.skipif(
+    ISO.mode != "namespaces", reason=f"needs namespaces isolation, have {ISO.mode}"
+)
 # As root, RLIMIT_NPROC is ignored: only a dropped uid (or a non-root userns) bounds a fork bomb.
 nproc_holds = ISO.uid_drop or (ISO.mode == "userns" and os.geteuid() != 0)
 
@@ -46,12 +49,17 @@ def test_isolation_is_recorded():
 
 
 def test_benign_stdin_and_call_modes():
-    res = sb.run_program("a, b = map(int, input().split())\nprint(a + b)\n", ["1 2", ["3 4"], "x y"])
+    res = sb.run_program(
+        "a, b = map(int, input().split())\nprint(a + b)\n", ["1 2", ["3 4"], "x y"]
+    )
     assert [c.status for c in res.cases] == ["ok", "ok", "runtime_error"]
     assert [c.stdout for c in res.cases[:2]] == ["3\n", "7\n"]
     assert "ValueError" in res.cases[2].stderr and res.has_error
-    res = sb.run_program("class Solution:\n    def f(self, a, b):\n        return (a + b, {1})\n",
-                         [[1, 2]], fn_name="f")
+    res = sb.run_program(
+        "class Solution:\n    def f(self, a, b):\n        return (a + b, {1})\n",
+        [[1, 2]],
+        fn_name="f",
+    )
     assert res.cases[0].value == [3, [1]] and not res.has_error
     res = sb.run_program("def f(:\n", [[1]], fn_name="f")
     assert res.compile_error.startswith("SyntaxError") and res.has_error
@@ -91,8 +99,10 @@ def test_fork_bomb_is_contained():
 
 
 def test_memory_bomb_fails():
-    _, c = run1("a = []\nwhile True:\n    a.append(bytearray(10**7))\n",
-                limits=sb.SandboxLimits(cpu_s=2, wall_s=4, memory_mb=256))
+    _, c = run1(
+        "a = []\nwhile True:\n    a.append(bytearray(10**7))\n",
+        limits=sb.SandboxLimits(cpu_s=2, wall_s=4, memory_mb=256),
+    )
     assert c.status in ("memory_error", "killed")
     _, c = run1("x = bytearray(2**34)\n")
     assert c.status == "memory_error"
@@ -107,12 +117,19 @@ def test_huge_output_is_capped():
 @full
 def test_writes_outside_its_dir_do_not_land(tmp_path):
     tag = uuid.uuid4().hex
-    targets = [str(tmp_path / f"{tag}.txt"), f"/tmp/gdpo_escape_{tag}", f"/var/tmp/gdpo_escape_{tag}",
-               f"/dev/shm/gdpo_escape_{tag}", os.path.join(os.getcwd(), f"gdpo_escape_{tag}"),
-               os.path.join(os.path.dirname(sb._base_dir()), f"gdpo_escape_{tag}")]
-    src = ("import os\nfor p in %r + ['../gdpo_escape_%s']:\n    try:\n"
-           "        open(p, 'w').write('x')\n        print('escaped', p)\n    except OSError:\n        pass\n"
-           "open('inside.txt', 'w').write('fine')\nprint(open('inside.txt').read())\n") % (targets, tag)
+    targets = [
+        str(tmp_path / f"{tag}.txt"),
+        f"/tmp/gdpo_escape_{tag}",
+        f"/var/tmp/gdpo_escape_{tag}",
+        f"/dev/shm/gdpo_escape_{tag}",
+        os.path.join(os.getcwd(), f"gdpo_escape_{tag}"),
+        os.path.join(os.path.dirname(sb._base_dir()), f"gdpo_escape_{tag}"),
+    ]
+    src = (
+        "import os\nfor p in %r + ['../gdpo_escape_%s']:\n    try:\n"
+        "        open(p, 'w').write('x')\n        print('escaped', p)\n    except OSError:\n        pass\n"
+        "open('inside.txt', 'w').write('fine')\nprint(open('inside.txt').read())\n"
+    ) % (targets, tag)
     _, c = run1(src)
     for p in targets + [os.path.join(sb._base_dir(), f"gdpo_escape_{tag}")]:
         assert not os.path.exists(p), p
@@ -124,10 +141,12 @@ def test_writes_outside_its_dir_do_not_land(tmp_path):
 def test_parent_environment_is_invisible(monkeypatch):
     secret = uuid.uuid4().hex
     monkeypatch.setenv("GDPO_SANDBOX_SECRET", secret)
-    src = ("import os, glob\nprint(dict(os.environ))\n"
-           "for p in glob.glob('/proc/*/environ') + ['/proc/%d/environ' % os.getppid()]:\n"
-           "    try:\n        print(open(p).read())\n    except OSError as e:\n        print(p, e)\n"
-           f"print(open('/proc/{os.getpid()}/environ').read())\n")
+    src = (
+        "import os, glob\nprint(dict(os.environ))\n"
+        "for p in glob.glob('/proc/*/environ') + ['/proc/%d/environ' % os.getppid()]:\n"
+        "    try:\n        print(open(p).read())\n    except OSError as e:\n        print(p, e)\n"
+        f"print(open('/proc/{os.getpid()}/environ').read())\n"
+    )
     _, c = run1(src)
     assert secret not in c.stdout and secret not in c.stderr
     assert "GDPO_SANDBOX_SECRET" not in c.stdout
@@ -153,8 +172,10 @@ def test_network_connection_fails():
 @pytest.mark.skipif(not ISO.uid_drop and not ISO.pid_namespace, reason="parent shares the uid")
 def test_killing_its_parent_leaves_the_runner_alive():
     me = os.getpid()
-    src = ("import os, signal\nfor pid in (os.getppid(), %d, 1):\n    try:\n        os.kill(pid, 9)\n"
-           "    except OSError:\n        pass\nimport time\ntime.sleep(0.2)\nprint('alive')\n") % me
+    src = (
+        "import os, signal\nfor pid in (os.getppid(), %d, 1):\n    try:\n        os.kill(pid, 9)\n"
+        "    except OSError:\n        pass\nimport time\ntime.sleep(0.2)\nprint('alive')\n"
+    ) % me
     _, c = run1(src)
     assert os.getpid() == me  # still here
     # the driver survived its child: the case finished and was reported
@@ -166,11 +187,14 @@ def test_killing_its_parent_leaves_the_runner_alive():
 
 def test_hostile_batch_through_the_reward_runner():
     tests = {"inputs": ["2\n"], "outputs": ["4\n"], "fn_name": None}
-    comps = ["```python\nwhile True: pass\n```",
-             "```python\nimport os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n```"
-             if nproc_holds else "```python\nraise SystemExit(3)\n```",
-             "```python\nprint(int(input()) * 2)\n```",
-             "```python\nprint(int(input()) ** 3)\n```"]
+    comps = [
+        "```python\nwhile True: pass\n```",
+        "```python\nimport os\nwhile True:\n    try: os.fork()\n    except OSError: pass\n```"
+        if nproc_holds
+        else "```python\nraise SystemExit(3)\n```",
+        "```python\nprint(int(input()) * 2)\n```",
+        "```python\nprint(int(input()) ** 3)\n```",
+    ]
     kw = {"cpu_s": 1, "wall_s": 2}
     ex = [{"tests": tests}] * 4
     specs = [RewardSpec("code_pass_rate", kwargs=kw), RewardSpec("code_bug", kwargs=kw)]
@@ -181,8 +205,10 @@ def test_hostile_batch_through_the_reward_runner():
 
 
 def test_stdin_stdout_idioms():
-    src = ("import sys\nn = int(sys.stdin.buffer.readline())\nrest = sys.stdin.read().split()\n"
-           "sys.stdout.buffer.write(str(n + len(rest)).encode() + b'\\n')\nprint('x', end='')\n")
+    src = (
+        "import sys\nn = int(sys.stdin.buffer.readline())\nrest = sys.stdin.read().split()\n"
+        "sys.stdout.buffer.write(str(n + len(rest)).encode() + b'\\n')\nprint('x', end='')\n"
+    )
     _, c = run1(src, "3\na b\nc\n")
     assert c.status == "ok" and c.stdout == "6\nx"
     _, c = run1("print(open(0).read().upper())", "hi")
@@ -196,7 +222,11 @@ def test_weaker_modes_run_benign_programs(mode):
     except RuntimeError as e:
         pytest.skip(str(e))
     assert iso.mode == mode and iso.note
-    res = sb.run_program("import heapq\nprint(sum(map(int, input().split())))\n", ["1 2", "x"],
-                         isolation_mode=mode, limits=FAST)
+    res = sb.run_program(
+        "import heapq\nprint(sum(map(int, input().split())))\n",
+        ["1 2", "x"],
+        isolation_mode=mode,
+        limits=FAST,
+    )
     assert [c.status for c in res.cases] == ["ok", "runtime_error"] and res.cases[0].stdout == "3\n"
     assert res.isolation == mode

@@ -1,4 +1,5 @@
 """SFT warm start and the synthetic_bpe tokenizer: determinism, round trips, loss, export."""
+
 import hashlib
 import json
 import os
@@ -25,10 +26,18 @@ def test_tokenizer_is_deterministic_across_processes():
     texts = T.corpus(300, 300)
     here = T.train_bpe(texts, 600).to_str()
     assert here == T.train_bpe(texts, 600).to_str()
-    code = ("import hashlib; from gdpo_jax.data import tokenizer as T; "
-            "print(hashlib.sha256(T.train_bpe(T.corpus(300, 300), 600).to_str().encode()).hexdigest())")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONHASHSEED": "123"})
+    code = (
+        "import hashlib; from gdpo_jax.data import tokenizer as T; "
+        "print(hashlib.sha256(T.train_bpe(T.corpus(300, 300), 600).to_str().encode()).hexdigest())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "123"},
+    )
     assert out.stdout.strip() == hashlib.sha256(here.encode()).hexdigest()
 
 
@@ -41,8 +50,10 @@ def test_tokenizer_layout_and_round_trip(tmp_path, monkeypatch):
     cached = list(tmp_path.glob("synthetic_bpe-*/tokenizer.json"))
     assert len(cached) == 1
     saved = json.loads(cached[0].read_text())
-    assert saved["model"]["vocab"] == tok.backend_tokenizer.get_vocab() or \
-        saved["model"]["vocab"] == json.loads(tok.backend_tokenizer.to_str())["model"]["vocab"]
+    assert (
+        saved["model"]["vocab"] == tok.backend_tokenizer.get_vocab()
+        or saved["model"]["vocab"] == json.loads(tok.backend_tokenizer.to_str())["model"]["vocab"]
+    )
     assert T.load_tokenizer().get_vocab() == tok.get_vocab()  # second load: from the file
     # Tags are one token each, and survive decoding with specials skipped.
     for tag in T.TAG_TOKENS:
@@ -50,23 +61,30 @@ def test_tokenizer_layout_and_round_trip(tmp_path, monkeypatch):
         assert len(ids) == 1, tag
         assert tok.decode(ids, skip_special_tokens=True) == tag
     # Round trip on held-out synthetic records of both tasks (never seen in training).
-    recs = make_splits("toolcall", 50, 50, seed=0)["test"] + make_splits("arithmetic", 50, 50, seed=0)["test"]
+    recs = (
+        make_splits("toolcall", 50, 50, seed=0)["test"]
+        + make_splits("arithmetic", 50, 50, seed=0)["test"]
+    )
     for r in recs:
         prompt = tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
         assert prompt == T.render_chat(r["prompt"])
         assert prompt.startswith("<s><|") and prompt.endswith("<|assistant|>\n")
         ids = tok(prompt, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids) == prompt
-        answer = r["reward_model"]["ground_truth"] if "<think>" in r["reward_model"]["ground_truth"] \
+        answer = (
+            r["reward_model"]["ground_truth"]
+            if "<think>" in r["reward_model"]["ground_truth"]
             else r["extra_info"]["solution"]
+        )
         ids = tok(answer, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids + [T.EOS_ID], skip_special_tokens=True) == answer
     # Digits are single tokens; arbitrary unicode still round-trips (byte level).
     assert len(tok("12345", add_special_tokens=False)["input_ids"]) == 5
-    odd = "Grüße, 東京! \t\n {\"x\": -1.5e3}"
+    odd = 'Grüße, 東京! \t\n {"x": -1.5e3}'
     assert tok.decode(tok(odd, add_special_tokens=False)["input_ids"]) == odd
     # The registry name resolves to the same tokenizer.
     from gdpo_jax.train.build import build_tokenizer
+
     assert build_tokenizer("synthetic_bpe").get_vocab() == tok.get_vocab()
     T._cached_json.cache_clear()
 
@@ -94,8 +112,9 @@ def test_target_noise_hits_the_intended_reward():
     assert fmt == [1.0] * len(ex)  # a wrong value keeps the structure
     with_calls = [c for c, g in zip(cor, gts) if "<tool_call>" in g]
     assert with_calls and all(-3.0 < c < 3.0 for c in with_calls)
-    assert S.make_targets(ex, "toolcall", seed=1, value_noise=0.5) == \
-        S.make_targets(ex, "toolcall", seed=1, value_noise=0.5)  # deterministic
+    assert S.make_targets(ex, "toolcall", seed=1, value_noise=0.5) == S.make_targets(
+        ex, "toolcall", seed=1, value_noise=0.5
+    )  # deterministic
 
     mx = tm.load(make_splits("arithmetic", 40, 4, seed=0)["train"])
     golds = [e["ground_truth"] for e in mx]
@@ -109,8 +128,9 @@ def test_target_noise_hits_the_intended_reward():
 
 
 def test_encode_batch_layout():
-    b = S.encode_batch([[5, 6], [7]], [[8, 2], [9, 10, 2]], max_prompt_len=3, max_target_len=4,
-                       pad_id=0)
+    b = S.encode_batch(
+        [[5, 6], [7]], [[8, 2], [9, 10, 2]], max_prompt_len=3, max_target_len=4, pad_id=0
+    )
     np.testing.assert_array_equal(b["prompt_ids"], [[0, 5, 6], [0, 0, 7]])
     np.testing.assert_array_equal(b["prompt_mask"], [[0, 1, 1], [0, 0, 1]])
     np.testing.assert_array_equal(b["completion_ids"], [[8, 2, 0, 0], [9, 10, 2, 0]])
@@ -123,6 +143,7 @@ def test_encode_batch_layout():
 def _config(workdir, **sft):
     sys.path.insert(0, ROOT)
     from configs.sft_toolcall import get_config
+
     cfg = get_config("runlocal")
     cfg.workdir = str(workdir)
     cfg.train.progress_bar = False
@@ -153,13 +174,17 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
 
     from gdpo_jax.models import load_pretrained
     from gdpo_jax.train.metrics import read_jsonl
+
     cfg = _config(tmp_path / "sft")
     cfg.checkpoint.every = 4
     trainer = S.SFT(cfg)
     batch = trainer.batch(0)
     # The compiled loss equals an independent NumPy cross-entropy at init.
-    loss0 = S.sft_loss(trainer.state.params, {k: jax.numpy.asarray(v) for k, v in batch.items()},
-                       graphdef=trainer.graphdef)[0]
+    loss0 = S.sft_loss(
+        trainer.state.params,
+        {k: jax.numpy.asarray(v) for k, v in batch.items()},
+        graphdef=trainer.graphdef,
+    )[0]
     np.testing.assert_allclose(float(loss0), _reference_loss(trainer.model, batch), rtol=1e-5)
     # Batches are a function of (seed, step): every example once per epoch.
     rows = np.concatenate([trainer.batch(s)["completion_ids"] for s in range(2)])
@@ -177,18 +202,22 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
     assert tok.get_vocab() == trainer.tokenizer.get_vocab()
     ids = jax.numpy.asarray(np.concatenate([batch["prompt_ids"], batch["completion_ids"]], 1))
     mask = jax.numpy.asarray(np.concatenate([batch["prompt_mask"], batch["completion_mask"]], 1))
-    np.testing.assert_array_equal(np.asarray(loaded(ids, mask)), np.asarray(trainer.model(ids, mask)))
+    np.testing.assert_array_equal(
+        np.asarray(loaded(ids, mask)), np.asarray(trainer.model(ids, mask))
+    )
 
     # The orbax checkpoint restores the final state: a rerun resumes at the end.
     again = S.SFT(cfg)
     assert again.start_step == 8
     nnx.update(again.model, again.state.params)
-    np.testing.assert_array_equal(np.asarray(again.model(ids, mask)),
-                                  np.asarray(trainer.model(ids, mask)))
+    np.testing.assert_array_equal(
+        np.asarray(again.model(ids, mask)), np.asarray(trainer.model(ids, mask))
+    )
 
 
 def test_sft_config_errors(tmp_path):
     from gdpo_jax.train.config import ConfigError
+
     cfg = _config(tmp_path, format_noise=1.5)
     with pytest.raises(ConfigError, match="sft.format_noise"):
         S.SFT(cfg)

@@ -1,4 +1,5 @@
 """Synthetic generators: determinism, splits, real formats, self-consistency."""
+
 import json
 import re
 
@@ -91,7 +92,10 @@ def test_arithmetic_answers_are_right_and_short(tmp_path):
     paths = syn.write_synthetic("arithmetic", str(tmp_path), 50, 10, seed=0, fmt="jsonl")
     ex = tm.load(paths["test"])
     sols = [e["extra_info"]["solution"] for e in ex]
-    assert tm.correctness_reward(None, sols, ground_truth=[e["ground_truth"] for e in ex]) == [1.0] * 10
+    assert (
+        tm.correctness_reward(None, sols, ground_truth=[e["ground_truth"] for e in ex])
+        == [1.0] * 10
+    )
     assert ex[0]["extra_info"]["max_tokens"] == 64
     ds = tm.load([dict(r) for r in recs[:3]])  # deepscaler records through the default template
     assert ds[0]["prompt"][0]["content"].startswith(recs[0]["problem"])

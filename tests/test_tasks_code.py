@@ -1,4 +1,5 @@
 """Code task: extraction, output comparison, pass-rate / bug rewards, loaders."""
+
 import json
 
 import numpy as np
@@ -13,14 +14,17 @@ def fence(src, lang="python"):
     return f"```{lang}\n{src}\n```"
 
 
-@pytest.mark.parametrize("text, want", [
-    (fence("print(1)"), "print(1)\n"),
-    (fence("a") + " then " + fence("b", "py"), "b\n"),  # the last block
-    ("```Python3\nx = 1\n```", "x = 1\n"),
-    ("```\nprint(1)\n```", None),  # no language: not a python block
-    ("```cpp\nint main(){}\n```", None),
-    ("no code", None),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        (fence("print(1)"), "print(1)\n"),
+        (fence("a") + " then " + fence("b", "py"), "b\n"),  # the last block
+        ("```Python3\nx = 1\n```", "x = 1\n"),
+        ("```\nprint(1)\n```", None),  # no language: not a python block
+        ("```cpp\nint main(){}\n```", None),
+        ("no code", None),
+    ],
+)
 def test_extract_code(text, want):
     assert tcode.extract_code(text) == want
 
@@ -64,10 +68,12 @@ def test_rewards_on_eurus_sample():
 
 def test_bug_reward_branches():
     tests = {"inputs": ["1\n", "0\n"], "outputs": ["1\n", "0\n"], "fn_name": None}
-    comps = [fence("print(1 // int(input()))"),  # ZeroDivisionError on case 2
-             fence("print(int(input())"),  # syntax error
-             fence("import sys\nsys.exit(0 if input() else 1)"),  # clean exit, wrong output
-             fence("import sys\nsys.exit(2)")]  # non-zero exit: a runtime error
+    comps = [
+        fence("print(1 // int(input()))"),  # ZeroDivisionError on case 2
+        fence("print(int(input())"),  # syntax error
+        fence("import sys\nsys.exit(0 if input() else 1)"),  # clean exit, wrong output
+        fence("import sys\nsys.exit(2)"),
+    ]  # non-zero exit: a runtime error
     pr = tcode.pass_rate_reward(None, comps, tests=[tests] * 4)
     bug = tcode.bug_reward(None, comps, tests=[tests] * 4)
     assert pr == [0.5, 0.0, 0.0, 0.0]
@@ -78,14 +84,23 @@ def test_function_call_problems_apps_sample():
     ex = tcode.load(sample_path("code_apps.jsonl"))
     assert ex[0]["tests"]["fn_name"] is None and ex[1]["tests"]["fn_name"] == "sum_squares"
     assert "def sum_squares(nums):" in ex[1]["prompt"][0]["content"]
-    comps = [fence("input()\nprint(sum(int(x) % 2 == 0 for x in input().split()))"),
-             fence("def sum_squares(nums):\n    return sum(x * x for x in nums)"),
-             fence("class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
-                   "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
-                   "                return [seen[target - x], i]\n            seen[x] = i")]
+    comps = [
+        fence("input()\nprint(sum(int(x) % 2 == 0 for x in input().split()))"),
+        fence("def sum_squares(nums):\n    return sum(x * x for x in nums)"),
+        fence(
+            "class Solution:\n    def twoSum(self, nums, target):\n        seen = {}\n"
+            "        for i, x in enumerate(nums):\n            if target - x in seen:\n"
+            "                return [seen[target - x], i]\n            seen[x] = i"
+        ),
+    ]
     out = tcode.evaluate(comps, ex, completion_lengths=[10, 10, 500], max_tokens=100)
-    assert out == {"pass_rate": 1.0, "all_pass": 1.0, "bug_ratio": 0.0, "exceed_ratio": pytest.approx(1 / 3),
-                   "num_samples": 3.0}
+    assert out == {
+        "pass_rate": 1.0,
+        "all_pass": 1.0,
+        "bug_ratio": 0.0,
+        "exceed_ratio": pytest.approx(1 / 3),
+        "num_samples": 3.0,
+    }
     bad = [comps[0], fence("def sum_squares(nums):\n    return sum(nums)"), fence("x = 1")]
     out = tcode.evaluate(bad, ex)
     # sum_squares: [1,2,3] -> 6 != 14, [] -> 0 ok, [-2] -> -2 != 4: 1/3; twoSum undefined: 0 + bug
@@ -121,15 +136,25 @@ def test_max_tests_and_limits_kwargs():
 def test_malformed_code_records(tmp_path):
     good = json.loads(open(sample_path("code_eurus.jsonl")).readline())
     gt = json.loads(good["reward_model"]["ground_truth"])
-    bad = [dict(good, reward_model={"ground_truth": json.dumps({"inputs": gt["inputs"], "outputs": []})}),
-           dict(good, reward_model={"ground_truth": "{not json"}),
-           dict(good, reward_model={"ground_truth": json.dumps({"inputs": gt["inputs"]})})]
-    msgs = ["need as many outputs as inputs", "invalid JSON text", "field 'reward_model.ground_truth.outputs'"]
+    bad = [
+        dict(
+            good, reward_model={"ground_truth": json.dumps({"inputs": gt["inputs"], "outputs": []})}
+        ),
+        dict(good, reward_model={"ground_truth": "{not json"}),
+        dict(good, reward_model={"ground_truth": json.dumps({"inputs": gt["inputs"]})}),
+    ]
+    msgs = [
+        "need as many outputs as inputs",
+        "invalid JSON text",
+        "field 'reward_model.ground_truth.outputs'",
+    ]
     for i, (rec, msg) in enumerate(zip(bad, msgs)):
         p = write_jsonl([good, good, rec], tmp_path / f"c{i}.jsonl")
         with pytest.raises(RecordError, match=msg) as ei:
             tcode.load(p)
         assert ei.value.path == str(p) and ei.value.row == 2
     apps = {"question": "q", "input_output": json.dumps({"inputs": [1], "outputs": ["1"]})}
-    with pytest.raises(RecordError, match="field 'input_output.inputs': stdin inputs must be strings"):
+    with pytest.raises(
+        RecordError, match="field 'input_output.inputs': stdin inputs must be strings"
+    ):
         tcode.load([apps])

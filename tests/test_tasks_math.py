@@ -1,4 +1,5 @@
 """Math task: boxed extraction, equivalence, length gating, loaders, pass@1 / Exceed."""
+
 import json
 
 import numpy as np
@@ -9,31 +10,37 @@ from gdpo_jax.data.loaders import RecordError, sample_path, write_jsonl
 from gdpo_jax.rewards import RewardRunner
 
 
-@pytest.mark.parametrize("text, want", [
-    ("so \\boxed{42}.", "42"),
-    ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # the last one
-    ("\\boxed{\\left(2, 3\\right)}", "\\left(2, 3\\right)"),
-    ("\\fbox{7}", "7"),
-    ("the answer is \\boxed 5$", "5"),
-    ("no box here", None),
-    ("\\boxed{unbalanced", None),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("so \\boxed{42}.", "42"),
+        ("\\boxed{1} then \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # the last one
+        ("\\boxed{\\left(2, 3\\right)}", "\\left(2, 3\\right)"),
+        ("\\fbox{7}", "7"),
+        ("the answer is \\boxed 5$", "5"),
+        ("no box here", None),
+        ("\\boxed{unbalanced", None),
+    ],
+)
 def test_last_boxed(text, want):
     assert tm.last_boxed(text) == want
 
 
-@pytest.mark.parametrize("pred, gold, want", [
-    ("\\frac{1}{2}", "0.5", True),
-    ("0.5", "\\frac{1}{2}", True),
-    ("\\dfrac{3}{4}", "0.75", True),
-    ("1,000", "1000", True),
-    ("1+x", "x+1", True),
-    ("\\sqrt{18}", "3\\sqrt{2}", True),
-    ("(2,3)", "(2, 3)", True),
-    ("90^\\circ", "90", True),
-    ("3", "4", False),
-    ("\\frac{1}{3}", "0.33", False),
-])
+@pytest.mark.parametrize(
+    "pred, gold, want",
+    [
+        ("\\frac{1}{2}", "0.5", True),
+        ("0.5", "\\frac{1}{2}", True),
+        ("\\dfrac{3}{4}", "0.75", True),
+        ("1,000", "1000", True),
+        ("1+x", "x+1", True),
+        ("\\sqrt{18}", "3\\sqrt{2}", True),
+        ("(2,3)", "(2, 3)", True),
+        ("90^\\circ", "90", True),
+        ("3", "4", False),
+        ("\\frac{1}{3}", "0.33", False),
+    ],
+)
 def test_equivalence(pred, gold, want):
     assert tm.is_equivalent(pred, gold) is want
 
@@ -47,7 +54,13 @@ def test_string_fallback_when_unparseable(monkeypatch):
 
 
 def test_correctness_reward_branches():
-    comps = ["\\boxed{0.5}", "I think it is 0.5", "\\boxed{3} no wait \\boxed{4}", "\\boxed{4}", "\\boxed{2}"]
+    comps = [
+        "\\boxed{0.5}",
+        "I think it is 0.5",
+        "\\boxed{3} no wait \\boxed{4}",
+        "\\boxed{4}",
+        "\\boxed{2}",
+    ]
     gts = ["\\frac{1}{2}", "0.5", "4", "3", ["2", "two"]]
     assert tm.correctness_reward(None, comps, ground_truth=gts) == [1.0, 0.0, 1.0, 0.0, 1.0]
 
@@ -72,20 +85,29 @@ def test_loaders_on_shipped_samples():
     vs = tm.load(sample_path("math_verl.parquet"))
     assert vs[0]["prompt"][0]["content"].endswith("Put the final answer in \\boxed{}.")
     sols = [r["extra_info"]["solution"] for r in vs]
-    assert tm.correctness_reward(None, sols, ground_truth=[r["ground_truth"] for r in vs]) == [1.0] * len(vs)
+    assert tm.correctness_reward(None, sols, ground_truth=[r["ground_truth"] for r in vs]) == [
+        1.0
+    ] * len(vs)
     custom = tm.load(sample_path("math_deepscaler.jsonl"), template="Q: {problem}", limit=2)
     assert len(custom) == 2 and custom[1]["prompt"][0]["content"].startswith("Q: A rectangle")
 
 
 def test_malformed_math_records(tmp_path):
-    p = write_jsonl([{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "  "}], tmp_path / "m.jsonl")
-    with pytest.raises(RecordError, match=r"m.jsonl, row 1, field 'answer': reference answer is empty"):
+    p = write_jsonl(
+        [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": "  "}],
+        tmp_path / "m.jsonl",
+    )
+    with pytest.raises(
+        RecordError, match=r"m.jsonl, row 1, field 'answer': reference answer is empty"
+    ):
         tm.load(p)
     p = write_jsonl([{"problem": "1+1?"}], tmp_path / "n.jsonl")
     with pytest.raises(RecordError, match=r"row 0, field 'answer': missing"):
         tm.load(p)
-    p = write_jsonl([{"prompt": [{"role": "user", "content": "x"}], "reward_model": {"style": "rule"}}],
-                    tmp_path / "v.jsonl")
+    p = write_jsonl(
+        [{"prompt": [{"role": "user", "content": "x"}], "reward_model": {"style": "rule"}}],
+        tmp_path / "v.jsonl",
+    )
     with pytest.raises(RecordError, match="field 'answer'"):
         tm.load(p)
 
@@ -98,12 +120,15 @@ def test_pass_at_1_and_exceed_by_hand():
     assert out["pass@1"] == pytest.approx(0.375)
     assert out["exceed_ratio"] == pytest.approx(3 / 6)
     assert out["num_problems"] == 2 and out["samples_per_problem"] == 3
-    out = tm.evaluate(comps, ex, correct=[1, 1, 1, 0, 1, 1], group_ids=[0, 0, 1, 1, 2, 2], max_tokens=1)
+    out = tm.evaluate(
+        comps, ex, correct=[1, 1, 1, 0, 1, 1], group_ids=[0, 0, 1, 1, 2, 2], max_tokens=1
+    )
     assert out["pass@1"] == pytest.approx((1 + 0.5 + 1) / 3)
 
 
 def test_pass_at_k_matches_combinatorics():
     from math import comb
+
     for n, c, k in [(16, 3, 1), (16, 3, 4), (5, 0, 2), (5, 5, 2), (10, 8, 3)]:
         want = 1 - comb(n - c, k) / comb(n, k)
         assert tm.pass_at_k(n, c, k) == pytest.approx(want)

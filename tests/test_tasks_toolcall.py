@@ -1,4 +1,5 @@
 """Tool-calling rewards on hand-worked cases, loader, BFCL-style evaluation."""
+
 import json
 
 import pytest
@@ -36,7 +37,9 @@ W_OSLO = call("get_weather", city="Oslo", unit="f")
 def test_match_score_by_hand():
     assert tc.match_score([], []) == 1.0
     assert tc.match_score(["a"], []) == 0.0
-    assert tc.match_score(["a", "a", "b"], ["a", "b", "b"]) == pytest.approx(2 / 4)  # inter 2, union 4
+    assert tc.match_score(["a", "a", "b"], ["a", "b", "b"]) == pytest.approx(
+        2 / 4
+    )  # inter 2, union 4
     assert tc.match_score(["a", "b"], ["b", "a"]) == 1.0
 
 
@@ -88,21 +91,40 @@ def test_no_tool_call_expected_is_0():
     assert correctness("garbage", gt) == 0.0
 
 
-@pytest.mark.parametrize("completion, gt, want", [
-    (block(W_PAR), block(W_PAR), 1.0),
-    (block(W_PAR) + "\n\n", block(W_PAR), 1.0),  # trailing whitespace is stripped
-    ("<tool_call>\n" + W_PAR + "\n</tool_call>\n<think>t</think>", block(W_PAR), 0.0),  # wrong order
-    ("Sure! " + block(W_PAR), block(W_PAR), 0.0),  # extra text before
-    (block(W_PAR) + " done", block(W_PAR), 0.0),  # extra text after
-    ("<think>t</think><tool_call>\n" + W_PAR + "\n</tool_call>", block(W_PAR), 0.0),  # no newline
-    ("<think>a</think>\n<think>b</think>\n<tool_call>\n" + W_PAR + "\n</tool_call>", block(W_PAR), 0.0),
-    (block(response="hi"), block(response="yo"), 1.0),  # response only
-    ("<think><tool_call></think>\n<response>hi</response>", block(response="x"), 0.0),  # stray tag
-    (block(response="hi"), block(W_PAR), 0.0),  # reply where a call is expected
-    (block(W_PAR, response="ok"), block(W_PAR, response="done"), 1.0),  # call then response
-    (block(W_PAR), block(W_PAR, response="done"), 0.0),  # response missing
-    ("<think>only</think>", "<think>x</think>", 1.0),  # neither expected
-])
+@pytest.mark.parametrize(
+    "completion, gt, want",
+    [
+        (block(W_PAR), block(W_PAR), 1.0),
+        (block(W_PAR) + "\n\n", block(W_PAR), 1.0),  # trailing whitespace is stripped
+        (
+            "<tool_call>\n" + W_PAR + "\n</tool_call>\n<think>t</think>",
+            block(W_PAR),
+            0.0,
+        ),  # wrong order
+        ("Sure! " + block(W_PAR), block(W_PAR), 0.0),  # extra text before
+        (block(W_PAR) + " done", block(W_PAR), 0.0),  # extra text after
+        (
+            "<think>t</think><tool_call>\n" + W_PAR + "\n</tool_call>",
+            block(W_PAR),
+            0.0,
+        ),  # no newline
+        (
+            "<think>a</think>\n<think>b</think>\n<tool_call>\n" + W_PAR + "\n</tool_call>",
+            block(W_PAR),
+            0.0,
+        ),
+        (block(response="hi"), block(response="yo"), 1.0),  # response only
+        (
+            "<think><tool_call></think>\n<response>hi</response>",
+            block(response="x"),
+            0.0,
+        ),  # stray tag
+        (block(response="hi"), block(W_PAR), 0.0),  # reply where a call is expected
+        (block(W_PAR, response="ok"), block(W_PAR, response="done"), 1.0),  # call then response
+        (block(W_PAR), block(W_PAR, response="done"), 0.0),  # response missing
+        ("<think>only</think>", "<think>x</think>", 1.0),  # neither expected
+    ],
+)
 def test_format_reward(completion, gt, want):
     assert fmt(completion, gt) == want
 
@@ -134,14 +156,17 @@ def test_loader_on_shipped_samples():
 
 
 def test_loader_via_datasets_backend():
-    assert tc.load(sample_path("toolcall_verl.parquet"), backend="datasets", limit=3) == \
-        tc.load(sample_path("toolcall_verl.jsonl"), limit=3)
+    assert tc.load(sample_path("toolcall_verl.parquet"), backend="datasets", limit=3) == tc.load(
+        sample_path("toolcall_verl.jsonl"), limit=3
+    )
 
 
 def test_malformed_records_name_file_row_field(tmp_path):
     good = json.loads(open(sample_path("toolcall_verl.jsonl")).readline())
     no_gt = dict(good, reward_model={"style": "rule"})
-    bad_call = dict(good, reward_model={"ground_truth": "<think>x</think>\n<tool_call>\n{oops}\n</tool_call>"})
+    bad_call = dict(
+        good, reward_model={"ground_truth": "<think>x</think>\n<tool_call>\n{oops}\n</tool_call>"}
+    )
     bad_prompt = dict(good, prompt=[{"role": "user"}])
     for i, rec in enumerate([no_gt, bad_call]):
         p = write_jsonl([good, rec], tmp_path / f"bad{i}.jsonl")

@@ -1,4 +1,5 @@
 """The CLI as a user runs it: SIGKILL in the middle of a run, rerun, it resumes and finishes."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _cmd(workdir: str, num_steps: int) -> list[str]:
-    return [sys.executable, "-m", "experiments.train", "--config=configs/tiny_cpu.py:runlocal",
-            "--config.algo.estimator=grpo", f"--config.workdir={workdir}",
-            f"--config.train.num_steps={num_steps}", "--config.checkpoint.every=1",
-            "--config.train.eval_every=0", "--config.train.progress_bar=False",
-            "--config.model.tiny.num_layers=1", "--config.model.tiny.hidden_size=64",
-            "--config.model.tiny.intermediate_size=128", "--config.model.tiny.head_dim=16",
-            "--config.mesh.num_devices=2"]
+    return [
+        sys.executable,
+        "-m",
+        "experiments.train",
+        "--config=configs/tiny_cpu.py:runlocal",
+        "--config.algo.estimator=grpo",
+        f"--config.workdir={workdir}",
+        f"--config.train.num_steps={num_steps}",
+        "--config.checkpoint.every=1",
+        "--config.train.eval_every=0",
+        "--config.train.progress_bar=False",
+        "--config.model.tiny.num_layers=1",
+        "--config.model.tiny.hidden_size=64",
+        "--config.model.tiny.intermediate_size=128",
+        "--config.model.tiny.head_dim=16",
+        "--config.mesh.num_devices=2",
+    ]
 
 
 def _complete_steps(ckpt_dir: str) -> list[int]:
-    return sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(
-        ckpt_dir) else []
+    return (
+        sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+        if os.path.isdir(ckpt_dir)
+        else []
+    )
 
 
 @pytest.mark.slow
@@ -33,30 +47,38 @@ def test_sigkill_then_resume(tmp_path):
     wd = str(tmp_path / "run")
     ckpt = os.path.join(wd, "checkpoints")
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    proc = subprocess.Popen(_cmd(wd, 10_000), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        _cmd(wd, 10_000),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while len(_complete_steps(ckpt)) < 1 or max(_complete_steps(ckpt)) < 3:
             assert proc.poll() is None, proc.stderr.read()[-3000:]
             assert time.time() < deadline, "no checkpoint within the time limit"
             time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGKILL)    # no clean-up, possibly mid-save
+        os.kill(proc.pid, signal.SIGKILL)  # no clean-up, possibly mid-save
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     killed_at = max(_complete_steps(ckpt))
     target = killed_at + 2
-    out = subprocess.run(_cmd(wd, target), cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        _cmd(wd, target), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"resumed from step {killed_at}" in out.stderr
     lines = [json.loads(line)["step"] for line in open(os.path.join(wd, "metrics.jsonl"))]
     assert set(range(1, target + 1)) <= set(lines)
-    assert lines[-2:] == [target - 1, target]   # the resumed run logged the last steps
+    assert lines[-2:] == [target - 1, target]  # the resumed run logged the last steps
     assert max(_complete_steps(ckpt)) == target
-    assert not [d for d in os.listdir(ckpt) if "tmp" in d]   # leftovers cleaned up
+    assert not [d for d in os.listdir(ckpt) if "tmp" in d]  # leftovers cleaned up
 
 
 @pytest.mark.slow
@@ -67,11 +89,19 @@ def test_same_seed_same_metrics_across_processes(tmp_path):
     recs = []
     for name in ("a", "b"):
         wd = str(tmp_path / name)
-        out = subprocess.run(_cmd(wd, 2), cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=300)
+        out = subprocess.run(
+            _cmd(wd, 2), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, out.stderr[-3000:]
-        recs.append([{k: v for k, v in json.loads(line).items()
-                      if not k.startswith(("time/", "perf/", "reward_time/"))}
-                     for line in open(os.path.join(wd, "metrics.jsonl"))])
+        recs.append(
+            [
+                {
+                    k: v
+                    for k, v in json.loads(line).items()
+                    if not k.startswith(("time/", "perf/", "reward_time/"))
+                }
+                for line in open(os.path.join(wd, "metrics.jsonl"))
+            ]
+        )
     assert [r["step"] for r in recs[0]] == [1, 2]
     assert recs[0] == recs[1]

@@ -1,4 +1,5 @@
 """The RL loop end to end on a tiny model: metrics, eval, resume-after-kill == uninterrupted."""
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,7 @@ def uninterrupted(tmp_path_factory):
     cfg = tiny_config(wd)
     cfg.checkpoint.every = 2
     cfg.train.eval_every = 2
-    cfg.algo.beta = 0.01         # exercises the reference pass
+    cfg.algo.beta = 0.01  # exercises the reference pass
     cfg.algo.dynamic_sampling = True
     cfg.algo.old_logprobs = "recompute"
     train(cfg)
@@ -35,11 +36,29 @@ def test_loop_writes_metrics(uninterrupted):
     cfg, recs = uninterrupted
     assert sorted(recs) == [1, 2, 3, 4]
     rec = recs[4]
-    for key in ("reward/test_has_w10/mean", "reward/test_short/std", "reward/total",
-                "adv/mean", "adv/std", "adv/distinct_per_group", "clip_frac", "kl", "entropy",
-                "len/mean", "len/truncated_frac", "grad_norm", "lr", "perf/tokens_per_s",
-                "time/sample_s", "time/reward_s", "time/step_s", "data/tries",
-                "eval/test_short", "eval/frac_nonempty", "loss"):
+    for key in (
+        "reward/test_has_w10/mean",
+        "reward/test_short/std",
+        "reward/total",
+        "adv/mean",
+        "adv/std",
+        "adv/distinct_per_group",
+        "clip_frac",
+        "kl",
+        "entropy",
+        "len/mean",
+        "len/truncated_frac",
+        "grad_norm",
+        "lr",
+        "perf/tokens_per_s",
+        "time/sample_s",
+        "time/reward_s",
+        "time/step_s",
+        "data/tries",
+        "eval/test_short",
+        "eval/frac_nonempty",
+        "loss",
+    ):
         assert key in rec, key
         assert isinstance(rec[key], (int, float)) and not math.isnan(rec[key]), key
     assert "eval/test_short" not in recs[1] and "eval/test_short" in recs[2]
@@ -57,14 +76,14 @@ def test_resume_after_kill_equals_uninterrupted(uninterrupted, tmp_path):
     cfg.algo.beta = 0.01
     cfg.algo.dynamic_sampling = True
     cfg.algo.old_logprobs = "recompute"
-    cfg.train.stop_after_step = 3    # "killed" after step 3: the last checkpoint is step 2
+    cfg.train.stop_after_step = 3  # "killed" after step 3: the last checkpoint is step 2
     train(cfg)
     assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]
     cfg.train.stop_after_step = 0
     trainer = Trainer(cfg)
     assert trainer.start_step == 2
     trainer.run()
-    assert trainer.step.compile_count() == 1   # steps 3 and 4: one compilation
+    assert trainer.step.compile_count() == 1  # steps 3 and 4: one compilation
     resumed = read_jsonl(os.path.join(wd, "metrics.jsonl"))
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in (3, 4):
@@ -73,6 +92,7 @@ def test_resume_after_kill_equals_uninterrupted(uninterrupted, tmp_path):
 
 def test_incompatible_checkpoint_names_fields(uninterrupted):
     from gdpo_jax.train.checkpoint import IncompatibleCheckpointError
+
     cfg = tiny_config(uninterrupted[0].workdir)
     cfg.checkpoint.every = 2
     cfg.train.eval_every = 2

@@ -1,4 +1,5 @@
 """Dynamic sampling on the host: per-reward spread under GDPO, refill, invalid padding."""
+
 from __future__ import annotations
 
 import types
@@ -30,10 +31,16 @@ class FakeSampler:
         n = len(prompts) * num_generations
         gid = np.repeat(np.arange(len(prompts)), num_generations).astype(np.int32)
         return types.SimpleNamespace(
-            prompt_ids=np.ones((n, 3), np.int32), prompt_mask=np.ones((n, 3), np.int32),
-            completion_ids=np.ones((n, 4), np.int32), completion_mask=np.ones((n, 4), np.int32),
-            logprobs=np.zeros((n, 4), np.float32), lengths=np.full(n, 4), group_ids=gid,
-            finish_reason=["length"] * n, texts=[prompts[g] for g in gid])
+            prompt_ids=np.ones((n, 3), np.int32),
+            prompt_mask=np.ones((n, 3), np.int32),
+            completion_ids=np.ones((n, 4), np.int32),
+            completion_mask=np.ones((n, 4), np.int32),
+            logprobs=np.zeros((n, 4), np.float32),
+            lengths=np.full(n, 4),
+            group_ids=gid,
+            finish_reason=["length"] * n,
+            texts=[prompts[g] for g in gid],
+        )
 
 
 def fake_runner(prompts, completions, examples, **kw):
@@ -48,10 +55,21 @@ def fake_runner(prompts, completions, examples, **kw):
 
 def _collect(decoupled, max_tries):
     stream = PromptStream([{"prompt": f"s{k}"} for k in range(40)], seed=0)
-    return collect_batch(stream, num_prompts=4, group_size=G, key=jax.random.key(0),
-                         dynamic=True, max_tries=max_tries, decoupled=decoupled,
-                         group_offset=10, sampler=FakeSampler(), runner=fake_runner, params=None,
-                         max_prompt_len=5, pad_id=0)
+    return collect_batch(
+        stream,
+        num_prompts=4,
+        group_size=G,
+        key=jax.random.key(0),
+        dynamic=True,
+        max_tries=max_tries,
+        decoupled=decoupled,
+        group_offset=10,
+        sampler=FakeSampler(),
+        runner=fake_runner,
+        params=None,
+        max_prompt_len=5,
+        pad_id=0,
+    )
 
 
 def test_dynamic_sampling_refills_with_signal_groups():
@@ -60,7 +78,7 @@ def test_dynamic_sampling_refills_with_signal_groups():
     # Every kept group has spread in reward 0 (odd prompts only).
     assert (np.ptp(arrays["rewards"].reshape(4, G, 2)[:, :, 0], axis=1) > 0).all()
     np.testing.assert_array_equal(arrays["group_ids"], np.repeat(np.arange(10, 14), G))
-    assert arrays["prompt_ids"].shape == (8, 5)           # left padded to max_prompt_len
+    assert arrays["prompt_ids"].shape == (8, 5)  # left padded to max_prompt_len
     assert (arrays["prompt_ids"][:, :2] == 0).all()
     assert info["reward_info"]["reward_time/a"] == 0.1 * info["tries"]
 
@@ -81,7 +99,7 @@ def test_prompt_stream_shares_do_not_depend_on_process_count():
     recs = [{"prompt": f"s{k}"} for k in range(10)]
     one = PromptStream(recs, seed=3)
     hosts = [PromptStream(recs, seed=3, process_index=p, process_count=2) for p in range(2)]
-    for _ in range(4):   # crosses an epoch boundary (12 > 10 records by step 2)
+    for _ in range(4):  # crosses an epoch boundary (12 > 10 records by step 2)
         ref = [r["prompt"] for r in one.take(6)]
         got = [r["prompt"] for h in hosts for r in h.take(3)]
         assert got == ref
@@ -96,15 +114,23 @@ class RecordingSampler(FakeSampler):
 
     def generate(self, prompts, params, *, num_generations, key, chat_template):
         self.calls.append((list(prompts), jax.random.key_data(key).tolist()))
-        return super().generate(prompts, params, num_generations=num_generations, key=key,
-                                chat_template=chat_template)
+        return super().generate(
+            prompts, params, num_generations=num_generations, key=key, chat_template=chat_template
+        )
 
 
 def test_sample_and_score_chunks_the_sampler_calls():
     from gdpo_jax.train.rollout import sample_and_score
+
     records = [{"prompt": f"s{k}"} for k in range(6)]
-    kw = dict(runner=fake_runner, params=None, group_size=G, key=jax.random.key(3),
-              max_prompt_len=5, pad_id=0)
+    kw = dict(
+        runner=fake_runner,
+        params=None,
+        group_size=G,
+        key=jax.random.key(3),
+        max_prompt_len=5,
+        pad_id=0,
+    )
     one = RecordingSampler()
     whole = sample_and_score(records, sampler=one, **kw)
     assert len(one.calls) == 1 and whole["sample_calls"] == 1
@@ -112,7 +138,7 @@ def test_sample_and_score_chunks_the_sampler_calls():
     rec = RecordingSampler()
     out = sample_and_score(records, sampler=rec, prompts_per_call=2, **kw)
     assert [c[0] for c in rec.calls] == [["s0", "s1"], ["s2", "s3"], ["s4", "s5"]]
-    assert len({str(c[1]) for c in rec.calls}) == 3      # a different key per chunk
+    assert len({str(c[1]) for c in rec.calls}) == 3  # a different key per chunk
     assert out["sample_calls"] == 3
     # Rows stay grouped by prompt in input order: row r answers prompt r // G.
     np.testing.assert_array_equal(out["group_ids"], np.repeat(np.arange(6), G))

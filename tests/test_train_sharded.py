@@ -1,4 +1,5 @@
 """Sharded step == unsharded step (8 fake CPU devices, several mesh shapes); one compile."""
+
 from __future__ import annotations
 
 import jax
@@ -6,13 +7,22 @@ import numpy as np
 import pytest
 
 from gdpo_jax.models.sharding import create_model
-from gdpo_jax.train import distributed, mesh as mesh_lib, state as state_lib
+from gdpo_jax.train import distributed
+from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.config import base_config
 from gdpo_jax.train.step import CompiledStep, StepConfig
 from tests.test_train_step import CFG, NUM_GROUPS, make_batch
 
-SC = StepConfig(num_groups=NUM_GROUPS, estimator="gdpo", weights=(1.0, 0.5), beta=0.02,
-                num_microbatches=2, temperature=0.8, entropy_coef=0.01)
+SC = StepConfig(
+    num_groups=NUM_GROUPS,
+    estimator="gdpo",
+    weights=(1.0, 0.5),
+    beta=0.02,
+    num_microbatches=2,
+    temperature=0.8,
+    entropy_coef=0.01,
+)
 
 
 def _run(mesh, batches):
@@ -21,8 +31,14 @@ def _run(mesh, batches):
     tx, schedule = state_lib.make_optimizer(optim, total_updates=4)
     model = create_model(CFG, mesh=mesh, seed=0)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
-    step = CompiledStep(graphdef=graphdef, tx=tx, schedule=schedule, cfg=SC,
-                        state_shardings=state_lib.shardings_of(state), mesh=mesh)
+    step = CompiledStep(
+        graphdef=graphdef,
+        tx=tx,
+        schedule=schedule,
+        cfg=SC,
+        state_shardings=state_lib.shardings_of(state),
+        mesh=mesh,
+    )
     metrics = []
     for b in batches:
         state, m = step(state, distributed.to_global(b, mesh))
@@ -47,8 +63,11 @@ def test_sharded_equals_unsharded_and_compiles_once(batches, unsharded, shape, a
     mesh = mesh_lib.make_mesh(shape, axis_types=axis_types)
     state, metrics, step = _run(mesh, batches)
     ref_params, ref_metrics = unsharded
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-6),
-                 state.params, ref_params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), b, rtol=1e-4, atol=1e-6),
+        state.params,
+        ref_params,
+    )
     for got, ref in zip(metrics, ref_metrics):
         assert got.keys() == ref.keys()
         for k in ref:
@@ -68,9 +87,14 @@ def test_logprob_fn_sharded_matches_unsharded(batches):
         model = create_model(CFG, mesh=m, seed=0)
         tx, sch = state_lib.make_optimizer(base_config().optim, total_updates=1)
         graphdef, state = state_lib.create_train_state(model, tx, m)
-        step = CompiledStep(graphdef=graphdef, tx=tx, schedule=sch, cfg=SC,
-                            state_shardings=state_lib.shardings_of(state), mesh=m)
-        outs.append(np.asarray(step.logprobs(state.params,
-                                             distributed.to_global(batches[0], m))))
+        step = CompiledStep(
+            graphdef=graphdef,
+            tx=tx,
+            schedule=sch,
+            cfg=SC,
+            state_shardings=state_lib.shardings_of(state),
+            mesh=m,
+        )
+        outs.append(np.asarray(step.logprobs(state.params, distributed.to_global(batches[0], m))))
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
     assert np.all(outs[0] <= 0)

@@ -5,6 +5,7 @@ official TRL patch), log-probs from the model's ordinary full-logits forward
 with a plain log-softmax, and the clipped surrogate written out by hand. The
 step's gradient is read back through SGD with learning rate 1 (new = old - g).
 """
+
 from __future__ import annotations
 
 import jax
@@ -16,11 +17,19 @@ from flax import nnx
 
 from gdpo_jax.models import ModelConfig
 from gdpo_jax.models.sharding import create_model
-from gdpo_jax.train import distributed, state as state_lib
+from gdpo_jax.train import distributed
+from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.step import CompiledStep, StepConfig
 
-CFG = ModelConfig.tiny(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
-                       num_heads=2, num_kv_heads=1, head_dim=16)
+CFG = ModelConfig.tiny(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=16,
+)
 NUM_GROUPS, G, P, C, K = 4, 4, 5, 6, 2
 N = NUM_GROUPS * G
 EPS = 1e-4
@@ -30,7 +39,7 @@ def make_batch(seed: int = 0, *, with_ref: bool = False) -> dict[str, np.ndarray
     r = np.random.default_rng(seed)
     prompt_mask = np.ones((N, P), np.int32)
     for i in range(N):
-        prompt_mask[i, : r.integers(0, 3)] = 0          # left padding
+        prompt_mask[i, : r.integers(0, 3)] = 0  # left padding
     lengths = r.integers(1, C + 1, N)
     completion_mask = (np.arange(C)[None] < lengths[:, None]).astype(np.int32)
     b = {
@@ -51,8 +60,9 @@ def make_batch(seed: int = 0, *, with_ref: bool = False) -> dict[str, np.ndarray
 
 
 # ------------------------------------------------------------------ references
-def np_advantages(rewards: np.ndarray, gids: np.ndarray, estimator: str,
-                  weights: np.ndarray) -> np.ndarray:
+def np_advantages(
+    rewards: np.ndarray, gids: np.ndarray, estimator: str, weights: np.ndarray
+) -> np.ndarray:
     n, k = rewards.shape
     adv = np.zeros(n)
     if estimator == "grpo":
@@ -75,7 +85,7 @@ def reference_loss(params, graphdef, batch, adv, sc: StepConfig):
     model = nnx.merge(graphdef, params)
     ids = jnp.concatenate([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = jnp.concatenate([batch["prompt_mask"], batch["completion_mask"]], 1)
-    logits = model(ids, mask)[:, P - 1:-1] / sc.temperature
+    logits = model(ids, mask)[:, P - 1 : -1] / sc.temperature
     logsm = jax.nn.log_softmax(logits, -1)
     logp = jnp.take_along_axis(logsm, batch["completion_ids"][..., None], -1)[..., 0]
     ent = -jnp.sum(jnp.exp(logsm) * logsm, -1)
@@ -97,21 +107,41 @@ def reference_loss(params, graphdef, batch, adv, sc: StepConfig):
 def _sgd_step(sc: StepConfig, model, mesh=None):
     tx = optax.sgd(1.0)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
-    step = CompiledStep(graphdef=graphdef, tx=tx, schedule=optax.constant_schedule(1.0),
-                        cfg=sc, state_shardings=state_lib.shardings_of(state), mesh=mesh)
+    step = CompiledStep(
+        graphdef=graphdef,
+        tx=tx,
+        schedule=optax.constant_schedule(1.0),
+        cfg=sc,
+        state_shardings=state_lib.shardings_of(state),
+        mesh=mesh,
+    )
     return graphdef, state, step
 
 
-@pytest.mark.parametrize("estimator,aggregation,beta,entropy_coef,dual_clip,kl_in_reward", [
-    ("gdpo", "grpo", 0.05, 0.01, None, 0.0),
-    ("grpo", "bnpo", 0.0, 0.0, 3.0, 0.1),
-])
-def test_step_equals_unfused_reference(estimator, aggregation, beta, entropy_coef, dual_clip,
-                                       kl_in_reward):
-    sc = StepConfig(num_groups=NUM_GROUPS, estimator=estimator, weights=(1.0, 0.5),
-                    eps=EPS, beta=beta, entropy_coef=entropy_coef, dual_clip=dual_clip,
-                    aggregation=aggregation, temperature=0.7, clip_low=0.1, clip_high=0.15,
-                    kl_in_reward=kl_in_reward)
+@pytest.mark.parametrize(
+    "estimator,aggregation,beta,entropy_coef,dual_clip,kl_in_reward",
+    [
+        ("gdpo", "grpo", 0.05, 0.01, None, 0.0),
+        ("grpo", "bnpo", 0.0, 0.0, 3.0, 0.1),
+    ],
+)
+def test_step_equals_unfused_reference(
+    estimator, aggregation, beta, entropy_coef, dual_clip, kl_in_reward
+):
+    sc = StepConfig(
+        num_groups=NUM_GROUPS,
+        estimator=estimator,
+        weights=(1.0, 0.5),
+        eps=EPS,
+        beta=beta,
+        entropy_coef=entropy_coef,
+        dual_clip=dual_clip,
+        aggregation=aggregation,
+        temperature=0.7,
+        clip_low=0.1,
+        clip_high=0.15,
+        kl_in_reward=kl_in_reward,
+    )
     model = create_model(CFG, seed=1)
     graphdef, state, step = _sgd_step(sc, model)
     params0 = jax.tree.map(np.asarray, state.params)
@@ -124,17 +154,23 @@ def test_step_equals_unfused_reference(estimator, aggregation, beta, entropy_coe
         weights = np.array([1.0, 0.5, 1.0])
     adv = np_advantages(rewards, batch["group_ids"], estimator, weights)
     ref_l, ref_g = jax.value_and_grad(reference_loss)(
-        jax.tree.map(jnp.asarray, params0), graphdef, jax.tree.map(jnp.asarray, batch),
-        jnp.asarray(adv, jnp.float32), sc)
+        jax.tree.map(jnp.asarray, params0),
+        graphdef,
+        jax.tree.map(jnp.asarray, batch),
+        jnp.asarray(adv, jnp.float32),
+        sc,
+    )
     new_state, metrics = step(state, distributed.to_global(batch, None))
     np.testing.assert_allclose(float(metrics["loss"]), float(ref_l), rtol=1e-5, atol=1e-6)
     got_g = jax.tree.map(lambda a, b: a - np.asarray(b), params0, new_state.params)
-    for (path, g_ref), g in zip(jax.tree_util.tree_leaves_with_path(ref_g),
-                                jax.tree.leaves(got_g)):
-        np.testing.assert_allclose(g, np.asarray(g_ref), rtol=2e-4, atol=2e-6,
-                                   err_msg=jax.tree_util.keystr(path))
-    assert float(jnp.abs(ref_l)) > 0 and max(float(jnp.abs(x).max()) for x in
-                                             jax.tree.leaves(ref_g)) > 1e-4
+    for (path, g_ref), g in zip(jax.tree_util.tree_leaves_with_path(ref_g), jax.tree.leaves(got_g)):
+        np.testing.assert_allclose(
+            g, np.asarray(g_ref), rtol=2e-4, atol=2e-6, err_msg=jax.tree_util.keystr(path)
+        )
+    assert (
+        float(jnp.abs(ref_l)) > 0
+        and max(float(jnp.abs(x).max()) for x in jax.tree.leaves(ref_g)) > 1e-4
+    )
     # Advantage statistics come from the same advantages as the NumPy loops.
     np.testing.assert_allclose(float(metrics["adv/mean"]), adv.mean(), atol=1e-5)
     np.testing.assert_allclose(float(metrics["adv/std"]), adv.std(), rtol=1e-4, atol=1e-5)
@@ -150,16 +186,21 @@ def test_grad_accumulation_equals_big_batch():
     for agg in ("grpo", "dapo"):
         outs = []
         for micro in (1, 4):
-            sc = StepConfig(num_groups=NUM_GROUPS, aggregation=agg, num_microbatches=micro,
-                            logprob_chunk_size=4 if micro > 1 else 0)
+            sc = StepConfig(
+                num_groups=NUM_GROUPS,
+                aggregation=agg,
+                num_microbatches=micro,
+                logprob_chunk_size=4 if micro > 1 else 0,
+            )
             _, state, step = _sgd_step(sc, create_model(CFG, seed=0))
             new_state, metrics = step(state, distributed.to_global(batch, None))
             outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
         (p1, m1), (p4, m4) = outs
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p4)
         for k in ("loss", "clip_frac", "entropy", "ratio_max", "ratio_min", "approx_kl"):
-            np.testing.assert_allclose(float(m1[k]), float(m4[k]), rtol=1e-5, atol=1e-7,
-                                       err_msg=f"{agg}: {k}")
+            np.testing.assert_allclose(
+                float(m1[k]), float(m4[k]), rtol=1e-5, atol=1e-7, err_msg=f"{agg}: {k}"
+            )
 
 
 def test_minibatches_are_sequential_updates():
@@ -173,12 +214,15 @@ def test_minibatches_are_sequential_updates():
     adv = np_advantages(batch["rewards"], batch["group_ids"], "gdpo", np.ones(K))
     for half in (0, 1):
         sub = {k: jnp.asarray(v[half::2]) for k, v in batch.items()}
-        g = jax.grad(reference_loss)(params, graphdef, sub,
-                                     jnp.asarray(adv[half::2], jnp.float32), sc)
+        g = jax.grad(reference_loss)(
+            params, graphdef, sub, jnp.asarray(adv[half::2], jnp.float32), sc
+        )
         params = jax.tree.map(lambda p, d: p - d, params, g)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b),
-                                                         rtol=1e-4, atol=1e-6),
-                 got.params, params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
+        got.params,
+        params,
+    )
     # The second update sees a moved policy: ratios leave 1 (they start at
     # exp(logp - old_logp) of the data, so compare to the first update instead).
     assert int(got.step) == 1

@@ -3,6 +3,7 @@
 Everything here is a function of arrays (no config objects), jit-able, and
 works with rows sharded over a mesh with Auto or Explicit axes.
 """
+
 from gdpo_jax.core.advantages import (
     BATCH_NORMS,
     ESTIMATORS,

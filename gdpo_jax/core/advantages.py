@@ -23,6 +23,7 @@ Semantics follow the official GDPO TRL patch with TRL-main's NaN handling:
   ``masked_whiten``: mean/var over valid response tokens (each row weighted by
   its token count, Bessel-corrected over tokens), scaled by rsqrt(var + 1e-8).
 """
+
 from __future__ import annotations
 
 import operator
@@ -56,11 +57,13 @@ def _check_group_ids(group_ids: Any, n: int) -> jax.Array:
     if group_ids.ndim != 1 or group_ids.shape[0] != n:
         raise ValueError(
             f"group_ids must have shape [N]=[{n}] (one id per row of rewards); "
-            f"got shape {tuple(group_ids.shape)}.")
+            f"got shape {tuple(group_ids.shape)}."
+        )
     if not jnp.issubdtype(group_ids.dtype, jnp.integer):
         raise ValueError(
             f"group_ids must be an integer array (int32 prompt/group index); got "
-            f"dtype {group_ids.dtype}. Cast with group_ids.astype(jnp.int32).")
+            f"dtype {group_ids.dtype}. Cast with group_ids.astype(jnp.int32)."
+        )
     return group_ids.astype(jnp.int32)
 
 
@@ -71,7 +74,8 @@ def _check_num_groups(num_groups: Any) -> int:
         raise ValueError(
             f"num_groups must be a static Python int (e.g. num_prompts); got "
             f"{type(num_groups).__name__}. It sizes the segment tables, so it "
-            f"cannot be traced.") from None
+            f"cannot be traced."
+        ) from None
     if num_groups < 1:
         raise ValueError(f"num_groups must be >= 1; got {num_groups}.")
     return num_groups
@@ -94,8 +98,9 @@ def _row_mask(group_ids: jax.Array, valid: jax.Array, num_groups: int) -> jax.Ar
 # --------------------------------------------------------------------------- #
 # Group statistics.
 # --------------------------------------------------------------------------- #
-def _group_normalize(x: jax.Array, mask: jax.Array, ids: jax.Array, num_groups: int,
-                     *, eps: float, scale: bool, rows) -> jax.Array:
+def _group_normalize(
+    x: jax.Array, mask: jax.Array, ids: jax.Array, num_groups: int, *, eps: float, scale: bool, rows
+) -> jax.Array:
     """Per-group, per-column (x - mean) / (std + eps) over masked entries.
 
     Args:
@@ -130,8 +135,9 @@ def _group_normalize(x: jax.Array, mask: jax.Array, ids: jax.Array, num_groups: 
     return jnp.where(keep, dev, 0.0)
 
 
-def _batch_whiten(s: jax.Array, row_ok: jax.Array, *, eps: float, batch_norm: str,
-                  token_counts: jax.Array | None) -> jax.Array:
+def _batch_whiten(
+    s: jax.Array, row_ok: jax.Array, *, eps: float, batch_norm: str, token_counts: jax.Array | None
+) -> jax.Array:
     """Whitens f32[N] over the valid rows of the whole batch; 0 on invalid rows."""
     if batch_norm == "sample":
         w = row_ok.astype(jnp.float32)
@@ -198,7 +204,8 @@ def compute_advantages(
     if rewards.ndim != 2:
         raise ValueError(
             f"rewards must be rank 2, [N, K] (rows x reward functions); got shape "
-            f"{tuple(rewards.shape)}. For a single reward use rewards[:, None].")
+            f"{tuple(rewards.shape)}. For a single reward use rewards[:, None]."
+        )
     n, k = rewards.shape
     if k < 1:
         raise ValueError("rewards must have at least one column (K >= 1).")
@@ -211,18 +218,21 @@ def compute_advantages(
     if weights.shape != (k,):
         raise ValueError(
             f"weights must have one entry per reward column, shape [K]=[{k}]; got "
-            f"shape {tuple(weights.shape)}.")
+            f"shape {tuple(weights.shape)}."
+        )
     if float(eps) < 0:
         raise ValueError(f"eps must be >= 0; got {eps}.")
     if batch_norm == "token":
         if token_counts is None:
             raise ValueError(
                 'batch_norm="token" whitens over response tokens and needs '
-                "token_counts=i32[N] (e.g. completion_mask.sum(-1)).")
+                "token_counts=i32[N] (e.g. completion_mask.sum(-1))."
+            )
         token_counts = jnp.asarray(token_counts)
         if token_counts.shape != (n,):
             raise ValueError(
-                f"token_counts must have shape [N]=[{n}]; got {tuple(token_counts.shape)}.")
+                f"token_counts must have shape [N]=[{n}]; got {tuple(token_counts.shape)}."
+            )
 
     rewards = rewards.astype(jnp.float32)
     rows = seg.explicit_rows(rewards)
@@ -233,24 +243,30 @@ def compute_advantages(
 
     if estimator in ("grpo", "grpo_no_std"):
         s = jnp.sum(jnp.where(jnp.isnan(rewards), 0.0, rewards) * weights, axis=1)
-        adv = _group_normalize(s[:, None], row_ok[:, None], ids, num_groups,
-                               eps=eps, scale=estimator == "grpo", rows=rows)[:, 0]
+        adv = _group_normalize(
+            s[:, None],
+            row_ok[:, None],
+            ids,
+            num_groups,
+            eps=eps,
+            scale=estimator == "grpo",
+            rows=rows,
+        )[:, 0]
         return adv
 
     scorable = row_ok[:, None] & ~jnp.isnan(rewards)
-    per_reward = _group_normalize(rewards, scorable, ids, num_groups,
-                                  eps=eps, scale=True, rows=rows)
+    per_reward = _group_normalize(
+        rewards, scorable, ids, num_groups, eps=eps, scale=True, rows=rows
+    )
     s = jnp.sum(per_reward * weights, axis=1)
     if estimator == "gdpo_no_bn":
         return jnp.where(row_ok, s, 0.0)
     if token_counts is not None:
         token_counts = seg.match_rows(token_counts, rows)
-    return _batch_whiten(s, row_ok, eps=eps, batch_norm=batch_norm,
-                         token_counts=token_counts)
+    return _batch_whiten(s, row_ok, eps=eps, batch_norm=batch_norm, token_counts=token_counts)
 
 
-def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.Array
-                ) -> jax.Array:
+def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.Array) -> jax.Array:
     """Conditioned reward (paper eq. 8): ``reward`` where ``condition >= threshold``, else 0.
 
     Args:
@@ -266,15 +282,22 @@ def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.
     if reward.shape != condition.shape:
         raise ValueError(
             f"reward and condition must have the same shape; got {reward.shape} "
-            f"and {condition.shape}.")
+            f"and {condition.shape}."
+        )
     gated = jnp.where(condition >= threshold, reward, jnp.zeros_like(reward))
     return jnp.where(jnp.isnan(condition), jnp.nan, gated).astype(
-        jnp.result_type(reward.dtype, jnp.float32))
+        jnp.result_type(reward.dtype, jnp.float32)
+    )
 
 
-def group_distinct_advantages(adv: jax.Array, group_ids: jax.Array, *, num_groups: int,
-                              valid: jax.Array | None = None, decimals: int = 4
-                              ) -> jax.Array:
+def group_distinct_advantages(
+    adv: jax.Array,
+    group_ids: jax.Array,
+    *,
+    num_groups: int,
+    valid: jax.Array | None = None,
+    decimals: int = 4,
+) -> jax.Array:
     """Mean number of distinct advantage values per group (signal resolution).
 
     Args:
@@ -301,17 +324,18 @@ def group_distinct_advantages(adv: jax.Array, group_ids: jax.Array, *, num_group
     key_g = seg.replicate(jnp.where(row_ok, group_ids, num_groups), rows)
     key_v = seg.replicate(jnp.round(adv, decimals) + 0.0, rows)  # +0.0: -0.0 -> 0.0
     key_g, key_v = jax.lax.sort((key_g, key_v), num_keys=2)
-    new = jnp.concatenate([
-        jnp.ones((1,), bool),
-        (key_g[1:] != key_g[:-1]) | (key_v[1:] != key_v[:-1])])
+    new = jnp.concatenate(
+        [jnp.ones((1,), bool), (key_g[1:] != key_g[:-1]) | (key_v[1:] != key_v[:-1])]
+    )
     distinct = jnp.sum(new & (key_g < num_groups))
     group_start = jnp.concatenate([jnp.ones((1,), bool), key_g[1:] != key_g[:-1]])
     groups = jnp.sum(group_start & (key_g < num_groups))
     return distinct.astype(jnp.float32) / jnp.maximum(groups, 1).astype(jnp.float32)
 
 
-def per_reward_group_spread(rewards: jax.Array, group_ids: jax.Array, *, num_groups: int,
-                            valid: jax.Array | None = None) -> jax.Array:
+def per_reward_group_spread(
+    rewards: jax.Array, group_ids: jax.Array, *, num_groups: int, valid: jax.Array | None = None
+) -> jax.Array:
     """Which (group, reward) pairs carry signal: > 1 distinct scorable value.
 
     Under GDPO a group whose *summed* reward is constant can still carry signal

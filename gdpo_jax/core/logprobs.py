@@ -7,6 +7,7 @@ than a gather, so the same code works when the vocabulary axis is sharded
 ever holding [B, T, V] logits: it scans over sequence chunks and rematerializes
 each chunk's logits in the backward pass.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,14 +25,16 @@ def _check_temperature(temperature: float) -> None:
 
 def _check_targets(shape: tuple[int, ...], targets: jax.Array, what: str) -> None:
     if targets.shape != shape:
-        raise ValueError(f"targets must have shape {shape} to match {what}; got "
-                         f"{tuple(targets.shape)}.")
+        raise ValueError(
+            f"targets must have shape {shape} to match {what}; got {tuple(targets.shape)}."
+        )
     if not jnp.issubdtype(targets.dtype, jnp.integer):
         raise ValueError(f"targets must be integer token ids; got dtype {targets.dtype}.")
 
 
-def _logp_and_entropy(logits: jax.Array, targets: jax.Array, temperature: float,
-                      want_entropy: bool) -> tuple[jax.Array, jax.Array | None]:
+def _logp_and_entropy(
+    logits: jax.Array, targets: jax.Array, temperature: float, want_entropy: bool
+) -> tuple[jax.Array, jax.Array | None]:
     """logits f[..., V], targets i[...] -> (logp f32[...], entropy f32[...] | None)."""
     x = logits.astype(jnp.float32) / temperature
     lse = jax.nn.logsumexp(x, axis=-1)
@@ -45,8 +48,7 @@ def _logp_and_entropy(logits: jax.Array, targets: jax.Array, temperature: float,
     return logp, entropy
 
 
-def token_logprobs(logits: jax.Array, targets: jax.Array, *,
-                   temperature: float = 1.0) -> jax.Array:
+def token_logprobs(logits: jax.Array, targets: jax.Array, *, temperature: float = 1.0) -> jax.Array:
     """log softmax(logits / temperature)[targets].
 
     Args:
@@ -73,9 +75,14 @@ def token_entropy(logits: jax.Array, *, temperature: float = 1.0) -> jax.Array:
     return lse - jnp.sum(p * x, axis=-1)
 
 
-def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.Array, *,
-                           chunk_size: int, temperature: float = 1.0
-                           ) -> tuple[jax.Array, jax.Array]:
+def chunked_token_logprobs(
+    hidden: jax.Array,
+    unembed: jax.Array,
+    targets: jax.Array,
+    *,
+    chunk_size: int,
+    temperature: float = 1.0,
+) -> tuple[jax.Array, jax.Array]:
     """Log-probs and entropies from final hidden states, chunk by chunk.
 
     Peak memory is one [B, chunk_size, V] f32 logits block, forward and
@@ -93,8 +100,10 @@ def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.A
     hidden, unembed, targets = jnp.asarray(hidden), jnp.asarray(unembed), jnp.asarray(targets)
     _check_temperature(temperature)
     if hidden.ndim != 3 or unembed.ndim != 2 or hidden.shape[-1] != unembed.shape[0]:
-        raise ValueError(f"need hidden [B, T, D] and unembed [D, V]; got "
-                         f"{tuple(hidden.shape)} and {tuple(unembed.shape)}.")
+        raise ValueError(
+            f"need hidden [B, T, D] and unembed [D, V]; got "
+            f"{tuple(hidden.shape)} and {tuple(unembed.shape)}."
+        )
     _check_targets(hidden.shape[:2], targets, "hidden [B, T, D]")
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}.")
@@ -111,8 +120,7 @@ def chunked_token_logprobs(hidden: jax.Array, unembed: jax.Array, targets: jax.A
 
     def body(carry, xs):
         h, tgt = xs
-        logits = jnp.einsum("bcd,dv->bcv", h, unembed,
-                            preferred_element_type=jnp.float32)
+        logits = jnp.einsum("bcd,dv->bcv", h, unembed, preferred_element_type=jnp.float32)
         return carry, _logp_and_entropy(logits, tgt, temperature, want_entropy=True)
 
     # Without remat, scan would save every chunk's logits for the backward

@@ -5,6 +5,7 @@ and summing sums and denominators over micro-batches, devices or hosts gives
 exactly the full-batch value (Tunix-style). Conventions follow verl's
 ``core_algos`` (dual clip, k3 clamping, ratio clamping) and TRL's clip metrics.
 """
+
 from __future__ import annotations
 
 import jax
@@ -49,8 +50,10 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> j
     """
     est = _KL_ALIASES.get(estimator, estimator)
     if est not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_estimator {estimator!r}; choose one of "
-                         f"{KL_ESTIMATORS} (aliases: {sorted(_KL_ALIASES)}).")
+        raise ValueError(
+            f"unknown kl_estimator {estimator!r}; choose one of "
+            f"{KL_ESTIMATORS} (aliases: {sorted(_KL_ALIASES)})."
+        )
     logp = jnp.asarray(logp, jnp.float32)
     ref_logp = jnp.asarray(ref_logp, jnp.float32)
     if logp.shape != ref_logp.shape:
@@ -63,8 +66,9 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> j
     return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -_K3_CLAMP, _K3_CLAMP)
 
 
-def aggregate(per_token: jax.Array, mask: jax.Array, mode: str, *,
-              max_len: int | None = None) -> Pair:
+def aggregate(
+    per_token: jax.Array, mask: jax.Array, mode: str, *, max_len: int | None = None
+) -> Pair:
     """Reduces a per-token quantity to ``(sum, denom)``; ``loss = sum / denom``.
 
     Args:
@@ -84,16 +88,17 @@ def aggregate(per_token: jax.Array, mask: jax.Array, mode: str, *,
     per_token = jnp.asarray(per_token, jnp.float32)
     mask = jnp.asarray(mask).astype(jnp.float32)
     if per_token.ndim != 2 or per_token.shape != mask.shape:
-        raise ValueError(f"per_token and mask must both be [B, T]; got "
-                         f"{tuple(per_token.shape)} and {tuple(mask.shape)}.")
+        raise ValueError(
+            f"per_token and mask must both be [B, T]; got "
+            f"{tuple(per_token.shape)} and {tuple(mask.shape)}."
+        )
     # where, not multiply: masked-out positions may hold inf/NaN garbage.
     masked = jnp.where(mask > 0, per_token * mask, 0.0)
     if mode == "grpo":
         row_tokens = jnp.sum(mask, axis=1)
         row_mean = jnp.sum(masked, axis=1) / jnp.maximum(row_tokens, 1e-8)
         has = row_tokens > 0
-        return (jnp.sum(jnp.where(has, row_mean, 0.0)),
-                jnp.sum(has).astype(jnp.float32))
+        return (jnp.sum(jnp.where(has, row_mean, 0.0)), jnp.sum(has).astype(jnp.float32))
     if mode in ("bnpo", "dapo"):
         return jnp.sum(masked), jnp.sum(mask)
     b, t = per_token.shape
@@ -154,18 +159,23 @@ def policy_loss(
     mask = jnp.asarray(mask).astype(jnp.float32)
     advantages = jnp.asarray(advantages, jnp.float32)
     if logp.ndim != 2 or old_logp.shape != logp.shape or mask.shape != logp.shape:
-        raise ValueError(f"logp, old_logp and mask must all be [B, T]; got "
-                         f"{tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(mask.shape)}.")
+        raise ValueError(
+            f"logp, old_logp and mask must all be [B, T]; got "
+            f"{tuple(logp.shape)}, {tuple(old_logp.shape)}, {tuple(mask.shape)}."
+        )
     if advantages.shape == logp.shape[:1]:
         adv = advantages[:, None]
     elif advantages.shape == logp.shape:
         adv = advantages
     else:
-        raise ValueError(f"advantages must be [B]={logp.shape[:1]} or [B, T]={logp.shape}; "
-                         f"got {tuple(advantages.shape)}.")
+        raise ValueError(
+            f"advantages must be [B]={logp.shape[:1]} or [B, T]={logp.shape}; "
+            f"got {tuple(advantages.shape)}."
+        )
     if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1) (ratio floor 1 - clip_low > 0); "
-                         f"got {clip_low}.")
+        raise ValueError(
+            f"clip_low must be in [0, 1) (ratio floor 1 - clip_low > 0); got {clip_low}."
+        )
     if not clip_high >= 0.0:
         raise ValueError(f"clip_high must be >= 0; got {clip_high}.")
     if dual_clip is not None and not dual_clip > 1.0:

@@ -16,6 +16,7 @@ sharding mode the project uses:
 The per-group tables are tiny ([num_groups, C]) next to the rows, so
 replicating them is the right layout anyway.
 """
+
 from __future__ import annotations
 
 import jax
@@ -73,8 +74,9 @@ def replicate(x: jax.Array, rows: NamedSharding | None) -> jax.Array:
     return jax.sharding.reshard(x, NamedSharding(rows.mesh, P()))
 
 
-def _scatter(op: str, x: jax.Array, ids: jax.Array, num_groups: int,
-             init: float, rows: NamedSharding | None) -> jax.Array:
+def _scatter(
+    op: str, x: jax.Array, ids: jax.Array, num_groups: int, init: float, rows: NamedSharding | None
+) -> jax.Array:
     table = jnp.full((num_groups,) + x.shape[1:], init, x.dtype)
     kwargs = {"mode": "drop"}  # ids outside [0, num_groups) contribute nothing
     if rows is not None:
@@ -82,26 +84,28 @@ def _scatter(op: str, x: jax.Array, ids: jax.Array, num_groups: int,
     return getattr(table.at[ids], op)(x, **kwargs)
 
 
-def segment_sum(x: jax.Array, ids: jax.Array, num_groups: int,
-                rows: NamedSharding | None = None) -> jax.Array:
+def segment_sum(
+    x: jax.Array, ids: jax.Array, num_groups: int, rows: NamedSharding | None = None
+) -> jax.Array:
     """Sum of ``x`` [N, ...] per group id [N] -> [num_groups, ...] (replicated)."""
     return _scatter("add", x, ids, num_groups, 0.0, rows)
 
 
-def segment_max(x: jax.Array, ids: jax.Array, num_groups: int,
-                rows: NamedSharding | None = None) -> jax.Array:
+def segment_max(
+    x: jax.Array, ids: jax.Array, num_groups: int, rows: NamedSharding | None = None
+) -> jax.Array:
     """Max of ``x`` [N, ...] per group -> [num_groups, ...]; -inf for empty groups."""
     return _scatter("max", x, ids, num_groups, -jnp.inf, rows)
 
 
-def segment_min(x: jax.Array, ids: jax.Array, num_groups: int,
-                rows: NamedSharding | None = None) -> jax.Array:
+def segment_min(
+    x: jax.Array, ids: jax.Array, num_groups: int, rows: NamedSharding | None = None
+) -> jax.Array:
     """Min of ``x`` [N, ...] per group -> [num_groups, ...]; +inf for empty groups."""
     return _scatter("min", x, ids, num_groups, jnp.inf, rows)
 
 
-def take_rows(table: jax.Array, ids: jax.Array,
-              rows: NamedSharding | None = None) -> jax.Array:
+def take_rows(table: jax.Array, ids: jax.Array, rows: NamedSharding | None = None) -> jax.Array:
     """Gathers per-group values back to rows: ``table[ids]`` -> [N, ...].
 
     ``ids`` must already be clipped into range (callers mask invalid rows).

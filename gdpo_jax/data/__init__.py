@@ -1,8 +1,9 @@
 """Record files (JSONL / JSON / Parquet) and synthetic task generators.
 
-    from gdpo_jax.data import synthetic, write_records
-    splits = synthetic.make_splits("toolcall", 2000, 200, seed=0)
+from gdpo_jax.data import synthetic, write_records
+splits = synthetic.make_splits("toolcall", 2000, 200, seed=0)
 """
+
 from gdpo_jax.data.loaders import (
     RecordError,
     get_field,

@@ -8,12 +8,14 @@ records; rows numbered over the concatenated files).
 
 A bad record raises RecordError naming the file, the row and the field.
 """
+
 from __future__ import annotations
 
 import glob
 import json
 import os
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 _EXTS = (".jsonl", ".json", ".parquet")
 PathLike = str | os.PathLike
@@ -43,14 +45,20 @@ def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None)
         for d in (path, os.path.join(path, "data")):
             for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
                 base, ext = os.path.splitext(f)
-                if ext in _EXTS and (split is None or base == split or base.startswith(split + "-")
-                                     or base.startswith(split + "_")):
+                if ext in _EXTS and (
+                    split is None
+                    or base == split
+                    or base.startswith(split + "-")
+                    or base.startswith(split + "_")
+                ):
                     files.append(os.path.join(d, f))
             if files:
                 break
         if not files:
-            raise FileNotFoundError(f"no {'/'.join(_EXTS)} files{f' for split {split!r}' if split else ''} "
-                                    f"in directory {path}")
+            raise FileNotFoundError(
+                f"no {'/'.join(_EXTS)} files{f' for split {split!r}' if split else ''} "
+                f"in directory {path}"
+            )
         return files
     if any(c in path for c in "*?["):
         files = sorted(glob.glob(path))
@@ -64,8 +72,9 @@ def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None)
     return [path]
 
 
-def iter_records(path: PathLike | Sequence[PathLike], *, split: str | None = None,
-                 backend: str = "auto") -> Iterator[tuple[str, int, dict]]:
+def iter_records(
+    path: PathLike | Sequence[PathLike], *, split: str | None = None, backend: str = "auto"
+) -> Iterator[tuple[str, int, dict]]:
     """Yields (file, row, record) for every record of every resolved file."""
     if backend not in ("auto", "datasets"):
         raise ValueError(f"backend must be 'auto' or 'datasets', got {backend!r}")
@@ -76,6 +85,7 @@ def iter_records(path: PathLike | Sequence[PathLike], *, split: str | None = Non
     for f in files:
         if f.endswith(".parquet"):
             import pyarrow.parquet as pq
+
             try:
                 rows = pq.read_table(f).to_pylist()
             except Exception as e:  # noqa: BLE001 - any pyarrow error: say which file
@@ -107,6 +117,7 @@ def iter_records(path: PathLike | Sequence[PathLike], *, split: str | None = Non
 
 def _iter_datasets(files: list[str]) -> Iterator[tuple[str, int, dict]]:
     import datasets
+
     by_kind: dict[str, list[str]] = {}
     for f in files:
         by_kind.setdefault("parquet" if f.endswith(".parquet") else "json", []).append(f)
@@ -126,7 +137,9 @@ def _loads(line: str, path: str, row: int) -> dict:
 
 def _check_mapping(r: Any, path: str, row: int) -> dict:
     if not isinstance(r, Mapping):
-        raise RecordError(path, row, None, f"a record must be a JSON object, got {type(r).__name__}")
+        raise RecordError(
+            path, row, None, f"a record must be a JSON object, got {type(r).__name__}"
+        )
     return dict(r)
 
 
@@ -139,8 +152,13 @@ def get_field(record: Mapping, dotted: str, path: str, row: int, *, default: Any
         elif default is not KeyError:
             return default
         else:
-            raise RecordError(path, row, dotted, "missing (keys present: "
-                              f"{sorted(cur) if isinstance(cur, Mapping) else type(cur).__name__})")
+            raise RecordError(
+                path,
+                row,
+                dotted,
+                "missing (keys present: "
+                f"{sorted(cur) if isinstance(cur, Mapping) else type(cur).__name__})",
+            )
     return cur
 
 
@@ -158,13 +176,17 @@ def normalize_messages(value: Any, path: str, row: int, field: str = "prompt") -
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, (list, tuple)) or not value:
-        raise RecordError(path, row, field, f"expected a non-empty list of chat messages, got {value!r:.80}")
+        raise RecordError(
+            path, row, field, f"expected a non-empty list of chat messages, got {value!r:.80}"
+        )
     out = []
     for j, m in enumerate(value):
         if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
             raise RecordError(path, row, f"{field}[{j}]", "each message needs 'role' and 'content'")
         if not isinstance(m["content"], str):
-            raise RecordError(path, row, f"{field}[{j}].content", "message content must be a string")
+            raise RecordError(
+                path, row, f"{field}[{j}].content", "message content must be a string"
+            )
         out.append({"role": str(m["role"]), "content": m["content"]})
     return out
 
@@ -183,6 +205,7 @@ def write_parquet(records: Sequence[Mapping], path: PathLike) -> str:
     """Writes records as a Parquet table (schema inferred by pyarrow)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     path = os.fspath(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     pq.write_table(pa.Table.from_pylist([dict(r) for r in records]), path)
@@ -208,5 +231,7 @@ def sample_path(name: str) -> str:
     """Path of a shipped sample file, e.g. sample_path("toolcall_verl.jsonl")."""
     p = os.path.join(samples_dir(), name)
     if not os.path.exists(p):
-        raise FileNotFoundError(f"no shipped sample {name!r}; available: {sorted(os.listdir(samples_dir()))}")
+        raise FileNotFoundError(
+            f"no shipped sample {name!r}; available: {sorted(os.listdir(samples_dir()))}"
+        )
     return p

@@ -9,13 +9,14 @@ Deterministic given (seed, split); the test split never repeats a train prompt.
 
     python -m gdpo_jax.data.synthetic --task toolcall --out_dir data/tc --n_train 2000 --n_test 200
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from gdpo_jax.data.loaders import write_records
 
@@ -30,7 +31,20 @@ CATALOGUE: dict[str, dict[str, object]] = {
     "translate": {"text": "str", "target_language": "str"},
     "play_music": {"artist": "str", "shuffle": "bool"},
 }
-_CITIES = ["Paris", "Rome", "Oslo", "Tokyo", "Lima", "Cairo", "Delhi", "Berlin", "Madrid", "Seoul", "Dublin", "Quito"]
+_CITIES = [
+    "Paris",
+    "Rome",
+    "Oslo",
+    "Tokyo",
+    "Lima",
+    "Cairo",
+    "Delhi",
+    "Berlin",
+    "Madrid",
+    "Seoul",
+    "Dublin",
+    "Quito",
+]
 _CUR = ["USD", "EUR", "GBP", "JPY", "CHF", "CAD"]
 _NAMES = ["Ana", "Ben", "Chen", "Dora", "Eli", "Fay", "Gus", "Ivy", "Omar", "Zoe"]
 _TEXTS = ["running late", "see you soon", "call me", "happy birthday", "on my way", "good night"]
@@ -39,9 +53,13 @@ _STOCKS = ["AAPL", "MSFT", "NVDA", "TSLA", "AMZN", "GOOG"]
 _PHRASES = ["good morning", "thank you", "where is the station", "how much is it", "I am hungry"]
 _LANGS = ["French", "Spanish", "German", "Italian", "Japanese"]
 _ARTISTS = ["Adele", "Queen", "Miles Davis", "ABBA", "Bach", "Shakira"]
-_CHAT = [("Hi there!", "Hello! How can I help?"), ("Thanks a lot!", "You are welcome."),
-         ("Who are you?", "I am an assistant that can use tools."), ("Good night!", "Good night!"),
-         ("Can you sing?", "I cannot sing, but I can play music for you.")]
+_CHAT = [
+    ("Hi there!", "Hello! How can I help?"),
+    ("Thanks a lot!", "You are welcome."),
+    ("Who are you?", "I am an assistant that can use tools."),
+    ("Good night!", "Good night!"),
+    ("Can you sing?", "I cannot sing, but I can play music for you."),
+]
 
 
 def _call(r: random.Random, name: str) -> tuple[dict, str]:
@@ -49,11 +67,26 @@ def _call(r: random.Random, name: str) -> tuple[dict, str]:
     c = r.choice
     if name == "get_weather":
         p = {"city": c(_CITIES), "unit": c(["celsius", "fahrenheit"])}
-        t = c(["weather in {city} in {unit}", "how warm is {city}, in {unit}", "{city} weather ({unit})"])
+        t = c(
+            [
+                "weather in {city} in {unit}",
+                "how warm is {city}, in {unit}",
+                "{city} weather ({unit})",
+            ]
+        )
     elif name == "convert_currency":
         a, b = r.sample(_CUR, 2)
-        p = {"amount": c([r.randint(2, 500), r.randint(2, 99) + 0.5]), "from_currency": a, "to_currency": b}
-        t = c(["convert {amount} {from_currency} to {to_currency}", "{amount} {from_currency} in {to_currency}"])
+        p = {
+            "amount": c([r.randint(2, 500), r.randint(2, 99) + 0.5]),
+            "from_currency": a,
+            "to_currency": b,
+        }
+        t = c(
+            [
+                "convert {amount} {from_currency} to {to_currency}",
+                "{amount} {from_currency} in {to_currency}",
+            ]
+        )
     elif name == "set_alarm":
         p = {"time": f"{r.randint(5, 22):02d}:{c([0, 15, 30, 45]):02d}", "label": c(_LABELS)}
         t = c(["set an alarm at {time} for {label}", "wake me at {time}, label {label}"])
@@ -62,8 +95,17 @@ def _call(r: random.Random, name: str) -> tuple[dict, str]:
         t = c(["text {contact}: {text}", "send {contact} the message '{text}'"])
     elif name == "search_flights":
         a, b = r.sample(_CITIES, 2)
-        p = {"origin": a, "destination": b, "date": f"2025-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}"}
-        t = c(["flights from {origin} to {destination} on {date}", "fly {origin} to {destination}, {date}"])
+        p = {
+            "origin": a,
+            "destination": b,
+            "date": f"2025-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}",
+        }
+        t = c(
+            [
+                "flights from {origin} to {destination} on {date}",
+                "fly {origin} to {destination}, {date}",
+            ]
+        )
     elif name == "get_stock_price":
         p = {"symbol": c(_STOCKS)}
         t = c(["price of {symbol}", "how is {symbol} trading"])
@@ -78,17 +120,24 @@ def _call(r: random.Random, name: str) -> tuple[dict, str]:
 
 def signature(name: str) -> str:
     """Compact typed signature for the system prompt, e.g. get_stock_price(symbol:str)."""
-    args = ",".join(f"{k}:{'|'.join(v) if isinstance(v, list) else v}" for k, v in CATALOGUE[name].items())
+    args = ",".join(
+        f"{k}:{'|'.join(v) if isinstance(v, list) else v}" for k, v in CATALOGUE[name].items()
+    )
     return f"{name}({args})"
 
 
 def toolcall_system_prompt(tools: list[str]) -> str:
-    return ("Tools:\n" + "\n".join(signature(t) for t in tools) +
-            '\nReply <think>..</think> then <tool_call> JSON lines {"name","parameters"} '
-            "</tool_call> or <response>..</response>")
+    return (
+        "Tools:\n"
+        + "\n".join(signature(t) for t in tools)
+        + '\nReply <think>..</think> then <tool_call> JSON lines {"name","parameters"} '
+        "</tool_call> or <response>..</response>"
+    )
 
 
-def _toolcall_one(r: random.Random, split: str, i: int, n_tools: int, p_multi: float, p_none: float) -> dict:
+def _toolcall_one(
+    r: random.Random, split: str, i: int, n_tools: int, p_multi: float, p_none: float
+) -> dict:
     u = r.random()
     if u < p_none:
         req, reply = r.choice(_CHAT)
@@ -113,21 +162,33 @@ def _toolcall_one(r: random.Random, split: str, i: int, n_tools: int, p_multi: f
     others = [t for t in CATALOGUE if t not in needed]
     tools = needed + r.sample(others, max(0, n_tools - len(needed)))
     r.shuffle(tools)
-    return {"data_source": "synthetic_toolcall",
-            "prompt": [{"role": "system", "content": toolcall_system_prompt(tools)},
-                       {"role": "user", "content": req}],
-            "ability": "tool_call",
-            "reward_model": {"style": "rule", "ground_truth": gt},
-            "extra_info": {"split": split, "index": i, "tools": tools}}
+    return {
+        "data_source": "synthetic_toolcall",
+        "prompt": [
+            {"role": "system", "content": toolcall_system_prompt(tools)},
+            {"role": "user", "content": req},
+        ],
+        "ability": "tool_call",
+        "reward_model": {"style": "rule", "ground_truth": gt},
+        "extra_info": {"split": split, "index": i, "tools": tools},
+    }
 
 
 ARITH_TEMPLATE = "{problem} Put the final answer in \\boxed{{}}."
 _ITEMS = ["apples", "stickers", "marbles", "coins", "books", "pens", "cards", "shells"]
-_PEOPLE = [("Tom", "He"), ("Mia", "She"), ("Sam", "He"), ("Lea", "She"), ("Raj", "He"), ("Ada", "She")]
+_PEOPLE = [
+    ("Tom", "He"),
+    ("Mia", "She"),
+    ("Sam", "He"),
+    ("Lea", "She"),
+    ("Raj", "He"),
+    ("Ada", "She"),
+]
 
 
-def _arith_one(r: random.Random, split: str, i: int, max_steps: int, max_value: int, fmt: str,
-               max_tokens: int) -> dict:
+def _arith_one(
+    r: random.Random, split: str, i: int, max_steps: int, max_value: int, fmt: str, max_tokens: int
+) -> dict:
     name, pron = r.choice(_PEOPLE)
     item = r.choice(_ITEMS)
     x = r.randint(2, max_value)
@@ -155,17 +216,22 @@ def _arith_one(r: random.Random, split: str, i: int, max_steps: int, max_value: 
     extra = {"split": split, "index": i, "max_tokens": max_tokens}
     if fmt == "deepscaler":
         return {"problem": problem, "answer": answer, "solution": solution, "extra_info": extra}
-    return {"data_source": "synthetic_arithmetic",
-            "prompt": [{"role": "user", "content": ARITH_TEMPLATE.format(problem=problem)}],
-            "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer},
-            "extra_info": dict(extra, solution=solution)}
+    return {
+        "data_source": "synthetic_arithmetic",
+        "prompt": [{"role": "user", "content": ARITH_TEMPLATE.format(problem=problem)}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": answer},
+        "extra_info": dict(extra, solution=solution),
+    }
 
 
 def _key(rec: dict) -> str:
     return json.dumps(rec.get("prompt") or rec.get("problem"), sort_keys=True)
 
 
-def _generate(one: Callable, task: str, n: int, seed: int, split: str, exclude: set[str], **kw) -> list[dict]:
+def _generate(
+    one: Callable, task: str, n: int, seed: int, split: str, exclude: set[str], **kw
+) -> list[dict]:
     r = random.Random(f"gdpo-{task}-{seed}-{split}")  # str seeds hash deterministically
     out, seen, misses = [], set(exclude), 0
     while len(out) < n and misses < 2000:  # 2000 repeats in a row: the space is used up
@@ -177,32 +243,71 @@ def _generate(one: Callable, task: str, n: int, seed: int, split: str, exclude: 
             out.append(rec)
     if len(out) == n:
         return out
-    raise ValueError(f"{task}: only {len(out)} distinct records for n={n}; widen the generator "
-                     "(e.g. larger max_value) or ask for fewer")
+    raise ValueError(
+        f"{task}: only {len(out)} distinct records for n={n}; widen the generator "
+        "(e.g. larger max_value) or ask for fewer"
+    )
 
 
-def toolcall_records(n: int, *, seed: int = 0, split: str = "train", n_tools: int = 2,
-                     p_multi: float = 0.25, p_none: float = 0.1, exclude: set[str] = frozenset()) -> list[dict]:
+def toolcall_records(
+    n: int,
+    *,
+    seed: int = 0,
+    split: str = "train",
+    n_tools: int = 2,
+    p_multi: float = 0.25,
+    p_none: float = 0.1,
+    exclude: set[str] = frozenset(),
+) -> list[dict]:
     """`n` distinct ToolRL-format records (verl style)."""
-    return _generate(_toolcall_one, "toolcall", n, seed, split, set(exclude),
-                     n_tools=n_tools, p_multi=p_multi, p_none=p_none)
+    return _generate(
+        _toolcall_one,
+        "toolcall",
+        n,
+        seed,
+        split,
+        set(exclude),
+        n_tools=n_tools,
+        p_multi=p_multi,
+        p_none=p_none,
+    )
 
 
-def arithmetic_records(n: int, *, seed: int = 0, split: str = "train", max_steps: int = 3,
-                       max_value: int = 50, fmt: str = "verl", max_tokens: int = 64,
-                       exclude: set[str] = frozenset()) -> list[dict]:
+def arithmetic_records(
+    n: int,
+    *,
+    seed: int = 0,
+    split: str = "train",
+    max_steps: int = 3,
+    max_value: int = 50,
+    fmt: str = "verl",
+    max_tokens: int = 64,
+    exclude: set[str] = frozenset(),
+) -> list[dict]:
     """`n` distinct word problems; fmt "verl" (prompt baked in) or "deepscaler"
     ({problem, answer, solution}); extra_info.max_tokens is the length budget."""
     if fmt not in ("verl", "deepscaler"):
         raise ValueError(f"fmt must be 'verl' or 'deepscaler', got {fmt!r}")
-    return _generate(_arith_one, "arithmetic", n, seed, split, set(exclude), max_steps=max_steps,
-                     max_value=max_value, fmt=fmt, max_tokens=max_tokens)
+    return _generate(
+        _arith_one,
+        "arithmetic",
+        n,
+        seed,
+        split,
+        set(exclude),
+        max_steps=max_steps,
+        max_value=max_value,
+        fmt=fmt,
+        max_tokens=max_tokens,
+    )
 
 
 _GENERATORS = {"toolcall": toolcall_records, "arithmetic": arithmetic_records}
 
 
-def make_splits(task: str, n_train: int, n_test: int, *, seed: int = 0, **kw) -> dict[str, list[dict]]:
+def make_splits(
+    task: str, n_train: int, n_test: int, *, seed: int = 0, **kw
+) -> dict[str, list[dict]]:
     """{"train", "test"} for task "toolcall" | "arithmetic"; test prompts are unseen in train."""
     if task not in _GENERATORS:
         raise ValueError(f"unknown synthetic task {task!r}; choose from {sorted(_GENERATORS)}")
@@ -212,13 +317,16 @@ def make_splits(task: str, n_train: int, n_test: int, *, seed: int = 0, **kw) ->
     return {"train": train, "test": test}
 
 
-def write_synthetic(task: str, out_dir: str, n_train: int, n_test: int, *, seed: int = 0,
-                    fmt: str = "jsonl", **kw) -> dict[str, str]:
+def write_synthetic(
+    task: str, out_dir: str, n_train: int, n_test: int, *, seed: int = 0, fmt: str = "jsonl", **kw
+) -> dict[str, str]:
     """Writes <out_dir>/train.<fmt> and test.<fmt>; returns {split: path}."""
     if fmt not in ("jsonl", "parquet"):
         raise ValueError(f"fmt must be 'jsonl' or 'parquet', got {fmt!r}")
     splits = make_splits(task, n_train, n_test, seed=seed, **kw)
-    return {s: write_records(recs, os.path.join(out_dir, f"{s}.{fmt}")) for s, recs in splits.items()}
+    return {
+        s: write_records(recs, os.path.join(out_dir, f"{s}.{fmt}")) for s, recs in splits.items()
+    }
 
 
 def write_samples(out_dir: str) -> list[str]:
@@ -228,14 +336,25 @@ def write_samples(out_dir: str) -> list[str]:
     def kind(rec: dict) -> str:  # response-only / single / same tool twice / two tools
         gt = rec["reward_model"]["ground_truth"]
         names = [json.loads(x)["name"] for x in gt.split("\n") if x.startswith("{")]
-        return "none" if not names else "single" if len(names) == 1 else \
-            "dup" if len(set(names)) == 1 else "mixed"
+        return (
+            "none"
+            if not names
+            else "single"
+            if len(names) == 1
+            else "dup"
+            if len(set(names)) == 1
+            else "mixed"
+        )
 
-    tc = [r for k in ("single", "dup", "mixed", "none") for r in [x for x in pool if kind(x) == k][:2]]
+    tc = [
+        r for k in ("single", "dup", "mixed", "none") for r in [x for x in pool if kind(x) == k][:2]
+    ]
     ar = arithmetic_records(6, seed=7, split="sample")
-    return [write_records(tc, os.path.join(out_dir, "toolcall_verl.jsonl")),
-            write_records(tc, os.path.join(out_dir, "toolcall_verl.parquet")),
-            write_records(ar, os.path.join(out_dir, "math_verl.parquet"))]
+    return [
+        write_records(tc, os.path.join(out_dir, "toolcall_verl.jsonl")),
+        write_records(tc, os.path.join(out_dir, "toolcall_verl.parquet")),
+        write_records(ar, os.path.join(out_dir, "math_verl.parquet")),
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -247,7 +366,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fmt", choices=["jsonl", "parquet"], default="jsonl")
     a = ap.parse_args(argv)
-    for split, path in write_synthetic(a.task, a.out_dir, a.n_train, a.n_test, seed=a.seed, fmt=a.fmt).items():
+    for split, path in write_synthetic(
+        a.task, a.out_dir, a.n_train, a.n_test, seed=a.seed, fmt=a.fmt
+    ).items():
         print(f"{split}: {path}")
 
 

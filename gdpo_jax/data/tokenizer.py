@@ -23,6 +23,7 @@ chat template + reference answers):
 Importing this module registers it with the trainer as
 `config.model.tokenizer = "synthetic_bpe"`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,24 @@ import functools
 import hashlib
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-TAG_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<response>", "</response>",
-              "\\boxed")
+TAG_TOKENS = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<response>",
+    "</response>",
+    "\\boxed",
+)
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 DEFAULT_VOCAB_SIZE = 1024
 # Bump when anything that changes the trained tokenizer changes (invalidates the cache).
 _VERSION = 1
@@ -56,6 +66,7 @@ def corpus(n_toolcall: int = 2000, n_math: int = 2000, seed: int = 0) -> list[st
     Both tasks, train split, deterministic given the arguments.
     """
     from gdpo_jax.data.synthetic import arithmetic_records, toolcall_records
+
     texts = []
     for r in toolcall_records(n_toolcall, seed=seed, split="train"):
         texts.append(render_chat(r["prompt"]) + r["reward_model"]["ground_truth"])
@@ -71,20 +82,29 @@ def train_bpe(texts: Sequence[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Any
     layout does not depend on the corpus.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
     n_fixed = len(SPECIAL_TOKENS) + len(TAG_TOKENS)
     if vocab_size < n_fixed + 256:
-        raise ValueError(f"vocab_size={vocab_size} must be >= {n_fixed + 256} "
-                         "(specials + tags + the 256 byte symbols).")
+        raise ValueError(
+            f"vocab_size={vocab_size} must be >= {n_fixed + 256} "
+            "(specials + tags + the 256 byte symbols)."
+        )
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS]
         + [AddedToken(t, special=False, normalized=False) for t in TAG_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(list(texts), trainer=trainer)
     # The trainer registers all its "special_tokens" as special; the tags must
     # stay visible in decoded text, so re-declare them as plain added tokens.
@@ -99,38 +119,53 @@ def wrap(tok: Any) -> Any:
     """A transformers PreTrainedTokenizerFast around a `tokenizers.Tokenizer` (+ chat template)."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
+
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", BOS_ID)])
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", BOS_ID)]
+    )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        unk_token=None, additional_special_tokens=list(SPECIAL_TOKENS[3:]))
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token=None,
+        additional_special_tokens=list(SPECIAL_TOKENS[3:]),
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.padding_side = "left"
     return fast
 
 
 def cache_dir() -> str:
-    root = os.environ.get("GDPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache",
-                                                         "gdpo_jax"))
+    root = os.environ.get(
+        "GDPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gdpo_jax")
+    )
     return root
 
 
 def _key(vocab_size: int, n_toolcall: int, n_math: int, seed: int) -> str:
-    spec = json.dumps([_VERSION, vocab_size, n_toolcall, n_math, seed, SPECIAL_TOKENS,
-                       TAG_TOKENS, CHAT_TEMPLATE])
+    spec = json.dumps(
+        [_VERSION, vocab_size, n_toolcall, n_math, seed, SPECIAL_TOKENS, TAG_TOKENS, CHAT_TEMPLATE]
+    )
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
-def build_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, *, n_toolcall: int = 2000,
-                    n_math: int = 2000, seed: int = 0) -> Any:
+def build_tokenizer(
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    *,
+    n_toolcall: int = 2000,
+    n_math: int = 2000,
+    seed: int = 0,
+) -> Any:
     """Trains the tokenizer from scratch (about a second) and wraps it. No caching."""
     return wrap(train_bpe(corpus(n_toolcall, n_math, seed), vocab_size))
 
 
 @functools.lru_cache(maxsize=4)
 def _cached_json(vocab_size: int, n_toolcall: int, n_math: int, seed: int) -> str:
-    path = os.path.join(cache_dir(), f"synthetic_bpe-{_key(vocab_size, n_toolcall, n_math, seed)}",
-                        "tokenizer.json")
+    path = os.path.join(
+        cache_dir(), f"synthetic_bpe-{_key(vocab_size, n_toolcall, n_math, seed)}", "tokenizer.json"
+    )
     if os.path.exists(path):
         with open(path) as f:
             return f.read()
@@ -143,11 +178,17 @@ def _cached_json(vocab_size: int, n_toolcall: int, n_math: int, seed: int) -> st
     return text
 
 
-def load_tokenizer(vocab_size: int = DEFAULT_VOCAB_SIZE, *, n_toolcall: int = 2000,
-                   n_math: int = 2000, seed: int = 0) -> Any:
+def load_tokenizer(
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    *,
+    n_toolcall: int = 2000,
+    n_math: int = 2000,
+    seed: int = 0,
+) -> Any:
     """The synthetic_bpe tokenizer, trained once and cached as tokenizer.json under
     `$GDPO_JAX_CACHE` (default ~/.cache/gdpo_jax), keyed by the settings."""
     from tokenizers import Tokenizer
+
     return wrap(Tokenizer.from_str(_cached_json(vocab_size, n_toolcall, n_math, seed)))
 
 
@@ -159,6 +200,7 @@ def save_tokenizer(out_dir: str, **kw: Any) -> str:
 
 try:  # registered for `config.model.tokenizer = "synthetic_bpe"` (random-init policies)
     from gdpo_jax.train.build import register_tokenizer
+
     register_tokenizer("synthetic_bpe")(load_tokenizer)
 except ImportError:  # the trainer is optional for users of the data package alone
     pass

@@ -4,12 +4,14 @@ Covers the Hugging Face `config.json` layouts of Llama (and SmolLM2, which is a
 Llama), Qwen2 / Qwen2.5 (q/k/v bias) and Qwen3 (q/k RMSNorm, explicit
 head_dim). Hashable so it can be a static jit argument.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -63,20 +65,23 @@ class ModelConfig:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"model_type={self.model_type!r} is not supported; supported: "
-                f"{SUPPORTED_MODEL_TYPES} (SmolLM2 is 'llama', Qwen2.5 is 'qwen2').")
+                f"{SUPPORTED_MODEL_TYPES} (SmolLM2 is 'llama', Qwen2.5 is 'qwen2')."
+            )
         for field in ("param_dtype", "dtype"):
             if getattr(self, field) not in _DTYPES:
                 raise ValueError(f"{field}={getattr(self, field)!r}; use one of {_DTYPES}.")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}.")
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}."
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
         rope_type = self.rope_scaling_dict().get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
                 f"rope_scaling rope_type={rope_type!r} is not supported; supported: "
-                f"{SUPPORTED_ROPE_TYPES}.")
+                f"{SUPPORTED_ROPE_TYPES}."
+            )
         # Lists from JSON would make the frozen config unhashable.
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
@@ -96,7 +101,7 @@ class ModelConfig:
     def rope_scaling_dict(self) -> dict[str, Any]:
         return dict(self.rope_scaling) if self.rope_scaling else {}
 
-    def replace(self, **overrides: Any) -> "ModelConfig":
+    def replace(self, **overrides: Any) -> ModelConfig:
         return dataclasses.replace(self, **overrides)
 
     def num_params(self) -> int:
@@ -124,19 +129,32 @@ class ModelConfig:
         return 3.0 * fwd if training else fwd
 
     @classmethod
-    def tiny(cls, **overrides: Any) -> "ModelConfig":
+    def tiny(cls, **overrides: Any) -> ModelConfig:
         """A ~100k-parameter Llama for tests (GQA 4:2, untied)."""
-        base = dict(model_type="llama", vocab_size=256, hidden_size=64,
-                    intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                    head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-5,
-                    max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-                    pad_token_id=0)
+        base = dict(
+            model_type="llama",
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            rope_theta=10000.0,
+            rms_norm_eps=1e-5,
+            max_position_embeddings=512,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
         base.update(overrides)
         return cls(**base)
 
     # ------------------------------------------------------------------ HF i/o
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any] | str | os.PathLike, **overrides: Any) -> "ModelConfig":
+    def from_hf(
+        cls, config: Mapping[str, Any] | str | os.PathLike, **overrides: Any
+    ) -> ModelConfig:
         """Build from a HF config dict, a config.json path, or a checkpoint dir.
 
         overrides: e.g. param_dtype="bfloat16", dtype="bfloat16", remat=True.
@@ -152,20 +170,24 @@ class ModelConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"Unsupported model_type={model_type!r} in config.json; supported: "
-                f"{SUPPORTED_MODEL_TYPES} (Llama, SmolLM2, Qwen2, Qwen2.5, Qwen3).")
+                f"{SUPPORTED_MODEL_TYPES} (Llama, SmolLM2, Qwen2, Qwen2.5, Qwen3)."
+            )
         if c.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act={c['hidden_act']!r}: only 'silu' (SwiGLU) is supported.")
         if c.get("mlp_bias", False):
             raise ValueError("mlp_bias=True is not supported (no Llama/Qwen release uses it).")
         if c.get("use_sliding_window", False):
-            raise ValueError("use_sliding_window=True is not supported; set it false "
-                             "(full attention) or use a checkpoint without sliding window.")
+            raise ValueError(
+                "use_sliding_window=True is not supported; set it false "
+                "(full attention) or use a checkpoint without sliding window."
+            )
         # q/k/v bias: Qwen2 always has it (transformers does not even store the key).
         attention_bias = bool(c.get("attention_bias", model_type == "qwen2"))
         if attention_bias and model_type != "qwen2":
             raise ValueError(
                 f"attention_bias=True for model_type={model_type!r} also adds an o_proj "
-                "bias in transformers, which this implementation does not carry.")
+                "bias in transformers, which this implementation does not carry."
+            )
         # transformers >= 5 stores rope settings in `rope_parameters`; older
         # configs have `rope_theta` + `rope_scaling`.
         rope = dict(c.get("rope_parameters") or {})
@@ -205,8 +227,11 @@ class ModelConfig:
 
     def to_hf(self) -> dict[str, Any]:
         """config.json content that transformers' AutoConfig reads back."""
-        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                "qwen3": "Qwen3ForCausalLM"}[self.model_type]
+        arch = {
+            "llama": "LlamaForCausalLM",
+            "qwen2": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM",
+        }[self.model_type]
         rope = {"rope_theta": self.rope_theta, "rope_type": "default"}
         rope.update(self.rope_scaling_dict())
         eos = self.eos_token_id

@@ -8,6 +8,7 @@ model-0000k-of-0000n.safetensors + index above `max_shard_bytes`) and the
 tokenizer files. On multi-host runs every process must call it (the params are
 gathered collectively); only process 0 writes.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,18 +22,26 @@ import numpy as np
 from gdpo_jax.models.loading import LAYER_NAMES, TOP_NAMES
 from gdpo_jax.models.transformer import Transformer
 
-_NP_TO_ST = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-             np.dtype(ml_dtypes.bfloat16): "BF16", np.dtype(np.float64): "F64"}
+_NP_TO_ST = {
+    np.dtype(np.float32): "F32",
+    np.dtype(np.float16): "F16",
+    np.dtype(ml_dtypes.bfloat16): "BF16",
+    np.dtype(np.float64): "F64",
+}
 
 
-def write_safetensors(tensors: dict[str, np.ndarray], path: str,
-                      metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None
+) -> None:
     """Minimal safetensors writer (handles bf16 through ml_dtypes)."""
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for name, a in tensors.items():
-        header[name] = {"dtype": _NP_TO_ST[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + a.nbytes]}
+        header[name] = {
+            "dtype": _NP_TO_ST[a.dtype],
+            "shape": list(a.shape),
+            "data_offsets": [offset, offset + a.nbytes],
+        }
         offset += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # 8-byte aligned data start, as the spec advises
@@ -46,6 +55,7 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: str,
 def _to_host(x: jax.Array) -> np.ndarray:
     if jax.process_count() > 1 and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
+
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(jax.device_get(x))
 
@@ -68,8 +78,14 @@ def hf_state_dict(model: Transformer, dtype: str | None = None) -> dict[str, np.
     return out
 
 
-def save_pretrained(model: Transformer, tokenizer: Any, out_dir: str, *,
-                    dtype: str | None = None, max_shard_bytes: int = 4 << 30) -> str:
+def save_pretrained(
+    model: Transformer,
+    tokenizer: Any,
+    out_dir: str,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int = 4 << 30,
+) -> str:
     """Write an HF checkpoint dir; dtype defaults to the params' dtype. Returns out_dir."""
     cfg = model.cfg
     tensors = hf_state_dict(model, dtype)
@@ -80,8 +96,11 @@ def save_pretrained(model: Transformer, tokenizer: Any, out_dir: str, *,
     config["torch_dtype"] = config["dtype"] = dtype or cfg.param_dtype
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-           if config[k] is not None}
+    gen = {
+        k: config[k]
+        for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if config[k] is not None
+    }
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]

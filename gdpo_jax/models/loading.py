@@ -7,13 +7,15 @@ so a model never passes whole through host->one-device memory.
     model, tok = load_pretrained("/ckpt/Qwen2.5-0.5B-Instruct", mesh=mesh)
     model, tok = load_pretrained("smollm2-135m-instruct")   # GGUF from PyPI
 """
+
 from __future__ import annotations
 
 import glob
 import json
 import logging
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import ml_dtypes
@@ -49,9 +51,18 @@ LAYER_NAMES: dict[str, tuple[str, bool]] = {
     "down_proj": ("model.layers.{i}.mlp.down_proj.weight", True),
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
-              "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32,
-              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_ST_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
 
 
 class SafetensorsDir:
@@ -63,10 +74,14 @@ class SafetensorsDir:
             with open(index) as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
         else:
-            files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
+            files = sorted(
+                os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors"))
+            )
         if not files:
-            raise FileNotFoundError(f"No *.safetensors files in {path!r} (PyTorch .bin "
-                                    "checkpoints are not supported; re-save with safetensors).")
+            raise FileNotFoundError(
+                f"No *.safetensors files in {path!r} (PyTorch .bin "
+                "checkpoints are not supported; re-save with safetensors)."
+            )
         self.entries: dict[str, tuple[np.memmap, int, Any, tuple[int, ...], int]] = {}
         for name in files:
             fp = os.path.join(path, name)
@@ -78,8 +93,13 @@ class SafetensorsDir:
                 if key == "__metadata__":
                     continue
                 lo, hi = meta["data_offsets"]
-                self.entries[key] = (mm, 8 + n + lo, _ST_DTYPES[meta["dtype"]],
-                                     tuple(meta["shape"]), hi - lo)
+                self.entries[key] = (
+                    mm,
+                    8 + n + lo,
+                    _ST_DTYPES[meta["dtype"]],
+                    tuple(meta["shape"]),
+                    hi - lo,
+                )
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self.entries[name][3]
@@ -89,7 +109,7 @@ class SafetensorsDir:
 
     def __getitem__(self, name: str) -> np.ndarray:
         mm, off, dt, shape, nbytes = self.entries[name]
-        return mm[off:off + nbytes].view(dt).reshape(shape)
+        return mm[off : off + nbytes].view(dt).reshape(shape)
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -109,8 +129,10 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def _param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     abstract = abstract_model(cfg)
-    return {str(path[-1]): tuple(v.get_value().shape)
-            for path, v in nnx.to_flat_state(nnx.state(abstract))}
+    return {
+        str(path[-1]): tuple(v.get_value().shape)
+        for path, v in nnx.to_flat_state(nnx.state(abstract))
+    }
 
 
 def check_checkpoint(reader: SafetensorsDir, cfg: ModelConfig, where: str) -> None:
@@ -120,16 +142,22 @@ def check_checkpoint(reader: SafetensorsDir, cfg: ModelConfig, where: str) -> No
     if missing:
         raise ValueError(
             f"Checkpoint {where!r} is missing {len(missing)} tensor(s) the config needs: "
-            f"{missing[:8]}{' ...' if len(missing) > 8 else ''}")
+            f"{missing[:8]}{' ...' if len(missing) > 8 else ''}"
+        )
     for name, shape in want.items():
         if reader.shape(name) != shape:
             raise ValueError(
                 f"Tensor {name!r} in {where!r} has shape {reader.shape(name)} but the "
-                f"config.json implies {shape}; the weights do not match the config.")
+                f"config.json implies {shape}; the weights do not match the config."
+            )
 
 
-def build_model(cfg: ModelConfig, fetch: Callable[[str, bool], np.ndarray], *,
-                mesh: jax.sharding.Mesh | None = None) -> Transformer:
+def build_model(
+    cfg: ModelConfig,
+    fetch: Callable[[str, bool], np.ndarray],
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Transformer:
     """Transformer whose params come from fetch(hf_name, transpose) -> host array.
 
     Each param is assembled per device shard straight from the source slices.
@@ -167,13 +195,20 @@ def _view(a: np.ndarray, idx: tuple) -> np.ndarray:
     return np.ascontiguousarray(a[tuple(idx)])
 
 
-def load_hf_dir(path: str, *, dtype: str = "float32", param_dtype: str = "float32",
-                mesh: jax.sharding.Mesh | None = None, remat: bool = False,
-                tokenizer: bool = True) -> tuple[Transformer, Any]:
+def load_hf_dir(
+    path: str,
+    *,
+    dtype: str = "float32",
+    param_dtype: str = "float32",
+    mesh: jax.sharding.Mesh | None = None,
+    remat: bool = False,
+    tokenizer: bool = True,
+) -> tuple[Transformer, Any]:
     """Load a local HF checkpoint dir (config.json + safetensors [+ tokenizer])."""
     if not os.path.exists(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"{path!r} has no config.json; expected a Hugging Face "
-                                "checkpoint directory.")
+        raise FileNotFoundError(
+            f"{path!r} has no config.json; expected a Hugging Face checkpoint directory."
+        )
     cfg = ModelConfig.from_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
     reader = SafetensorsDir(path)
     check_checkpoint(reader, cfg, path)
@@ -185,6 +220,7 @@ def load_hf_dir(path: str, *, dtype: str = "float32", param_dtype: str = "float3
 def load_tokenizer(path: str) -> Any:
     """AutoTokenizer from a local dir, offline; None (with a warning) if absent."""
     from transformers import AutoTokenizer
+
     if not any(os.path.exists(os.path.join(path, f)) for f in _TOKENIZER_FILES):
         # transformers 5 would build an empty tokenizer from the model_type alone.
         log.warning("No tokenizer files in %s; returning tokenizer=None.", path)
@@ -199,14 +235,20 @@ def load_tokenizer(path: str) -> Any:
     return tok
 
 
-def load_pretrained(path_or_name: str, *, dtype: str = "float32",
-                    param_dtype: str = "float32", mesh: jax.sharding.Mesh | None = None,
-                    remat: bool = False) -> tuple[Transformer, Any]:
+def load_pretrained(
+    path_or_name: str,
+    *,
+    dtype: str = "float32",
+    param_dtype: str = "float32",
+    mesh: jax.sharding.Mesh | None = None,
+    remat: bool = False,
+) -> tuple[Transformer, Any]:
     """(model, tokenizer) from a local HF dir, a .gguf file, or a known offline name.
 
     Known names: see gguf.KNOWN_MODELS ("smollm2-135m-instruct").
     """
     from gdpo_jax.models import gguf
+
     kw = dict(dtype=dtype, param_dtype=param_dtype, mesh=mesh, remat=remat)
     key = path_or_name.lower()
     if key in gguf.KNOWN_MODELS or path_or_name.endswith(".gguf"):
@@ -217,10 +259,12 @@ def load_pretrained(path_or_name: str, *, dtype: str = "float32",
     raise FileNotFoundError(
         f"{path_or_name!r} is neither a local checkpoint directory, a .gguf file, nor a "
         f"known offline model {sorted(gguf.KNOWN_MODELS)}. Hub ids are not downloaded; "
-        "fetch the checkpoint first (e.g. `huggingface-cli download`).")
+        "fetch the checkpoint first (e.g. `huggingface-cli download`)."
+    )
 
 
 def save_pretrained(model: Transformer, tokenizer: Any, out_dir: str, **kw: Any) -> str:
     """See gdpo_jax.models.export.save_pretrained."""
     from gdpo_jax.models.export import save_pretrained as _save
+
     return _save(model, tokenizer, out_dir, **kw)

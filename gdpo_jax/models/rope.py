@@ -5,6 +5,7 @@ llama3, yarn); rotation uses the "rotate_half" (non-interleaved) layout of HF
 Llama/Qwen checkpoints. GGUF files store q/k rows permuted for llama.cpp's
 interleaved layout; gguf.py undoes that so this module sees HF layout only.
 """
+
 from __future__ import annotations
 
 import math

@@ -8,10 +8,12 @@ the dim (e.g. SmolLM2's 3 kv heads on tensor=2 stay replicated on that dim).
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
     model = create_model(cfg, mesh=mesh)        # never materialized unsharded
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 from flax import nnx
@@ -52,8 +54,10 @@ def get_param_shardings(model: nnx.Module, mesh: jax.sharding.Mesh) -> nnx.State
     """nnx.State of NamedSharding, same structure as nnx.state(model)."""
     state = nnx.state(model)
     return jax.tree.map(
-        lambda v: v.replace(NamedSharding(mesh, _var_spec(v, mesh))), state,
-        is_leaf=lambda x: isinstance(x, nnx.Variable))
+        lambda v: v.replace(NamedSharding(mesh, _var_spec(v, mesh))),
+        state,
+        is_leaf=lambda x: isinstance(x, nnx.Variable),
+    )
 
 
 def get_param_specs(model: nnx.Module, mesh: Any) -> dict[str, P]:
@@ -76,13 +80,15 @@ def abstract_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
     return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(seed)))
 
 
-def create_model(cfg: ModelConfig, *, mesh: jax.sharding.Mesh | None = None,
-                 seed: int = 0) -> Transformer:
+def create_model(
+    cfg: ModelConfig, *, mesh: jax.sharding.Mesh | None = None, seed: int = 0
+) -> Transformer:
     """Random-init Transformer; with a mesh each param is created in its shards.
 
     nnx.eval_shape gives the structure and the metadata, then one jitted init
     with out_shardings writes every param directly into its device shards.
     """
+
     def init() -> Transformer:
         return Transformer(cfg, rngs=nnx.Rngs(seed))
 

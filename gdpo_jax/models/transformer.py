@@ -10,6 +10,7 @@ function of the param arrays. Under a mesh with Explicit axes it runs inside
 `jax.sharding.auto_axes` (GSPMD propagation) so any param/batch layout works,
 and the outputs come back sharded over the batch axes.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,22 +30,22 @@ from gdpo_jax.models.rope import apply_rope, rope_cos_sin
 # embedding rows over "tensor" (vocab-parallel). Dims not divisible by the
 # axis size fall back to replicated (sharding.sanitize_spec).
 PARAM_AXES: dict[str, tuple[str | None, ...]] = {
-    "embed": ("tensor", "fsdp"),          # [V, D]
-    "lm_head": ("fsdp", "tensor"),        # [D, V]
-    "final_norm": (None,),                # [D]
-    "attn_norm": (None, None),            # [L, D]
-    "mlp_norm": (None, None),             # [L, D]
-    "q_proj": (None, "fsdp", "tensor"),   # [L, D, Hq*Dh]
-    "k_proj": (None, "fsdp", "tensor"),   # [L, D, Hkv*Dh]
-    "v_proj": (None, "fsdp", "tensor"),   # [L, D, Hkv*Dh]
-    "o_proj": (None, "tensor", "fsdp"),   # [L, Hq*Dh, D]
-    "q_bias": (None, "tensor"),           # [L, Hq*Dh]
-    "k_bias": (None, "tensor"),           # [L, Hkv*Dh]
-    "v_bias": (None, "tensor"),           # [L, Hkv*Dh]
-    "q_norm": (None, None),               # [L, Dh]
-    "k_norm": (None, None),               # [L, Dh]
+    "embed": ("tensor", "fsdp"),  # [V, D]
+    "lm_head": ("fsdp", "tensor"),  # [D, V]
+    "final_norm": (None,),  # [D]
+    "attn_norm": (None, None),  # [L, D]
+    "mlp_norm": (None, None),  # [L, D]
+    "q_proj": (None, "fsdp", "tensor"),  # [L, D, Hq*Dh]
+    "k_proj": (None, "fsdp", "tensor"),  # [L, D, Hkv*Dh]
+    "v_proj": (None, "fsdp", "tensor"),  # [L, D, Hkv*Dh]
+    "o_proj": (None, "tensor", "fsdp"),  # [L, Hq*Dh, D]
+    "q_bias": (None, "tensor"),  # [L, Hq*Dh]
+    "k_bias": (None, "tensor"),  # [L, Hkv*Dh]
+    "v_bias": (None, "tensor"),  # [L, Hkv*Dh]
+    "q_norm": (None, None),  # [L, Dh]
+    "k_norm": (None, None),  # [L, Dh]
     "gate_proj": (None, "fsdp", "tensor"),  # [L, D, F]
-    "up_proj": (None, "fsdp", "tensor"),    # [L, D, F]
+    "up_proj": (None, "fsdp", "tensor"),  # [L, D, F]
     "down_proj": (None, "tensor", "fsdp"),  # [L, F, D]
 }
 BATCH_AXES = ("data", "fsdp")
@@ -66,8 +67,9 @@ class KVCache:
     index: jax.Array
 
 
-def _param(rngs: nnx.Rngs | None, name: str, shape: tuple[int, ...], init: str,
-           dtype: Any) -> nnx.Param:
+def _param(
+    rngs: nnx.Rngs | None, name: str, shape: tuple[int, ...], init: str, dtype: Any
+) -> nnx.Param:
     if init == "ones":
         value = jnp.ones(shape, dtype)
     elif init == "zeros":
@@ -112,16 +114,23 @@ class Transformer(nnx.Module):
         self.embed = _param(rngs, "embed", (cfg.vocab_size, cfg.hidden_size), "normal", dt)
         self.layers = DecoderLayers(cfg, rngs=rngs)
         self.final_norm = _param(rngs, "final_norm", (cfg.hidden_size,), "ones", dt)
-        self.lm_head = (None if cfg.tie_word_embeddings else
-                        _param(rngs, "lm_head", (cfg.hidden_size, cfg.vocab_size), "normal", dt))
+        self.lm_head = (
+            None
+            if cfg.tie_word_embeddings
+            else _param(rngs, "lm_head", (cfg.hidden_size, cfg.vocab_size), "normal", dt)
+        )
 
     # ---------------------------------------------------------------- params
     def param_arrays(self) -> dict[str, Any]:
         """Raw arrays: {"embed", "final_norm", ["lm_head"], "layers": {name: [L,...]}}."""
-        layers = {k: v.get_value() for k, v in vars(self.layers).items()
-                  if isinstance(v, nnx.Param)}
-        out = {"embed": self.embed.get_value(), "final_norm": self.final_norm.get_value(),
-               "layers": layers}
+        layers = {
+            k: v.get_value() for k, v in vars(self.layers).items() if isinstance(v, nnx.Param)
+        }
+        out = {
+            "embed": self.embed.get_value(),
+            "final_norm": self.final_norm.get_value(),
+            "layers": layers,
+        }
         if self.lm_head is not None:
             out["lm_head"] = self.lm_head.get_value()
         return out
@@ -147,19 +156,28 @@ class Transformer(nnx.Module):
             kv_sh = mask_sh = idx_sh = None
         else:
             from gdpo_jax.models.sharding import sanitize_spec
+
             kv_spec = sanitize_spec((None, BATCH_AXES, "tensor", None, None), shape, mesh)
             kv_sh = jax.NamedSharding(mesh, kv_spec)
             mask_sh = jax.NamedSharding(mesh, P(kv_spec[1], None))
             idx_sh = jax.NamedSharding(mesh, P())
         return KVCache(
-            k=jnp.zeros(shape, dt, device=kv_sh), v=jnp.zeros(shape, dt, device=kv_sh),
+            k=jnp.zeros(shape, dt, device=kv_sh),
+            v=jnp.zeros(shape, dt, device=kv_sh),
             mask=jnp.zeros((batch, max_len), bool, device=mask_sh),
-            index=jnp.zeros((), jnp.int32, device=idx_sh))
+            index=jnp.zeros((), jnp.int32, device=idx_sh),
+        )
 
     # --------------------------------------------------------------- forward
-    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array | None = None, *,
-                 positions: jax.Array | None = None, cache: KVCache | None = None,
-                 return_hidden: bool = False):
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        positions: jax.Array | None = None,
+        cache: KVCache | None = None,
+        return_hidden: bool = False,
+    ):
         """input_ids i32[B,T], attention_mask {0,1}[B,T] (left padding allowed).
 
         Returns logits f32[B,T,V] (or final-normed hidden f[B,T,D] when
@@ -170,8 +188,11 @@ class Transformer(nnx.Module):
         """
         cfg = self.cfg
         B, T = input_ids.shape
-        mask = (jnp.ones((B, T), jnp.int32) if attention_mask is None
-                else attention_mask.astype(jnp.int32))
+        mask = (
+            jnp.ones((B, T), jnp.int32)
+            if attention_mask is None
+            else attention_mask.astype(jnp.int32)
+        )
         if positions is None:
             positions = jnp.cumsum(mask, axis=1) - 1
             if cache is not None:
@@ -187,12 +208,18 @@ class Transformer(nnx.Module):
             mesh = jax.typeof(args[0]["embed"]).sharding.mesh
             if not mesh.empty and _is_explicit(mesh):
                 with jax.sharding.use_abstract_mesh(mesh):
-                    return self(input_ids, attention_mask, positions=positions,
-                                cache=cache, return_hidden=return_hidden)
+                    return self(
+                        input_ids,
+                        attention_mask,
+                        positions=positions,
+                        cache=cache,
+                        return_hidden=return_hidden,
+                    )
         if not mesh.empty and _is_explicit(mesh):
             # Explicit axes would demand an out_sharding for every ambiguous
             # matmul; run the model with GSPMD propagation instead.
             from gdpo_jax.models.sharding import sanitize_spec
+
             out_dim = cfg.hidden_size if return_hidden else cfg.vocab_size
             out_spec = sanitize_spec((BATCH_AXES, None, None), (B, T, out_dim), mesh)
             out_sh: Any = out_spec
@@ -208,8 +235,11 @@ def _is_explicit(mesh: Any) -> bool:
 
 
 def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:
-    sh = getattr(x, "sharding", None) if isinstance(x, jax.Array) and not isinstance(
-        x, jax.core.Tracer) else None
+    sh = (
+        getattr(x, "sharding", None)
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+        else None
+    )
     if isinstance(sh, jax.NamedSharding) and sh.mesh.size > 1:
         return sh.mesh
     return None
@@ -228,6 +258,7 @@ def _constrain(x: jax.Array, axes: tuple) -> jax.Array:
     if mesh.empty:
         return x
     from gdpo_jax.models.sharding import sanitize_spec
+
     return jax.lax.with_sharding_constraint(x, sanitize_spec(axes, x.shape, mesh))
 
 
@@ -236,8 +267,9 @@ def _batch_constraint(x: jax.Array) -> jax.Array:
     return _constrain(x, (BATCH_AXES,))
 
 
-def _attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
-               cfg: ModelConfig) -> jax.Array:
+def _attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig
+) -> jax.Array:
     """q f[B,T,Hq,Dh], k/v f[B,Hkv,S,Dh], allowed bool[B,T,S] -> f[B,T,Hq,Dh].
 
     GQA without repeating K/V: q is grouped [B,Hkv,G*T,Dh] so both dots are
@@ -248,8 +280,9 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
     G = Hq // Hkv
     # [B,T,Hkv,G,Dh] -> [B,Hkv,G,T,Dh] (small: only the T new tokens move).
     q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
-    s = jnp.einsum("bkqd,bksd->bkqs", q, k.astype(q.dtype),
-                   preferred_element_type=jnp.float32) * (Dh ** -0.5)
+    s = jnp.einsum("bkqd,bksd->bkqs", q, k.astype(q.dtype), preferred_element_type=jnp.float32) * (
+        Dh**-0.5
+    )
     s = s.reshape(B, Hkv, G, T, -1)
     # Finite fill: fully masked rows (left padding) give uniform weights, not NaN.
     s = jnp.where(allowed[:, None, None], s, _NEG)
@@ -258,16 +291,25 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
     return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
 
 
-def _forward(params: dict, input_ids: jax.Array, mask: jax.Array, positions: jax.Array,
-             cache: KVCache | None, *, cfg: ModelConfig, return_hidden: bool):
+def _forward(
+    params: dict,
+    input_ids: jax.Array,
+    mask: jax.Array,
+    positions: jax.Array,
+    cache: KVCache | None,
+    *,
+    cfg: ModelConfig,
+    return_hidden: bool,
+):
     dt = jnp.dtype(cfg.dtype)
     B, T = input_ids.shape
     Hq, Hkv, Dh, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
     # Padded slots may hold any id (e.g. -1): map them to 0 so an out-of-range
     # gather (NaN fill) cannot leak into real rows through 0 * NaN in attention.
     ids = jnp.where(mask > 0, input_ids, 0)
-    x = _batch_constraint(jnp.take(_constrain(params["embed"], ("tensor", None)),
-                                   ids, axis=0).astype(dt))
+    x = _batch_constraint(
+        jnp.take(_constrain(params["embed"], ("tensor", None)), ids, axis=0).astype(dt)
+    )
     cos, sin = rope_cos_sin(positions, cfg)
     if cache is None:
         key_mask = mask.astype(bool)
@@ -310,15 +352,17 @@ def _forward(params: dict, input_ids: jax.Array, mask: jax.Array, positions: jax
     if cfg.remat:
         layer = jax.checkpoint(layer, prevent_cse=False)
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
-    (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc),
-                                  (params["layers"], jnp.arange(cfg.num_layers)))
+    (x, kc, vc), _ = jax.lax.scan(
+        layer, (x, kc, vc), (params["layers"], jnp.arange(cfg.num_layers))
+    )
     x = _rms_norm(x, params["final_norm"], eps)
     if return_hidden:
         out = x
     else:
         unembed = params["lm_head"] if "lm_head" in params else params["embed"].T
-        out = jnp.einsum("btd,dv->btv", x, unembed.astype(dt),
-                         preferred_element_type=jnp.float32).astype(jnp.float32)
+        out = jnp.einsum(
+            "btd,dv->btv", x, unembed.astype(dt), preferred_element_type=jnp.float32
+        ).astype(jnp.float32)
     if cache is None:
         return out
     return out, KVCache(k=kc, v=vc, mask=key_mask, index=cache.index + T)

@@ -9,6 +9,7 @@
 
 The built-in task rewards (gdpo_jax.tasks.*) register on the first lookup.
 """
+
 from gdpo_jax.rewards.registry import (
     completion_token_counts,
     estimate_tokens,

@@ -19,6 +19,7 @@ an interpreter start. The child lowers its rlimits, drops to an unprivileged
 uid (when given) and only then executes the program. The expected outputs
 never enter the sandbox: comparison happens in the trusted parent process.
 """
+
 import builtins
 import ctypes
 import io
@@ -41,8 +42,10 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 def _mount(src, target, fstype, flags, data):
     rc = _libc.mount(
-        src.encode() if src else None, target.encode(),
-        fstype.encode() if fstype else None, ctypes.c_ulong(flags),
+        src.encode() if src else None,
+        target.encode(),
+        fstype.encode() if fstype else None,
+        ctypes.c_ulong(flags),
         data.encode() if data else None,
     )
     if rc != 0:
@@ -61,8 +64,7 @@ def _private_mounts(keep_paths, tmpfs_mb):
     Originals are reached through O_PATH fds opened BEFORE anything is
     hidden (bind from /proc/self/fd/N).
     """
-    targets = {d: set() for d in _WORLD_WRITABLE
-               if os.path.isdir(d) and not os.path.islink(d)}
+    targets = {d: set() for d in _WORLD_WRITABLE if os.path.isdir(d) and not os.path.islink(d)}
     for p in keep_paths:
         p = os.path.realpath(p)
         if not os.path.exists(p):
@@ -105,7 +107,11 @@ def _count_uid_tasks(uid):
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                n += len(os.listdir(f"/proc/{pid}/task")) if os.stat(f"/proc/{pid}").st_uid == uid else 0
+                n += (
+                    len(os.listdir(f"/proc/{pid}/task"))
+                    if os.stat(f"/proc/{pid}").st_uid == uid
+                    else 0
+                )
             except OSError:
                 pass
     return n
@@ -145,10 +151,12 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path):
     lim = job["limits"]
     try:
         os.setpgid(0, 0)
-        for fd, path, flags in ((0, stdin_path, os.O_RDONLY),
-                                (1, out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                (2, err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                (3, res_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        for fd, path, flags in (
+            (0, stdin_path, os.O_RDONLY),
+            (1, out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+            (2, err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+            (3, res_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        ):
             new = os.open(path, flags, 0o600)
             if new != fd:
                 os.dup2(new, fd)
@@ -158,10 +166,14 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path):
         mem = int(lim["memory_mb"]) << 20
         fsize = int(lim["fsize_mb"]) << 20
         nproc = int(job["nproc_base"]) + int(lim["nproc"])
-        for res, val in ((resource.RLIMIT_CPU, (cpu, cpu + 1)), (resource.RLIMIT_AS, (mem, mem)),
-                         (resource.RLIMIT_FSIZE, (fsize, fsize)), (resource.RLIMIT_CORE, (0, 0)),
-                         (resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"])),
-                         (resource.RLIMIT_NPROC, (nproc, nproc))):
+        for res, val in (
+            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+            (resource.RLIMIT_AS, (mem, mem)),
+            (resource.RLIMIT_FSIZE, (fsize, fsize)),
+            (resource.RLIMIT_CORE, (0, 0)),
+            (resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"])),
+            (resource.RLIMIT_NPROC, (nproc, nproc)),
+        ):
             resource.setrlimit(res, val)
         _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         if job["uid"] is not None:
@@ -171,18 +183,25 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path):
             # Never run untrusted code with the starting privileges.
             if os.getuid() != job["uid"] or os.geteuid() != job["uid"]:
                 os._exit(_EXIT_SETUP)
-        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                                     encoding="utf-8", errors="replace")
-        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8")
-        sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8")
+        sys.stdin = io.TextIOWrapper(
+            io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
+        )
+        sys.stdout = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"
+        )
+        sys.stderr = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8"
+        )
         sys.argv = ["solution.py"]
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     except BaseException:
         os._exit(_EXIT_SETUP)
     status = 0
     try:
-        g = {"__name__": "__main__" if job["mode"] == "stdin" else "__solution__",
-             "__builtins__": builtins}
+        g = {
+            "__name__": "__main__" if job["mode"] == "stdin" else "__solution__",
+            "__builtins__": builtins,
+        }
         exec(code, g)
         if job["mode"] == "call":
             fn = g.get(job["fn_name"])
@@ -192,7 +211,9 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path):
                 raise NameError(f"function {job['fn_name']!r} is not defined")
             args = case if isinstance(case, list) else [case]
             value = fn(*args)
-            enc = json.dumps(value, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else repr(o))
+            enc = json.dumps(
+                value, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else repr(o)
+            )
             os.write(3, enc.encode())
     except SystemExit as e:
         status = 0 if e.code in (None, 0) else _EXIT_RUNTIME
@@ -267,7 +288,9 @@ def _run_case(code, job, i, case, iodir):
     cpu_used = (ru.ru_utime + ru.ru_stime) if ru else 0.0
     if os.WIFEXITED(status):
         code_ = os.WEXITSTATUS(status)
-        st = {0: "ok", _EXIT_MEMORY: "memory_error", _EXIT_SETUP: "sandbox_error"}.get(code_, "runtime_error")
+        st = {0: "ok", _EXIT_MEMORY: "memory_error", _EXIT_SETUP: "sandbox_error"}.get(
+            code_, "runtime_error"
+        )
     else:
         sig = os.WTERMSIG(status)
         if killed or sig == signal.SIGXCPU or cpu_used >= lim["cpu_s"]:
@@ -290,8 +313,14 @@ def _run_case(code, job, i, case, iodir):
             os.unlink(p)
         except OSError:
             pass
-    return {"status": st, "stdout": out, "stderr": err[-2000:], "value": value,
-            "time_s": round(elapsed, 4), "truncated": trunc}
+    return {
+        "status": st,
+        "stdout": out,
+        "stderr": err[-2000:],
+        "value": value,
+        "time_s": round(elapsed, 4),
+        "truncated": trunc,
+    }
 
 
 def main():

@@ -14,11 +14,12 @@ scored. Accept `**kwargs` so that unrelated fields are ignored.
     def my_reward(prompts, completions, *, ground_truth, **kwargs):
         return [float(c.strip() == g) for c, g in zip(completions, ground_truth)]
 """
+
 from __future__ import annotations
 
 import importlib
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -39,8 +40,10 @@ def register_reward(name: str, *, overwrite: bool = False) -> Callable[[RewardFn
             raise TypeError(f"register_reward({name!r}) needs a callable, got {type(fn).__name__}")
         old = _REGISTRY.get(name)
         if old is not None and old is not fn and not overwrite and not _same_function(old, fn):
-            raise ValueError(f"reward {name!r} is already registered ({_qualname(old)}); "
-                             "pick another name or pass overwrite=True")
+            raise ValueError(
+                f"reward {name!r} is already registered ({_qualname(old)}); "
+                "pick another name or pass overwrite=True"
+            )
         _REGISTRY[name] = fn
         return fn
 
@@ -71,8 +74,10 @@ def get_reward(name: str) -> RewardFn:
     if name not in _REGISTRY:
         _load_builtins()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown reward {name!r}; known rewards: {', '.join(list_rewards())}. "
-                       "Register new ones with @gdpo_jax.rewards.register_reward(name).")
+        raise KeyError(
+            f"unknown reward {name!r}; known rewards: {', '.join(list_rewards())}. "
+            "Register new ones with @gdpo_jax.rewards.register_reward(name)."
+        )
     return _REGISTRY[name]
 
 
@@ -92,20 +97,29 @@ def estimate_tokens(text: str) -> int:
     return max(len(text.split()), math.ceil(len(text) / 4))
 
 
-def completion_token_counts(completions: Sequence[str],
-                            completion_lengths: Sequence[int] | None) -> list[int]:
+def completion_token_counts(
+    completions: Sequence[str], completion_lengths: Sequence[int] | None
+) -> list[int]:
     """Exact counts from the sampler when given, else `estimate_tokens`."""
     if completion_lengths is None:
         return [estimate_tokens(c) for c in completions]
     if len(completion_lengths) != len(completions):
-        raise ValueError(f"completion_lengths has {len(completion_lengths)} entries for "
-                         f"{len(completions)} completions")
+        raise ValueError(
+            f"completion_lengths has {len(completion_lengths)} entries for "
+            f"{len(completions)} completions"
+        )
     return [int(n) for n in completion_lengths]
 
 
 @register_reward("length")
-def length_reward(prompts: Sequence, completions: Sequence[str], *, max_tokens: int = 4000,
-                  completion_lengths: Sequence[int] | None = None, **kwargs) -> list[float]:
+def length_reward(
+    prompts: Sequence,
+    completions: Sequence[str],
+    *,
+    max_tokens: int = 4000,
+    completion_lengths: Sequence[int] | None = None,
+    **kwargs,
+) -> list[float]:
     """1.0 when the completion has at most `max_tokens` tokens, else 0.0.
 
     Token counts come from the `completion_lengths` field (the sampler's

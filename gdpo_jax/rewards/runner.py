@@ -8,6 +8,7 @@ Python), each call has a deadline, and the time spent per reward is reported.
 Conditioned rewards (paper eq. 8) are declared in the specs and gated here,
 on the host, with the semantics of `gdpo_jax.core.gate_reward` (see `gate`).
 """
+
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -18,7 +19,8 @@ import pickle
 import threading
 import time
 import traceback
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +41,7 @@ class RewardSpec:
     kwargs: keyword arguments for the reward function (e.g. max_tokens).
     executor: "thread" | "process" | None (the runner's default).
     """
+
     name: str
     weight: float = 1.0
     condition: str | None = None
@@ -47,7 +50,7 @@ class RewardSpec:
     executor: str | None = None
 
     @classmethod
-    def parse(cls, item: "RewardSpec | str | Mapping[str, Any]") -> "RewardSpec":
+    def parse(cls, item: RewardSpec | str | Mapping[str, Any]) -> RewardSpec:
         """From a spec, a bare name, or a mapping (a config dict / ConfigDict)."""
         if isinstance(item, RewardSpec):
             return item
@@ -58,8 +61,10 @@ class RewardSpec:
         if isinstance(item, Mapping):
             unknown = set(item) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
-                raise ValueError(f"reward spec {dict(item)!r}: unknown keys {sorted(unknown)}; "
-                                 f"allowed: {[f.name for f in dataclasses.fields(cls)]}")
+                raise ValueError(
+                    f"reward spec {dict(item)!r}: unknown keys {sorted(unknown)}; "
+                    f"allowed: {[f.name for f in dataclasses.fields(cls)]}"
+                )
             d = dict(item)
             d["kwargs"] = dict(d.get("kwargs") or {})
             return cls(**d)
@@ -103,7 +108,9 @@ def _call(fn, prompts, completions, fields, kwargs) -> list[float]:
     vals = [math.nan if v is None else float(v) for v in out]
     bad = [i for i, v in enumerate(vals) if math.isinf(v)]
     if bad:
-        raise ValueError(f"returned an infinite value at position {bad[0]} (use NaN for 'cannot score')")
+        raise ValueError(
+            f"returned an infinite value at position {bad[0]} (use NaN for 'cannot score')"
+        )
     return vals
 
 
@@ -120,9 +127,9 @@ def _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc):
         pass
     vals, failures = [], []
     for i in range(len(completions)):
-        one = {k: v[i:i + 1] for k, v in fields.items()}
+        one = {k: v[i : i + 1] for k, v in fields.items()}
         try:
-            vals.extend(_call(fn, prompts[i:i + 1], completions[i:i + 1], one, kwargs))
+            vals.extend(_call(fn, prompts[i : i + 1], completions[i : i + 1], one, kwargs))
         except Exception as e:  # noqa: BLE001
             vals.append(math.nan)
             text = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
@@ -159,9 +166,16 @@ class RewardRunner:
        reward_timeouts/<name> (samples), reward_nan/<name>, reward_time/total).
     """
 
-    def __init__(self, specs: Sequence[RewardSpec | str | Mapping], *, num_workers: int = 4,
-                 timeout_s: float = 30.0, on_error: str = "raise", executor: str = "thread",
-                 chunk_size: int | None = None):
+    def __init__(
+        self,
+        specs: Sequence[RewardSpec | str | Mapping],
+        *,
+        num_workers: int = 4,
+        timeout_s: float = 30.0,
+        on_error: str = "raise",
+        executor: str = "thread",
+        chunk_size: int | None = None,
+    ):
         self.specs = [RewardSpec.parse(s) for s in specs]
         if not self.specs:
             raise ValueError("RewardRunner needs at least one reward spec")
@@ -170,7 +184,9 @@ class RewardRunner:
         if executor not in _EXECUTORS:
             raise ValueError(f"executor must be one of {_EXECUTORS}, got {executor!r}")
         if num_workers < 1 or timeout_s <= 0:
-            raise ValueError(f"need num_workers >= 1 and timeout_s > 0, got {num_workers}, {timeout_s}")
+            raise ValueError(
+                f"need num_workers >= 1 and timeout_s > 0, got {num_workers}, {timeout_s}"
+            )
         self.names = [s.name for s in self.specs]
         dup = {n for n in self.names if self.names.count(n) > 1}
         if dup:
@@ -181,13 +197,17 @@ class RewardRunner:
         for s in self.specs:
             ex = s.executor or executor
             if ex not in _EXECUTORS:
-                raise ValueError(f"reward {s.name!r}: executor must be one of {_EXECUTORS}, got {ex!r}")
+                raise ValueError(
+                    f"reward {s.name!r}: executor must be one of {_EXECUTORS}, got {ex!r}"
+                )
             if ex == "process":
                 try:
                     pickle.dumps(get_reward(s.name))
                 except Exception as e:  # noqa: BLE001
-                    raise ValueError(f"reward {s.name!r} cannot run in a process pool: its function "
-                                     f"does not pickle ({e}); define it at module level") from e
+                    raise ValueError(
+                        f"reward {s.name!r} cannot run in a process pool: its function "
+                        f"does not pickle ({e}); define it at module level"
+                    ) from e
             self._executors.append(ex)
         self.num_workers, self.timeout_s, self.on_error = num_workers, timeout_s, on_error
         self.chunk_size = chunk_size
@@ -204,8 +224,10 @@ class RewardRunner:
         idx = {n: k for k, n in enumerate(self.names)}
         for s in self.specs:
             if s.condition is not None and s.condition not in idx:
-                raise ValueError(f"reward {s.name!r} is conditioned on {s.condition!r}, which is not "
-                                 f"one of this runner's rewards {self.names}")
+                raise ValueError(
+                    f"reward {s.name!r} is conditioned on {s.condition!r}, which is not "
+                    f"one of this runner's rewards {self.names}"
+                )
             if s.condition == s.name:
                 raise ValueError(f"reward {s.name!r} cannot be conditioned on itself")
         order, state = [], {}
@@ -233,24 +255,38 @@ class RewardRunner:
                 self._procs = ctx.Pool(self.num_workers)
             return self._procs
 
-    def __call__(self, prompts: Sequence, completions: Sequence[str], examples: Sequence[Mapping],
-                 **extra_fields: Sequence) -> tuple[np.ndarray, dict[str, float]]:
+    def __call__(
+        self,
+        prompts: Sequence,
+        completions: Sequence[str],
+        examples: Sequence[Mapping],
+        **extra_fields: Sequence,
+    ) -> tuple[np.ndarray, dict[str, float]]:
         n = len(completions)
         if len(prompts) != n or len(examples) != n:
-            raise ValueError(f"prompts ({len(prompts)}), completions ({n}) and examples "
-                             f"({len(examples)}) must have one entry per completion")
+            raise ValueError(
+                f"prompts ({len(prompts)}), completions ({n}) and examples "
+                f"({len(examples)}) must have one entry per completion"
+            )
         fields = _fields(examples, extra_fields, n)
         t_start = time.perf_counter()
         size = self.chunk_size or max(1, math.ceil(n / self.num_workers))
-        tasks = [(k, s, min(s + size, n)) for k in range(len(self.specs)) for s in range(0, n, size)]
+        tasks = [
+            (k, s, min(s + size, n)) for k in range(len(self.specs)) for s in range(0, n, size)
+        ]
         started: dict[int, float] = {}
         with self._lock:
-            futs = {self._threads.submit(self._task, t, prompts, completions, fields, started, i): i
-                    for i, t in enumerate(tasks)}
+            futs = {
+                self._threads.submit(self._task, t, prompts, completions, fields, started, i): i
+                for i, t in enumerate(tasks)
+            }
             results, timed_out = self._collect(futs, started, [e - s for _, s, e in tasks])
         raw = np.full((n, len(self.specs)), np.nan, np.float64)
-        info = {f"reward_{m}/{nm}": 0.0 for nm in self.names
-                for m in ("time", "failures", "timeouts", "nan")}
+        info = {
+            f"reward_{m}/{nm}": 0.0
+            for nm in self.names
+            for m in ("time", "failures", "timeouts", "nan")
+        }
         for i, (k, s, e) in enumerate(tasks):
             name = self.names[k]
             if i in timed_out:
@@ -261,7 +297,10 @@ class RewardRunner:
                     raise RewardError(
                         f"reward {name!r} ({_qualname(self.fns[k])}) timed out after "
                         f"{self.timeout_s}s on samples {s}..{e - 1}; first completion: "
-                        f"{_head(completions[s])!r}", reward=name, index=s)
+                        f"{_head(completions[s])!r}",
+                        reward=name,
+                        index=s,
+                    )
                 continue
             vals, failures, secs = results[i]
             raw[s:e, k] = vals
@@ -274,7 +313,9 @@ class RewardRunner:
                     f"reward {name!r} ({_qualname(self.fns[k])}) failed on sample {j} "
                     f"(prompt: {_head(prompts[j])!r}; completion: {_head(completions[j])!r}): "
                     f"{text.strip()}\nSet on_error='nan' to score such samples NaN and count them.",
-                    reward=name, index=j) from exc
+                    reward=name,
+                    index=j,
+                ) from exc
         for k in self._order:
             cond = self.specs[k].condition
             if cond is not None:
@@ -290,7 +331,9 @@ class RewardRunner:
         sl = {key: v[s:e] for key, v in fields.items()}
         kwargs = self.specs[k].kwargs
         if self._executors[k] == "thread":
-            return _run_chunk(self.fns[k], prompts[s:e], completions[s:e], sl, kwargs, keep_exc=True)
+            return _run_chunk(
+                self.fns[k], prompts[s:e], completions[s:e], sl, kwargs, keep_exc=True
+            )
         args = (self.fns[k], list(prompts[s:e]), list(completions[s:e]), sl, kwargs)
         # Waiting here keeps at most num_workers process jobs in flight, so a
         # job starts when it is submitted and the deadline is honest.
@@ -308,7 +351,11 @@ class RewardRunner:
                     timed_out.add(i)
                 except Exception as e:  # noqa: BLE001 - e.g. arguments that do not pickle
                     text = f"{type(e).__name__}: {e} (while dispatching the call)"
-                    results[i] = ([math.nan] * sizes[i], [(j, text, e) for j in range(sizes[i])], 0.0)
+                    results[i] = (
+                        [math.nan] * sizes[i],
+                        [(j, text, e) for j in range(sizes[i])],
+                        0.0,
+                    )
             now = time.monotonic()
             for f in list(pending):
                 t = started.get(futs[f])
@@ -337,7 +384,7 @@ class RewardRunner:
             self._procs.terminate()
             self._procs = None
 
-    def __enter__(self) -> "RewardRunner":
+    def __enter__(self) -> RewardRunner:
         return self
 
     def __exit__(self, *exc) -> None:

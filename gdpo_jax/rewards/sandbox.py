@@ -17,6 +17,7 @@ machine allows; `isolation()` probes it once per process and records it:
 concurrent run), because root ignores RLIMIT_NPROC and may write anywhere.
 Killing the namespace's first process ends every process inside it.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -31,18 +32,49 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 _DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_driver.py")
-_NS_FLAGS = ["--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--mount-proc", "--kill-child"]
+_NS_FLAGS = [
+    "--mount",
+    "--net",
+    "--pid",
+    "--ipc",
+    "--uts",
+    "--fork",
+    "--mount-proc",
+    "--kill-child",
+]
 MODES = ("namespaces", "userns", "setuid", "rlimits")
 
 # Imported once in the sandbox before forking test processes: cheaper than an
 # import per case, and needed where the stdlib is not readable by the test uid.
 DEFAULT_PRELOAD = (
-    "math", "cmath", "heapq", "collections", "itertools", "functools", "bisect", "string",
-    "re", "random", "decimal", "fractions", "statistics", "typing", "copy", "operator",
-    "array", "datetime", "calendar", "dataclasses", "enum", "queue", "textwrap", "unicodedata",
+    "math",
+    "cmath",
+    "heapq",
+    "collections",
+    "itertools",
+    "functools",
+    "bisect",
+    "string",
+    "re",
+    "random",
+    "decimal",
+    "fractions",
+    "statistics",
+    "typing",
+    "copy",
+    "operator",
+    "array",
+    "datetime",
+    "calendar",
+    "dataclasses",
+    "enum",
+    "queue",
+    "textwrap",
+    "unicodedata",
 )
 
 
@@ -53,6 +85,7 @@ class SandboxLimits:
     total_wall_s: whole program (all cases + start-up); None = derived as
     2 s + n_cases * (wall_s + 0.25).
     """
+
     cpu_s: float = 2.0
     wall_s: float = 4.0
     memory_mb: int = 512
@@ -101,8 +134,17 @@ class ProgramResult:
 
 def _probe(cmd: list[str]) -> bool:
     try:
-        return subprocess.run(cmd, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=10).returncode == 0
+        return (
+            subprocess.run(
+                cmd,
+                env={},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -111,16 +153,34 @@ def _build(mode: str, root: bool) -> Isolation:
     if mode == "namespaces":
         return Isolation(mode, True, True, True, True)
     if mode == "userns":
-        return Isolation(mode, True, True, True, False,
-                         "test process keeps the caller's uid: it can write what the caller can")
+        return Isolation(
+            mode,
+            True,
+            True,
+            True,
+            False,
+            "test process keeps the caller's uid: it can write what the caller can",
+        )
     if mode == "setuid":
-        return Isolation(mode, False, False, False, True,
-                         "no network isolation; world-writable dirs (/tmp) are writable")
-    return Isolation("rlimits", False, False, False, False,
-                     "rlimits only: network, /tmp and the caller's files are reachable")
+        return Isolation(
+            mode,
+            False,
+            False,
+            False,
+            True,
+            "no network isolation; world-writable dirs (/tmp) are writable",
+        )
+    return Isolation(
+        "rlimits",
+        False,
+        False,
+        False,
+        False,
+        "rlimits only: network, /tmp and the caller's files are reachable",
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def isolation(mode: str = "auto") -> Isolation:
     """The strongest isolation this machine allows (probed once), or `mode` if it works."""
     if mode not in ("auto",) + MODES:
@@ -134,8 +194,10 @@ def isolation(mode: str = "auto") -> Isolation:
     if mode == "auto":
         mode = next(m for m in MODES if avail.get(m))
     elif not avail.get(mode):
-        raise RuntimeError(f"sandbox isolation {mode!r} is not available on this machine "
-                           f"(available: {[m for m in MODES if avail.get(m)]})")
+        raise RuntimeError(
+            f"sandbox isolation {mode!r} is not available on this machine "
+            f"(available: {[m for m in MODES if avail.get(m)]})"
+        )
     return _build(mode, root)
 
 
@@ -227,10 +289,19 @@ def run_program(
     jobdir = tempfile.mkdtemp(dir=_base_dir())
     try:
         job = {
-            "source": source, "mode": "call" if fn_name else "stdin", "fn_name": fn_name,
-            "inputs": list(inputs), "limits": dataclasses.asdict(limits), "uid": uid, "gid": uid,
-            "private_mounts": iso.private_tmp, "keep_paths": _keep_paths(), "nproc_base": 0,
-            "workdir": None, "iodir": None, "preload": list(preload),
+            "source": source,
+            "mode": "call" if fn_name else "stdin",
+            "fn_name": fn_name,
+            "inputs": list(inputs),
+            "limits": dataclasses.asdict(limits),
+            "uid": uid,
+            "gid": uid,
+            "private_mounts": iso.private_tmp,
+            "keep_paths": _keep_paths(),
+            "nproc_base": 0,
+            "workdir": None,
+            "iodir": None,
+            "preload": list(preload),
         }
         if not iso.private_tmp:
             work, io = os.path.join(jobdir, "work"), os.path.join(jobdir, "io")
@@ -258,13 +329,23 @@ def run_program(
     wall = time.monotonic() - t0
     n = len(job["inputs"])
     if timed_out:
-        return ProgramResult([CaseResult("timeout") for _ in range(n)], None,
-                             f"program exceeded its total wall time {total:.1f}s", iso.mode, wall)
+        return ProgramResult(
+            [CaseResult("timeout") for _ in range(n)],
+            None,
+            f"program exceeded its total wall time {total:.1f}s",
+            iso.mode,
+            wall,
+        )
     try:
         res = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return ProgramResult([CaseResult("sandbox_error") for _ in range(n)], None,
-                             f"sandbox driver gave no result: {err[-500:]!r}", iso.mode, wall)
+        return ProgramResult(
+            [CaseResult("sandbox_error") for _ in range(n)],
+            None,
+            f"sandbox driver gave no result: {err[-500:]!r}",
+            iso.mode,
+            wall,
+        )
     cases = [CaseResult(**c) for c in res["cases"]]
     if res["setup_error"]:
         cases = [CaseResult("sandbox_error") for _ in range(n)]
@@ -274,8 +355,16 @@ def run_program(
 
 
 def _spawn(cmd: list[str], cwd: str, timeout: float) -> tuple[str, str, bool]:
-    proc = subprocess.Popen(cmd, cwd=cwd, env={}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env={},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), False

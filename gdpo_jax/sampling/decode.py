@@ -20,10 +20,12 @@ Row-level semantics (B rows, prompt bucket P, M = max_new_tokens):
     ``pad_id`` with log-prob 0 and stop counting length;
   * the loop exits as soon as every row has finished.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,57 +42,58 @@ BATCH_AXES = ("data", "fsdp")
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
-  """Static (compile-time) part of a generate call; hashable."""
+    """Static (compile-time) part of a generate call; hashable."""
 
-  max_new_tokens: int
-  chunks: tuple[int, ...]  # decode phases (sum = max_new_tokens), see make_generate_fn
-  top_k: int
-  use_top_p: bool
-  greedy: bool
-  pad_id: int
+    max_new_tokens: int
+    chunks: tuple[int, ...]  # decode phases (sum = max_new_tokens), see make_generate_fn
+    top_k: int
+    use_top_p: bool
+    greedy: bool
+    pad_id: int
 
 
 def batch_axes(mesh: jax.sharding.Mesh | None) -> tuple[str, ...]:
-  """Mesh axes the rollout batch is sharded over (those of ("data","fsdp") present)."""
-  if mesh is None:
-    return ()
-  return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+    """Mesh axes the rollout batch is sharded over (those of ("data","fsdp") present)."""
+    if mesh is None:
+        return ()
+    return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
 
 
 def batch_shards(mesh: jax.sharding.Mesh | None) -> int:
-  """How many ways the batch axis is split (the batch must be a multiple)."""
-  n = 1
-  for a in batch_axes(mesh):
-    n *= mesh.shape[a]
-  return n
+    """How many ways the batch axis is split (the batch must be a multiple)."""
+    n = 1
+    for a in batch_axes(mesh):
+        n *= mesh.shape[a]
+    return n
 
 
 def _constrain(x: jax.Array, spec: P, mesh: jax.sharding.Mesh | None) -> jax.Array:
-  """Pins x's sharding inside jit (reshard for Explicit axes, a constraint for Auto)."""
-  if mesh is None:
-    return x
-  if all(t == AxisType.Explicit for t in mesh.axis_types):
-    return jax.sharding.reshard(x, spec)
-  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+    """Pins x's sharding inside jit (reshard for Explicit axes, a constraint for Auto)."""
+    if mesh is None:
+        return x
+    if all(t == AxisType.Explicit for t in mesh.axis_types):
+        return jax.sharding.reshard(x, spec)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def _explicit(mesh: jax.sharding.Mesh | None) -> bool:
-  return mesh is not None and all(t == AxisType.Explicit for t in mesh.axis_types)
+    return mesh is not None and all(t == AxisType.Explicit for t in mesh.axis_types)
 
 
-def _spec(x: jax.Array, mesh: jax.sharding.Mesh | None, batch_dim: int,
-          heads_dim: int | None = None) -> P:
-  """Batch dim over ("data","fsdp") (heads over "tensor") where they divide, else replicated."""
-  parts: list[Any] = [None] * x.ndim
-  if mesh is None:
+def _spec(
+    x: jax.Array, mesh: jax.sharding.Mesh | None, batch_dim: int, heads_dim: int | None = None
+) -> P:
+    """Batch dim over ("data","fsdp") (heads over "tensor") where they divide, else replicated."""
+    parts: list[Any] = [None] * x.ndim
+    if mesh is None:
+        return P(*parts)
+    axes = batch_axes(mesh)
+    if axes and x.shape[batch_dim] % batch_shards(mesh) == 0:
+        parts[batch_dim] = axes
+    tp = dict(mesh.shape).get("tensor", 1)
+    if heads_dim is not None and tp > 1 and x.shape[heads_dim] % tp == 0:
+        parts[heads_dim] = "tensor"
     return P(*parts)
-  axes = batch_axes(mesh)
-  if axes and x.shape[batch_dim] % batch_shards(mesh) == 0:
-    parts[batch_dim] = axes
-  tp = dict(mesh.shape).get("tensor", 1)
-  if heads_dim is not None and tp > 1 and x.shape[heads_dim] % tp == 0:
-    parts[heads_dim] = "tensor"
-  return P(*parts)
 
 
 def make_generate_fn(
@@ -99,144 +102,172 @@ def make_generate_fn(
     mesh: jax.sharding.Mesh | None,
     on_trace: Callable[[], None] | None = None,
 ) -> Callable[..., dict[str, jax.Array]]:
-  """Builds the jitted ``generate(state, prompt_ids, ...) -> dict`` function.
+    """Builds the jitted ``generate(state, prompt_ids, ...) -> dict`` function.
 
-  Returned function arguments:
-    state: nnx.State of the model (the policy's live, possibly sharded weights).
-    prompt_ids i32[U, P], prompt_mask i32[U, P]: the U distinct prompts, left
-      padded, >= 1 token each; prefilled once each.
-    row_prompt i32[B]: the prompt of each of the B rows (G-fold expansion).
-    active bool[B]: False for batch-padding rows (finished from the start).
-    key: PRNG key; step t samples with ``fold_in(key, t)``.
-    temperature f32[], top_p f32[]: traced, changing them does not recompile.
-    eos_ids i32[E], stop_ids i32[S1]: finish with "eos" / "stop".
-    stop_seqs i32[S2, L]: right-aligned token sequences, -1 padded on the left.
+    Returned function arguments:
+      state: nnx.State of the model (the policy's live, possibly sharded weights).
+      prompt_ids i32[U, P], prompt_mask i32[U, P]: the U distinct prompts, left
+        padded, >= 1 token each; prefilled once each.
+      row_prompt i32[B]: the prompt of each of the B rows (G-fold expansion).
+      active bool[B]: False for batch-padding rows (finished from the start).
+      key: PRNG key; step t samples with ``fold_in(key, t)``.
+      temperature f32[], top_p f32[]: traced, changing them does not recompile.
+      eos_ids i32[E], stop_ids i32[S1]: finish with "eos" / "stop".
+      stop_seqs i32[S2, L]: right-aligned token sequences, -1 padded on the left.
 
-  Returns a dict: tokens i32[B, M], logprobs f32[B, M] (tempered, unfiltered),
-  finish i32[B] (0 length, 1 eos, 2 stop), lengths i32[B] (tokens incl. the
-  EOS/stop token), steps i32[] (decode iterations run).
-  """
-  m_new = spec.max_new_tokens
+    Returns a dict: tokens i32[B, M], logprobs f32[B, M] (tempered, unfiltered),
+    finish i32[B] (0 length, 1 eos, 2 stop), lengths i32[B] (tokens incl. the
+    EOS/stop token), steps i32[] (decode iterations run).
+    """
+    m_new = spec.max_new_tokens
 
-  def place(x: jax.Array, batch_dim: int = 0, heads_dim: int | None = None) -> jax.Array:
-    return _constrain(x, _spec(x, mesh, batch_dim, heads_dim), mesh)
+    def place(x: jax.Array, batch_dim: int = 0, heads_dim: int | None = None) -> jax.Array:
+        return _constrain(x, _spec(x, mesh, batch_dim, heads_dim), mesh)
 
-  def place_cache_leaf(x: jax.Array) -> jax.Array:
-    # KVCache leaves: k/v [L, B, Hkv, S, Dh] (heads over "tensor", as the
-    # model's own init_cache lays them out), mask [B, S], index [].
-    if x.ndim == 0:
-      return x
-    return place(x, 1, 2) if x.ndim == 5 else place(x)
+    def place_cache_leaf(x: jax.Array) -> jax.Array:
+        # KVCache leaves: k/v [L, B, Hkv, S, Dh] (heads over "tensor", as the
+        # model's own init_cache lays them out), mask [B, S], index [].
+        if x.ndim == 0:
+            return x
+        return place(x, 1, 2) if x.ndim == 5 else place(x)
 
-  def gather_rows(x: jax.Array, idx: jax.Array, dim: int) -> jax.Array:
-    fn = lambda x, i: jnp.take(x, i, axis=dim)  # noqa: E731
-    if _explicit(mesh):
-      out = jax.ShapeDtypeStruct(x.shape[:dim] + idx.shape + x.shape[dim + 1:], x.dtype)
-      fn = jax.sharding.auto_axes(fn, out_sharding=_spec(out, mesh, dim))
-    return fn(x, idx)
+    def gather_rows(x: jax.Array, idx: jax.Array, dim: int) -> jax.Array:
+        fn = lambda x, i: jnp.take(x, i, axis=dim)  # noqa: E731
+        if _explicit(mesh):
+            out = jax.ShapeDtypeStruct(x.shape[:dim] + idx.shape + x.shape[dim + 1 :], x.dtype)
+            fn = jax.sharding.auto_axes(fn, out_sharding=_spec(out, mesh, dim))
+        return fn(x, idx)
 
-  def unembed(h: jax.Array, w: jax.Array) -> jax.Array:
-    # Same numerics as the model's own logits: compute dtype in, f32 out.
-    fn = lambda h, w: jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32)  # noqa: E731
-    if _explicit(mesh):
-      # Explicit axes: let GSPMD pick the matmul layout (w is fsdp/tensor split).
-      out = jax.ShapeDtypeStruct((h.shape[0], w.shape[1]), jnp.float32)
-      fn = jax.sharding.auto_axes(fn, out_sharding=_spec(out, mesh, 0))
-    return fn(h, w)
+    def unembed(h: jax.Array, w: jax.Array) -> jax.Array:
+        # Same numerics as the model's own logits: compute dtype in, f32 out.
+        fn = lambda h, w: jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32)  # noqa: E731
+        if _explicit(mesh):
+            # Explicit axes: let GSPMD pick the matmul layout (w is fsdp/tensor split).
+            out = jax.ShapeDtypeStruct((h.shape[0], w.shape[1]), jnp.float32)
+            fn = jax.sharding.auto_axes(fn, out_sharding=_spec(out, mesh, 0))
+        return fn(h, w)
 
-  def forward(state, ids, mask, positions, cache, *, last_only: bool):
-    # Merge inside each (loop) trace: the module is a fresh view of `state`,
-    # so nothing crosses trace levels.
-    model = nnx.merge(graphdef, state)
-    if last_only:
-      # Prefill: unembed only the last position (never [B, P, V] logits).
-      hidden, cache = model(ids, mask, positions=positions, cache=cache, return_hidden=True)
-      logits = unembed(hidden[:, -1], model.unembed_matrix())
-    else:
-      logits, cache = model(ids, mask, positions=positions, cache=cache)
-      logits = logits[:, -1]
-    cache = jax.tree.map(place_cache_leaf, cache)
-    return place(logits.astype(jnp.float32)), cache
+    def forward(state, ids, mask, positions, cache, *, last_only: bool):
+        # Merge inside each (loop) trace: the module is a fresh view of `state`,
+        # so nothing crosses trace levels.
+        model = nnx.merge(graphdef, state)
+        if last_only:
+            # Prefill: unembed only the last position (never [B, P, V] logits).
+            hidden, cache = model(ids, mask, positions=positions, cache=cache, return_hidden=True)
+            logits = unembed(hidden[:, -1], model.unembed_matrix())
+        else:
+            logits, cache = model(ids, mask, positions=positions, cache=cache)
+            logits = logits[:, -1]
+        cache = jax.tree.map(place_cache_leaf, cache)
+        return place(logits.astype(jnp.float32)), cache
 
-  def grow(x: jax.Array, slots: int) -> jax.Array:
-    if x.ndim == 0:
-      return x
-    dim = 3 if x.ndim == 5 else 1  # the slot axis (k/v [L,B,Hkv,S,Dh], mask [B,S])
-    pad = [(0, 0)] * x.ndim
-    pad[dim] = (0, slots - x.shape[dim])
-    return place_cache_leaf(jnp.pad(x, pad))
+    def grow(x: jax.Array, slots: int) -> jax.Array:
+        if x.ndim == 0:
+            return x
+        dim = 3 if x.ndim == 5 else 1  # the slot axis (k/v [L,B,Hkv,S,Dh], mask [B,S])
+        pad = [(0, 0)] * x.ndim
+        pad[dim] = (0, slots - x.shape[dim])
+        return place_cache_leaf(jnp.pad(x, pad))
 
-  def generate(state, prompt_ids, prompt_mask, row_prompt, active, key, temperature, top_p,
-               eos_ids, stop_ids, stop_seqs) -> dict[str, jax.Array]:
-    if on_trace is not None:
-      on_trace()
-    n_prompts, plen = prompt_ids.shape
-    batch = row_prompt.shape[0]
-    model = nnx.merge(graphdef, state)
-    # Prefill each distinct prompt once (G-fold fewer tokens than the rows),
-    # then hand every row a copy of its prompt's cache and last logits.
-    ends = [int(e) for e in np.cumsum(spec.chunks)]
-    cache = jax.tree.map(place_cache_leaf, model.init_cache(n_prompts, plen + ends[0]))
-    prompt_mask = prompt_mask.astype(jnp.int32)
-    positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-    logits, cache = forward(state, prompt_ids, prompt_mask, positions, cache, last_only=True)
-    prompt_len = jnp.sum(prompt_mask, axis=1)
-    logits = place(gather_rows(logits, row_prompt, 0))
-    prompt_len = place(gather_rows(prompt_len, row_prompt, 0))
-    cache = jax.tree.map(
-        lambda x: x if x.ndim == 0 else place_cache_leaf(
-            gather_rows(x, row_prompt, 1 if x.ndim == 5 else 0)), cache)
-    top_p_arg = top_p if spec.use_top_p else None
-    win = max(int(stop_seqs.shape[1]), 1)
+    def generate(
+        state,
+        prompt_ids,
+        prompt_mask,
+        row_prompt,
+        active,
+        key,
+        temperature,
+        top_p,
+        eos_ids,
+        stop_ids,
+        stop_seqs,
+    ) -> dict[str, jax.Array]:
+        if on_trace is not None:
+            on_trace()
+        n_prompts, plen = prompt_ids.shape
+        batch = row_prompt.shape[0]
+        model = nnx.merge(graphdef, state)
+        # Prefill each distinct prompt once (G-fold fewer tokens than the rows),
+        # then hand every row a copy of its prompt's cache and last logits.
+        ends = [int(e) for e in np.cumsum(spec.chunks)]
+        cache = jax.tree.map(place_cache_leaf, model.init_cache(n_prompts, plen + ends[0]))
+        prompt_mask = prompt_mask.astype(jnp.int32)
+        positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+        logits, cache = forward(state, prompt_ids, prompt_mask, positions, cache, last_only=True)
+        prompt_len = jnp.sum(prompt_mask, axis=1)
+        logits = place(gather_rows(logits, row_prompt, 0))
+        prompt_len = place(gather_rows(prompt_len, row_prompt, 0))
+        cache = jax.tree.map(
+            lambda x: (
+                x
+                if x.ndim == 0
+                else place_cache_leaf(gather_rows(x, row_prompt, 1 if x.ndim == 5 else 0))
+            ),
+            cache,
+        )
+        top_p_arg = top_p if spec.use_top_p else None
+        win = max(int(stop_seqs.shape[1]), 1)
 
-    def body(c):
-      t = c["t"]
-      tok, lp = sample_tokens(
-          c["logits"], jax.random.fold_in(key, t), temperature, top_p_arg,
-          top_k=spec.top_k, greedy=spec.greedy,
-      )
-      live = ~c["done"]
-      tok = jnp.where(live, tok, spec.pad_id).astype(jnp.int32)
-      lp = jnp.where(live, lp, 0.0)
-      window = jnp.concatenate([c["window"][:, 1:], tok[:, None]], axis=1)
-      is_eos = jnp.isin(tok, eos_ids) if eos_ids.shape[0] else jnp.zeros_like(live)
-      is_stop = stop_sequence_hit(window, stop_seqs)
-      if stop_ids.shape[0]:
-        is_stop = is_stop | jnp.isin(tok, stop_ids)
-      fin = live & (is_eos | is_stop)
-      new = dict(
-          t=t + 1,
-          tokens=jax.lax.dynamic_update_slice(c["tokens"], tok[:, None], (0, t)),
-          logprobs=jax.lax.dynamic_update_slice(c["logprobs"], lp[:, None], (0, t)),
-          finish=jnp.where(fin, jnp.where(is_eos, FINISH_EOS, FINISH_STOP), c["finish"]),
-          lengths=c["lengths"] + live.astype(jnp.int32),
-          done=c["done"] | fin,
-          window=window,
-      )
-      # Feed the token back (finished rows too: static shapes; their output is unused).
-      pos = (prompt_len + t)[:, None]
-      ones = jnp.ones_like(tok)[:, None]
-      new["logits"], new["cache"] = forward(state, tok[:, None], ones, pos, c["cache"], last_only=False)
-      return new
+        def body(c):
+            t = c["t"]
+            tok, lp = sample_tokens(
+                c["logits"],
+                jax.random.fold_in(key, t),
+                temperature,
+                top_p_arg,
+                top_k=spec.top_k,
+                greedy=spec.greedy,
+            )
+            live = ~c["done"]
+            tok = jnp.where(live, tok, spec.pad_id).astype(jnp.int32)
+            lp = jnp.where(live, lp, 0.0)
+            window = jnp.concatenate([c["window"][:, 1:], tok[:, None]], axis=1)
+            is_eos = jnp.isin(tok, eos_ids) if eos_ids.shape[0] else jnp.zeros_like(live)
+            is_stop = stop_sequence_hit(window, stop_seqs)
+            if stop_ids.shape[0]:
+                is_stop = is_stop | jnp.isin(tok, stop_ids)
+            fin = live & (is_eos | is_stop)
+            new = dict(
+                t=t + 1,
+                tokens=jax.lax.dynamic_update_slice(c["tokens"], tok[:, None], (0, t)),
+                logprobs=jax.lax.dynamic_update_slice(c["logprobs"], lp[:, None], (0, t)),
+                finish=jnp.where(fin, jnp.where(is_eos, FINISH_EOS, FINISH_STOP), c["finish"]),
+                lengths=c["lengths"] + live.astype(jnp.int32),
+                done=c["done"] | fin,
+                window=window,
+            )
+            # Feed the token back (finished rows too: static shapes; their output is unused).
+            pos = (prompt_len + t)[:, None]
+            ones = jnp.ones_like(tok)[:, None]
+            new["logits"], new["cache"] = forward(
+                state, tok[:, None], ones, pos, c["cache"], last_only=False
+            )
+            return new
 
-    init = dict(
-        t=jnp.zeros((), jnp.int32),
-        tokens=place(jnp.full((batch, m_new), spec.pad_id, jnp.int32)),
-        logprobs=place(jnp.zeros((batch, m_new), jnp.float32)),
-        finish=place(jnp.full((batch,), FINISH_LENGTH, jnp.int32)),
-        lengths=place(jnp.zeros((batch,), jnp.int32)),
-        done=place(~active),
-        window=place(jnp.full((batch, win), -2, jnp.int32)),
-        logits=logits,
-        cache=cache,
-    )
-    out = init
-    for j, end in enumerate(ends):
-      if j:  # next phase: a longer cache (one copy), empty slots masked out
-        out["cache"] = jax.tree.map(lambda x: grow(x, plen + end), out["cache"])
-      out = jax.lax.while_loop(
-          lambda c, end=end: (c["t"] < end) & ~jnp.all(c["done"]), body, out)
-    return dict(tokens=out["tokens"], logprobs=out["logprobs"], finish=out["finish"],
-                lengths=out["lengths"], steps=out["t"])
+        init = dict(
+            t=jnp.zeros((), jnp.int32),
+            tokens=place(jnp.full((batch, m_new), spec.pad_id, jnp.int32)),
+            logprobs=place(jnp.zeros((batch, m_new), jnp.float32)),
+            finish=place(jnp.full((batch,), FINISH_LENGTH, jnp.int32)),
+            lengths=place(jnp.zeros((batch,), jnp.int32)),
+            done=place(~active),
+            window=place(jnp.full((batch, win), -2, jnp.int32)),
+            logits=logits,
+            cache=cache,
+        )
+        out = init
+        for j, end in enumerate(ends):
+            if j:  # next phase: a longer cache (one copy), empty slots masked out
+                out["cache"] = jax.tree.map(lambda x: grow(x, plen + end), out["cache"])
+            out = jax.lax.while_loop(
+                lambda c, end=end: (c["t"] < end) & ~jnp.all(c["done"]), body, out
+            )
+        return dict(
+            tokens=out["tokens"],
+            logprobs=out["logprobs"],
+            finish=out["finish"],
+            lengths=out["lengths"],
+            steps=out["t"],
+        )
 
-  return jax.jit(generate)
+    return jax.jit(generate)

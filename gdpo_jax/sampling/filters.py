@@ -14,6 +14,7 @@ top-p renormalized over what top-k kept; the most likely token is always kept.
 A token is in the nucleus iff the mass of the strictly more likely tokens is
 < top_p (ties at the boundary are all kept; top-k breaks ties by index).
 """
+
 from __future__ import annotations
 
 import jax
@@ -21,83 +22,83 @@ import jax.numpy as jnp
 
 
 def first_argmax(x: jax.Array) -> jax.Array:
-  """i32[B]: index of the first maximum along the last axis (max + min-index:
-  two plain reductions, several times faster than argmax on CPU)."""
-  m = jnp.max(x, axis=-1, keepdims=True)
-  iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-  return jnp.min(jnp.where(x == m, iota, x.shape[-1]), axis=-1)
+    """i32[B]: index of the first maximum along the last axis (max + min-index:
+    two plain reductions, several times faster than argmax on CPU)."""
+    m = jnp.max(x, axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(x == m, iota, x.shape[-1]), axis=-1)
 
 
 def _sortable_key(x: jax.Array) -> jax.Array:
-  """i32 key with the same order as the f32 values (no NaNs)."""
-  i = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
-  return jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
+    """i32 key with the same order as the f32 values (no NaNs)."""
+    i = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    return jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
 
 
 def nucleus_mask(z: jax.Array, top_p: jax.Array | float) -> jax.Array:
-  """bool[B, V]: tokens whose strictly-more-likely mass is < top_p.
+    """bool[B, V]: tokens whose strictly-more-likely mass is < top_p.
 
-  Exact without sorting: bisection over the 2^32 ordered f32 values of the
-  threshold (32 masked sums over the vocabulary).
+    Exact without sorting: bisection over the 2^32 ordered f32 values of the
+    threshold (32 masked sums over the vocabulary).
 
-  Args:
-    z: f32[B, V] tempered logits (any shift).
-    top_p: f32[] in (0, 1].
-  """
-  z = z - jnp.max(z, axis=-1, keepdims=True)
-  p = jnp.exp(z)
-  target = top_p * jnp.sum(p, axis=-1)
-  kz = _sortable_key(z)
-  # Invariant: mass(z > lo) >= target > mass(z > hi); the threshold token t
-  # (the least likely kept one) satisfies lo < key(t) <= hi.
-  lo = jnp.min(kz, axis=-1) - 1
-  hi = jnp.max(kz, axis=-1)
+    Args:
+      z: f32[B, V] tempered logits (any shift).
+      top_p: f32[] in (0, 1].
+    """
+    z = z - jnp.max(z, axis=-1, keepdims=True)
+    p = jnp.exp(z)
+    target = top_p * jnp.sum(p, axis=-1)
+    kz = _sortable_key(z)
+    # Invariant: mass(z > lo) >= target > mass(z > hi); the threshold token t
+    # (the least likely kept one) satisfies lo < key(t) <= hi.
+    lo = jnp.min(kz, axis=-1) - 1
+    hi = jnp.max(kz, axis=-1)
 
-  def body(_, c):
-    lo, hi = c
-    mid = lo + (hi - lo) // 2
-    mass = jnp.sum(jnp.where(kz > mid[:, None], p, 0.0), axis=-1)
-    ok = mass < target
-    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+    def body(_, c):
+        lo, hi = c
+        mid = lo + (hi - lo) // 2
+        mass = jnp.sum(jnp.where(kz > mid[:, None], p, 0.0), axis=-1)
+        ok = mass < target
+        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
 
-  _, hi = jax.lax.fori_loop(0, 32, body, (lo, hi))
-  return kz >= hi[:, None]
+    _, hi = jax.lax.fori_loop(0, 32, body, (lo, hi))
+    return kz >= hi[:, None]
 
 
 def top_k_candidates(
     z: jax.Array, top_k: int, top_p: jax.Array | float | None
 ) -> tuple[jax.Array, jax.Array]:
-  """The top-k tokens, then the nucleus among them (renormalized).
+    """The top-k tokens, then the nucleus among them (renormalized).
 
-  Args:
-    z: f32[B, V] tempered logits; top_k: static > 0; top_p: f32[] or None.
+    Args:
+      z: f32[B, V] tempered logits; top_k: static > 0; top_p: f32[] or None.
 
-  Returns:
-    (weights f32[B, K] unnormalized probabilities, 0 for dropped candidates,
-     ids i32[B, K]) with K = min(top_k, V), most likely first.
-  """
-  k = min(int(top_k), z.shape[-1])
-  vals, ids = jax.lax.top_k(z, k)  # sorted descending
-  w = jnp.exp(vals - vals[:, :1])
-  if top_p is not None:
-    probs = w / jnp.sum(w, axis=-1, keepdims=True)
-    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
-    keep = keep | (jnp.arange(k) == 0)[None, :]
-    w = jnp.where(keep, w, 0.0)
-  return w, ids.astype(jnp.int32)
+    Returns:
+      (weights f32[B, K] unnormalized probabilities, 0 for dropped candidates,
+       ids i32[B, K]) with K = min(top_k, V), most likely first.
+    """
+    k = min(int(top_k), z.shape[-1])
+    vals, ids = jax.lax.top_k(z, k)  # sorted descending
+    w = jnp.exp(vals - vals[:, :1])
+    if top_p is not None:
+        probs = w / jnp.sum(w, axis=-1, keepdims=True)
+        keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+        keep = keep | (jnp.arange(k) == 0)[None, :]
+        w = jnp.where(keep, w, 0.0)
+    return w, ids.astype(jnp.int32)
 
 
 def inverse_cdf_sample(key: jax.Array, weights: jax.Array) -> jax.Array:
-  """i32[B]: index drawn with probability weights / sum (one uniform per row).
+    """i32[B]: index drawn with probability weights / sum (one uniform per row).
 
-  Never returns a zero-weight index (the chosen index is where the CDF rises).
-  """
-  cdf = jnp.cumsum(weights, axis=-1)
-  total = cdf[:, -1:]
-  u = jax.random.uniform(key, total.shape, jnp.float32) * total
-  idx = jnp.sum(cdf <= u, axis=-1)
-  last = jnp.sum(cdf < total, axis=-1)  # first index reaching the total (weight > 0)
-  return jnp.minimum(idx, last).astype(jnp.int32)
+    Never returns a zero-weight index (the chosen index is where the CDF rises).
+    """
+    cdf = jnp.cumsum(weights, axis=-1)
+    total = cdf[:, -1:]
+    u = jax.random.uniform(key, total.shape, jnp.float32) * total
+    idx = jnp.sum(cdf <= u, axis=-1)
+    last = jnp.sum(cdf < total, axis=-1)  # first index reaching the total (weight > 0)
+    return jnp.minimum(idx, last).astype(jnp.int32)
 
 
 def sample_tokens(
@@ -109,51 +110,51 @@ def sample_tokens(
     top_k: int = 0,
     greedy: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-  """Chooses one token per row.
+    """Chooses one token per row.
 
-  Args:
-    logits: f[B, V] next-token logits (any float dtype; computed in f32).
-    key: PRNG key for this step (unused when greedy).
-    temperature: f32[] > 0. Also used for the log-probs when greedy.
-    top_p: f32[] or None (off; a static choice).
-    top_k: static; 0 = off.
-    greedy: static; first argmax of the logits.
+    Args:
+      logits: f[B, V] next-token logits (any float dtype; computed in f32).
+      key: PRNG key for this step (unused when greedy).
+      temperature: f32[] > 0. Also used for the log-probs when greedy.
+      top_p: f32[] or None (off; a static choice).
+      top_k: static; 0 = off.
+      greedy: static; first argmax of the logits.
 
-  Returns:
-    tokens i32[B], logp f32[B] = log_softmax(logits / temperature)[token]
-    (tempered, before top-k/top-p filtering).
-  """
-  z = logits.astype(jnp.float32) / temperature
-  z = z - jnp.max(z, axis=-1, keepdims=True)
-  p = jnp.exp(z)
-  log_total = jnp.log(jnp.sum(p, axis=-1))
-  if greedy:
-    tokens = first_argmax(logits.astype(jnp.float32))
-  elif top_k > 0:
-    w, ids = top_k_candidates(z, top_k, top_p)
-    j = inverse_cdf_sample(key, w)
-    tokens = jnp.take_along_axis(ids, j[:, None], axis=-1)[:, 0]
-  else:
-    if top_p is not None:
-      p = jnp.where(nucleus_mask(z, top_p), p, 0.0)
-    tokens = inverse_cdf_sample(key, p)
-  logp = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - log_total
-  return tokens, logp
+    Returns:
+      tokens i32[B], logp f32[B] = log_softmax(logits / temperature)[token]
+      (tempered, before top-k/top-p filtering).
+    """
+    z = logits.astype(jnp.float32) / temperature
+    z = z - jnp.max(z, axis=-1, keepdims=True)
+    p = jnp.exp(z)
+    log_total = jnp.log(jnp.sum(p, axis=-1))
+    if greedy:
+        tokens = first_argmax(logits.astype(jnp.float32))
+    elif top_k > 0:
+        w, ids = top_k_candidates(z, top_k, top_p)
+        j = inverse_cdf_sample(key, w)
+        tokens = jnp.take_along_axis(ids, j[:, None], axis=-1)[:, 0]
+    else:
+        if top_p is not None:
+            p = jnp.where(nucleus_mask(z, top_p), p, 0.0)
+        tokens = inverse_cdf_sample(key, p)
+    logp = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - log_total
+    return tokens, logp
 
 
 def stop_sequence_hit(window: jax.Array, seqs: jax.Array) -> jax.Array:
-  """Whether the most recent tokens end with any stop sequence.
+    """Whether the most recent tokens end with any stop sequence.
 
-  Args:
-    window: i32[B, L] the last L generated tokens, oldest first; slots not yet
-      generated hold -2 (never matches).
-    seqs: i32[S, L] stop sequences right-aligned, left-padded with -1 (a
-      wildcard: position not part of the sequence).
+    Args:
+      window: i32[B, L] the last L generated tokens, oldest first; slots not yet
+        generated hold -2 (never matches).
+      seqs: i32[S, L] stop sequences right-aligned, left-padded with -1 (a
+        wildcard: position not part of the sequence).
 
-  Returns:
-    bool[B].
-  """
-  if seqs.shape[0] == 0:
-    return jnp.zeros(window.shape[:1], dtype=bool)
-  match = (window[:, None, :] == seqs[None, :, :]) | (seqs[None, :, :] == -1)
-  return jnp.any(jnp.all(match, axis=-1), axis=-1)
+    Returns:
+      bool[B].
+    """
+    if seqs.shape[0] == 0:
+        return jnp.zeros(window.shape[:1], dtype=bool)
+    match = (window[:, None, :] == seqs[None, :, :]) | (seqs[None, :, :] == -1)
+    return jnp.any(jnp.all(match, axis=-1), axis=-1)

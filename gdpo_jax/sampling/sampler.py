@@ -13,11 +13,13 @@ batch shards; device side: one compiled prefill + ``while_loop`` decode
 Log-probs are those of the tempered distribution *before* top-k / top-p,
 ``log_softmax(logits / T)[token]`` (TRL / verl "old log-probs" convention).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -26,305 +28,372 @@ from flax import nnx
 from gdpo_jax.sampling import decode, hostio
 from gdpo_jax.sampling.stopping import apply_stop_strings
 
-FINISH_NAMES = {decode.FINISH_LENGTH: "length", decode.FINISH_EOS: "eos",
-                decode.FINISH_STOP: "stop"}
+FINISH_NAMES = {
+    decode.FINISH_LENGTH: "length",
+    decode.FINISH_EOS: "eos",
+    decode.FINISH_STOP: "stop",
+}
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-  """How to sample. Changing temperature / top_p value does not recompile;
-  max_new_tokens, top_k, greedy, and whether top-p is on (top_p < 1) do.
+    """How to sample. Changing temperature / top_p value does not recompile;
+    max_new_tokens, top_k, greedy, and whether top-p is on (top_p < 1) do.
 
-  max_new_tokens: completion width C (the output is always [N, C]).
-  temperature: > 0; divides the logits (also for the log-probs when greedy).
-  top_k: keep the k most likely tokens; 0 = off.
-  top_p: nucleus mass in (0, 1]; 1.0 = off.
-  greedy: argmax decoding (temperature / top-k / top-p ignored for the choice).
-  stop_token_ids: extra ids that end a row with finish reason "stop".
-  stop_strings: end a row with "stop" at the first occurrence in its text.
-  """
+    max_new_tokens: completion width C (the output is always [N, C]).
+    temperature: > 0; divides the logits (also for the log-probs when greedy).
+    top_k: keep the k most likely tokens; 0 = off.
+    top_p: nucleus mass in (0, 1]; 1.0 = off.
+    greedy: argmax decoding (temperature / top-k / top-p ignored for the choice).
+    stop_token_ids: extra ids that end a row with finish reason "stop".
+    stop_strings: end a row with "stop" at the first occurrence in its text.
+    """
 
-  max_new_tokens: int
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  greedy: bool = False
-  stop_token_ids: tuple[int, ...] = ()
-  stop_strings: tuple[str, ...] = ()
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
 
-  def __post_init__(self) -> None:
-    # Lists from configs would make the params unhashable.
-    object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
-    if isinstance(self.stop_strings, str):
-      object.__setattr__(self, "stop_strings", (self.stop_strings,))
-    object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
-    if int(self.max_new_tokens) < 1:
-      raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1.")
-    if not self.temperature > 0:
-      raise ValueError(f"SamplingParams.temperature={self.temperature} must be > 0 "
-                       "(use greedy=True for argmax decoding).")
-    if int(self.top_k) < 0:
-      raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 disables it).")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1 disables it).")
-    if any(not s for s in self.stop_strings):
-      raise ValueError("SamplingParams.stop_strings must not contain empty strings.")
+    def __post_init__(self) -> None:
+        # Lists from configs would make the params unhashable.
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+        if isinstance(self.stop_strings, str):
+            object.__setattr__(self, "stop_strings", (self.stop_strings,))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        if int(self.max_new_tokens) < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1.")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"SamplingParams.temperature={self.temperature} must be > 0 "
+                "(use greedy=True for argmax decoding)."
+            )
+        if int(self.top_k) < 0:
+            raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 disables it).")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(
+                f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1 disables it)."
+            )
+        if any(not s for s in self.stop_strings):
+            raise ValueError("SamplingParams.stop_strings must not contain empty strings.")
 
 
 @dataclasses.dataclass
 class Rollouts:
-  """Host-side (NumPy) result of one generate call; N = len(prompts) * G rows.
+    """Host-side (NumPy) result of one generate call; N = len(prompts) * G rows.
 
-  prompt_ids i32[N, P], prompt_mask i32[N, P]: left padded to the bucket P.
-  completion_ids i32[N, C]: C = max_new_tokens, pad id after the end.
-  completion_mask i32[N, C]: 1 up to and including the EOS / stop token.
-  logprobs f32[N, C]: log_softmax(logits / T)[token] (tempered, before
-    top-k/top-p), 0 where the mask is 0.
-  lengths i32[N]: completion_mask.sum(1).
-  finish_reason: "eos" | "stop" | "length" per row.
-  group_ids, prompt_index i32[N]: r // G (the prompt a row answers).
-  texts: decoded completions (special tokens skipped; a stop string is kept).
-  info: timing and shape facts (seconds, prompt_bucket, decode_steps, ...).
-  """
+    prompt_ids i32[N, P], prompt_mask i32[N, P]: left padded to the bucket P.
+    completion_ids i32[N, C]: C = max_new_tokens, pad id after the end.
+    completion_mask i32[N, C]: 1 up to and including the EOS / stop token.
+    logprobs f32[N, C]: log_softmax(logits / T)[token] (tempered, before
+      top-k/top-p), 0 where the mask is 0.
+    lengths i32[N]: completion_mask.sum(1).
+    finish_reason: "eos" | "stop" | "length" per row.
+    group_ids, prompt_index i32[N]: r // G (the prompt a row answers).
+    texts: decoded completions (special tokens skipped; a stop string is kept).
+    info: timing and shape facts (seconds, prompt_bucket, decode_steps, ...).
+    """
 
-  prompt_ids: np.ndarray
-  prompt_mask: np.ndarray
-  completion_ids: np.ndarray
-  completion_mask: np.ndarray
-  logprobs: np.ndarray
-  lengths: np.ndarray
-  finish_reason: list[str]
-  group_ids: np.ndarray
-  prompt_index: np.ndarray
-  texts: list[str]
-  info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    prompt_ids: np.ndarray
+    prompt_mask: np.ndarray
+    completion_ids: np.ndarray
+    completion_mask: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    finish_reason: list[str]
+    group_ids: np.ndarray
+    prompt_index: np.ndarray
+    texts: list[str]
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-  def __len__(self) -> int:
-    return int(self.completion_ids.shape[0])
+    def __len__(self) -> int:
+        return int(self.completion_ids.shape[0])
 
 
 def bucket_length(n: int, buckets: Sequence[int]) -> int:
-  """Smallest bucket >= n; beyond the largest, the next multiple of it."""
-  for b in buckets:
-    if n <= b:
-      return int(b)
-  top = int(buckets[-1])
-  return -(-n // top) * top
+    """Smallest bucket >= n; beyond the largest, the next multiple of it."""
+    for b in buckets:
+        if n <= b:
+            return int(b)
+    top = int(buckets[-1])
+    return -(-n // top) * top
 
 
 class Sampler:
-  """Generates G completions per prompt with the model's current weights.
+    """Generates G completions per prompt with the model's current weights.
 
-  Args:
-    model: a gdpo_jax Transformer (possibly sharded); read at every call.
-    tokenizer: a Hugging Face tokenizer (None only for token-id prompts with no
-      stop strings; texts are then empty).
-    mesh: shard rows over its ("data", "fsdp") axes; None = single device.
-    prompt_buckets: allowed prompt widths (fewer widths = fewer compilations).
-    eos_token_ids: override; default = model cfg EOS ids + tokenizer.eos_token_id.
-    decode_chunks: decode phases with a growing KV cache (see decode.py);
-      None = one per 32 new tokens, at most 4.
-  """
-
-  def __init__(self, model: nnx.Module, tokenizer: Any = None, *,
-               mesh: jax.sharding.Mesh | None = None,
-               prompt_buckets: Sequence[int] = DEFAULT_BUCKETS,
-               eos_token_ids: Sequence[int] | None = None,
-               decode_chunks: int | None = None):
-    if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
-      raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
-    self.model = model
-    self.tokenizer = tokenizer
-    self.mesh = mesh
-    self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
-    cfg = model.cfg
-    if eos_token_ids is None:
-      ids = set(cfg.eos_token_ids)
-      if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(int(tokenizer.eos_token_id))
-      eos_token_ids = sorted(ids)
-    self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
-    pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
-    for cand in (pad, cfg.pad_token_id, *self.eos_token_ids, 0):
-      if cand is not None:
-        self.pad_id = int(cand)
-        break
-    if decode_chunks is not None and int(decode_chunks) < 1:
-      raise ValueError(f"decode_chunks={decode_chunks} must be >= 1 (or None for auto).")
-    self.decode_chunks = decode_chunks
-    self._fns: dict[tuple, Any] = {}
-    self.num_traces = 0  # jit traces so far (a compile-once check for tests)
-
-  # ----------------------------------------------------------------- prompts
-  def encode_prompts(self, prompts: Sequence[Any], chat_template: bool = True) -> list[list[int]]:
-    """str -> tokenizer(str); message list -> chat template with the generation
-    prompt; a sequence of ints -> used as is."""
-    out = []
-    for i, p in enumerate(prompts):
-      if isinstance(p, str):
-        ids = self._require_tokenizer("string prompts")(p, add_special_tokens=True)["input_ids"]
-      elif isinstance(p, (list, tuple)) and p and all(isinstance(m, dict) for m in p):
-        if not chat_template:
-          raise ValueError(f"prompts[{i}] is a message list but chat_template=False; pass "
-                           "chat_template=True or render it to a string yourself.")
-        tok = self._require_tokenizer("message-list prompts")
-        text = tok.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False)
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-      elif isinstance(p, (list, tuple, np.ndarray)) and all(
-          isinstance(t, (int, np.integer)) for t in p):
-        ids = [int(t) for t in p]
-      else:
-        raise TypeError(f"prompts[{i}] must be a str, a list of chat message dicts or a "
-                        f"list of token ids; got {type(p).__name__}.")
-      if len(ids) == 0:
-        raise ValueError(f"prompts[{i}] encodes to zero tokens; every prompt needs >= 1 token.")
-      out.append(list(ids))
-    return out
-
-  def _require_tokenizer(self, what: str) -> Any:
-    if self.tokenizer is None:
-      raise ValueError(f"Sampler(tokenizer=None) cannot encode {what}; pass a tokenizer "
-                       "or token-id prompts.")
-    return self.tokenizer
-
-  # ---------------------------------------------------------------- generate
-  def generate(self, prompts: Sequence[Any], params: SamplingParams, *,
-               num_generations: int = 1, key: jax.Array,
-               chat_template: bool = True) -> Rollouts:
-    """Samples ``num_generations`` completions for every prompt (rows grouped:
-    row r answers prompt r // G). Deterministic given key (and the mesh-
-    independent threefry, so sharded == unsharded).
-
-    Several processes (``jax.distributed``, a mesh over all of them): a
-    collective; every process calls it with its *own* prompts (any number,
-    0 included) and gets back only its own rows. The global batch is the
-    processes' blocks in mesh order, and a row's randomness depends on its
-    global index, so the rollouts equal a one-process run over the
-    concatenated prompts when every process passes the same count.
-    ``info["row_offset"]`` / ``info["prompt_offset"]``: where this process's
-    rows / prompts sit in the global batch.
+    Args:
+      model: a gdpo_jax Transformer (possibly sharded); read at every call.
+      tokenizer: a Hugging Face tokenizer (None only for token-id prompts with no
+        stop strings; texts are then empty).
+      mesh: shard rows over its ("data", "fsdp") axes; None = single device.
+      prompt_buckets: allowed prompt widths (fewer widths = fewer compilations).
+      eos_token_ids: override; default = model cfg EOS ids + tokenizer.eos_token_id.
+      decode_chunks: decode phases with a growing KV cache (see decode.py);
+        None = one per 32 new tokens, at most 4.
     """
-    g = int(num_generations)
-    if g < 1:
-      raise ValueError(f"num_generations={num_generations} must be >= 1.")
-    if params.stop_strings and self.tokenizer is None:
-      raise ValueError("stop_strings need a tokenizer (Sampler(tokenizer=...)).")
-    t0 = time.perf_counter()
-    encoded = self.encode_prompts(prompts, chat_template) if len(prompts) else []
-    axes = decode.batch_axes(self.mesh)
-    # Several processes (mesh given): agree on prompt count and width; this
-    # process's rows are its block of the global batch (see hostio.py).
-    multi = self.mesh is not None and jax.process_count() > 1
-    block, nblocks = hostio.row_block(self.mesh, axes) if multi else (0, 1)
-    facts = np.array([block, len(encoded), max((len(e) for e in encoded), default=0)], np.int64)
-    facts = hostio.allgather(facts) if multi else facts[None]
-    if not facts[:, 1].any():
-      raise ValueError("prompts is empty." if not multi else
-                       "prompts is empty on every process.")
-    u_max, n = int(facts[:, 1].max()), len(encoded) * g
-    plen = bucket_length(int(facts[:, 2].max()), self.prompt_buckets)
-    local_shards = decode.batch_shards(self.mesh) // nblocks
-    n_local_pad = max(-(-(u_max * g) // local_shards) * local_shards, local_shards)
-    # Absent prompts (a process with fewer) are one pad token: prefilled, never read.
-    ids = np.full((u_max, plen), self.pad_id, np.int32)
-    mask = np.zeros((u_max, plen), np.int32)
-    mask[:, -1] = 1
-    for i, e in enumerate(encoded):
-      ids[i, plen - len(e):] = e
-      mask[i, :] = 0
-      mask[i, plen - len(e):] = 1
-    if multi:  # every process learns every prompt, in block order
-      order = np.argsort(facts[:, 0])
-      all_ids, all_mask = hostio.allgather(ids)[order], hostio.allgather(mask)[order]
-      ids_g, mask_g = all_ids.reshape(-1, plen), all_mask.reshape(-1, plen)
-    else:
-      ids_g, mask_g = ids, mask
-    # Row r answers prompt r // G; batch-padding rows copy the last prompt.
-    local_row = np.minimum(np.arange(n_local_pad), max(n - 1, 0)) // g
-    row_prompt = (block * u_max + local_row).astype(np.int32)
-    active = np.arange(n_local_pad) < n
 
-    fn = self._get_fn(params)
-    state = nnx.state(self.model)
-    args = (ids_g, mask_g, row_prompt, active, key, np.float32(params.temperature),
-            np.float32(params.top_p), np.asarray(self.eos_token_ids, np.int32).reshape(-1),
+    def __init__(
+        self,
+        model: nnx.Module,
+        tokenizer: Any = None,
+        *,
+        mesh: jax.sharding.Mesh | None = None,
+        prompt_buckets: Sequence[int] = DEFAULT_BUCKETS,
+        eos_token_ids: Sequence[int] | None = None,
+        decode_chunks: int | None = None,
+    ):
+        if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
+            raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
+        cfg = model.cfg
+        if eos_token_ids is None:
+            ids = set(cfg.eos_token_ids)
+            if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+                ids.add(int(tokenizer.eos_token_id))
+            eos_token_ids = sorted(ids)
+        self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        for cand in (pad, cfg.pad_token_id, *self.eos_token_ids, 0):
+            if cand is not None:
+                self.pad_id = int(cand)
+                break
+        if decode_chunks is not None and int(decode_chunks) < 1:
+            raise ValueError(f"decode_chunks={decode_chunks} must be >= 1 (or None for auto).")
+        self.decode_chunks = decode_chunks
+        self._fns: dict[tuple, Any] = {}
+        self.num_traces = 0  # jit traces so far (a compile-once check for tests)
+
+    # ----------------------------------------------------------------- prompts
+    def encode_prompts(self, prompts: Sequence[Any], chat_template: bool = True) -> list[list[int]]:
+        """str -> tokenizer(str); message list -> chat template with the generation
+        prompt; a sequence of ints -> used as is."""
+        out = []
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                ids = self._require_tokenizer("string prompts")(p, add_special_tokens=True)[
+                    "input_ids"
+                ]
+            elif isinstance(p, (list, tuple)) and p and all(isinstance(m, dict) for m in p):
+                if not chat_template:
+                    raise ValueError(
+                        f"prompts[{i}] is a message list but chat_template=False; pass "
+                        "chat_template=True or render it to a string yourself."
+                    )
+                tok = self._require_tokenizer("message-list prompts")
+                text = tok.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False)
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+            elif isinstance(p, (list, tuple, np.ndarray)) and all(
+                isinstance(t, (int, np.integer)) for t in p
+            ):
+                ids = [int(t) for t in p]
+            else:
+                raise TypeError(
+                    f"prompts[{i}] must be a str, a list of chat message dicts or a "
+                    f"list of token ids; got {type(p).__name__}."
+                )
+            if len(ids) == 0:
+                raise ValueError(
+                    f"prompts[{i}] encodes to zero tokens; every prompt needs >= 1 token."
+                )
+            out.append(list(ids))
+        return out
+
+    def _require_tokenizer(self, what: str) -> Any:
+        if self.tokenizer is None:
+            raise ValueError(
+                f"Sampler(tokenizer=None) cannot encode {what}; pass a tokenizer "
+                "or token-id prompts."
+            )
+        return self.tokenizer
+
+    # ---------------------------------------------------------------- generate
+    def generate(
+        self,
+        prompts: Sequence[Any],
+        params: SamplingParams,
+        *,
+        num_generations: int = 1,
+        key: jax.Array,
+        chat_template: bool = True,
+    ) -> Rollouts:
+        """Samples ``num_generations`` completions for every prompt (rows grouped:
+        row r answers prompt r // G). Deterministic given key (and the mesh-
+        independent threefry, so sharded == unsharded).
+
+        Several processes (``jax.distributed``, a mesh over all of them): a
+        collective; every process calls it with its *own* prompts (any number,
+        0 included) and gets back only its own rows. The global batch is the
+        processes' blocks in mesh order, and a row's randomness depends on its
+        global index, so the rollouts equal a one-process run over the
+        concatenated prompts when every process passes the same count.
+        ``info["row_offset"]`` / ``info["prompt_offset"]``: where this process's
+        rows / prompts sit in the global batch.
+        """
+        g = int(num_generations)
+        if g < 1:
+            raise ValueError(f"num_generations={num_generations} must be >= 1.")
+        if params.stop_strings and self.tokenizer is None:
+            raise ValueError("stop_strings need a tokenizer (Sampler(tokenizer=...)).")
+        t0 = time.perf_counter()
+        encoded = self.encode_prompts(prompts, chat_template) if len(prompts) else []
+        axes = decode.batch_axes(self.mesh)
+        # Several processes (mesh given): agree on prompt count and width; this
+        # process's rows are its block of the global batch (see hostio.py).
+        multi = self.mesh is not None and jax.process_count() > 1
+        block, nblocks = hostio.row_block(self.mesh, axes) if multi else (0, 1)
+        facts = np.array([block, len(encoded), max((len(e) for e in encoded), default=0)], np.int64)
+        facts = hostio.allgather(facts) if multi else facts[None]
+        if not facts[:, 1].any():
+            raise ValueError(
+                "prompts is empty." if not multi else "prompts is empty on every process."
+            )
+        u_max, n = int(facts[:, 1].max()), len(encoded) * g
+        plen = bucket_length(int(facts[:, 2].max()), self.prompt_buckets)
+        local_shards = decode.batch_shards(self.mesh) // nblocks
+        n_local_pad = max(-(-(u_max * g) // local_shards) * local_shards, local_shards)
+        # Absent prompts (a process with fewer) are one pad token: prefilled, never read.
+        ids = np.full((u_max, plen), self.pad_id, np.int32)
+        mask = np.zeros((u_max, plen), np.int32)
+        mask[:, -1] = 1
+        for i, e in enumerate(encoded):
+            ids[i, plen - len(e) :] = e
+            mask[i, :] = 0
+            mask[i, plen - len(e) :] = 1
+        if multi:  # every process learns every prompt, in block order
+            order = np.argsort(facts[:, 0])
+            all_ids, all_mask = hostio.allgather(ids)[order], hostio.allgather(mask)[order]
+            ids_g, mask_g = all_ids.reshape(-1, plen), all_mask.reshape(-1, plen)
+        else:
+            ids_g, mask_g = ids, mask
+        # Row r answers prompt r // G; batch-padding rows copy the last prompt.
+        local_row = np.minimum(np.arange(n_local_pad), max(n - 1, 0)) // g
+        row_prompt = (block * u_max + local_row).astype(np.int32)
+        active = np.arange(n_local_pad) < n
+
+        fn = self._get_fn(params)
+        state = nnx.state(self.model)
+        args = (
+            ids_g,
+            mask_g,
+            row_prompt,
+            active,
+            key,
+            np.float32(params.temperature),
+            np.float32(params.top_p),
+            np.asarray(self.eos_token_ids, np.int32).reshape(-1),
             np.asarray(params.stop_token_ids, np.int32).reshape(-1),
-            self._stop_sequences(params.stop_strings))
-    traces = self.num_traces
-    lo = block * n_local_pad
-    t1 = time.perf_counter()
-    if self.mesh is None:
-      out = jax.device_get(fn(state, *args))
-      out = {k: np.asarray(v) for k, v in out.items()}
-    else:
-      args = tuple(hostio.to_global_rows(a, self.mesh, axes, nblocks) if i in (2, 3) else
-                   hostio.replicate_key(a, self.mesh) if i == 4 else
-                   hostio.to_global_replicated(a, self.mesh) for i, a in enumerate(args))
-      with jax.set_mesh(self.mesh):
-        res = fn(state, *args)
-      # Only this process's rows come back (no cross-host transfer).
-      out = {k: hostio.local_rows(v, lo, lo + n) for k, v in res.items() if k != "steps"}
-      out["steps"] = hostio.scalar(res["steps"])
-    t_dev = time.perf_counter() - t1  # compile (first call) + prefill + decode + transfer
+            self._stop_sequences(params.stop_strings),
+        )
+        traces = self.num_traces
+        lo = block * n_local_pad
+        t1 = time.perf_counter()
+        if self.mesh is None:
+            out = jax.device_get(fn(state, *args))
+            out = {k: np.asarray(v) for k, v in out.items()}
+        else:
+            args = tuple(
+                hostio.to_global_rows(a, self.mesh, axes, nblocks)
+                if i in (2, 3)
+                else hostio.replicate_key(a, self.mesh)
+                if i == 4
+                else hostio.to_global_replicated(a, self.mesh)
+                for i, a in enumerate(args)
+            )
+            with jax.set_mesh(self.mesh):
+                res = fn(state, *args)
+            # Only this process's rows come back (no cross-host transfer).
+            out = {k: hostio.local_rows(v, lo, lo + n) for k, v in res.items() if k != "steps"}
+            out["steps"] = hostio.scalar(res["steps"])
+        t_dev = time.perf_counter() - t1  # compile (first call) + prefill + decode + transfer
 
-    tokens = np.array(out["tokens"][:n], np.int32)  # writable copies
-    logprobs = np.array(out["logprobs"][:n], np.float32)
-    lengths = np.array(out["lengths"][:n], np.int32)
-    finish = [FINISH_NAMES[int(c)] for c in out["finish"][:n]]
-    if self.tokenizer is not None:
-      texts = [self.tokenizer.decode(tokens[r, :lengths[r]].tolist(), skip_special_tokens=True)
-               for r in range(n)]
-    else:
-      texts = [""] * n
-    if params.stop_strings:
-      apply_stop_strings(self.tokenizer, params.stop_strings, tokens, lengths, finish, texts)
-    cmask = (np.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(np.int32)
-    tokens = np.where(cmask > 0, tokens, self.pad_id).astype(np.int32)
-    logprobs = np.where(cmask > 0, logprobs, 0.0).astype(np.float32)
-    group = (np.arange(n) // g).astype(np.int32)
-    info = dict(seconds=time.perf_counter() - t0, device_seconds=t_dev, prompt_bucket=plen,
-                decode_steps=int(out["steps"]), batch_rows=n_local_pad * nblocks,
-                generated_tokens=int(lengths.sum()), compiled=self.num_traces > traces,
-                row_offset=lo, prompt_offset=block * u_max)
-    u = len(encoded)
-    return Rollouts(
-        prompt_ids=np.repeat(ids[:u], g, axis=0), prompt_mask=np.repeat(mask[:u], g, axis=0),
-        completion_ids=tokens,
-        completion_mask=cmask, logprobs=logprobs, lengths=lengths, finish_reason=finish,
-        group_ids=group, prompt_index=group.copy(), texts=texts, info=info)
+        tokens = np.array(out["tokens"][:n], np.int32)  # writable copies
+        logprobs = np.array(out["logprobs"][:n], np.float32)
+        lengths = np.array(out["lengths"][:n], np.int32)
+        finish = [FINISH_NAMES[int(c)] for c in out["finish"][:n]]
+        if self.tokenizer is not None:
+            texts = [
+                self.tokenizer.decode(tokens[r, : lengths[r]].tolist(), skip_special_tokens=True)
+                for r in range(n)
+            ]
+        else:
+            texts = [""] * n
+        if params.stop_strings:
+            apply_stop_strings(self.tokenizer, params.stop_strings, tokens, lengths, finish, texts)
+        cmask = (np.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(np.int32)
+        tokens = np.where(cmask > 0, tokens, self.pad_id).astype(np.int32)
+        logprobs = np.where(cmask > 0, logprobs, 0.0).astype(np.float32)
+        group = (np.arange(n) // g).astype(np.int32)
+        info = dict(
+            seconds=time.perf_counter() - t0,
+            device_seconds=t_dev,
+            prompt_bucket=plen,
+            decode_steps=int(out["steps"]),
+            batch_rows=n_local_pad * nblocks,
+            generated_tokens=int(lengths.sum()),
+            compiled=self.num_traces > traces,
+            row_offset=lo,
+            prompt_offset=block * u_max,
+        )
+        u = len(encoded)
+        return Rollouts(
+            prompt_ids=np.repeat(ids[:u], g, axis=0),
+            prompt_mask=np.repeat(mask[:u], g, axis=0),
+            completion_ids=tokens,
+            completion_mask=cmask,
+            logprobs=logprobs,
+            lengths=lengths,
+            finish_reason=finish,
+            group_ids=group,
+            prompt_index=group.copy(),
+            texts=texts,
+            info=info,
+        )
 
-  # ------------------------------------------------------------- internals
-  def _get_fn(self, params: SamplingParams):
-    m = int(params.max_new_tokens)
-    n = self.decode_chunks or min(4, -(-m // 32))
-    n = max(1, min(n, m))
-    chunks = tuple(m // n + (i < m % n) for i in range(n))
-    spec = decode.DecodeSpec(
-        max_new_tokens=m, chunks=chunks, top_k=int(params.top_k),
-        use_top_p=params.top_p < 1.0, greedy=bool(params.greedy), pad_id=self.pad_id)
-    graphdef = nnx.graphdef(self.model)
-    cache_key = (graphdef, spec)
-    if cache_key not in self._fns:
-      self._fns[cache_key] = decode.make_generate_fn(graphdef, spec, self.mesh, self._on_trace)
-    return self._fns[cache_key]
+    # ------------------------------------------------------------- internals
+    def _get_fn(self, params: SamplingParams):
+        m = int(params.max_new_tokens)
+        n = self.decode_chunks or min(4, -(-m // 32))
+        n = max(1, min(n, m))
+        chunks = tuple(m // n + (i < m % n) for i in range(n))
+        spec = decode.DecodeSpec(
+            max_new_tokens=m,
+            chunks=chunks,
+            top_k=int(params.top_k),
+            use_top_p=params.top_p < 1.0,
+            greedy=bool(params.greedy),
+            pad_id=self.pad_id,
+        )
+        graphdef = nnx.graphdef(self.model)
+        cache_key = (graphdef, spec)
+        if cache_key not in self._fns:
+            self._fns[cache_key] = decode.make_generate_fn(
+                graphdef, spec, self.mesh, self._on_trace
+            )
+        return self._fns[cache_key]
 
-  def _on_trace(self) -> None:
-    self.num_traces += 1
+    def _on_trace(self) -> None:
+        self.num_traces += 1
 
-  def _stop_sequences(self, stop_strings: Sequence[str]) -> np.ndarray:
-    """i32[S, L] right-aligned token sequences of the stop strings (-1 padded).
+    def _stop_sequences(self, stop_strings: Sequence[str]) -> np.ndarray:
+        """i32[S, L] right-aligned token sequences of the stop strings (-1 padded).
 
-    A device-side early exit only: the host check on the decoded text stays the
-    authority (a string can tokenize differently in context).
-    """
-    seqs = []
-    for s in stop_strings:
-      ids = self.tokenizer(s, add_special_tokens=False)["input_ids"]
-      if ids:
-        seqs.append(list(ids))
-    width = max([len(s) for s in seqs] + [1])
-    arr = np.full((len(seqs), width), -1, np.int32)
-    for i, s in enumerate(seqs):
-      arr[i, width - len(s):] = s
-    return arr
+        A device-side early exit only: the host check on the decoded text stays the
+        authority (a string can tokenize differently in context).
+        """
+        seqs = []
+        for s in stop_strings:
+            ids = self.tokenizer(s, add_special_tokens=False)["input_ids"]
+            if ids:
+                seqs.append(list(ids))
+        width = max([len(s) for s in seqs] + [1])
+        arr = np.full((len(seqs), width), -1, np.int32)
+        for i, s in enumerate(seqs):
+            arr[i, width - len(s) :] = s
+        return arr

@@ -5,42 +5,51 @@ authority is the decoded text: the completion keeps the shortest token prefix
 whose text contains a stop string (the stop string itself is kept, like vLLM's
 ``include_stop_str_in_output=True``), and the text is cut right after it.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 
 def first_stop_end(text: str, stop_strings: Sequence[str]) -> int | None:
-  """End offset of the earliest-ending stop string occurrence in text, or None."""
-  ends = [text.find(s) + len(s) for s in stop_strings if s in text]
-  return min(ends) if ends else None
+    """End offset of the earliest-ending stop string occurrence in text, or None."""
+    ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+    return min(ends) if ends else None
 
 
-def apply_stop_strings(tokenizer: Any, stop_strings: Sequence[str], tokens: np.ndarray,
-                       lengths: np.ndarray, finish: list[str], texts: list[str]) -> None:
-  """Truncates rows in place (lengths, finish, texts; tokens past length are
-  masked by the caller).
+def apply_stop_strings(
+    tokenizer: Any,
+    stop_strings: Sequence[str],
+    tokens: np.ndarray,
+    lengths: np.ndarray,
+    finish: list[str],
+    texts: list[str],
+) -> None:
+    """Truncates rows in place (lengths, finish, texts; tokens past length are
+    masked by the caller).
 
-  tokens i32[N, C]; lengths i32[N]; finish / texts: per-row lists.
-  """
-  def decode(row: int, k: int) -> str:
-    return tokenizer.decode(tokens[row, :k].tolist(), skip_special_tokens=True)
+    tokens i32[N, C]; lengths i32[N]; finish / texts: per-row lists.
+    """
 
-  for r in range(tokens.shape[0]):
-    if first_stop_end(texts[r], stop_strings) is None:
-      continue
-    # "prefix text contains a stop string" is monotone in the prefix length:
-    # binary search the shortest prefix, O(log C) decodes per row.
-    lo, hi = 1, int(lengths[r])
-    while lo < hi:
-      mid = (lo + hi) // 2
-      if first_stop_end(decode(r, mid), stop_strings) is None:
-        lo = mid + 1
-      else:
-        hi = mid
-    text = decode(r, lo)
-    lengths[r] = lo
-    finish[r] = "stop"
-    texts[r] = text[: first_stop_end(text, stop_strings)]
+    def decode(row: int, k: int) -> str:
+        return tokenizer.decode(tokens[row, :k].tolist(), skip_special_tokens=True)
+
+    for r in range(tokens.shape[0]):
+        if first_stop_end(texts[r], stop_strings) is None:
+            continue
+        # "prefix text contains a stop string" is monotone in the prefix length:
+        # binary search the shortest prefix, O(log C) decodes per row.
+        lo, hi = 1, int(lengths[r])
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if first_stop_end(decode(r, mid), stop_strings) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        text = decode(r, lo)
+        lengths[r] = lo
+        finish[r] = "stop"
+        texts[r] = text[: first_stop_end(text, stop_strings)]

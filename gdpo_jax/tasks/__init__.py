@@ -6,6 +6,7 @@
     task = get_task("math")
     examples = task.load("data/deepscaler.json")
 """
+
 import importlib
 from types import ModuleType
 

@@ -13,6 +13,7 @@ Rewards (the program = the last ```python block of the completion):
 Both rewards share one sandbox run per (program, tests, limits): results are
 memoized with single flight, so pass rate and bug cost one execution.
 """
+
 from __future__ import annotations
 
 import collections
@@ -21,7 +22,8 @@ import json
 import math
 import re
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,11 +33,15 @@ from gdpo_jax.rewards.runner import RewardSpec
 from gdpo_jax.rewards.sandbox import ProgramResult, SandboxLimits, run_program
 from gdpo_jax.tasks.common import load_records, parse_json_field
 
-STDIN_TEMPLATE = ("{question}\n\nWrite a Python 3 program that reads the input from standard input "
-                  "and prints the answer to standard output. Give the complete program in a "
-                  "```python code block.")
-CALL_TEMPLATE = ("{question}\n\nComplete the Python 3 function below and give the complete code in a "
-                 "```python code block.\n```python\n{starter}\n```")
+STDIN_TEMPLATE = (
+    "{question}\n\nWrite a Python 3 program that reads the input from standard input "
+    "and prints the answer to standard output. Give the complete program in a "
+    "```python code block."
+)
+CALL_TEMPLATE = (
+    "{question}\n\nComplete the Python 3 function below and give the complete code in a "
+    "```python code block.\n```python\n{starter}\n```"
+)
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
 
@@ -64,14 +70,17 @@ def stdout_matches(actual: str, expected: str, tol: float = 1e-6) -> bool:
     e = [t for t in e if t]
     if len(a) != len(e):
         return False
-    return all(len(x) == len(y) and all(_tokens_equal(p, q, tol) for p, q in zip(x, y))
-               for x, y in zip(a, e))
+    return all(
+        len(x) == len(y) and all(_tokens_equal(p, q, tol) for p, q in zip(x, y))
+        for x, y in zip(a, e)
+    )
 
 
 def value_matches(value: Any, expected: Any, tol: float = 1e-6) -> bool:
     """Return-value comparison (APPS convention: an expected value may be
     wrapped in a one-element list; tuples are lists after JSON; numbers
     within `tol`; booleans only equal booleans)."""
+
     def eq(a, b):
         if isinstance(a, bool) or isinstance(b, bool):  # True is not 1 here
             return type(a) is type(b) and a == b
@@ -82,6 +91,7 @@ def value_matches(value: Any, expected: Any, tol: float = 1e-6) -> bool:
         if isinstance(a, dict) and isinstance(b, dict):
             return a.keys() == b.keys() and all(eq(a[k], b[k]) for k in a)
         return a == b
+
     if eq(value, expected):
         return True
     return isinstance(expected, list) and len(expected) == 1 and eq(value, expected[0])
@@ -124,8 +134,14 @@ def _limits(kwargs: Mapping) -> tuple[SandboxLimits, str, int | None]:
     return lim, kwargs.get("isolation", "auto"), kwargs.get("max_tests")
 
 
-def run_tests(code: str, tests: Mapping, *, limits: SandboxLimits = SandboxLimits(),
-              isolation: str = "auto", max_tests: int | None = None) -> tuple[float, bool, ProgramResult]:
+def run_tests(
+    code: str,
+    tests: Mapping,
+    *,
+    limits: SandboxLimits = SandboxLimits(),
+    isolation: str = "auto",
+    max_tests: int | None = None,
+) -> tuple[float, bool, ProgramResult]:
     """(pass rate, bug-free, raw result) of `code` on `tests`, memoized."""
     ins, outs = list(tests["inputs"]), list(tests["outputs"])
     if max_tests is not None:
@@ -135,8 +151,11 @@ def run_tests(code: str, tests: Mapping, *, limits: SandboxLimits = SandboxLimit
 
     def compute():
         res = run_program(code, ins, fn_name=fn, limits=limits, isolation_mode=isolation)
-        ok = [c.status == "ok" and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, str(o)))
-              for c, o in zip(res.cases, outs)]
+        ok = [
+            c.status == "ok"
+            and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, str(o)))
+            for c, o in zip(res.cases, outs)
+        ]
         return (sum(ok) / len(outs) if outs else 0.0), not res.has_error, res
 
     return _MEMO.get(key, compute)
@@ -159,15 +178,17 @@ def _scores(completions, tests, kwargs, which: int) -> list[float]:
 
 
 @register_reward("code_pass_rate")
-def pass_rate_reward(prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping],
-                     **kwargs) -> list[float]:
+def pass_rate_reward(
+    prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping], **kwargs
+) -> list[float]:
     """[0, 1] share of passed tests. kwargs: SandboxLimits fields, isolation, max_tests."""
     return _scores(completions, tests, kwargs, 0)
 
 
 @register_reward("code_bug")
-def bug_reward(prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping],
-               **kwargs) -> list[float]:
+def bug_reward(
+    prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping], **kwargs
+) -> list[float]:
     """{0, 1}: 1 when the program runs without compile/runtime error."""
     return _scores(completions, tests, kwargs, 1)
 
@@ -179,8 +200,12 @@ RUNNER_DEFAULTS: dict = {"chunk_size": 1, "timeout_s": 120.0}
 
 def default_rewards(max_tokens: int = 4000, bug: bool = True) -> list[RewardSpec]:
     """Pass rate, length gated on pass rate == 1, and (3 objectives) bug."""
-    specs = [RewardSpec("code_pass_rate"),
-             RewardSpec("length", condition="code_pass_rate", threshold=1.0, kwargs={"max_tokens": max_tokens})]
+    specs = [
+        RewardSpec("code_pass_rate"),
+        RewardSpec(
+            "length", condition="code_pass_rate", threshold=1.0, kwargs={"max_tokens": max_tokens}
+        ),
+    ]
     return specs + [RewardSpec("code_bug")] if bug else specs
 
 
@@ -192,11 +217,18 @@ def _tests(value: Any, path: str, row: int, field: str) -> dict:
         if not isinstance(t.get(k), list):
             raise RecordError(path, row, f"{field}.{k}", "missing or not a list")
     if len(t["inputs"]) != len(t["outputs"]) or not t["inputs"]:
-        raise RecordError(path, row, field, f"need as many outputs as inputs (>= 1), got "
-                          f"{len(t['inputs'])} inputs and {len(t['outputs'])} outputs")
+        raise RecordError(
+            path,
+            row,
+            field,
+            f"need as many outputs as inputs (>= 1), got "
+            f"{len(t['inputs'])} inputs and {len(t['outputs'])} outputs",
+        )
     out = {"inputs": t["inputs"], "outputs": t["outputs"], "fn_name": t.get("fn_name") or None}
     if out["fn_name"] is None and not all(isinstance(x, (str, list)) for x in out["inputs"]):
-        raise RecordError(path, row, f"{field}.inputs", "stdin inputs must be strings (or lists of lines)")
+        raise RecordError(
+            path, row, f"{field}.inputs", "stdin inputs must be strings (or lists of lines)"
+        )
     return out
 
 
@@ -207,8 +239,11 @@ def normalize_record(rec: dict, path: str, row: int) -> dict:
         tests = _tests(rec["input_output"], path, row, "input_output")
         q = get_field(rec, "question", path, row)
         starter = rec.get("starter_code") or ""
-        text = (CALL_TEMPLATE.format(question=q.strip(), starter=starter.strip())
-                if tests["fn_name"] and starter.strip() else STDIN_TEMPLATE.format(question=q.strip()))
+        text = (
+            CALL_TEMPLATE.format(question=q.strip(), starter=starter.strip())
+            if tests["fn_name"] and starter.strip()
+            else STDIN_TEMPLATE.format(question=q.strip())
+        )
         prompt = [{"role": "user", "content": text}]
     else:
         if "prompt" in rec:
@@ -218,19 +253,33 @@ def normalize_record(rec: dict, path: str, row: int) -> dict:
             prompt = [{"role": "user", "content": STDIN_TEMPLATE.format(question=q.strip())}]
         field = "reward_model.ground_truth" if "reward_model" in rec else "tests"
         tests = _tests(get_field(rec, field, path, row), path, row, field)
-    return {"prompt": prompt, "tests": tests, "data_source": rec.get("data_source", "code"),
-            "extra_info": rec.get("extra_info") or {}}
+    return {
+        "prompt": prompt,
+        "tests": tests,
+        "data_source": rec.get("data_source", "code"),
+        "extra_info": rec.get("extra_info") or {},
+    }
 
 
-def load(path: PathLike | Sequence[PathLike] | Sequence[Mapping], *, split: str | None = None,
-         backend: str = "auto", limit: int | None = None) -> list[dict]:
+def load(
+    path: PathLike | Sequence[PathLike] | Sequence[Mapping],
+    *,
+    split: str | None = None,
+    backend: str = "auto",
+    limit: int | None = None,
+) -> list[dict]:
     """Code records from JSONL / JSON / Parquet (Eurus-2-RL code, APPS, TACO)."""
     return load_records(path, normalize_record, split=split, backend=backend, limit=limit)
 
 
-def evaluate(completions: Sequence[str], examples: Sequence[Mapping], *,
-             completion_lengths: Sequence[int] | None = None, max_tokens: int = 4000,
-             **kwargs) -> dict[str, float]:
+def evaluate(
+    completions: Sequence[str],
+    examples: Sequence[Mapping],
+    *,
+    completion_lengths: Sequence[int] | None = None,
+    max_tokens: int = 4000,
+    **kwargs,
+) -> dict[str, float]:
     """{"pass_rate" (mean share of tests), "all_pass" (share passing every test),
     "bug_ratio" (share with compile/runtime errors or no code), "exceed_ratio"}.
     kwargs: sandbox settings as for the rewards."""
@@ -238,6 +287,10 @@ def evaluate(completions: Sequence[str], examples: Sequence[Mapping], *,
     rate = np.asarray(pass_rate_reward(None, completions, tests=tests, **kwargs), np.float64)
     bug = np.asarray(bug_reward(None, completions, tests=tests, **kwargs), np.float64)
     lens = np.asarray(completion_token_counts(completions, completion_lengths))
-    return {"pass_rate": float(np.nanmean(rate)), "all_pass": float(np.mean(rate >= 1.0)),
-            "bug_ratio": float(np.mean(bug == 0.0)), "exceed_ratio": float(np.mean(lens > max_tokens)),
-            "num_samples": float(len(rate))}
+    return {
+        "pass_rate": float(np.nanmean(rate)),
+        "all_pass": float(np.mean(rate >= 1.0)),
+        "bug_ratio": float(np.mean(bug == 0.0)),
+        "exceed_ratio": float(np.mean(lens > max_tokens)),
+        "num_samples": float(len(rate)),
+    }

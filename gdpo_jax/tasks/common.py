@@ -1,8 +1,10 @@
 """Pieces shared by the task modules: record loading loop, grouping, heads."""
+
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -11,8 +13,14 @@ from gdpo_jax.data.loaders import PathLike, RecordError, iter_records
 Normalizer = Callable[[dict, str, int], dict]
 
 
-def load_records(path: PathLike | Sequence[PathLike] | Sequence[Mapping], normalize: Normalizer, *,
-                 split: str | None = None, backend: str = "auto", limit: int | None = None) -> list[dict]:
+def load_records(
+    path: PathLike | Sequence[PathLike] | Sequence[Mapping],
+    normalize: Normalizer,
+    *,
+    split: str | None = None,
+    backend: str = "auto",
+    limit: int | None = None,
+) -> list[dict]:
     """Reads records from files (or takes in-memory dicts) and normalizes each.
 
     normalize(record, file, row) -> task record with at least "prompt" (chat
@@ -38,7 +46,9 @@ def parse_json_field(value: Any, path: str, row: int, field: str) -> Any:
         try:
             return json.loads(value)
         except json.JSONDecodeError as e:
-            raise RecordError(path, row, field, f"invalid JSON text ({e.msg} at column {e.colno})") from e
+            raise RecordError(
+                path, row, field, f"invalid JSON text ({e.msg} at column {e.colno})"
+            ) from e
     return value
 
 
@@ -50,8 +60,13 @@ def group_ids_for(examples: Sequence[Mapping], group_ids: Sequence[int] | None) 
             raise ValueError(f"group_ids has shape {g.shape}, expected ({len(examples)},)")
         return g.astype(np.int64)
     seen: dict[str, int] = {}
-    return np.asarray([seen.setdefault(json.dumps(ex.get("prompt"), sort_keys=True, default=str), len(seen))
-                       for ex in examples], np.int64)
+    return np.asarray(
+        [
+            seen.setdefault(json.dumps(ex.get("prompt"), sort_keys=True, default=str), len(seen))
+            for ex in examples
+        ],
+        np.int64,
+    )
 
 
 def mean_over_groups(values: np.ndarray, groups: np.ndarray) -> float:

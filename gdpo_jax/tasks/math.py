@@ -9,12 +9,14 @@ Rewards:
     paper conditions it on correctness: RewardSpec("length",
     condition="math_correct", kwargs={"max_tokens": 4000}).
 """
+
 from __future__ import annotations
 
 import functools
 import re
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +26,9 @@ from gdpo_jax.rewards.runner import RewardSpec
 from gdpo_jax.tasks.common import group_ids_for, load_records, mean_over_groups
 
 # DeepScaleR / DeepSeek-R1 instruction.
-PROMPT_TEMPLATE = "{problem} Let's think step by step and output the final answer within \\boxed{{}}."
+PROMPT_TEMPLATE = (
+    "{problem} Let's think step by step and output the final answer within \\boxed{{}}."
+)
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
@@ -44,7 +48,7 @@ def last_boxed(text: str) -> str | None:
             elif ch == "}":
                 depth -= 1
                 if depth == 0:
-                    return text[m.end():i].strip()
+                    return text[m.end() : i].strip()
             i += 1
         # unbalanced: fall through to the brace-less form / none
     m2 = list(re.finditer(r"\\boxed\s+([^\s$]+)", text))
@@ -55,19 +59,30 @@ def normalize_answer(s: str) -> str:
     """String fallback: drop spacing, $, \\left/\\right, text wrappers, trailing dot."""
     s = s.strip().strip("$").strip()
     s = re.sub(r"\\text\{(.*?)\}|\\mathrm\{(.*?)\}", lambda m: m.group(1) or m.group(2) or "", s)
-    for a, b in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("\\;", ""),
-                 ("dfrac", "frac"), ("tfrac", "frac"), ("^\\circ", ""), ("^{\\circ}", ""),
-                 ("\\%", ""), ("%", "")):
+    for a, b in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("\\;", ""),
+        ("dfrac", "frac"),
+        ("tfrac", "frac"),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+        ("\\%", ""),
+        ("%", ""),
+    ):
         s = s.replace(a, b)
     s = re.sub(r"\s+", "", s).rstrip(".")
     return s.lower()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _math_verify():
     import math_verify  # lazy: the sympy / antlr import takes ~0.5 s
     import math_verify.grader
     import math_verify.parser
+
     # It warns (racily, once per thread) when timeouts are off; here that is
     # deliberate in worker threads, so mark the warning as already shown.
     math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
@@ -103,8 +118,9 @@ def _golds(gt: Any) -> list[str]:
 
 
 @register_reward("math_correct")
-def correctness_reward(prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[Any],
-                       **kwargs) -> list[float]:
+def correctness_reward(
+    prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[Any], **kwargs
+) -> list[float]:
     """{0, 1}: last boxed answer equivalent to (any of) the reference answer(s)."""
     out = []
     for c, gt in zip(completions, ground_truth):
@@ -117,16 +133,22 @@ def correctness_reward(prompts: Sequence, completions: Sequence[str], *, ground_
 RUNNER_DEFAULTS: dict = {"chunk_size": 8}
 
 
-def default_rewards(max_tokens: int = 4000, conditioned: bool = True,
-                    executor: str | None = None) -> list[RewardSpec]:
+def default_rewards(
+    max_tokens: int = 4000, conditioned: bool = True, executor: str | None = None
+) -> list[RewardSpec]:
     """Correctness + length (<= max_tokens), length gated on correctness by default.
 
     executor="process" runs math-verify in a process pool: parallel despite
     the GIL, and a hung sympy call can be killed (threads cannot be).
     """
-    return [RewardSpec("math_correct", executor=executor),
-            RewardSpec("length", condition="math_correct" if conditioned else None,
-                       kwargs={"max_tokens": max_tokens})]
+    return [
+        RewardSpec("math_correct", executor=executor),
+        RewardSpec(
+            "length",
+            condition="math_correct" if conditioned else None,
+            kwargs={"max_tokens": max_tokens},
+        ),
+    ]
 
 
 def normalize_record(rec: dict, path: str, row: int, template: str = PROMPT_TEMPLATE) -> dict:
@@ -148,13 +170,23 @@ def normalize_record(rec: dict, path: str, row: int, template: str = PROMPT_TEMP
     golds = _golds(gt)
     if not golds or not all(g.strip() for g in golds):
         raise RecordError(path, row, field, f"reference answer is empty: {gt!r}")
-    return {"prompt": prompt, "ground_truth": golds[0] if len(golds) == 1 else golds,
-            "data_source": rec.get("data_source", "math"), "extra_info": rec.get("extra_info") or {},
-            "solution": rec.get("solution")}
+    return {
+        "prompt": prompt,
+        "ground_truth": golds[0] if len(golds) == 1 else golds,
+        "data_source": rec.get("data_source", "math"),
+        "extra_info": rec.get("extra_info") or {},
+        "solution": rec.get("solution"),
+    }
 
 
-def load(path: PathLike | Sequence[PathLike] | Sequence[Mapping], *, split: str | None = None,
-         backend: str = "auto", limit: int | None = None, template: str = PROMPT_TEMPLATE) -> list[dict]:
+def load(
+    path: PathLike | Sequence[PathLike] | Sequence[Mapping],
+    *,
+    split: str | None = None,
+    backend: str = "auto",
+    limit: int | None = None,
+    template: str = PROMPT_TEMPLATE,
+) -> list[dict]:
     """Math records from JSONL / JSON / Parquet (DeepScaleR, verl, synthetic arithmetic)."""
     norm = lambda r, f, i: normalize_record(r, f, i, template)  # noqa: E731
     return load_records(path, norm, split=split, backend=backend, limit=limit)
@@ -167,10 +199,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def evaluate(completions: Sequence[str], examples: Sequence[Mapping], *,
-             completion_lengths: Sequence[int] | None = None, max_tokens: int = 4000,
-             group_ids: Sequence[int] | None = None, correct: Sequence[float] | None = None,
-             **kwargs) -> dict[str, float]:
+def evaluate(
+    completions: Sequence[str],
+    examples: Sequence[Mapping],
+    *,
+    completion_lengths: Sequence[int] | None = None,
+    max_tokens: int = 4000,
+    group_ids: Sequence[int] | None = None,
+    correct: Sequence[float] | None = None,
+    **kwargs,
+) -> dict[str, float]:
     """Avg pass@1 over the k samples of each problem, and the Exceed ratio.
 
     completions[i] is a sample for examples[i]; samples of one problem share a
@@ -180,11 +218,17 @@ def evaluate(completions: Sequence[str], examples: Sequence[Mapping], *,
     "mean_length", "num_problems", "samples_per_problem"}.
     """
     if correct is None:
-        correct = correctness_reward(None, completions, ground_truth=[ex["ground_truth"] for ex in examples])
+        correct = correctness_reward(
+            None, completions, ground_truth=[ex["ground_truth"] for ex in examples]
+        )
     corr = np.asarray(correct, np.float64)
     groups = group_ids_for(examples, group_ids)
     lens = np.asarray(completion_token_counts(completions, completion_lengths), np.float64)
     n_prob = len(np.unique(groups))
-    return {"pass@1": mean_over_groups(corr, groups), "exceed_ratio": float(np.mean(lens > max_tokens)),
-            "mean_length": float(lens.mean()), "num_problems": float(n_prob),
-            "samples_per_problem": float(len(corr) / max(n_prob, 1))}
+    return {
+        "pass@1": mean_over_groups(corr, groups),
+        "exceed_ratio": float(np.mean(lens > max_tokens)),
+        "mean_length": float(lens.mean()),
+        "num_problems": float(n_prob),
+        "samples_per_problem": float(len(corr) / max(n_prob, 1)),
+    }

@@ -20,12 +20,14 @@ Rewards (ToolRL, as the GDPO paper uses them):
     -3 if the completion's calls cannot be parsed; 3 on an exact match;
     else 6 * score / max_score - 3 (see `tool_call_score`).
 """
+
 from __future__ import annotations
 
 import json
 import re
 from collections import Counter
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -74,8 +76,11 @@ def parse_tool_calls(text: str) -> list[dict] | None:
             c = json.loads(line)
         except json.JSONDecodeError:
             return None
-        if not (isinstance(c, dict) and isinstance(c.get("name"), str)
-                and isinstance(c.get("parameters"), dict)):
+        if not (
+            isinstance(c, dict)
+            and isinstance(c.get("name"), str)
+            and isinstance(c.get("parameters"), dict)
+        ):
             return None
         calls.append(c)
     return calls
@@ -102,7 +107,9 @@ def tool_call_score(gt: Sequence[Mapping], pred: Sequence[Mapping]) -> float:
             if i in used or p["name"] != g["name"]:
                 continue
             pp = p["parameters"]
-            s = match_score(list(gp), list(pp)) + sum(1.0 for k, v in gp.items() if k in pp and pp[k] == v)
+            s = match_score(list(gp), list(pp)) + sum(
+                1.0 for k, v in gp.items() if k in pp and pp[k] == v
+            )
             if s > best:
                 best, best_i = s, i
         if best_i >= 0:
@@ -115,17 +122,23 @@ def format_ok(completion: str, ground_truth: str) -> bool:
     """The tag structure the ground truth calls for, each tag once, nothing around."""
     want_call, want_resp = "<tool_call>" in ground_truth, "<response>" in ground_truth
     s = completion.strip()
-    expect = {"<think>": 1, "</think>": 1,
-              "<tool_call>": int(want_call), "</tool_call>": int(want_call),
-              "<response>": int(want_resp), "</response>": int(want_resp)}
+    expect = {
+        "<think>": 1,
+        "</think>": 1,
+        "<tool_call>": int(want_call),
+        "</tool_call>": int(want_call),
+        "<response>": int(want_resp),
+        "</response>": int(want_resp),
+    }
     if any(s.count(t) != n for t, n in expect.items()):
         return False
     return re.fullmatch(_PATTERNS[(want_call, want_resp)], s, re.DOTALL) is not None
 
 
 @register_reward("toolcall_format")
-def format_reward(prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[str],
-                  **kwargs) -> list[float]:
+def format_reward(
+    prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[str], **kwargs
+) -> list[float]:
     """{0, 1}: see `format_ok`."""
     return [float(format_ok(c, g)) for c, g in zip(completions, ground_truth)]
 
@@ -136,14 +149,21 @@ def _gt_calls(ground_truth: str) -> list[dict] | None:
     body = ground_truth.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0]
     calls = [json.loads(line) for line in body.strip().split("\n") if line.strip()]
     for c in calls:
-        if not (isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("parameters"), dict)):
-            raise ValueError(f"ground-truth tool call {c!r} needs 'name' (str) and 'parameters' (object)")
+        if not (
+            isinstance(c, dict)
+            and isinstance(c.get("name"), str)
+            and isinstance(c.get("parameters"), dict)
+        ):
+            raise ValueError(
+                f"ground-truth tool call {c!r} needs 'name' (str) and 'parameters' (object)"
+            )
     return calls
 
 
 @register_reward("toolcall_correctness")
-def correctness_reward(prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[str],
-                       **kwargs) -> list[float]:
+def correctness_reward(
+    prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[str], **kwargs
+) -> list[float]:
     """[-3, 3]: 0 if no call expected, -3 if unparseable, else `tool_call_score`."""
     out = []
     for c, g in zip(completions, ground_truth):
@@ -183,12 +203,21 @@ def normalize_record(rec: dict, path: str, row: int) -> dict:
         _gt_calls(gt)
     except (ValueError, json.JSONDecodeError) as e:
         raise RecordError(path, row, field, f"tool call does not parse: {e}") from e
-    return {"prompt": prompt, "ground_truth": gt, "data_source": rec.get("data_source", "toolcall"),
-            "extra_info": rec.get("extra_info") or {}}
+    return {
+        "prompt": prompt,
+        "ground_truth": gt,
+        "data_source": rec.get("data_source", "toolcall"),
+        "extra_info": rec.get("extra_info") or {},
+    }
 
 
-def load(path: PathLike | Sequence[PathLike] | Sequence[Mapping], *, split: str | None = None,
-         backend: str = "auto", limit: int | None = None) -> list[dict]:
+def load(
+    path: PathLike | Sequence[PathLike] | Sequence[Mapping],
+    *,
+    split: str | None = None,
+    backend: str = "auto",
+    limit: int | None = None,
+) -> list[dict]:
     """Tool-calling records from JSONL / JSON / Parquet (ToolRL rlla_4k, synthetic)."""
     return load_records(path, normalize_record, split=split, backend=backend, limit=limit)
 
@@ -233,5 +262,9 @@ def evaluate(completions: Sequence[str], examples: Sequence[Mapping], **kwargs) 
     acc = [ast_match(c, g) for c, g in zip(completions, gts)]
     fmt = format_reward(None, completions, ground_truth=gts)
     cor = correctness_reward(None, completions, ground_truth=gts)
-    return {"accuracy": float(np.mean(acc)), "format": float(np.mean(fmt)),
-            "correctness": float(np.mean(cor)), "num_samples": float(len(gts))}
+    return {
+        "accuracy": float(np.mean(acc)),
+        "format": float(np.mean(fmt)),
+        "correctness": float(np.mean(cor)),
+        "num_samples": float(len(gts)),
+    }

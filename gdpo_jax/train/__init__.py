@@ -5,16 +5,23 @@
 
 Heavy pieces (the loop pulls in the sampler, rewards and orbax) load lazily.
 """
+
 from gdpo_jax.train.config import ConfigError, base_config, validate_config
 from gdpo_jax.train.mesh import make_mesh
 
 _LAZY = {
-    "train": "gdpo_jax.train.loop", "Trainer": "gdpo_jax.train.loop",
-    "CompiledStep": "gdpo_jax.train.step", "StepConfig": "gdpo_jax.train.step",
-    "train_step": "gdpo_jax.train.step", "TrainState": "gdpo_jax.train.state",
-    "create_train_state": "gdpo_jax.train.state", "make_optimizer": "gdpo_jax.train.state",
-    "Checkpointer": "gdpo_jax.train.checkpoint", "MetricsWriter": "gdpo_jax.train.metrics",
-    "TaskData": "gdpo_jax.train.build", "register_task": "gdpo_jax.train.build",
+    "train": "gdpo_jax.train.loop",
+    "Trainer": "gdpo_jax.train.loop",
+    "CompiledStep": "gdpo_jax.train.step",
+    "StepConfig": "gdpo_jax.train.step",
+    "train_step": "gdpo_jax.train.step",
+    "TrainState": "gdpo_jax.train.state",
+    "create_train_state": "gdpo_jax.train.state",
+    "make_optimizer": "gdpo_jax.train.state",
+    "Checkpointer": "gdpo_jax.train.checkpoint",
+    "MetricsWriter": "gdpo_jax.train.metrics",
+    "TaskData": "gdpo_jax.train.build",
+    "register_task": "gdpo_jax.train.build",
     "register_tokenizer": "gdpo_jax.train.build",
 }
 
@@ -22,6 +29,7 @@ _LAZY = {
 def __getattr__(name: str):
     if name in _LAZY:
         import importlib
+
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
 

@@ -6,11 +6,13 @@ Tasks and tokenizers are looked up by name in small registries, so a config
     @register_task("my_task")
     def load(cfg) -> TaskData: ...
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from jax.sharding import Mesh
@@ -29,6 +31,7 @@ class TaskData:
       (one entry per completion; examples repeated for k samples per prompt;
       kw: completion_lengths, group_ids and config.task.eval_kwargs).
     """
+
     train: list[dict]
     eval: list[dict]
     evaluate: Callable[..., dict] | None = None
@@ -38,6 +41,7 @@ def register_task(name: str) -> Callable[[TaskLoader], TaskLoader]:
     def deco(fn: TaskLoader) -> TaskLoader:
         _TASKS[name] = fn
         return fn
+
     return deco
 
 
@@ -45,6 +49,7 @@ def register_tokenizer(name: str) -> Callable[[Callable[[], Any]], Callable[[], 
     def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
         _TOKENIZERS[name] = fn
         return fn
+
     return deco
 
 
@@ -64,8 +69,10 @@ def load_task(cfg) -> TaskData:
     _load_builtin_tasks()
     name = cfg.task.name
     if name not in _TASKS:
-        raise ValueError(f"config.task.name={name!r} is not a known task; known: "
-                         f"{sorted(_TASKS)} (register more with gdpo_jax.train.build.register_task).")
+        raise ValueError(
+            f"config.task.name={name!r} is not a known task; known: "
+            f"{sorted(_TASKS)} (register more with gdpo_jax.train.build.register_task)."
+        )
     data = _TASKS[name](cfg)
     if not data.train:
         raise ValueError(f"task {name!r} produced no training records.")
@@ -81,38 +88,49 @@ def build_tokenizer(name: str) -> Any:
         return _TOKENIZERS[name]()
     if name and os.path.isdir(name):
         from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(name)
     raise ValueError(
         f"config.model.tokenizer={name!r} is neither a registered tokenizer "
         f"({sorted(_TOKENIZERS)}) nor a tokenizer directory; a random-init model "
-        "(config.model.name='') needs one.")
+        "(config.model.name='') needs one."
+    )
 
 
 def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
     """(Transformer born sharded on `mesh`, tokenizer) from config.model."""
     from gdpo_jax.models import ModelConfig
     from gdpo_jax.models.sharding import create_model
+
     m = cfg.model
     if m.name:
         from gdpo_jax.models import load_pretrained
-        return load_pretrained(m.name, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh,
-                               remat=m.remat)
+
+        return load_pretrained(
+            m.name, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh, remat=m.remat
+        )
     tokenizer = build_tokenizer(m.tokenizer)
     overrides = dict(m.tiny.to_dict())
     overrides.setdefault("vocab_size", len(tokenizer))
-    for field, attr in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                        ("pad_token_id", "pad_token_id")):
+    for field, attr in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "pad_token_id"),
+    ):
         if getattr(tokenizer, attr, None) is not None:
             overrides.setdefault(field, int(getattr(tokenizer, attr)))
     mc = ModelConfig.tiny(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, **overrides)
     if mc.vocab_size < len(tokenizer):
-        raise ValueError(f"config.model.tiny.vocab_size={mc.vocab_size} is smaller than the "
-                         f"tokenizer's {len(tokenizer)} tokens; raise it or leave it unset.")
+        raise ValueError(
+            f"config.model.tiny.vocab_size={mc.vocab_size} is smaller than the "
+            f"tokenizer's {len(tokenizer)} tokens; raise it or leave it unset."
+        )
     return create_model(mc, mesh=mesh, seed=cfg.seed), tokenizer
 
 
-def prompt_length_filter(records: list[dict], sampler: Any, max_len: int,
-                         chat_template: bool) -> tuple[list[dict], int]:
+def prompt_length_filter(
+    records: list[dict], sampler: Any, max_len: int, chat_template: bool
+) -> tuple[list[dict], int]:
     """Drops records whose encoded prompt exceeds `max_len` tokens. Returns (kept, dropped)."""
     kept = []
     for r in records:

@@ -11,6 +11,7 @@ complete, so a run killed during a save resumes from the previous complete
 checkpoint; saves are asynchronous (the step loop continues while the files
 are written) unless `async_save=False`.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,16 @@ class Checkpointer:
       config: the run's config; saved with each checkpoint and compared on restore.
     """
 
-    def __init__(self, directory: str, *, every: int, keep: int = 3, async_save: bool = True,
-                 config: mlc.ConfigDict | None = None, allow_config_change: bool = False):
+    def __init__(
+        self,
+        directory: str,
+        *,
+        every: int,
+        keep: int = 3,
+        async_save: bool = True,
+        config: mlc.ConfigDict | None = None,
+        allow_config_change: bool = False,
+    ):
         self.directory = os.path.abspath(directory)
         self.every = int(every)
         self.config = config
@@ -54,15 +63,22 @@ class Checkpointer:
             # A tmp dir left by a killed save is ignored by restore and removed here.
             cleanup_tmp_directories=True,
         )
-        self._mngr = ocp.CheckpointManager(self.directory, options=options,
-                                           item_names=("state", "meta"))
+        self._mngr = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "meta")
+        )
 
     @classmethod
-    def from_config(cls, cfg: mlc.ConfigDict) -> "Checkpointer":
+    def from_config(cls, cfg: mlc.ConfigDict) -> Checkpointer:
         """The run's checkpointer: `<cfg.workdir>/checkpoints`, `cfg.checkpoint.*` settings."""
         c = cfg.checkpoint
-        return cls(os.path.join(cfg.workdir, "checkpoints"), every=c.every, keep=c.keep,
-                   async_save=c.async_save, config=cfg, allow_config_change=c.allow_config_change)
+        return cls(
+            os.path.join(cfg.workdir, "checkpoints"),
+            every=c.every,
+            keep=c.keep,
+            async_save=c.async_save,
+            config=cfg,
+            allow_config_change=c.allow_config_change,
+        )
 
     # ------------------------------------------------------------------ query
     def latest_step(self) -> int | None:
@@ -75,22 +91,39 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return self.every > 0 and step % self.every == 0
 
-    def save(self, step: int, state: Any, *, key: jax.Array, data_state: Any = None,
-             force: bool = False, extra: dict | None = None) -> bool:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        key: jax.Array,
+        data_state: Any = None,
+        force: bool = False,
+        extra: dict | None = None,
+    ) -> bool:
         """Saves when `step` is on the interval (or `force`). Returns whether it saved."""
         if not force and not self.should_save(step):
             return False
         if step in self._mngr.all_steps():
             return False
         cfg_dict = config_lib.config_to_dict(self.config) if self.config is not None else {}
-        meta = {"data_state": data_state, "config": cfg_dict,
-                "fingerprint": config_lib.fingerprint(cfg_dict) if cfg_dict else "",
-                "step": int(step), **(extra or {})}
+        meta = {
+            "data_state": data_state,
+            "config": cfg_dict,
+            "fingerprint": config_lib.fingerprint(cfg_dict) if cfg_dict else "",
+            "step": int(step),
+            **(extra or {}),
+        }
         items = {"train_state": state, "key": jax.random.key_data(key)}
-        return bool(self._mngr.save(
-            int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(items),
-                                               meta=ocp.args.JsonSave(meta)),
-            force=True))
+        return bool(
+            self._mngr.save(
+                int(step),
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(items), meta=ocp.args.JsonSave(meta)
+                ),
+                force=True,
+            )
+        )
 
     # ---------------------------------------------------------------- restore
     def read_meta(self, step: int | None = None) -> dict:
@@ -108,15 +141,19 @@ class Checkpointer:
         if diff:
             saved = config_lib._flatten(meta["config"])
             now = config_lib._flatten(config_lib.config_to_dict(self.config))
-            lines = [f"  {k}: checkpoint={saved.get(k, '<absent>')!r} now={now.get(k, '<absent>')!r}"
-                     for k in diff]
+            lines = [
+                f"  {k}: checkpoint={saved.get(k, '<absent>')!r} now={now.get(k, '<absent>')!r}"
+                for k in diff
+            ]
             raise IncompatibleCheckpointError(
                 f"checkpoint in {self.directory} (step {meta.get('step')}) was written with a "
                 "different config:\n" + "\n".join(lines) + "\nUse the checkpoint's values, a new "
-                "workdir, or --config.checkpoint.allow_config_change=True to load it anyway.")
+                "workdir, or --config.checkpoint.allow_config_change=True to load it anyway."
+            )
 
-    def restore(self, target_state: Any, key: jax.Array, step: int | None = None
-                ) -> tuple[Any, jax.Array, Any, int]:
+    def restore(
+        self, target_state: Any, key: jax.Array, step: int | None = None
+    ) -> tuple[Any, jax.Array, Any, int]:
         """Restores onto the shardings of `target_state` (a live or abstract TrainState).
 
         Returns (state, key, data_state, step). Checks the config first.
@@ -126,13 +163,15 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         meta = self.read_meta(step)
         self.check_config(meta)
-        target = {"train_state": _abstract(target_state),
-                  "key": _abstract(jax.random.key_data(key))}
+        target = {
+            "train_state": _abstract(target_state),
+            "key": _abstract(jax.random.key_data(key)),
+        }
         out = self._mngr.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target)))
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
+        )
         items = out["state"]
-        new_key = jax.random.wrap_key_data(np.asarray(items["key"]),
-                                           impl=jax.random.key_impl(key))
+        new_key = jax.random.wrap_key_data(np.asarray(items["key"]), impl=jax.random.key_impl(key))
         return items["train_state"], new_key, meta.get("data_state"), int(step)
 
     def wait(self) -> None:
@@ -148,4 +187,5 @@ def _abstract(tree: Any) -> Any:
         if isinstance(x, jax.ShapeDtypeStruct):
             return x
         return abstract_of(x)
+
     return jax.tree.map(one, tree)

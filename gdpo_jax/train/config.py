@@ -6,6 +6,7 @@ overrides fields, so the command line can override any of them with
 "Off" is spelled 0 / "" rather than None, so that every field has a type the
 command line can parse.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -19,13 +20,24 @@ import ml_collections as mlc
 # Fields that may change between a checkpoint and the run resuming from it:
 # they do not change what a step computes, only how long / how often.
 RESUMABLE_FIELDS = (
-    "workdir", "train.num_steps", "train.stop_after_step", "train.log_every",
-    "train.eval_every", "train.eval_num_examples", "train.progress_bar",
-    "checkpoint.", "distributed.", "train.tensorboard", "benchmark.",
+    "workdir",
+    "train.num_steps",
+    "train.stop_after_step",
+    "train.log_every",
+    "train.eval_every",
+    "train.eval_num_examples",
+    "train.progress_bar",
+    "checkpoint.",
+    "distributed.",
+    "train.tensorboard",
+    "benchmark.",
     # Memory, not maths: lowered to fit a decode after an OOM (changes later rollouts' keys).
     "sampling.rows_per_call",
     # How rewards are computed, not what they are.
-    "rewards.num_workers", "rewards.executor", "rewards.executors", "rewards.chunk_size",
+    "rewards.num_workers",
+    "rewards.executor",
+    "rewards.executors",
+    "rewards.chunk_size",
 )
 _SCHEDULES = ("cosine", "constant", "linear")
 _OLD_LOGPROBS = ("sampler", "recompute")
@@ -39,53 +51,55 @@ def base_config() -> mlc.ConfigDict:
     c.workdir = ""
 
     c.model = mlc.ConfigDict()
-    c.model.name = ""            # load_pretrained(name) (HF dir or registered name); "" = random init
-    c.model.tiny = mlc.ConfigDict()   # ModelConfig.tiny(**model.tiny) overrides, when name == ""
-    c.model.tokenizer = ""       # tokenizer for a random-init model (see gdpo_jax.train.build)
-    c.model.dtype = "float32"    # compute dtype
+    c.model.name = ""  # load_pretrained(name) (HF dir or registered name); "" = random init
+    c.model.tiny = mlc.ConfigDict()  # ModelConfig.tiny(**model.tiny) overrides, when name == ""
+    c.model.tokenizer = ""  # tokenizer for a random-init model (see gdpo_jax.train.build)
+    c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
     c.model.remat = False
 
     c.task = mlc.ConfigDict()
-    c.task.name = "toolcall"     # toolcall | math | code | arithmetic
+    c.task.name = "toolcall"  # toolcall | math | code | arithmetic
     c.task.source = "synthetic"  # "synthetic" or a file / glob / directory the task loader reads
-    c.task.eval_source = ""      # held-out data; "" = `source` with split "test"
-    c.task.seed = 0              # synthetic data seed (independent of the run's seed)
-    c.task.num_train = 2048      # synthetic only
+    c.task.eval_source = ""  # held-out data; "" = `source` with split "test"
+    c.task.seed = 0  # synthetic data seed (independent of the run's seed)
+    c.task.num_train = 2048  # synthetic only
     c.task.num_eval = 64
-    c.task.kwargs = mlc.ConfigDict()       # synthetic generator keyword arguments
+    c.task.kwargs = mlc.ConfigDict()  # synthetic generator keyword arguments
     c.task.eval_kwargs = mlc.ConfigDict()  # the task's evaluate() keyword arguments
     c.task.chat_template = True
 
     c.rewards = mlc.ConfigDict()
     c.rewards.names = ("toolcall_format", "toolcall_correctness")
-    c.rewards.weights = ()       # () = all ones; else one weight per name
-    c.rewards.conditions = ()    # () or one "other_reward_name" / "" per name (paper eq. 8)
-    c.rewards.thresholds = ()    # () or one threshold per name (used with conditions)
+    c.rewards.weights = ()  # () = all ones; else one weight per name
+    c.rewards.conditions = ()  # () or one "other_reward_name" / "" per name (paper eq. 8)
+    c.rewards.thresholds = ()  # () or one threshold per name (used with conditions)
     c.rewards.kwargs = mlc.ConfigDict()  # reward name -> dict of keyword args
-    c.rewards.on_error = "raise"  # "raise": stop with the reward's name and sample; "nan": score NaN
+    c.rewards.on_error = (
+        "raise"  # "raise": stop with the reward's name and sample; "nan": score NaN
+    )
     c.rewards.num_workers = 4
     c.rewards.executor = "thread"  # "process" for CPU-bound rewards (sympy, parsing): no GIL
-    c.rewards.executors = ()     # () or one "" / "thread" / "process" per name (overrides executor)
-    c.rewards.chunk_size = 0     # completions per task; 0 = ceil(rows / num_workers)
+    c.rewards.executors = ()  # () or one "" / "thread" / "process" per name (overrides executor)
+    c.rewards.chunk_size = 0  # completions per task; 0 = ceil(rows / num_workers)
     c.rewards.timeout_s = 30.0
 
     c.algo = mlc.ConfigDict()
-    c.algo.estimator = "gdpo"    # grpo | grpo_no_std | gdpo | gdpo_no_bn
+    c.algo.estimator = "gdpo"  # grpo | grpo_no_std | gdpo | gdpo_no_bn
     c.algo.eps = 1e-4
     c.algo.batch_norm = "sample"  # sample (TRL patch) | token (verl patch)
-    c.algo.group_size = 4        # G generations per prompt
-    c.algo.num_prompts = 8       # prompts per rollout batch (global, all hosts)
+    c.algo.group_size = 4  # G generations per prompt
+    c.algo.num_prompts = 8  # prompts per rollout batch (global, all hosts)
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.2
-    c.algo.dual_clip = 0.0       # 0 = off; verl's clip_ratio_c (e.g. 3.0)
-    c.algo.beta = 0.0            # KL-in-loss coefficient; 0 skips the reference model entirely
-    c.algo.kl_estimator = "k3"   # k1 | k3 | mse
-    c.algo.kl_in_reward = 0.0    # KL coefficient in the reward (paper's tool calling: 0.001)
+    c.algo.dual_clip = 0.0  # 0 = off; verl's clip_ratio_c (e.g. 3.0)
+    c.algo.beta = 0.0  # KL-in-loss coefficient; 0 skips the reference model entirely
+    c.algo.kl_estimator = "k3"  # k1 | k3 | mse
+    c.algo.kl_in_reward = 0.0  # KL coefficient in the reward (paper's tool calling: 0.001)
     c.algo.entropy_coef = 0.0
     c.algo.aggregation = "grpo"  # grpo | bnpo | dapo | dr_grpo
-    c.algo.max_len = 0           # dr_grpo's constant; 0 = sampling.max_new_tokens
-    c.algo.num_minibatches = 1   # optimizer updates per rollout batch and epoch
+    c.algo.max_len = 0  # dr_grpo's constant; 0 = sampling.max_new_tokens
+    c.algo.num_minibatches = 1  # optimizer updates per rollout batch and epoch
     c.algo.num_epochs = 1
     c.algo.num_microbatches = 1  # gradient accumulation steps per update
     c.algo.old_logprobs = "sampler"  # sampler | recompute
@@ -119,24 +133,24 @@ def base_config() -> mlc.ConfigDict:
     c.optim.b1 = 0.9
     c.optim.b2 = 0.999
     c.optim.eps = 1e-8
-    c.optim.max_grad_norm = 1.0   # 0 = no clipping
+    c.optim.max_grad_norm = 1.0  # 0 = no clipping
 
     c.mesh = mlc.ConfigDict()
-    c.mesh.shape = (-1, 1, 1)    # (data, fsdp, tensor); -1 = the remaining devices
+    c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
     c.mesh.axis_types = "explicit"
-    c.mesh.num_devices = 0       # 0 = every device; n = the first n (tests, benchmarks)
+    c.mesh.num_devices = 0  # 0 = every device; n = the first n (tests, benchmarks)
 
     c.train = mlc.ConfigDict()
     c.train.num_steps = 100
     c.train.stop_after_step = 0  # >0: exit after this step (as if killed); resume continues
     c.train.log_every = 1
-    c.train.eval_every = 0       # 0 = no periodic eval
+    c.train.eval_every = 0  # 0 = no periodic eval
     c.train.eval_num_examples = 0  # 0 = the whole held-out split
     c.train.progress_bar = True
     c.train.tensorboard = True
 
     c.checkpoint = mlc.ConfigDict()
-    c.checkpoint.every = 0       # 0 = no checkpoints
+    c.checkpoint.every = 0  # 0 = no checkpoints
     c.checkpoint.keep = 3
     c.checkpoint.async_save = True
     c.checkpoint.allow_config_change = False
@@ -163,7 +177,8 @@ def _choice(cfg: mlc.ConfigDict, path: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ConfigError(
             f"config.{path}={value!r} is not one of {choices}.{_suggest(str(value), choices)} "
-            f"Set --config.{path}=<one of them>.")
+            f"Set --config.{path}=<one of them>."
+        )
 
 
 def _get(cfg: mlc.ConfigDict, path: str) -> Any:
@@ -175,11 +190,13 @@ def _get(cfg: mlc.ConfigDict, path: str) -> Any:
 
 def _estimators() -> tuple[str, ...]:
     from gdpo_jax.core.advantages import ESTIMATORS
+
     return tuple(ESTIMATORS)
 
 
 def _losses() -> tuple[tuple[str, ...], tuple[str, ...]]:
     from gdpo_jax.core.losses import AGGREGATIONS, KL_ESTIMATORS
+
     return tuple(AGGREGATIONS), tuple(KL_ESTIMATORS)
 
 
@@ -188,8 +205,12 @@ def _divisor(n: int, near: int) -> int:
     return max(d for d in range(1, max(min(n, near), 1) + 1) if n % d == 0)
 
 
-def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
-                    known_rewards: list[str] | tuple[str, ...] | None = None) -> None:
+def validate_config(
+    cfg: mlc.ConfigDict,
+    *,
+    num_devices: int | None = None,
+    known_rewards: list[str] | tuple[str, ...] | None = None,
+) -> None:
     """Raises ConfigError (naming the field and the fix) on the first bad field.
 
     num_devices: global device count used to check batch divisibility (default
@@ -197,6 +218,7 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
       gdpo_jax.rewards.list_rewards()).
     """
     from gdpo_jax.train import mesh as mesh_lib
+
     a = cfg.algo
     if not cfg.workdir:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/run.")
@@ -213,7 +235,8 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
     if a.group_size < 2:
         raise ConfigError(
             f"config.algo.group_size={a.group_size}: group-relative advantages need at least 2 "
-            "generations per prompt; set --config.algo.group_size=2 or more.")
+            "generations per prompt; set --config.algo.group_size=2 or more."
+        )
     if a.num_prompts < 1:
         raise ConfigError(f"config.algo.num_prompts={a.num_prompts}; must be >= 1.")
     for field in ("clip_low", "clip_high", "beta", "kl_in_reward", "entropy_coef", "eps"):
@@ -226,7 +249,10 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
             "config.algo.kl_in_reward=%g with estimator=%r: the KL penalty is added as one more "
             "reward column, which GDPO group-normalizes into an objective as strong as each "
             "task reward. For a KL term of fixed strength use --config.algo.beta (KL in the "
-            "loss) and --config.algo.kl_in_reward=0.", a.kl_in_reward, a.estimator)
+            "loss) and --config.algo.kl_in_reward=0.",
+            a.kl_in_reward,
+            a.estimator,
+        )
     if a.dual_clip and a.dual_clip <= 1.0:
         raise ConfigError(f"config.algo.dual_clip={a.dual_clip} must be > 1 (or 0 = off).")
     for field in ("num_minibatches", "num_epochs", "num_microbatches"):
@@ -239,44 +265,54 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
     if len(set(names)) != len(names):
         raise ConfigError(f"config.rewards.names={names} lists a reward twice.")
     from gdpo_jax.train import build
+
     tasks = build.list_tasks()  # also registers the toy task's rewards
     if cfg.task.name not in tasks:
         raise ConfigError(
             f"config.task.name={cfg.task.name!r} is not a registered task.{_suggest(cfg.task.name, tasks)} "
-            f"Known: {tasks}.")
+            f"Known: {tasks}."
+        )
     if known_rewards is None:
         from gdpo_jax.rewards import list_rewards
+
         known_rewards = list_rewards()
     for n in names:
         if n not in known_rewards:
             raise ConfigError(
                 f"config.rewards.names: unknown reward {n!r}.{_suggest(n, tuple(known_rewards))} "
-                f"Registered rewards: {sorted(known_rewards)}.")
+                f"Registered rewards: {sorted(known_rewards)}."
+            )
     for e in tuple(cfg.rewards.get("executors", ())):
         if e not in ("", "thread", "process"):
-            raise ConfigError(f"config.rewards.executors: {e!r} is not one of '', 'thread', "
-                              "'process'.")
+            raise ConfigError(
+                f"config.rewards.executors: {e!r} is not one of '', 'thread', 'process'."
+            )
     if int(cfg.rewards.get("chunk_size", 0)) < 0:
-        raise ConfigError(f"config.rewards.chunk_size={cfg.rewards.chunk_size} must be >= 0 "
-                          "(0 = split the rows evenly over the workers).")
+        raise ConfigError(
+            f"config.rewards.chunk_size={cfg.rewards.chunk_size} must be >= 0 "
+            "(0 = split the rows evenly over the workers)."
+        )
     for field in ("weights", "conditions", "thresholds", "executors"):
         value = tuple(cfg.rewards.get(field, ()))
         if value and len(value) != len(names):
             raise ConfigError(
                 f"config.rewards.{field} has {len(value)} entries but config.rewards.names has "
-                f"{len(names)} ({names}); give one per reward, or () for the default.")
+                f"{len(names)} ({names}); give one per reward, or () for the default."
+            )
     for n, cond in zip(names, tuple(cfg.rewards.conditions)):
         if cond and cond not in names:
             raise ConfigError(
                 f"config.rewards.conditions: reward {n!r} is conditioned on {cond!r}, which is "
-                f"not in config.rewards.names={names}.")
+                f"not in config.rewards.names={names}."
+            )
         if cond == n:
             raise ConfigError(f"config.rewards.conditions: reward {n!r} conditioned on itself.")
     for key in cfg.rewards.kwargs.keys():
         if key not in names:
             raise ConfigError(
                 f"config.rewards.kwargs has keys for {key!r}, which is not in "
-                f"config.rewards.names={names}.")
+                f"config.rewards.names={names}."
+            )
 
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
@@ -285,11 +321,13 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
         raise ConfigError(
             f"config.sampling.rows_per_call={rpc} must be 0 (one call) or a multiple of "
             f"algo.group_size={a.group_size} whose prompt count divides algo.num_prompts="
-            f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))}.")
+            f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))}."
+        )
     if cfg.sampling.temperature <= 0:
         raise ConfigError(
             f"config.sampling.temperature={cfg.sampling.temperature} must be > 0 for RL "
-            "(the loss uses the tempered log-probs).")
+            "(the loss uses the tempered log-probs)."
+        )
     if cfg.optim.lr <= 0:
         raise ConfigError(f"config.optim.lr={cfg.optim.lr} must be > 0.")
     if cfg.train.num_steps < 1:
@@ -297,15 +335,19 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
 
     if num_devices is None:
         import jax
+
         num_devices = jax.device_count()
         if a.num_prompts % jax.process_count():
             raise ConfigError(
                 f"config.algo.num_prompts={a.num_prompts} does not split over "
-                f"{jax.process_count()} processes (each samples its own prompts); use a multiple.")
+                f"{jax.process_count()} processes (each samples its own prompts); use a multiple."
+            )
     if cfg.mesh.num_devices:
         if not 0 < cfg.mesh.num_devices <= num_devices:
-            raise ConfigError(f"config.mesh.num_devices={cfg.mesh.num_devices} but "
-                              f"{num_devices} devices exist; use 0 (all) or fewer.")
+            raise ConfigError(
+                f"config.mesh.num_devices={cfg.mesh.num_devices} but "
+                f"{num_devices} devices exist; use 0 (all) or fewer."
+            )
         num_devices = cfg.mesh.num_devices
     try:
         shape = mesh_lib.resolve_mesh_shape(tuple(cfg.mesh.shape), num_devices)
@@ -319,38 +361,54 @@ def validate_config(cfg: mlc.ConfigDict, *, num_devices: int | None = None,
         raise ConfigError(
             f"config.algo: the rollout batch of num_prompts*group_size = {rows} rows does not "
             f"split into num_minibatches*num_microbatches = {per_update} equal micro-batches; "
-            "change one of them.")
+            "change one of them."
+        )
     micro = rows // per_update
     if micro % shards:
         raise ConfigError(
             f"config.algo: a micro-batch has {micro} rows (num_prompts*group_size / "
             f"(num_minibatches*num_microbatches)), not divisible by the mesh's batch axes "
             f"data x fsdp = {shards} (mesh.shape={shape}); raise config.algo.num_prompts or "
-            "lower num_microbatches / num_minibatches, or change config.mesh.shape.")
+            "lower num_microbatches / num_minibatches, or change config.mesh.shape."
+        )
 
 
 def reward_specs(cfg: mlc.ConfigDict) -> list:
     """The config's rewards as gdpo_jax.rewards.RewardSpec objects."""
     from gdpo_jax.rewards import RewardSpec
+
     names = tuple(cfg.rewards.names)
     weights = tuple(cfg.rewards.weights) or (1.0,) * len(names)
     conditions = tuple(cfg.rewards.conditions) or ("",) * len(names)
     thresholds = tuple(cfg.rewards.thresholds) or (1.0,) * len(names)
     kwargs = cfg.rewards.kwargs.to_dict()
     executors = tuple(cfg.rewards.get("executors", ())) or ("",) * len(names)
-    return [RewardSpec(name=n, weight=float(w), condition=c or None, threshold=float(t),
-                       kwargs=dict(kwargs.get(n, {})), executor=e or None)
-            for n, w, c, t, e in zip(names, weights, conditions, thresholds, executors)]
+    return [
+        RewardSpec(
+            name=n,
+            weight=float(w),
+            condition=c or None,
+            threshold=float(t),
+            kwargs=dict(kwargs.get(n, {})),
+            executor=e or None,
+        )
+        for n, w, c, t, e in zip(names, weights, conditions, thresholds, executors)
+    ]
 
 
 def reward_runner(cfg: mlc.ConfigDict, specs: list | None = None):
     """The config's gdpo_jax.rewards.RewardRunner (pools, deadline, error policy)."""
     from gdpo_jax.rewards import RewardRunner
+
     r = cfg.rewards
-    return RewardRunner(specs if specs is not None else reward_specs(cfg),
-                        num_workers=r.num_workers, timeout_s=r.timeout_s, on_error=r.on_error,
-                        executor=r.get("executor", "thread"),
-                        chunk_size=int(r.get("chunk_size", 0)) or None)
+    return RewardRunner(
+        specs if specs is not None else reward_specs(cfg),
+        num_workers=r.num_workers,
+        timeout_s=r.timeout_s,
+        on_error=r.on_error,
+        executor=r.get("executor", "thread"),
+        chunk_size=int(r.get("chunk_size", 0)) or None,
+    )
 
 
 def config_to_dict(cfg: mlc.ConfigDict) -> dict:

@@ -9,9 +9,11 @@ sampler and the step lay rows out, does not depend on the process count
 state (a small dict, identical on every process) goes into the checkpoint so
 a resumed run sees exactly the prompts it would have seen.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import grain
 
@@ -25,11 +27,13 @@ class PromptStream:
       process_index / process_count: this host's share of every global batch.
     """
 
-    def __init__(self, records: Sequence[dict], *, seed: int, process_index: int = 0,
-                 process_count: int = 1):
+    def __init__(
+        self, records: Sequence[dict], *, seed: int, process_index: int = 0, process_count: int = 1
+    ):
         if len(records) < process_count:
-            raise ValueError(f"{len(records)} training records cannot be split over "
-                             f"{process_count} processes.")
+            raise ValueError(
+                f"{len(records)} training records cannot be split over {process_count} processes."
+            )
         if not 0 <= process_index < process_count:
             raise ValueError(f"process_index={process_index} must be in [0, {process_count}).")
         ds = grain.MapDataset.source(list(records))
@@ -41,7 +45,7 @@ class PromptStream:
     def take(self, n: int) -> list[dict]:
         """This process's n records of the next global batch of n * process_count."""
         batch = [next(self._it) for _ in range(n * self.process_count)]
-        return batch[self.process_index * n:(self.process_index + 1) * n]
+        return batch[self.process_index * n : (self.process_index + 1) * n]
 
     def get_state(self) -> dict[str, Any]:
         return dict(self._it.get_state())

@@ -5,10 +5,12 @@ data); the step sees one global batch assembled with
 `jax.make_array_from_process_local_data`, so the advantage statistics (group
 and batch) are over all hosts, as the reference implementations require.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -16,12 +18,22 @@ from jax.sharding import Mesh
 
 from gdpo_jax.train import mesh as mesh_lib
 
-_ENV_HINTS = ("JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE",
-              "TPU_WORKER_HOSTNAMES", "CLOUD_TPU_TASK_ID")
+_ENV_HINTS = (
+    "JAX_COORDINATOR_ADDRESS",
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_SIZE",
+    "TPU_WORKER_HOSTNAMES",
+    "CLOUD_TPU_TASK_ID",
+)
 
 
-def initialize(mode: str = "auto", *, coordinator_address: str = "", num_processes: int = 0,
-               process_id: int = -1) -> bool:
+def initialize(
+    mode: str = "auto",
+    *,
+    coordinator_address: str = "",
+    num_processes: int = 0,
+    process_id: int = -1,
+) -> bool:
     """Calls `jax.distributed.initialize` when asked or when the environment asks for it.
 
     mode: "never" does nothing; "always" initializes (explicit arguments, else
@@ -47,8 +59,12 @@ def initialize(mode: str = "auto", *, coordinator_address: str = "", num_process
 
 def initialize_from_config(cfg) -> bool:
     d = cfg.distributed
-    return initialize(d.initialize, coordinator_address=d.coordinator_address,
-                      num_processes=d.num_processes, process_id=d.process_id)
+    return initialize(
+        d.initialize,
+        coordinator_address=d.coordinator_address,
+        num_processes=d.num_processes,
+        process_id=d.process_id,
+    )
 
 
 def host_rows(global_rows: int) -> tuple[int, int]:
@@ -81,6 +97,7 @@ def to_host(x: jax.Array) -> np.ndarray:
     """The full value of a (possibly multi-host) array on every host."""
     if jax.process_count() > 1 and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
+
         return np.asarray(multihost_utils.process_allgather(x, tiled=True))
     return np.asarray(x)
 
@@ -95,6 +112,7 @@ def allgather_host(x: np.ndarray) -> np.ndarray:
     if jax.process_count() == 1:
         return x[None]
     from jax.experimental import multihost_utils
+
     return np.asarray(multihost_utils.process_allgather(x, tiled=False))
 
 
@@ -108,8 +126,9 @@ def sum_processes(x: float) -> float:
     return float(allgather_host(np.asarray([float(x)], np.float64)).sum())
 
 
-def reduce_processes(values: Mapping[str, float], *, max_prefixes: tuple[str, ...] = ()
-                     ) -> dict[str, float]:
+def reduce_processes(
+    values: Mapping[str, float], *, max_prefixes: tuple[str, ...] = ()
+) -> dict[str, float]:
     """Host scalars combined over processes: max for keys starting with one of
     `max_prefixes` (times: the slowest host sets the pace), sum for the rest
     (counts). Every process must pass the same keys."""
@@ -118,12 +137,15 @@ def reduce_processes(values: Mapping[str, float], *, max_prefixes: tuple[str, ..
     return combine_rows(table, keys, max_prefixes=max_prefixes)
 
 
-def combine_rows(table: np.ndarray, keys: Sequence[str], *, max_prefixes: tuple[str, ...] = ()
-                 ) -> dict[str, float]:
+def combine_rows(
+    table: np.ndarray, keys: Sequence[str], *, max_prefixes: tuple[str, ...] = ()
+) -> dict[str, float]:
     """f64[P, K] per-process values of `keys` -> {key: max or sum over P} (see above)."""
     table = np.asarray(table, np.float64).reshape(-1, len(keys))
-    return {k: float(table[:, j].max() if k.startswith(max_prefixes) else table[:, j].sum())
-            for j, k in enumerate(keys)}
+    return {
+        k: float(table[:, j].max() if k.startswith(max_prefixes) else table[:, j].sum())
+        for j, k in enumerate(keys)
+    }
 
 
 def allgather_strings(texts: list[str]) -> list[list[str]]:
@@ -136,8 +158,10 @@ def allgather_strings(texts: list[str]) -> list[list[str]]:
     buf = np.zeros((n, width), np.uint8)
     lens = np.zeros((n,), np.int64)
     for i, b in enumerate(raw):
-        buf[i, :len(b)] = np.frombuffer(b, np.uint8)
+        buf[i, : len(b)] = np.frombuffer(b, np.uint8)
         lens[i] = len(b)
     bufs, all_lens = allgather_host(buf), allgather_host(lens)
-    return [[bytes(bufs[p, i, :all_lens[p, i]]).decode("utf-8") for i in range(int(sizes[p, 0]))]
-            for p in range(bufs.shape[0])]
+    return [
+        [bytes(bufs[p, i, : all_lens[p, i]]).decode("utf-8") for i in range(int(sizes[p, 0]))]
+        for p in range(bufs.shape[0])
+    ]

@@ -8,6 +8,7 @@ train state, PRNG key and data iterator are restored and the run continues
 with exactly the batches it would have seen (each step's sampling key is
 `fold_in(key, step)`), so its metrics equal an uninterrupted run's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gdpo_jax.train import build, distributed, mesh as mesh_lib, rollout
+from gdpo_jax.train import build, distributed, rollout
+from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import reward_runner, reward_specs, validate_config
@@ -41,8 +43,10 @@ def _gather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if jax.process_count() == 1:
         return arrays
     from jax.experimental import multihost_utils
-    return {k: np.asarray(multihost_utils.process_allgather(v, tiled=True))
-            for k, v in arrays.items()}
+
+    return {
+        k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in arrays.items()
+    }
 
 
 class Trainer:
@@ -52,21 +56,35 @@ class Trainer:
         validate_config(cfg)
         self.cfg = cfg
         devices = jax.devices()[: cfg.mesh.num_devices or None]
-        self.mesh = mesh_lib.make_mesh(tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types,
-                                       devices=devices)
+        self.mesh = mesh_lib.make_mesh(
+            tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
+        )
         self.step_cfg = StepConfig.from_config(cfg)
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         from gdpo_jax.sampling import Sampler, SamplingParams
-        self.sampler = Sampler(self.model, self.tokenizer, mesh=self.mesh,
-                               prompt_buckets=(cfg.sampling.max_prompt_len,))
+
+        self.sampler = Sampler(
+            self.model,
+            self.tokenizer,
+            mesh=self.mesh,
+            prompt_buckets=(cfg.sampling.max_prompt_len,),
+        )
         s = cfg.sampling
         self.sampling_params = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
-            top_p=s.top_p, stop_strings=tuple(s.stop_strings))
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            top_p=s.top_p,
+            stop_strings=tuple(s.stop_strings),
+        )
         e = cfg.eval
         self.eval_params = SamplingParams(
-            max_new_tokens=s.max_new_tokens, temperature=e.temperature, top_p=e.top_p,
-            greedy=e.greedy, stop_strings=tuple(s.stop_strings))
+            max_new_tokens=s.max_new_tokens,
+            temperature=e.temperature,
+            top_p=e.top_p,
+            greedy=e.greedy,
+            stop_strings=tuple(s.stop_strings),
+        )
 
         self.specs = reward_specs(cfg)
         self.reward_names = [sp.name for sp in self.specs]
@@ -76,16 +94,20 @@ class Trainer:
         self.task = task or build.load_task(cfg)
         pi, pc = build.process_info()
         train_records, dropped = build.prompt_length_filter(
-            self.task.train, self.sampler, s.max_prompt_len, cfg.task.chat_template)
+            self.task.train, self.sampler, s.max_prompt_len, cfg.task.chat_template
+        )
         if dropped:
-            log.warning("dropped %d training prompts longer than sampling.max_prompt_len=%d",
-                        dropped, s.max_prompt_len)
+            log.warning(
+                "dropped %d training prompts longer than sampling.max_prompt_len=%d",
+                dropped,
+                s.max_prompt_len,
+            )
         self.eval_records, _ = build.prompt_length_filter(
-            self.task.eval, self.sampler, s.max_prompt_len, cfg.task.chat_template)
+            self.task.eval, self.sampler, s.max_prompt_len, cfg.task.chat_template
+        )
         if cfg.train.eval_num_examples:
             self.eval_records = self.eval_records[: cfg.train.eval_num_examples]
-        self.stream = PromptStream(train_records, seed=cfg.seed, process_index=pi,
-                                   process_count=pc)
+        self.stream = PromptStream(train_records, seed=cfg.seed, process_index=pi, process_count=pc)
         self.local_prompts = cfg.algo.num_prompts // pc
         self.group_offset = pi * self.local_prompts
         # This process's prompts per sampler call (every process makes the same calls).
@@ -96,21 +118,30 @@ class Trainer:
                 f"config.sampling.rows_per_call={rpc} gives {rpc // cfg.algo.group_size} prompts "
                 f"per call, which does not split evenly over {pc} processes of "
                 f"{self.local_prompts} prompts each; use a multiple of "
-                f"{cfg.algo.group_size * pc}.")
+                f"{cfg.algo.group_size * pc}."
+            )
 
         sc = self.step_cfg
         total_updates = cfg.train.num_steps * sc.updates_per_step
         self.tx, self.schedule = state_lib.make_optimizer(
-            cfg.optim, total_updates=total_updates, updates_per_step=sc.updates_per_step)
+            cfg.optim, total_updates=total_updates, updates_per_step=sc.updates_per_step
+        )
         self.graphdef, self.state = state_lib.create_train_state(self.model, self.tx, self.mesh)
-        self.step = CompiledStep(graphdef=self.graphdef, tx=self.tx, schedule=self.schedule,
-                                 cfg=sc, state_shardings=state_lib.shardings_of(self.state),
-                                 mesh=self.mesh)
+        self.step = CompiledStep(
+            graphdef=self.graphdef,
+            tx=self.tx,
+            schedule=self.schedule,
+            cfg=sc,
+            state_shardings=state_lib.shardings_of(self.state),
+            mesh=self.mesh,
+        )
         self.ref_params = None
         if sc.needs_ref:
             # Frozen copy of the initial policy, placed like the policy.
-            copy = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
-                           out_shardings=state_lib.shardings_of(self.state.params))
+            copy = jax.jit(
+                lambda p: jax.tree.map(jnp.copy, p),
+                out_shardings=state_lib.shardings_of(self.state.params),
+            )
             with jax.set_mesh(self.mesh):
                 self.ref_params = copy(self.state.params)
         self.key = jax.random.key(cfg.seed)
@@ -118,7 +149,8 @@ class Trainer:
         self.start_step = 0
         if self.ckpt.latest_step() is not None:
             self.state, self.key, data_state, self.start_step = self.ckpt.restore(
-                self.state, self.key)
+                self.state, self.key
+            )
             if data_state:
                 self.stream.set_state(data_state)
             nnx.update(self.model, self.state.params)
@@ -128,14 +160,23 @@ class Trainer:
     def _collect(self, step: int) -> tuple[dict, dict]:
         cfg = self.cfg
         return rollout.collect_batch(
-            self.stream, num_prompts=self.local_prompts, group_size=cfg.algo.group_size,
-            key=jax.random.fold_in(self.key, step), dynamic=cfg.algo.dynamic_sampling,
+            self.stream,
+            num_prompts=self.local_prompts,
+            group_size=cfg.algo.group_size,
+            key=jax.random.fold_in(self.key, step),
+            dynamic=cfg.algo.dynamic_sampling,
             max_tries=cfg.algo.dynamic_sampling_max_tries,
-            decoupled=cfg.algo.estimator.startswith("gdpo"), weights=self.weights,
-            group_offset=self.group_offset, sampler=self.sampler, runner=self.runner,
-            params=self.sampling_params, max_prompt_len=cfg.sampling.max_prompt_len,
-            pad_id=self.sampler.pad_id, chat_template=cfg.task.chat_template,
-            prompts_per_call=self.prompts_per_call)
+            decoupled=cfg.algo.estimator.startswith("gdpo"),
+            weights=self.weights,
+            group_offset=self.group_offset,
+            sampler=self.sampler,
+            runner=self.runner,
+            params=self.sampling_params,
+            max_prompt_len=cfg.sampling.max_prompt_len,
+            pad_id=self.sampler.pad_id,
+            chat_template=cfg.task.chat_template,
+            prompts_per_call=self.prompts_per_call,
+        )
 
     def train_step(self, step: int) -> dict[str, float]:
         """One RL iteration (step = number of steps done before it)."""
@@ -152,30 +193,39 @@ class Trainer:
         metrics = {k: _host_float(v) for k, v in dev_metrics.items()}
         t2 = time.perf_counter()
 
-        rows = _gather_rows({k: arrays[k] for k in ("rewards", "completion_mask", "valid",
-                                                     "prompt_mask")}
-                            | {"truncated": np.asarray([f == "length" for f in info["finish"]])})
+        rows = _gather_rows(
+            {k: arrays[k] for k in ("rewards", "completion_mask", "valid", "prompt_mask")}
+            | {"truncated": np.asarray([f == "length" for f in info["finish"]])}
+        )
         finish = ["length" if t else "eos" for t in rows["truncated"]]
         metrics.update(rollout.rollout_metrics(rows, finish, self.reward_names, self.weights))
-        tokens = float(((rows["completion_mask"].sum(1) + rows["prompt_mask"].sum(1))
-                        * rows["valid"]).sum())
-        metrics.update({
-            "time/sample_s": info["sample_s"], "time/reward_s": info["reward_s"],
-            "data/sample_calls": info["sample_calls"],
-            "time/step_s": t2 - t1, "time/iter_s": t2 - t0,
-            "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9),
-            "perf/step_tokens_per_s": tokens / max(t2 - t1, 1e-9),
-            # Over all processes (tries are in lock step across them).
-            "data/valid_groups_frac": distributed.sum_processes(info["valid_groups"])
-            / self.cfg.algo.num_prompts,
-        })
+        tokens = float(
+            ((rows["completion_mask"].sum(1) + rows["prompt_mask"].sum(1)) * rows["valid"]).sum()
+        )
+        metrics.update(
+            {
+                "time/sample_s": info["sample_s"],
+                "time/reward_s": info["reward_s"],
+                "data/sample_calls": info["sample_calls"],
+                "time/step_s": t2 - t1,
+                "time/iter_s": t2 - t0,
+                "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9),
+                "perf/step_tokens_per_s": tokens / max(t2 - t1, 1e-9),
+                # Over all processes (tries are in lock step across them).
+                "data/valid_groups_frac": distributed.sum_processes(info["valid_groups"])
+                / self.cfg.algo.num_prompts,
+            }
+        )
         if self.cfg.algo.dynamic_sampling:
             metrics["data/tries"] = info["tries"]
-            metrics["data/kept_groups_frac"] = (distributed.sum_processes(info["kept_groups"])
-                                                / max(distributed.sum_processes(
-                                                    info["scored_groups"]), 1))
-        host = {k: v for k, v in info["reward_info"].items()
-                if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/"))}
+            metrics["data/kept_groups_frac"] = distributed.sum_processes(info["kept_groups"]) / max(
+                distributed.sum_processes(info["scored_groups"]), 1
+            )
+        host = {
+            k: v
+            for k, v in info["reward_info"].items()
+            if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/"))
+        }
         host.update({"time/sample_s": info["sample_s"], "time/reward_s": info["reward_s"]})
         if jax.process_count() > 1:
             # Failures anywhere are counted (summed); times are the slowest host's.
@@ -194,47 +244,66 @@ class Trainer:
             return {}
         cfg, k = self.cfg, max(int(self.cfg.eval.num_samples), 1)
         pi, pc = jax.process_index(), jax.process_count()
-        call_rows = (int(cfg.sampling.get("rows_per_call", 0))
-                     or cfg.algo.num_prompts * cfg.algo.group_size)
+        call_rows = (
+            int(cfg.sampling.get("rows_per_call", 0)) or cfg.algo.num_prompts * cfg.algo.group_size
+        )
         chunk = max(call_rows // k, 1)  # held-out prompts per sampler call
         texts, recs, rewards, lengths, gids = [], [], [], [], []
         key = jax.random.fold_in(jax.random.key(cfg.seed + 1), 0)
         for i in range(0, len(self.eval_records), chunk):
-            part = self.eval_records[i:i + chunk]
+            part = self.eval_records[i : i + chunk]
             per = -(-len(part) // pc)
-            mine = part[pi * per:(pi + 1) * per]
+            mine = part[pi * per : (pi + 1) * per]
             mine = mine + [part[-1]] * (per - len(mine))
             out = rollout.sample_and_score(
-                mine, sampler=self.sampler, runner=self.runner, params=self.eval_params,
-                group_size=k, key=jax.random.fold_in(key, i), max_prompt_len=cfg.sampling.max_prompt_len,
-                pad_id=self.sampler.pad_id, chat_template=cfg.task.chat_template)
+                mine,
+                sampler=self.sampler,
+                runner=self.runner,
+                params=self.eval_params,
+                group_size=k,
+                key=jax.random.fold_in(key, i),
+                max_prompt_len=cfg.sampling.max_prompt_len,
+                pad_id=self.sampler.pad_id,
+                chat_template=cfg.task.chat_template,
+            )
             rows = len(part) * k  # real rows come first, host by host
             all_texts = distributed.allgather_strings(out["texts"])
             texts += [t for host in all_texts for t in host][:rows]
             recs += [part[j // k] for j in range(rows)]
             gids += [i + j // k for j in range(rows)]
-            rewards.append(distributed.allgather_host(out["rewards"]).reshape(
-                -1, out["rewards"].shape[1])[:rows])
-            lengths.append(distributed.allgather_host(out["completion_mask"].sum(1)
-                                                      ).reshape(-1)[:rows])
+            rewards.append(
+                distributed.allgather_host(out["rewards"]).reshape(-1, out["rewards"].shape[1])[
+                    :rows
+                ]
+            )
+            lengths.append(
+                distributed.allgather_host(out["completion_mask"].sum(1)).reshape(-1)[:rows]
+            )
         r = np.concatenate(rewards)
         metrics = {f"eval/{n}": float(np.nanmean(r[:, j])) for j, n in enumerate(self.reward_names)}
         metrics["eval/len_mean"] = float(np.concatenate(lengths).mean())
         if self.task.evaluate is not None:
             extra = self.task.evaluate(
-                texts, recs, completion_lengths=[int(x) for x in np.concatenate(lengths)],
-                group_ids=gids, **cfg.task.eval_kwargs.to_dict())
+                texts,
+                recs,
+                completion_lengths=[int(x) for x in np.concatenate(lengths)],
+                group_ids=gids,
+                **cfg.task.eval_kwargs.to_dict(),
+            )
             metrics.update({f"eval/{n}": float(v) for n, v in extra.items()})
         return metrics
 
     # ------------------------------------------------------------------- run
     def run(self) -> dict[str, float]:
         cfg = self.cfg
-        writer = MetricsWriter(cfg.workdir, total_steps=cfg.train.num_steps,
-                               initial_step=self.start_step,
-                               tensorboard=cfg.train.tensorboard,
-                               progress_bar=cfg.train.progress_bar,
-                               enabled=jax.process_index() == 0)
+        writer = MetricsWriter(
+            cfg.workdir,
+            total_steps=cfg.train.num_steps,
+            initial_step=self.start_step,
+            tensorboard=cfg.train.tensorboard,
+            progress_bar=cfg.train.progress_bar,
+            enabled=jax.process_index() == 0,
+        )
         last: dict[str, float] = {}
         try:
             for step in range(self.start_step, cfg.train.num_steps):
@@ -245,8 +314,13 @@ class Trainer:
                 if done % max(cfg.train.log_every, 1) == 0 or done == cfg.train.num_steps:
                     writer.write(done, metrics)
                 last = metrics
-                self.ckpt.save(done, self.state, key=self.key, data_state=self.stream.get_state(),
-                               force=done == cfg.train.num_steps and cfg.checkpoint.every > 0)
+                self.ckpt.save(
+                    done,
+                    self.state,
+                    key=self.key,
+                    data_state=self.stream.get_state(),
+                    force=done == cfg.train.num_steps and cfg.checkpoint.every > 0,
+                )
                 if cfg.train.stop_after_step and done >= cfg.train.stop_after_step:
                     log.info("stop_after_step=%d reached; exiting", done)
                     break

@@ -5,13 +5,15 @@ sharded over "fsdp" and "tensor" by the model's partition rules. Any axis may
 have size 1. A shape entry of -1 takes every device left over, so
 `(-1, 1, 1)` is pure data parallelism on whatever machine runs the config.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 AXES: tuple[str, str, str] = ("data", "fsdp", "tensor")
 BATCH_AXES: tuple[str, str] = ("data", "fsdp")
@@ -35,17 +37,23 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, int
         if num_devices % known:
             raise ValueError(
                 f"mesh.shape={shape}: {num_devices} devices are not divisible by {known}; "
-                "change mesh.shape.")
+                "change mesh.shape."
+            )
         shape = tuple(num_devices // known if s == -1 else s for s in shape)
     if int(np.prod(shape)) != num_devices:
         raise ValueError(
             f"mesh.shape={shape} needs {int(np.prod(shape))} devices but {num_devices} are "
-            "available; set mesh.shape so its product is the device count (or use -1).")
+            "available; set mesh.shape so its product is the device count (or use -1)."
+        )
     return shape  # type: ignore[return-value]
 
 
-def make_mesh(shape: Sequence[int] = (-1, 1, 1), *, axis_types: str = "explicit",
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
+def make_mesh(
+    shape: Sequence[int] = (-1, 1, 1),
+    *,
+    axis_types: str = "explicit",
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
     """A ("data", "fsdp", "tensor") mesh over `devices` (default: all devices)."""
     devices = list(jax.devices() if devices is None else devices)
     if axis_types not in AXIS_TYPES:
@@ -97,4 +105,5 @@ def check_batch_divisible(rows: int, mesh: Mesh | None, *, field: str) -> None:
     if rows % n:
         raise ValueError(
             f"{field}: {rows} rows cannot be split evenly over the mesh's batch axes "
-            f"data x fsdp = {n}; choose {field} as a multiple of {n} or change mesh.shape.")
+            f"data x fsdp = {n}; choose {field} as a multiple of {n} or change mesh.shape."
+        )

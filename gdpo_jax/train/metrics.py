@@ -4,12 +4,14 @@ Only process 0 writes. The JSONL file is appended to, one object per step,
 so a resumed run continues the same file; `read_jsonl` keeps the last record
 for each step (a step logged before a kill and again after the resume).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +38,16 @@ class MetricsWriter:
       enabled: False on processes other than 0.
     """
 
-    def __init__(self, workdir: str, *, total_steps: int = 0, initial_step: int = 0,
-                 tensorboard: bool = True, progress_bar: bool = True, enabled: bool = True):
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        total_steps: int = 0,
+        initial_step: int = 0,
+        tensorboard: bool = True,
+        progress_bar: bool = True,
+        enabled: bool = True,
+    ):
         self.enabled = enabled
         self._tb = None
         self._bar = None
@@ -49,11 +59,14 @@ class MetricsWriter:
         self._file = open(self.path, "a", buffering=1)
         if tensorboard:
             from tensorboardX import SummaryWriter
+
             self._tb = SummaryWriter(os.path.join(workdir, "tb"))
         if progress_bar:
             from tqdm.auto import tqdm
-            self._bar = tqdm(total=total_steps, initial=initial_step, dynamic_ncols=True,
-                             desc="train")
+
+            self._bar = tqdm(
+                total=total_steps, initial=initial_step, dynamic_ncols=True, desc="train"
+            )
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Logs one step's scalar metrics (arrays are converted on the host)."""
@@ -67,8 +80,11 @@ class MetricsWriter:
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(k, v, global_step=step)
         if self._bar is not None:
-            shown = {k.split("/")[-1] if k.startswith("reward/") else k: record[k]
-                     for k in _BAR_KEYS if k in record}
+            shown = {
+                k.split("/")[-1] if k.startswith("reward/") else k: record[k]
+                for k in _BAR_KEYS
+                if k in record
+            }
             self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
             self._bar.n = step
             self._bar.refresh()
@@ -88,7 +104,7 @@ class MetricsWriter:
             self._file.close()
         self._file = self._tb = self._bar = None
 
-    def __enter__(self) -> "MetricsWriter":
+    def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc) -> None:

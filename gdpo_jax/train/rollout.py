@@ -10,10 +10,12 @@ sum has spread. Shapes never change: a batch still short after the last try
 is filled with dropped groups marked invalid (valid=False: no loss, no
 statistics), so the step compiles once.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -22,8 +24,9 @@ from gdpo_jax.train import distributed
 from gdpo_jax.train.data import PromptStream
 
 
-def group_has_signal(rewards: np.ndarray, *, decoupled: bool,
-                     weights: Sequence[float] | None = None) -> bool:
+def group_has_signal(
+    rewards: np.ndarray, *, decoupled: bool, weights: Sequence[float] | None = None
+) -> bool:
     """rewards f32[G, K] of one group -> whether normalizing it gives any nonzero advantage.
 
     decoupled (GDPO): some reward column has >= 2 distinct scorable (non-NaN)
@@ -45,15 +48,23 @@ def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
     if x.shape[1] > width:
         raise ValueError(
             f"a prompt of {x.shape[1]} tokens exceeds sampling.max_prompt_len={width}; raise "
-            "--config.sampling.max_prompt_len or drop long prompts from the data.")
+            "--config.sampling.max_prompt_len or drop long prompts from the data."
+        )
     out = np.full((x.shape[0], width), value, x.dtype)
-    out[:, width - x.shape[1]:] = x
+    out[:, width - x.shape[1] :] = x
     return out
 
 
-def _generate_chunked(sampler: Any, prompts: list, params: Any, *, group_size: int,
-                      key: jax.Array, chat_template: bool, prompts_per_call: int
-                      ) -> dict[str, Any]:
+def _generate_chunked(
+    sampler: Any,
+    prompts: list,
+    params: Any,
+    *,
+    group_size: int,
+    key: jax.Array,
+    chat_template: bool,
+    prompts_per_call: int,
+) -> dict[str, Any]:
     """Sampler.generate over consecutive chunks of `prompts_per_call` prompts.
 
     Bounds the rows one decode holds (KV cache [L, rows, Hkv, S, Dh]) so a
@@ -68,19 +79,22 @@ def _generate_chunked(sampler: Any, prompts: list, params: Any, *, group_size: i
     """
     n = len(prompts)
     per = n if prompts_per_call <= 0 else min(int(prompts_per_call), n)
-    chunks = [(i, prompts[i:i + per]) for i in range(0, n, per)] if n else [(0, [])]
+    chunks = [(i, prompts[i : i + per]) for i in range(0, n, per)] if n else [(0, [])]
     outs = []
     for c, (start, part) in enumerate(chunks):
         k = key if len(chunks) == 1 else jax.random.fold_in(key, c)
-        ro = sampler.generate(part, params, num_generations=group_size, key=k,
-                              chat_template=chat_template)
+        ro = sampler.generate(
+            part, params, num_generations=group_size, key=k, chat_template=chat_template
+        )
         outs.append((start, ro))
     cat = lambda f: np.concatenate([np.asarray(getattr(ro, f)) for _, ro in outs])  # noqa: E731
     return {
         "prompt_ids": [ro.prompt_ids for _, ro in outs],
         "prompt_mask": [ro.prompt_mask for _, ro in outs],
-        "completion_ids": cat("completion_ids"), "completion_mask": cat("completion_mask"),
-        "logprobs": cat("logprobs"), "lengths": cat("lengths"),
+        "completion_ids": cat("completion_ids"),
+        "completion_mask": cat("completion_mask"),
+        "logprobs": cat("logprobs"),
+        "lengths": cat("lengths"),
         "group_ids": np.concatenate([start + np.asarray(ro.group_ids) for start, ro in outs]),
         "texts": [t for _, ro in outs for t in ro.texts],
         "finish_reason": [f for _, ro in outs for f in ro.finish_reason],
@@ -88,9 +102,19 @@ def _generate_chunked(sampler: Any, prompts: list, params: Any, *, group_size: i
     }
 
 
-def sample_and_score(records: list[dict], *, sampler: Any, runner: Callable, params: Any,
-                     group_size: int, key: jax.Array, max_prompt_len: int, pad_id: int,
-                     chat_template: bool = True, prompts_per_call: int = 0) -> dict[str, Any]:
+def sample_and_score(
+    records: list[dict],
+    *,
+    sampler: Any,
+    runner: Callable,
+    params: Any,
+    group_size: int,
+    key: jax.Array,
+    max_prompt_len: int,
+    pad_id: int,
+    chat_template: bool = True,
+    prompts_per_call: int = 0,
+) -> dict[str, Any]:
     """Generates G completions for each record and scores them. Host NumPy out.
 
     prompts_per_call: this process's prompts per Sampler.generate call (0 =
@@ -101,38 +125,68 @@ def sample_and_score(records: list[dict], *, sampler: Any, runner: Callable, par
     """
     t0 = time.perf_counter()
     prompts = [r["prompt"] for r in records]
-    ro = _generate_chunked(sampler, prompts, params, group_size=group_size, key=key,
-                           chat_template=chat_template, prompts_per_call=prompts_per_call)
+    ro = _generate_chunked(
+        sampler,
+        prompts,
+        params,
+        group_size=group_size,
+        key=key,
+        chat_template=chat_template,
+        prompts_per_call=prompts_per_call,
+    )
     t1 = time.perf_counter()
     rows_prompts = [prompts[i] for i in ro["group_ids"]]
     examples = [records[i] for i in ro["group_ids"]]
-    rewards, info = runner(rows_prompts, list(ro["texts"]), examples,
-                           completion_lengths=[int(x) for x in ro["lengths"]])
+    rewards, info = runner(
+        rows_prompts,
+        list(ro["texts"]),
+        examples,
+        completion_lengths=[int(x) for x in ro["lengths"]],
+    )
     t2 = time.perf_counter()
     return {
-        "prompt_ids": np.concatenate([_pad_left(np.asarray(x).astype(np.int32), max_prompt_len,
-                                                pad_id) for x in ro["prompt_ids"]]),
-        "prompt_mask": np.concatenate([_pad_left(np.asarray(x).astype(np.int32), max_prompt_len, 0)
-                                       for x in ro["prompt_mask"]]),
+        "prompt_ids": np.concatenate(
+            [
+                _pad_left(np.asarray(x).astype(np.int32), max_prompt_len, pad_id)
+                for x in ro["prompt_ids"]
+            ]
+        ),
+        "prompt_mask": np.concatenate(
+            [
+                _pad_left(np.asarray(x).astype(np.int32), max_prompt_len, 0)
+                for x in ro["prompt_mask"]
+            ]
+        ),
         "completion_ids": ro["completion_ids"].astype(np.int32),
         "completion_mask": ro["completion_mask"].astype(np.int32),
         "old_logp": ro["logprobs"].astype(np.float32),
         "rewards": np.asarray(rewards, np.float32).reshape(len(ro["group_ids"]), -1),
         "group_ids": ro["group_ids"].astype(np.int32),
-        "texts": list(ro["texts"]), "finish": list(ro["finish_reason"]),
-        "sample_s": t1 - t0, "reward_s": t2 - t1, "reward_info": dict(info or {}),
+        "texts": list(ro["texts"]),
+        "finish": list(ro["finish_reason"]),
+        "sample_s": t1 - t0,
+        "reward_s": t2 - t1,
+        "reward_info": dict(info or {}),
         "sample_calls": ro["num_calls"],
     }
 
 
-_ARRAYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp",
-           "rewards")
+_ARRAYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp", "rewards")
 
 
-def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, key: jax.Array,
-                  dynamic: bool = False, max_tries: int = 1, decoupled: bool = True,
-                  weights: Sequence[float] | None = None, group_offset: int = 0,
-                  **kw: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def collect_batch(
+    stream: PromptStream,
+    *,
+    num_prompts: int,
+    group_size: int,
+    key: jax.Array,
+    dynamic: bool = False,
+    max_tries: int = 1,
+    decoupled: bool = True,
+    weights: Sequence[float] | None = None,
+    group_offset: int = 0,
+    **kw: Any,
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """A full host batch of `num_prompts` groups (rows num_prompts * G).
 
     Args:
@@ -145,15 +199,16 @@ def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, ke
     Returns:
       (arrays incl. group_ids and valid, info with texts, timings, counts).
     """
-    kept: list[tuple[dict, int]] = []      # (scored try, group index) with signal
+    kept: list[tuple[dict, int]] = []  # (scored try, group index) with signal
     dropped: list[tuple[dict, int]] = []
     tries, sample_s, reward_s, sample_calls = 0, 0.0, 0.0, 0
     reward_info: dict[str, float] = {}
     scored_groups = 0
     while True:
         records = stream.take(num_prompts)
-        out = sample_and_score(records, group_size=group_size,
-                               key=jax.random.fold_in(key, tries), **kw)
+        out = sample_and_score(
+            records, group_size=group_size, key=jax.random.fold_in(key, tries), **kw
+        )
         tries += 1
         sample_s += out["sample_s"]
         reward_s += out["reward_s"]
@@ -186,20 +241,32 @@ def collect_batch(stream: PromptStream, *, num_prompts: int, group_size: int, ke
         finish += out["finish"][rows]
     arrays = {k: np.concatenate(v, axis=0) for k, v in batch.items()}
     n = num_prompts * group_size
-    arrays["group_ids"] = (np.repeat(np.arange(num_prompts), group_size) + group_offset
-                           ).astype(np.int32)
+    arrays["group_ids"] = (np.repeat(np.arange(num_prompts), group_size) + group_offset).astype(
+        np.int32
+    )
     arrays["valid"] = np.repeat(np.arange(num_prompts) < valid_groups, group_size)
     assert arrays["rewards"].shape[0] == n
-    info = {"texts": texts, "finish": finish, "sample_s": sample_s, "reward_s": reward_s,
-            "tries": tries, "kept_groups": len(kept), "scored_groups": scored_groups,
-            "valid_groups": valid_groups, "reward_info": reward_info,
-            "sample_calls": sample_calls}
+    info = {
+        "texts": texts,
+        "finish": finish,
+        "sample_s": sample_s,
+        "reward_s": reward_s,
+        "tries": tries,
+        "kept_groups": len(kept),
+        "scored_groups": scored_groups,
+        "valid_groups": valid_groups,
+        "reward_info": reward_info,
+        "sample_calls": sample_calls,
+    }
     return arrays, info
 
 
-def rollout_metrics(arrays: dict[str, np.ndarray], finish: Sequence[str],
-                    reward_names: Sequence[str], weights: Sequence[float] | None
-                    ) -> dict[str, float]:
+def rollout_metrics(
+    arrays: dict[str, np.ndarray],
+    finish: Sequence[str],
+    reward_names: Sequence[str],
+    weights: Sequence[float] | None,
+) -> dict[str, float]:
     """Reward mean/std per reward (NaN excluded), weighted total, lengths, truncation."""
     valid = arrays["valid"].astype(bool)
     r = arrays["rewards"][valid].astype(np.float64)

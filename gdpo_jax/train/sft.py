@@ -17,6 +17,7 @@ knob: `sft.num_steps`, `sft.num_examples` (a subset), and label noise on the
 targets (`sft.format_noise`, `sft.value_noise`), plus, for math, verbose
 answers (`sft.verbose_prob`) that overrun the length budget.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,7 +26,8 @@ import logging
 import os
 import random
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +35,11 @@ import ml_collections as mlc
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from gdpo_jax.train import build, mesh as mesh_lib, rollout
+from gdpo_jax.train import build, rollout
+from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import ConfigError, base_config, reward_runner, reward_specs
@@ -52,15 +56,15 @@ def sft_config() -> mlc.ConfigDict:
     c.sft = mlc.ConfigDict()
     c.sft.num_steps = 200
     c.sft.batch_size = 32
-    c.sft.num_examples = 0       # train on the first n training records; 0 = all
-    c.sft.format_noise = 0.0     # toolcall: share of targets with a broken tag structure
-    c.sft.value_noise = 0.0      # share of targets with a wrong argument value / answer
-    c.sft.verbose_prob = 0.0     # math: share of targets that restate the problem first
+    c.sft.num_examples = 0  # train on the first n training records; 0 = all
+    c.sft.format_noise = 0.0  # toolcall: share of targets with a broken tag structure
+    c.sft.value_noise = 0.0  # share of targets with a wrong argument value / answer
+    c.sft.verbose_prob = 0.0  # math: share of targets that restate the problem first
     c.sft.log_every = 10
-    c.sft.evaluate = True        # held-out eval at the end (greedy and sampled)
-    c.sft.eval_every = 0         # > 0: also every n steps
+    c.sft.evaluate = True  # held-out eval at the end (greedy and sampled)
+    c.sft.eval_every = 0  # > 0: also every n steps
     c.sft.eval_num_examples = 64
-    c.sft.eval_samples = 4       # sampled eval: k samples per prompt at sampling.temperature
+    c.sft.eval_samples = 4  # sampled eval: k samples per prompt at sampling.temperature
     return c
 
 
@@ -83,10 +87,10 @@ def _break_format(gt: str, r: random.Random) -> str:
     """One of three common ways to miss the ToolRL tag structure."""
     kind = r.randrange(3)
     if kind == 0 and "</think>\n" in gt:
-        return gt.replace("</think>\n", "</think>", 1)       # missing newline
+        return gt.replace("</think>\n", "</think>", 1)  # missing newline
     if kind == 1:
-        return gt.replace("</think>", "", 1)                 # unclosed think
-    return gt + "\nDone."                                    # text after the answer
+        return gt.replace("</think>", "", 1)  # unclosed think
+    return gt + "\nDone."  # text after the answer
 
 
 def _wrong_value(gt: str, r: random.Random, pool: dict[str, list]) -> str:
@@ -117,8 +121,15 @@ def _wrong_answer(solution: str, r: random.Random) -> str:
     return f"{head}\\boxed{{{value}}}"
 
 
-def make_targets(examples: Sequence[dict], task: str, *, seed: int, format_noise: float = 0.0,
-                 value_noise: float = 0.0, verbose_prob: float = 0.0) -> list[str]:
+def make_targets(
+    examples: Sequence[dict],
+    task: str,
+    *,
+    seed: int,
+    format_noise: float = 0.0,
+    value_noise: float = 0.0,
+    verbose_prob: float = 0.0,
+) -> list[str]:
     """The SFT completion text of each example (reference answer, possibly corrupted).
 
     toolcall: `ground_truth`; with prob format_noise a broken tag structure,
@@ -146,37 +157,50 @@ def make_targets(examples: Sequence[dict], task: str, *, seed: int, format_noise
         for ex in examples:
             sol = (ex.get("extra_info") or {}).get("solution") or ex.get("solution")
             if not sol:
-                raise ValueError("math SFT needs a worked answer per record "
-                                 "(extra_info.solution or solution); the synthetic task has one.")
+                raise ValueError(
+                    "math SFT needs a worked answer per record "
+                    "(extra_info.solution or solution); the synthetic task has one."
+                )
             if r.random() < value_noise:
                 sol = _wrong_answer(sol, r)
             if r.random() < verbose_prob:
                 sol = _verbose_math(ex, sol)
             out.append(sol)
     else:
-        raise ConfigError(f"config.task.name={task!r}: SFT targets exist for 'toolcall' and "
-                          "'math' only.")
+        raise ConfigError(
+            f"config.task.name={task!r}: SFT targets exist for 'toolcall' and 'math' only."
+        )
     return out
 
 
-def encode_batch(prompt_ids: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], *,
-                 max_prompt_len: int, max_target_len: int, pad_id: int) -> dict[str, np.ndarray]:
+def encode_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    targets: Sequence[Sequence[int]],
+    *,
+    max_prompt_len: int,
+    max_target_len: int,
+    pad_id: int,
+) -> dict[str, np.ndarray]:
     """Token lists -> RL-layout arrays: prompt_ids/prompt_mask i32[B, P] (left padded),
     completion_ids/completion_mask i32[B, C] (right padded). Raises on overflow."""
     b = len(prompt_ids)
-    out = {"prompt_ids": np.full((b, max_prompt_len), pad_id, np.int32),
-           "prompt_mask": np.zeros((b, max_prompt_len), np.int32),
-           "completion_ids": np.full((b, max_target_len), pad_id, np.int32),
-           "completion_mask": np.zeros((b, max_target_len), np.int32)}
+    out = {
+        "prompt_ids": np.full((b, max_prompt_len), pad_id, np.int32),
+        "prompt_mask": np.zeros((b, max_prompt_len), np.int32),
+        "completion_ids": np.full((b, max_target_len), pad_id, np.int32),
+        "completion_mask": np.zeros((b, max_target_len), np.int32),
+    }
     for i, (p, t) in enumerate(zip(prompt_ids, targets)):
         if len(p) > max_prompt_len or len(t) > max_target_len:
-            raise ValueError(f"row {i}: prompt {len(p)} / target {len(t)} tokens exceed "
-                             f"sampling.max_prompt_len={max_prompt_len} / "
-                             f"max_new_tokens={max_target_len}.")
-        out["prompt_ids"][i, max_prompt_len - len(p):] = p
-        out["prompt_mask"][i, max_prompt_len - len(p):] = 1
-        out["completion_ids"][i, :len(t)] = t
-        out["completion_mask"][i, :len(t)] = 1
+            raise ValueError(
+                f"row {i}: prompt {len(p)} / target {len(t)} tokens exceed "
+                f"sampling.max_prompt_len={max_prompt_len} / "
+                f"max_new_tokens={max_target_len}."
+            )
+        out["prompt_ids"][i, max_prompt_len - len(p) :] = p
+        out["prompt_mask"][i, max_prompt_len - len(p) :] = 1
+        out["completion_ids"][i, : len(t)] = t
+        out["completion_mask"][i, : len(t)] = 1
     return out
 
 
@@ -190,15 +214,25 @@ def sft_loss(params: Any, batch: Batch, *, graphdef: nnx.GraphDef) -> tuple[jax.
     return -jnp.sum(logp * mask) / jnp.maximum(n, 1.0), n
 
 
-def sft_step(state: state_lib.TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
-             tx: optax.GradientTransformation, schedule: optax.Schedule
-             ) -> tuple[state_lib.TrainState, dict[str, jax.Array]]:
-    (loss, n), grads = jax.value_and_grad(functools.partial(sft_loss, graphdef=graphdef),
-                                          has_aux=True)(state.params, batch)
+def sft_step(
+    state: state_lib.TrainState,
+    batch: Batch,
+    *,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+) -> tuple[state_lib.TrainState, dict[str, jax.Array]]:
+    (loss, n), grads = jax.value_and_grad(
+        functools.partial(sft_loss, graphdef=graphdef), has_aux=True
+    )(state.params, batch)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "tokens": n, "grad_norm": optax.global_norm(grads),
-               "lr": jnp.asarray(schedule(state.step), jnp.float32)}
+    metrics = {
+        "loss": loss,
+        "tokens": n,
+        "grad_norm": optax.global_norm(grads),
+        "lr": jnp.asarray(schedule(state.step), jnp.float32),
+    }
     return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -210,20 +244,32 @@ class SFT:
         _validate(cfg)
         self.cfg = cfg
         devices = jax.devices()[: cfg.mesh.num_devices or None]
-        self.mesh = mesh_lib.make_mesh(tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types,
-                                       devices=devices)
+        self.mesh = mesh_lib.make_mesh(
+            tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
+        )
         mesh_lib.check_batch_divisible(cfg.sft.batch_size, self.mesh, field="config.sft.batch_size")
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         from gdpo_jax.sampling import Sampler
-        self.sampler = Sampler(self.model, self.tokenizer, mesh=self.mesh,
-                               prompt_buckets=(cfg.sampling.max_prompt_len,))
+
+        self.sampler = Sampler(
+            self.model,
+            self.tokenizer,
+            mesh=self.mesh,
+            prompt_buckets=(cfg.sampling.max_prompt_len,),
+        )
         task = build.load_task(cfg)
         train = task.train[: cfg.sft.num_examples or None]
         self.eval_records = task.eval[: cfg.sft.eval_num_examples or None]
         self.evaluate_fn = task.evaluate
         s = cfg.sft
-        texts = make_targets(train, cfg.task.name, seed=cfg.seed, format_noise=s.format_noise,
-                             value_noise=s.value_noise, verbose_prob=s.verbose_prob)
+        texts = make_targets(
+            train,
+            cfg.task.name,
+            seed=cfg.seed,
+            format_noise=s.format_noise,
+            value_noise=s.value_noise,
+            verbose_prob=s.verbose_prob,
+        )
         self.data = self._encode(train, texts)
         self.num_examples = len(train)
         self.tx, self.schedule = state_lib.make_optimizer(cfg.optim, total_updates=s.num_steps)
@@ -233,7 +279,9 @@ class SFT:
         self._step = jax.jit(
             functools.partial(sft_step, graphdef=self.graphdef, tx=self.tx, schedule=self.schedule),
             in_shardings=(shardings, batch_sh),
-            out_shardings=(shardings, NamedSharding(self.mesh, P())), donate_argnums=(0,))
+            out_shardings=(shardings, NamedSharding(self.mesh, P())),
+            donate_argnums=(0,),
+        )
         self.key = jax.random.key(cfg.seed)
         self.ckpt = Checkpointer.from_config(cfg)
         self.start_step = 0
@@ -243,32 +291,50 @@ class SFT:
 
     def _encode(self, records: list[dict], texts: list[str]) -> dict[str, np.ndarray]:
         cfg, tok = self.cfg, self.tokenizer
-        prompts = self.sampler.encode_prompts([r["prompt"] for r in records],
-                                              cfg.task.chat_template)
+        prompts = self.sampler.encode_prompts(
+            [r["prompt"] for r in records], cfg.task.chat_template
+        )
         eos = tok.eos_token_id if tok.eos_token_id is not None else self.model.cfg.eos_token_ids[0]
         targets = [tok(t, add_special_tokens=False)["input_ids"] + [int(eos)] for t in texts]
-        keep = [i for i, (p, t) in enumerate(zip(prompts, targets))
-                if len(p) <= cfg.sampling.max_prompt_len and len(t) <= cfg.sampling.max_new_tokens]
+        keep = [
+            i
+            for i, (p, t) in enumerate(zip(prompts, targets))
+            if len(p) <= cfg.sampling.max_prompt_len and len(t) <= cfg.sampling.max_new_tokens
+        ]
         if len(keep) < len(records):
-            log.warning("SFT: dropped %d of %d examples longer than max_prompt_len / "
-                        "max_new_tokens", len(records) - len(keep), len(records))
+            log.warning(
+                "SFT: dropped %d of %d examples longer than max_prompt_len / max_new_tokens",
+                len(records) - len(keep),
+                len(records),
+            )
         if not keep:
-            raise ConfigError("config.sampling.max_prompt_len / max_new_tokens leave no SFT example.")
-        return encode_batch([prompts[i] for i in keep], [targets[i] for i in keep],
-                            max_prompt_len=cfg.sampling.max_prompt_len,
-                            max_target_len=cfg.sampling.max_new_tokens, pad_id=self.sampler.pad_id)
+            raise ConfigError(
+                "config.sampling.max_prompt_len / max_new_tokens leave no SFT example."
+            )
+        return encode_batch(
+            [prompts[i] for i in keep],
+            [targets[i] for i in keep],
+            max_prompt_len=cfg.sampling.max_prompt_len,
+            max_target_len=cfg.sampling.max_new_tokens,
+            pad_id=self.sampler.pad_id,
+        )
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
         """Rows of step `step`: an epoch-wise permutation, a function of (seed, step) only."""
         n, b = len(self.data["prompt_ids"]), self.cfg.sft.batch_size
-        idx = np.concatenate([np.random.default_rng([self.cfg.seed, e]).permutation(n)
-                              for e in range(step * b // n, (step + 1) * b // n + 1)])
+        idx = np.concatenate(
+            [
+                np.random.default_rng([self.cfg.seed, e]).permutation(n)
+                for e in range(step * b // n, (step + 1) * b // n + 1)
+            ]
+        )
         start = step * b - (step * b // n) * n
-        rows = idx[start:start + b]
+        rows = idx[start : start + b]
         return {k: v[rows] for k, v in self.data.items()}
 
     def step(self, step: int) -> dict[str, float]:
         from gdpo_jax.train.distributed import to_global
+
         batch = to_global(self.batch(step), self.mesh)
         with jax.set_mesh(self.mesh):
             self.state, metrics = self._step(self.state, batch)
@@ -277,24 +343,33 @@ class SFT:
     def evaluate(self) -> dict[str, float]:
         """Held-out: greedy (1 per prompt) and sampled (k per prompt at sampling.temperature)."""
         from gdpo_jax.sampling import SamplingParams
+
         cfg = self.cfg
         nnx.update(self.model, self.state.params)
         out: dict[str, float] = {}
         specs = reward_specs(cfg)
         with reward_runner(cfg, specs) as runner:
             for mode, k in (("greedy", 1), ("sample", max(cfg.sft.eval_samples, 1))):
-                params = SamplingParams(max_new_tokens=cfg.sampling.max_new_tokens,
-                                        temperature=cfg.sampling.temperature,
-                                        greedy=mode == "greedy")
+                params = SamplingParams(
+                    max_new_tokens=cfg.sampling.max_new_tokens,
+                    temperature=cfg.sampling.temperature,
+                    greedy=mode == "greedy",
+                )
                 chunk = max(cfg.sft.batch_size // k, 1)
                 texts, recs, rewards, lengths = [], [], [], []
                 for i in range(0, len(self.eval_records), chunk):
-                    part = self.eval_records[i:i + chunk]
+                    part = self.eval_records[i : i + chunk]
                     res = rollout.sample_and_score(
-                        part, sampler=self.sampler, runner=runner, params=params, group_size=k,
+                        part,
+                        sampler=self.sampler,
+                        runner=runner,
+                        params=params,
+                        group_size=k,
                         key=jax.random.fold_in(jax.random.key(cfg.seed + 1), i),
-                        max_prompt_len=cfg.sampling.max_prompt_len, pad_id=self.sampler.pad_id,
-                        chat_template=cfg.task.chat_template)
+                        max_prompt_len=cfg.sampling.max_prompt_len,
+                        pad_id=self.sampler.pad_id,
+                        chat_template=cfg.task.chat_template,
+                    )
                     texts += res["texts"]
                     recs += [part[j // k] for j in range(len(part) * k)]
                     rewards.append(res["rewards"])
@@ -304,48 +379,71 @@ class SFT:
                     out[f"{mode}/{sp.name}"] = float(np.nanmean(r[:, j]))
                 out[f"{mode}/len_mean"] = float(np.mean(lengths))
                 if self.evaluate_fn is not None:
-                    extra = self.evaluate_fn(texts, recs, completion_lengths=lengths,
-                                             **cfg.task.eval_kwargs.to_dict())
+                    extra = self.evaluate_fn(
+                        texts, recs, completion_lengths=lengths, **cfg.task.eval_kwargs.to_dict()
+                    )
                     out.update({f"{mode}/{n}": float(v) for n, v in extra.items()})
                 out[f"{mode}/example"] = texts[0]  # type: ignore[assignment]
         return out
 
     def export(self, out_dir: str | None = None) -> str:
         from gdpo_jax.models import save_pretrained
+
         nnx.update(self.model, self.state.params)
-        return save_pretrained(self.model, self.tokenizer,
-                               out_dir or os.path.join(self.cfg.workdir, "hf"))
+        return save_pretrained(
+            self.model, self.tokenizer, out_dir or os.path.join(self.cfg.workdir, "hf")
+        )
 
     def run(self) -> dict[str, Any]:
         """Trains, evaluates, exports. Returns {"hf_dir", "eval", "train_loss", "seconds"}."""
         cfg, s = self.cfg, self.cfg.sft
-        writer = MetricsWriter(cfg.workdir, total_steps=s.num_steps, initial_step=self.start_step,
-                               tensorboard=cfg.train.tensorboard,
-                               progress_bar=cfg.train.progress_bar,
-                               enabled=jax.process_index() == 0)
+        writer = MetricsWriter(
+            cfg.workdir,
+            total_steps=s.num_steps,
+            initial_step=self.start_step,
+            tensorboard=cfg.train.tensorboard,
+            progress_bar=cfg.train.progress_bar,
+            enabled=jax.process_index() == 0,
+        )
         t0, last, ev = time.perf_counter(), {}, {}
         try:
             for step in range(self.start_step, s.num_steps):
                 metrics = self.step(step)
                 done = step + 1
                 if s.eval_every and done % s.eval_every == 0 and done < s.num_steps:
-                    metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()
-                                    if not k.endswith("example")})
+                    metrics.update(
+                        {
+                            f"eval/{k}": v
+                            for k, v in self.evaluate().items()
+                            if not k.endswith("example")
+                        }
+                    )
                 if done % max(s.log_every, 1) == 0 or done == s.num_steps:
                     writer.write(done, metrics)
                 last = metrics
-                self.ckpt.save(done, self.state, key=self.key,
-                               force=done == s.num_steps and cfg.checkpoint.every > 0)
+                self.ckpt.save(
+                    done,
+                    self.state,
+                    key=self.key,
+                    force=done == s.num_steps and cfg.checkpoint.every > 0,
+                )
             if s.evaluate:
                 ev = self.evaluate()
-                writer.write(s.num_steps, {f"eval/{k}": v for k, v in ev.items()
-                                           if not k.endswith("example")})
+                writer.write(
+                    s.num_steps,
+                    {f"eval/{k}": v for k, v in ev.items() if not k.endswith("example")},
+                )
         finally:
             self.ckpt.close()
             writer.close()
         hf_dir = self.export()
-        result = {"hf_dir": hf_dir, "eval": ev, "train_loss": last.get("loss"),
-                  "num_examples": self.num_examples, "seconds": time.perf_counter() - t0}
+        result = {
+            "hf_dir": hf_dir,
+            "eval": ev,
+            "train_loss": last.get("loss"),
+            "num_examples": self.num_examples,
+            "seconds": time.perf_counter() - t0,
+        }
         if jax.process_index() == 0:
             with open(os.path.join(cfg.workdir, "sft_result.json"), "w") as f:
                 json.dump(result, f, indent=2)
@@ -357,8 +455,9 @@ def _validate(cfg: mlc.ConfigDict) -> None:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/sft_run.")
     s = cfg.sft
     if s.num_steps < 1 or s.batch_size < 1:
-        raise ConfigError(f"config.sft.num_steps={s.num_steps} and batch_size={s.batch_size} "
-                          "must be >= 1.")
+        raise ConfigError(
+            f"config.sft.num_steps={s.num_steps} and batch_size={s.batch_size} must be >= 1."
+        )
     for f in ("format_noise", "value_noise", "verbose_prob"):
         if not 0.0 <= s[f] <= 1.0:
             raise ConfigError(f"config.sft.{f}={s[f]} must be a probability in [0, 1].")

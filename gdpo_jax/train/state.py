@@ -4,6 +4,7 @@ The policy is an NNX module; the step is a pure function of
 `(TrainState, batch)`, so the module is split once into a static `graphdef`
 (bound into the step with `partial`) and an `nnx.State` of parameters.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,13 +20,15 @@ from jax.sharding import Mesh, NamedSharding
 @flax.struct.dataclass
 class TrainState:
     """step: i32[] RL steps done; params: nnx.State of nnx.Param; opt_state: optax state."""
+
     step: jax.Array
     params: Any
     opt_state: Any
 
 
-def make_schedule(*, lr: float, schedule: str, warmup_steps: int, total_steps: int,
-                  min_lr_ratio: float = 0.0) -> optax.Schedule:
+def make_schedule(
+    *, lr: float, schedule: str, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.0
+) -> optax.Schedule:
     """Linear warmup from 0, then constant / cosine / linear decay to lr * min_lr_ratio.
 
     Counts are optimizer updates.
@@ -44,28 +47,38 @@ def make_schedule(*, lr: float, schedule: str, warmup_steps: int, total_steps: i
     if not warmup_steps:
         return after
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warmup_steps), after], [warmup_steps])
+        [optax.linear_schedule(0.0, lr, warmup_steps), after], [warmup_steps]
+    )
 
 
-def make_optimizer(optim, *, total_updates: int, updates_per_step: int = 1
-                   ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+def make_optimizer(
+    optim, *, total_updates: int, updates_per_step: int = 1
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW with global-norm clipping from `config.optim`.
 
     `optim.warmup_steps` is in RL steps (each makes `updates_per_step` updates).
     """
-    schedule = make_schedule(lr=optim.lr, schedule=optim.schedule,
-                             warmup_steps=optim.warmup_steps * updates_per_step,
-                             total_steps=total_updates, min_lr_ratio=optim.min_lr_ratio)
+    schedule = make_schedule(
+        lr=optim.lr,
+        schedule=optim.schedule,
+        warmup_steps=optim.warmup_steps * updates_per_step,
+        total_steps=total_updates,
+        min_lr_ratio=optim.min_lr_ratio,
+    )
     parts = []
     if optim.max_grad_norm and optim.max_grad_norm > 0:
         parts.append(optax.clip_by_global_norm(optim.max_grad_norm))
-    parts.append(optax.adamw(schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps,
-                             weight_decay=optim.weight_decay))
+    parts.append(
+        optax.adamw(
+            schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay
+        )
+    )
     return optax.chain(*parts), schedule
 
 
-def create_train_state(model: nnx.Module, tx: optax.GradientTransformation,
-                       mesh: Mesh | None = None) -> tuple[nnx.GraphDef, TrainState]:
+def create_train_state(
+    model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh | None = None
+) -> tuple[nnx.GraphDef, TrainState]:
     """Splits a (sharded) model and initializes the optimizer next to its params.
 
     The optimizer state is made by a jitted `tx.init`, so each moment is placed
@@ -95,4 +108,3 @@ def abstract_of(tree: Any) -> Any:
 
 def num_params(params: Any) -> int:
     return int(sum(x.size for x in jax.tree.leaves(params)))
-

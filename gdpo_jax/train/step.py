@@ -19,6 +19,7 @@ Batch (global arrays, leading dim N = num_prompts * group_size):
   ref_logp f32[N,C] (only when beta > 0 or kl_in_reward > 0),
   rewards f32[N,K] (NaN = unscorable), group_ids i32[N], valid bool[N].
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
 from gdpo_jax.core.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
@@ -38,13 +40,22 @@ from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.state import TrainState
 
 Batch = dict[str, jax.Array]
-BATCH_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp",
-              "rewards", "group_ids", "valid")
+BATCH_KEYS = (
+    "prompt_ids",
+    "prompt_mask",
+    "completion_ids",
+    "completion_mask",
+    "old_logp",
+    "rewards",
+    "group_ids",
+    "valid",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepConfig:
     """Static (hashable) settings of the step; bound with functools.partial."""
+
     num_groups: int
     estimator: str = "gdpo"
     weights: tuple[float, ...] | None = None
@@ -74,25 +85,37 @@ class StepConfig:
         return self.num_epochs * self.num_minibatches
 
     @classmethod
-    def from_config(cls, cfg) -> "StepConfig":
+    def from_config(cls, cfg) -> StepConfig:
         a = cfg.algo
         return cls(
-            num_groups=a.num_prompts, estimator=a.estimator,
-            weights=tuple(float(w) for w in cfg.rewards.weights) or None, eps=a.eps,
-            batch_norm=a.batch_norm, clip_low=a.clip_low, clip_high=a.clip_high,
-            dual_clip=a.dual_clip or None, beta=a.beta, kl_estimator=a.kl_estimator,
-            kl_in_reward=a.kl_in_reward, entropy_coef=a.entropy_coef,
-            aggregation=a.aggregation, max_len=a.max_len or cfg.sampling.max_new_tokens,
-            num_minibatches=a.num_minibatches, num_microbatches=a.num_microbatches,
-            num_epochs=a.num_epochs, temperature=cfg.sampling.temperature,
-            logprob_chunk_size=a.logprob_chunk_size)
+            num_groups=a.num_prompts,
+            estimator=a.estimator,
+            weights=tuple(float(w) for w in cfg.rewards.weights) or None,
+            eps=a.eps,
+            batch_norm=a.batch_norm,
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip or None,
+            beta=a.beta,
+            kl_estimator=a.kl_estimator,
+            kl_in_reward=a.kl_in_reward,
+            entropy_coef=a.entropy_coef,
+            aggregation=a.aggregation,
+            max_len=a.max_len or cfg.sampling.max_new_tokens,
+            num_minibatches=a.num_minibatches,
+            num_microbatches=a.num_microbatches,
+            num_epochs=a.num_epochs,
+            temperature=cfg.sampling.temperature,
+            logprob_chunk_size=a.logprob_chunk_size,
+        )
 
 
 # --------------------------------------------------------------------------- #
 # Log-probs of the completion tokens.
 # --------------------------------------------------------------------------- #
-def completion_logprobs(model: nnx.Module, batch: Batch, *, temperature: float = 1.0,
-                        chunk_size: int = 0) -> tuple[jax.Array, jax.Array]:
+def completion_logprobs(
+    model: nnx.Module, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 0
+) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies of the completion under `model`.
 
     One forward over prompt + completion; only the C positions that predict a
@@ -103,15 +126,18 @@ def completion_logprobs(model: nnx.Module, batch: Batch, *, temperature: float =
     ids = jnp.concatenate([batch["prompt_ids"], batch["completion_ids"]], axis=1)
     mask = jnp.concatenate([batch["prompt_mask"], batch["completion_mask"]], axis=1)
     hidden = model(ids, mask, return_hidden=True)
-    hidden = hidden[:, prompt_len - 1:-1]  # position t predicts token t + 1
+    hidden = hidden[:, prompt_len - 1 : -1]  # position t predicts token t + 1
     unembed = model.unembed_matrix()
     targets = batch["completion_ids"]
     if chunk_size:
-        return chunked_token_logprobs(hidden, unembed, targets, chunk_size=chunk_size,
-                                      temperature=temperature)
+        return chunked_token_logprobs(
+            hidden, unembed, targets, chunk_size=chunk_size, temperature=temperature
+        )
     logits = jnp.einsum("btd,dv->btv", hidden.astype(jnp.float32), unembed.astype(jnp.float32))
-    return (token_logprobs(logits, targets, temperature=temperature),
-            token_entropy(logits, temperature=temperature))
+    return (
+        token_logprobs(logits, targets, temperature=temperature),
+        token_entropy(logits, temperature=temperature),
+    )
 
 
 def _to_blocks(x: jax.Array, n_blocks: int) -> jax.Array:
@@ -140,8 +166,10 @@ def _combine(a: dict, b: dict) -> dict:
 
 
 def _finalize(pairs: dict) -> dict[str, jax.Array]:
-    return {k: s / jnp.maximum(d, 1e-12) if not k.endswith(("_min", "_max")) else s
-            for k, (s, d) in pairs.items()}
+    return {
+        k: s / jnp.maximum(d, 1e-12) if not k.endswith(("_min", "_max")) else s
+        for k, (s, d) in pairs.items()
+    }
 
 
 # --------------------------------------------------------------------------- #
@@ -152,9 +180,15 @@ def sequence_kl(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Ar
     return jnp.sum((logp - ref_logp) * mask, axis=-1)
 
 
-def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
-               tx: optax.GradientTransformation, schedule: optax.Schedule,
-               cfg: StepConfig) -> tuple[TrainState, dict[str, jax.Array]]:
+def train_step(
+    state: TrainState,
+    batch: Batch,
+    *,
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    cfg: StepConfig,
+) -> tuple[TrainState, dict[str, jax.Array]]:
     """All optimizer updates of one rollout batch. Returns (new state, scalar metrics)."""
     mask = batch["completion_mask"].astype(jnp.float32) * batch["valid"][:, None]
     rewards = batch["rewards"].astype(jnp.float32)
@@ -167,12 +201,21 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
         if weights is not None:
             weights = jnp.concatenate([weights, jnp.ones((1,), jnp.float32)])
     adv = compute_advantages(
-        rewards, batch["group_ids"], num_groups=cfg.num_groups, estimator=cfg.estimator,
-        weights=weights, valid=batch["valid"], eps=cfg.eps, batch_norm=cfg.batch_norm,
-        token_counts=jnp.sum(mask, axis=-1).astype(jnp.int32))
+        rewards,
+        batch["group_ids"],
+        num_groups=cfg.num_groups,
+        estimator=cfg.estimator,
+        weights=weights,
+        valid=batch["valid"],
+        eps=cfg.eps,
+        batch_norm=cfg.batch_norm,
+        token_counts=jnp.sum(mask, axis=-1).astype(jnp.int32),
+    )
 
-    data = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids",
-                                  "completion_mask", "old_logp")}
+    data = {
+        k: batch[k]
+        for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp")
+    }
     data["loss_mask"], data["adv"] = mask, adv
     use_ref = cfg.beta > 0
     if use_ref:
@@ -183,16 +226,27 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
 
     def micro_loss(params, mb):
         model = nnx.merge(graphdef, params)
-        logp, ent = completion_logprobs(model, mb, temperature=cfg.temperature,
-                                        chunk_size=cfg.logprob_chunk_size)
+        logp, ent = completion_logprobs(
+            model, mb, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size
+        )
         if cfg.entropy_coef == 0:
             ent = jax.lax.stop_gradient(ent)  # metric only
         loss_sum, denom, metrics = policy_loss(
-            logp, mb["old_logp"], mb["adv"], mb["loss_mask"], clip_low=cfg.clip_low,
-            clip_high=cfg.clip_high, dual_clip=cfg.dual_clip,
-            ref_logp=mb["ref_logp"] if use_ref else None, beta=cfg.beta,
-            kl_estimator=cfg.kl_estimator, entropy=ent, entropy_coef=cfg.entropy_coef,
-            aggregation=cfg.aggregation, max_len=cfg.max_len)
+            logp,
+            mb["old_logp"],
+            mb["adv"],
+            mb["loss_mask"],
+            clip_low=cfg.clip_low,
+            clip_high=cfg.clip_high,
+            dual_clip=cfg.dual_clip,
+            ref_logp=mb["ref_logp"] if use_ref else None,
+            beta=cfg.beta,
+            kl_estimator=cfg.kl_estimator,
+            entropy=ent,
+            entropy_coef=cfg.entropy_coef,
+            aggregation=cfg.aggregation,
+            max_len=cfg.max_len,
+        )
         return loss_sum, (denom, metrics)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
@@ -211,9 +265,17 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
         # micro-batch runs through the one scanned body (compiled once).
         shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], mini))
         (_, (_, m_shape)), _ = shapes
-        m0 = {k: (jnp.full((), jnp.inf if k.endswith("_min") else
-                           -jnp.inf if k.endswith("_max") else 0.0, jnp.float32),
-                  jnp.zeros((), jnp.float32)) for k in m_shape}
+        m0 = {
+            k: (
+                jnp.full(
+                    (),
+                    jnp.inf if k.endswith("_min") else -jnp.inf if k.endswith("_max") else 0.0,
+                    jnp.float32,
+                ),
+                jnp.zeros((), jnp.float32),
+            )
+            for k in m_shape
+        }
         g0 = jax.tree.map(jnp.zeros_like, params)
         zero = jnp.zeros((), jnp.float32)
         (g, l, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
@@ -230,7 +292,8 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
         return jax.lax.scan(update, carry, blocks)
 
     (params, opt_state), (m, losses, grad_norms) = jax.lax.scan(
-        epoch, (state.params, state.opt_state), None, length=cfg.num_epochs)
+        epoch, (state.params, state.opt_state), None, length=cfg.num_epochs
+    )
     # m: pairs with leading [E, U]; reduce them like micro-batches.
     flat = {k: (s.reshape(-1), d.reshape(-1)) for k, (s, d) in m.items()}
     reduced = {}
@@ -245,24 +308,27 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
     valid = batch["valid"].astype(jnp.float32)
     n_valid = jnp.maximum(jnp.sum(valid), 1.0)
     adv_mean = jnp.sum(adv * valid) / n_valid
-    metrics.update({
-        "loss": jnp.mean(losses),
-        "grad_norm": jnp.mean(grad_norms),
-        "lr": jnp.asarray(schedule(state.step * cfg.updates_per_step), jnp.float32),
-        "adv/mean": adv_mean,
-        "adv/std": jnp.sqrt(jnp.sum(((adv - adv_mean) ** 2) * valid) / n_valid),
-        "adv/distinct_per_group": group_distinct_advantages(
-            adv, batch["group_ids"], num_groups=cfg.num_groups, valid=batch["valid"]),
-    })
+    metrics.update(
+        {
+            "loss": jnp.mean(losses),
+            "grad_norm": jnp.mean(grad_norms),
+            "lr": jnp.asarray(schedule(state.step * cfg.updates_per_step), jnp.float32),
+            "adv/mean": adv_mean,
+            "adv/std": jnp.sqrt(jnp.sum(((adv - adv_mean) ** 2) * valid) / n_valid),
+            "adv/distinct_per_group": group_distinct_advantages(
+                adv, batch["group_ids"], num_groups=cfg.num_groups, valid=batch["valid"]
+            ),
+        }
+    )
     if cfg.kl_in_reward > 0:
-        metrics["kl_in_reward"] = jnp.sum(sequence_kl(batch["old_logp"], batch["ref_logp"],
-                                                      mask)) / n_valid
+        metrics["kl_in_reward"] = (
+            jnp.sum(sequence_kl(batch["old_logp"], batch["ref_logp"], mask)) / n_valid
+        )
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
 
-def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepConfig
-               ) -> jax.Array:
+def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepConfig) -> jax.Array:
     """Completion log-probs f32[N,C] of `params` (reference or pre-update policy).
 
     Run micro-batch by micro-batch (same layout as the step) to bound memory.
@@ -273,8 +339,9 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
     model = nnx.merge(graphdef, params)
 
     def one(mb):
-        return completion_logprobs(model, mb, temperature=cfg.temperature,
-                                   chunk_size=cfg.logprob_chunk_size)[0]
+        return completion_logprobs(
+            model, mb, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size
+        )[0]
 
     return _from_blocks(jax.lax.map(one, blocks))
 
@@ -286,14 +353,21 @@ class CompiledStep:
     reports how many times the step has been compiled (tests assert 1).
     """
 
-    def __init__(self, *, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                 schedule: optax.Schedule, cfg: StepConfig, state_shardings: Any = None,
-                 mesh: Mesh | None = None, batch_keys: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        *,
+        graphdef: nnx.GraphDef,
+        tx: optax.GradientTransformation,
+        schedule: optax.Schedule,
+        cfg: StepConfig,
+        state_shardings: Any = None,
+        mesh: Mesh | None = None,
+        batch_keys: tuple[str, ...] | None = None,
+    ):
         self.cfg, self.mesh = cfg, mesh
         keys = tuple(batch_keys or BATCH_KEYS + (("ref_logp",) if cfg.needs_ref else ()))
         self.batch_keys = keys
-        step = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule,
-                                 cfg=cfg)
+        step = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule, cfg=cfg)
         lp = functools.partial(logprob_fn, graphdef=graphdef, cfg=cfg)
         if mesh is None:
             self._step = jax.jit(step, donate_argnums=(0,))
@@ -302,17 +376,23 @@ class CompiledStep:
         ndim = {"rewards": 2, "group_ids": 1, "valid": 1}
         batch_sh = {k: mesh_lib.batch_sharding(mesh, ndim.get(k, 2)) for k in keys}
         rep = NamedSharding(mesh, P())
-        self._step = jax.jit(step, in_shardings=(state_shardings, batch_sh),
-                             out_shardings=(state_shardings, rep), donate_argnums=(0,))
+        self._step = jax.jit(
+            step,
+            in_shardings=(state_shardings, batch_sh),
+            out_shardings=(state_shardings, rep),
+            donate_argnums=(0,),
+        )
         lp_keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
         self._logprobs = jax.jit(
             lambda params, b: lp(params, b),
             in_shardings=(state_shardings.params, {k: batch_sh[k] for k in lp_keys}),
-            out_shardings=mesh_lib.batch_sharding(mesh, 2))
+            out_shardings=mesh_lib.batch_sharding(mesh, 2),
+        )
         self._lp_keys = lp_keys
 
     def _ctx(self):
         import contextlib
+
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
@@ -332,4 +412,3 @@ class CompiledStep:
         batch = {k: batch[k] for k in self.batch_keys}
         with self._ctx():
             return self._step.lower(state, batch)
-

@@ -7,6 +7,7 @@ toolcall / math / code: the paper's tasks (gdpo_jax.tasks), read from
 for math). toy_toolcall: the word-level task of gdpo_jax.train.toy_task, the
 tiny CPU config's default.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,22 +22,29 @@ _SYNTHETIC = {"toolcall": "toolcall", "math": "arithmetic"}
 
 def _load(name: str, cfg) -> TaskData:
     from gdpo_jax.tasks import get_task
+
     mod = get_task(name)
     t = cfg.task
     if t.source == "synthetic":
         if name not in _SYNTHETIC:
-            raise ValueError(f"config.task.source='synthetic' is not available for task {name!r}; "
-                             f"synthetic tasks: {sorted(_SYNTHETIC)}. Point --config.task.source "
-                             "at a data file or directory.")
+            raise ValueError(
+                f"config.task.source='synthetic' is not available for task {name!r}; "
+                f"synthetic tasks: {sorted(_SYNTHETIC)}. Point --config.task.source "
+                "at a data file or directory."
+            )
         from gdpo_jax.data.synthetic import make_splits
-        splits = make_splits(_SYNTHETIC[name], t.num_train, t.num_eval, seed=t.seed,
-                             **t.kwargs.to_dict())
+
+        splits = make_splits(
+            _SYNTHETIC[name], t.num_train, t.num_eval, seed=t.seed, **t.kwargs.to_dict()
+        )
         train, held = mod.load(splits["train"]), mod.load(splits["test"])
     else:
         train = mod.load(t.source, split="train" if not _is_file(t.source) else None)
         try:
-            held = mod.load(t.eval_source or t.source,
-                            split=None if t.eval_source and _is_file(t.eval_source) else "test")
+            held = mod.load(
+                t.eval_source or t.source,
+                split=None if t.eval_source and _is_file(t.eval_source) else "test",
+            )
         except FileNotFoundError:
             log.warning("no held-out split found for %s; periodic eval is off", t.source)
             held = []
@@ -49,6 +57,7 @@ def _load(name: str, cfg) -> TaskData:
 
 def _is_file(path: str) -> bool:
     import os
+
     return os.path.isfile(path) or any(c in path for c in "*?[")
 
 

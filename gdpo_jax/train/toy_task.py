@@ -14,10 +14,12 @@ with three rewards that a random 40-word policy already hits sometimes:
 Learning it takes copying words out of the prompt (attention), picking the
 tool slot, and stopping: visibly improving curves in a few hundred small steps.
 """
+
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,9 +27,32 @@ from gdpo_jax.rewards import register_reward
 from gdpo_jax.train.build import TaskData, register_task, register_tokenizer
 
 TOOLS = ("weather", "currency", "alarm", "message", "flights", "stock", "translate", "music")
-ARGS = ("paris", "rome", "oslo", "tokyo", "lima", "cairo", "delhi", "berlin", "ana", "ben",
-        "chen", "dora", "eli", "fay", "gus", "ivy", "usd", "eur", "gbp", "jpy", "work", "gym",
-        "adele", "queen")
+ARGS = (
+    "paris",
+    "rome",
+    "oslo",
+    "tokyo",
+    "lima",
+    "cairo",
+    "delhi",
+    "berlin",
+    "ana",
+    "ben",
+    "chen",
+    "dora",
+    "eli",
+    "fay",
+    "gus",
+    "ivy",
+    "usd",
+    "eur",
+    "gbp",
+    "jpy",
+    "work",
+    "gym",
+    "adele",
+    "queen",
+)
 FILLER = ("please", "now", "the", "and", "for", "me", "a", "to")
 SPECIALS = ("<pad>", "<s>", "</s>")
 WORDS = SPECIALS + TOOLS + ARGS + FILLER
@@ -38,20 +63,33 @@ def make_tokenizer() -> Any:
     """Word-level HF tokenizer over WORDS (<pad>=0, <s>=1 prepended, </s>=2)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
+
     vocab = {w: i for i, w in enumerate(WORDS)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>", unk_token="<pad>")
-    fast.chat_template = ("{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<pad>",
+    )
+    fast.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     fast.padding_side = "left"
     return fast
 
 
-def records(n: int, *, seed: int, split: str, filler: float = 0.5, num_tools: int = len(TOOLS),
-            num_args: int = len(ARGS)) -> list[dict]:
+def records(
+    n: int,
+    *,
+    seed: int,
+    split: str,
+    filler: float = 0.5,
+    num_tools: int = len(TOOLS),
+    num_args: int = len(ARGS),
+) -> list[dict]:
     """n requests; the test split never repeats a train (tool, args) triple.
 
     filler: probability of a filler word before (and, independently, after)
@@ -62,7 +100,7 @@ def records(n: int, *, seed: int, split: str, filler: float = 0.5, num_tools: in
     pool = [(t, a, b) for t in TOOLS[:num_tools] for a in args for b in args if a != b]
     r.shuffle(pool)
     held = pool[: max(len(pool) // 10, 1)]
-    source = held if split == "test" else pool[len(held):]
+    source = held if split == "test" else pool[len(held) :]
     rs = random.Random(f"toy-{seed}-{split}")
     out = []
     for i in range(n):
@@ -72,8 +110,9 @@ def records(n: int, *, seed: int, split: str, filler: float = 0.5, num_tools: in
             words.insert(0, rs.choice(FILLER))
         if rs.random() < filler:
             words.append(rs.choice(FILLER))
-        out.append({"prompt": " ".join(words), "tool": tool, "args": [a, b],
-                    "target": f"{tool} {a} {b}"})
+        out.append(
+            {"prompt": " ".join(words), "tool": tool, "args": [a, b], "target": f"{tool} {a} {b}"}
+        )
     return out
 
 
@@ -83,8 +122,14 @@ def format_reward(prompts: Sequence, completions: Sequence[str], **kw) -> list[f
 
 
 @register_reward("toy_correct")
-def correct_reward(prompts: Sequence, completions: Sequence[str], *, tool: Sequence[str],
-                   args: Sequence[Sequence[str]], **kw) -> list[float]:
+def correct_reward(
+    prompts: Sequence,
+    completions: Sequence[str],
+    *,
+    tool: Sequence[str],
+    args: Sequence[Sequence[str]],
+    **kw,
+) -> list[float]:
     out = []
     for c, t, a in zip(completions, tool, args):
         w = c.split()
@@ -96,8 +141,9 @@ def correct_reward(prompts: Sequence, completions: Sequence[str], *, tool: Seque
 
 
 @register_reward("toy_length")
-def length_reward(prompts: Sequence, completions: Sequence[str], *, max_words: int = 4,
-                  **kw) -> list[float]:
+def length_reward(
+    prompts: Sequence, completions: Sequence[str], *, max_words: int = 4, **kw
+) -> list[float]:
     return [float(len(c.split()) <= max_words) for c in completions]
 
 
@@ -106,8 +152,9 @@ def evaluate(completions: Sequence[str], examples: Sequence[dict], **kw) -> dict
     tools = [e["tool"] for e in examples]
     args = [e["args"] for e in examples]
     return {
-        "exact": float(np.mean([" ".join(c.split()) == e["target"]
-                                for c, e in zip(completions, examples)])),
+        "exact": float(
+            np.mean([" ".join(c.split()) == e["target"] for c, e in zip(completions, examples)])
+        ),
         "format": float(np.mean(format_reward(None, completions))),
         "correct": float(np.mean(correct_reward(None, completions, tool=tools, args=args))),
         "length": float(np.mean(length_reward(None, completions))),
@@ -118,5 +165,8 @@ def evaluate(completions: Sequence[str], examples: Sequence[dict], **kw) -> dict
 def load(cfg) -> TaskData:
     t = cfg.task
     kw = t.kwargs.to_dict()
-    return TaskData(train=records(t.num_train, seed=t.seed, split="train", **kw),
-                    eval=records(t.num_eval, seed=t.seed, split="test", **kw), evaluate=evaluate)
+    return TaskData(
+        train=records(t.num_train, seed=t.seed, split="train", **kw),
+        eval=records(t.num_eval, seed=t.seed, split="test", **kw),
+        evaluate=evaluate,
+    )
