@@ -1,0 +1,217 @@
+"""The README is a front page and docs/ is navigable: no broken relative link or anchor.
+
+Checks README.md and every docs/*.md (not docs/results/** or docs/benchmarks/**, which
+scripts write): each relative link names a file or directory that exists, and each
+`#anchor` names a heading of the target page (GitHub's slug rules). The README stays a
+front page (<= 220 lines) and keeps the two set-up commands, `make demo` and `make test`
+(`.ci/run` runs `make test`). The pod example of docs/configs.md validates on 64 devices.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README_MAX_LINES = 220
+
+# docs/scale.md is written on another branch (issue #15, running at scale). The link
+# checker leaves this one target to `test_scale_page_exists`, which fails until that
+# branch is merged: the link is meant to resolve after the merge, not to be dropped.
+SCALE_PAGE = "docs/scale.md"
+
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
+# [text](target) or ![alt](target), target without spaces, optional "title".
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def doc_pages() -> list[Path]:
+    """README.md and the hand-written pages docs/*.md (sorted)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _prose_lines(text: str) -> list[str]:
+    """Lines outside fenced code blocks (links and headings inside fences do not count)."""
+    out, in_fence = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            in_fence = not in_fence
+            continue
+        if not in_fence:
+            out.append(line)
+    return out
+
+
+def github_slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, markup and punctuation dropped, spaces -> '-'."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link keeps its text
+    text = text.replace("`", "").replace("*", "").strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)  # \w keeps unicode letters and digits, as GitHub does
+    return text.replace(" ", "-")
+
+
+def anchors_of(path: Path) -> set[str]:
+    """Every heading anchor of a markdown page, with GitHub's -1, -2 suffixes for repeats."""
+    seen: dict[str, int] = {}
+    out = set()
+    for line in _prose_lines(path.read_text(encoding="utf-8")):
+        m = _HEADING.match(line)
+        if not m:
+            continue
+        slug = github_slug(m.group(2))
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def relative_links(path: Path) -> list[str]:
+    """Link targets of a page that are not external URLs."""
+    out = []
+    for line in _prose_lines(path.read_text(encoding="utf-8")):
+        for target in _LINK.findall(_INLINE_CODE.sub("", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # http:, https:, mailto:
+                continue
+            out.append(target)
+    return out
+
+
+def broken_links(path: Path) -> list[str]:
+    """One message per relative link of `path` whose file or #anchor does not exist."""
+    errors = []
+    for target in relative_links(path):
+        file_part, _, anchor = target.partition("#")
+        dest = (path.parent / file_part).resolve() if file_part else path
+        rel = dest.relative_to(ROOT).as_posix() if dest.is_relative_to(ROOT) else str(dest)
+        if rel == SCALE_PAGE:
+            continue  # see SCALE_PAGE: checked by test_scale_page_exists
+        if not dest.exists():
+            errors.append(f"{target}: no such file {rel}")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors_of(dest):
+            errors.append(f"{target}: no heading with anchor #{anchor} in {rel}")
+    return errors
+
+
+@pytest.mark.parametrize("page", doc_pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_resolve(page: Path) -> None:
+    errors = broken_links(page)
+    assert not errors, f"{page.relative_to(ROOT)}: broken links:\n" + "\n".join(errors)
+
+
+def test_scale_page_exists() -> None:
+    # Fails on the docs branch alone: docs/scale.md comes from the scale branch (see SCALE_PAGE).
+    linked_from = [p.name for p in doc_pages() if any("scale.md" in t for t in relative_links(p))]
+    assert linked_from, "nothing links docs/scale.md any more; drop SCALE_PAGE from this test"
+    assert (ROOT / SCALE_PAGE).exists(), f"{SCALE_PAGE} is linked from {linked_from} but missing"
+
+
+def test_every_docs_page_links_back_to_the_index() -> None:
+    missing = [
+        p.name
+        for p in doc_pages()[1:]
+        if p.name != "index.md"
+        and not any(t.split("#")[0] == "index.md" for t in relative_links(p))
+    ]
+    assert not missing, f"docs pages without a link to index.md: {missing}"
+
+
+def test_index_links_every_docs_page() -> None:
+    linked = {t.split("#")[0] for t in relative_links(ROOT / "docs" / "index.md")}
+    missing = [p.name for p in doc_pages()[1:] if p.name != "index.md" and p.name not in linked]
+    assert not missing, f"docs/index.md does not link: {missing}"
+
+
+def test_readme_is_a_front_page() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    n = len(text.splitlines())
+    assert n <= README_MAX_LINES, (
+        f"README.md has {n} lines; move detail to docs/ (max {README_MAX_LINES})"
+    )
+    for cmd in ("make demo", "make test"):
+        assert cmd in text, f"README.md must show the set-up command `{cmd}`"
+    assert "make test" in (ROOT / ".ci" / "run").read_text(), ".ci/run must run `make test`"
+
+
+def test_link_checker_catches_breakage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The checker itself must fail on a missing file and on a missing anchor.
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    (tmp_path / "a.md").write_text("# Title `x` here\n\n## Same\n## Same\n", encoding="utf-8")
+    page = tmp_path / "b.md"
+    page.write_text(
+        "[ok](a.md#title-x-here) [ok2](a.md#same-1) [ext](https://x.org/nope)\n"
+        "`[code](nope.md)`\n```\n[fenced](nope.md)\n```\n"
+        "[bad](missing.md) [badanchor](a.md#nothing) [self](#none)\n",
+        encoding="utf-8",
+    )
+    errors = broken_links(page)
+    assert len(errors) == 3, errors
+    assert "missing.md" in errors[0] and "#nothing" in errors[1] and "#none" in errors[2]
+
+
+def test_github_slug() -> None:
+    assert github_slug("The maths: `gdpo_jax.core`") == "the-maths-gdpo_jaxcore"
+    assert github_slug("Outcome (math, length reward not gated)") == (
+        "outcome-math-length-reward-not-gated"
+    )
+    assert github_slug("Multi-host (several processes)") == "multi-host-several-processes"
+
+
+def _pod_commands() -> list[list[str]]:
+    """The `experiments.train` commands of the fenced block in docs/configs.md marked pod-64."""
+    text = (ROOT / "docs" / "configs.md").read_text(encoding="utf-8")
+    m = re.search(r"```bash\n# pod-64[^\n]*\n(.*?)```", text, re.S)
+    assert m, "docs/configs.md lost its '# pod-64' example block"
+    joined = m.group(1).replace("\\\n", " ")
+    return [shlex.split(ln) for ln in joined.splitlines() if "experiments.train" in ln]
+
+
+def test_pod_example_validates_on_64_devices() -> None:
+    # The old README's pod example (num_microbatches=16 for every config) failed validation
+    # for tool calling on 64 devices: 32-row micro-batches do not split over 64 devices.
+    from gdpo_jax.train.config import validate_config
+
+    cmds = _pod_commands()
+    assert len(cmds) == 3, cmds
+    for argv in cmds:
+        spec = next(a.split("=", 1)[1] for a in argv if a.startswith("--config="))
+        path, _, arg = spec.partition(":")
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        cfg = module.get_config(arg)
+        for a in argv:
+            if a.startswith("--config.") and "=" in a:
+                key, val = a[len("--config.") :].split("=", 1)
+                try:
+                    val = ast.literal_eval(val)
+                except (ValueError, SyntaxError):
+                    pass
+                node = cfg
+                *parents, leaf = key.split(".")
+                for p in parents:
+                    node = node[p]
+                node[leaf] = val
+        validate_config(cfg, num_devices=64)
+
+
+def test_no_deprecated_hub_cli_in_text() -> None:
+    # `huggingface-cli` is deprecated in favour of `hf` (huggingface_hub >= 0.34): docs,
+    # docstrings and error messages must name `hf download`.
+    this = Path(__file__).resolve()
+    hits = [
+        p.relative_to(ROOT).as_posix()
+        for folder in ("gdpo_jax", "configs", "experiments", "benchmarks", "docs", "tests")
+        for p in (ROOT / folder).rglob("*")
+        if p.suffix in (".py", ".md", ".ipynb")
+        and p != this
+        and "huggingface-cli" in p.read_text(encoding="utf-8", errors="ignore")
+    ]
+    if "huggingface-cli" in (ROOT / "README.md").read_text(encoding="utf-8"):
+        hits.append("README.md")
+    assert not hits, f"`huggingface-cli` (deprecated; use `hf download`) in: {hits}"
