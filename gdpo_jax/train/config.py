@@ -61,7 +61,7 @@ def base_config() -> mlc.ConfigDict:
     c.task = mlc.ConfigDict()
     c.task.name = "toolcall"  # toolcall | math | code | arithmetic
     c.task.source = "synthetic"  # "synthetic" or a file / glob / directory the task loader reads
-    c.task.eval_source = ""  # held-out data; "" = `source` with split "test"
+    c.task.eval_source = ""  # held-out data; "" = split "test" of a `source` dir (file: no eval)
     c.task.seed = 0  # synthetic data seed (independent of the run's seed)
     c.task.num_train = 2048  # synthetic only
     c.task.num_eval = 64
