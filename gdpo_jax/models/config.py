@@ -23,6 +23,9 @@ def canonical_dtype(dtype: Any, field: str = "dtype") -> str:
 
     The config stores the name so it stays hashable and JSON-friendly.
     """
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return dtype  # without ml_dtypes imported numpy does not know "bfloat16"
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
     import numpy as np
 
     try:
