@@ -87,3 +87,66 @@ def test_incompatible_config_names_every_field(tmp_path):
     ok = Checkpointer(str(tmp_path), every=1, config=other, allow_config_change=True)
     assert ok.restore(state, jax.random.key(0))[3] == 1
     assert os.path.isdir(tmp_path / "1")
+
+
+def _damage(step_dir, kind: str) -> str:
+    """Truncates the biggest array data file, or the metadata JSON, of one step."""
+    import glob
+
+    if kind == "array":
+        files = glob.glob(os.path.join(step_dir, "state", "**", "d", "*"), recursive=True)
+        path = max(files, key=os.path.getsize)
+    else:
+        path = os.path.join(step_dir, "meta", "metadata")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["array", "meta"])
+def test_damaged_latest_falls_back_to_previous_with_warning(tmp_path, kind, caplog):
+    import logging
+
+    state = _state(None)
+    ck = Checkpointer(str(tmp_path), every=1, keep=3, async_save=False, config=_cfg())
+    for s in (1, 2):
+        ck.save(s, state, key=jax.random.key(s), data_state={"next_index": s})
+    ck.close()
+    _damage(str(tmp_path / "2"), kind)
+    ck2 = Checkpointer(str(tmp_path), every=1, keep=3, config=_cfg())
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
+        restored, rkey, data_state, step = ck2.restore(state, jax.random.key(0))
+    assert step == 1 and data_state == {"next_index": 1}
+    np.testing.assert_array_equal(jax.random.key_data(rkey), jax.random.key_data(jax.random.key(1)))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), restored, state
+    )
+    msg = caplog.text
+    assert f"checkpoint step 2 at {tmp_path / '2'} is damaged" in msg
+    assert "falling back to step 1" in msg and "TensorStore details" not in msg
+    # The damaged step is moved aside (not deleted), so the resumed run re-saves step 2.
+    assert ck2.all_steps() == [1] and os.path.isdir(str(tmp_path) + "-damaged/2")
+    assert ck2.save(2, state, key=jax.random.key(2), data_state={"next_index": 2})
+    ck2.close()
+    assert (
+        Checkpointer(str(tmp_path), every=1, config=_cfg()).restore(state, jax.random.key(0))[3]
+        == 2
+    )
+
+
+@pytest.mark.parametrize("kind", ["array", "meta"])
+def test_only_checkpoint_damaged_fails_loudly(tmp_path, kind):
+    from gdpo_jax.train.checkpoint import DamagedCheckpointError
+
+    state = _state(None)
+    ck = Checkpointer(str(tmp_path), every=1, keep=1, async_save=False, config=_cfg())
+    ck.save(1, state, key=jax.random.key(0))
+    ck.close()
+    _damage(str(tmp_path / "1"), kind)
+    with pytest.raises(
+        DamagedCheckpointError, match=rf"step 1 at {tmp_path}/1: .*Refusing to restart from step 0"
+    ):
+        Checkpointer(str(tmp_path), every=1, keep=1, config=_cfg()).restore(
+            state, jax.random.key(0)
+        )
+    assert os.listdir(tmp_path) == ["1"]  # nothing moved or deleted

@@ -200,3 +200,63 @@ def test_reward_runner_from_config():
         setattr(c.rewards, field, value)
         with pytest.raises(ConfigError, match=pattern):
             validate_config(c, num_devices=8)
+
+
+def _toy_cfg():
+    c = _cfg()
+    c.task.name = "toy_toolcall"
+    c.rewards.names = ("toy_format", "toy_correct", "toy_length")
+    return c
+
+
+def test_misspelled_reward_kwarg_names_reward_key_and_valid_keys():
+    # Before the fix max_wrods was accepted and silently ignored by the reward's **kw.
+    c = _toy_cfg()
+    c.rewards.kwargs.toy_length = dict(max_words=2)
+    validate_config(c, num_devices=8)
+    c.rewards.kwargs.toy_length = dict(max_wrods=1)
+    with pytest.raises(
+        ConfigError,
+        match=r"rewards\.kwargs\.toy_length: reward 'toy_length' takes no keyword argument\(s\) "
+        r"\['max_wrods'\]; valid keys: \['max_words'\]",
+    ):
+        validate_config(c, num_devices=8)
+    # A reward with no options at all, and the runner-supplied fields, are not settable.
+    c = _toy_cfg()
+    c.rewards.kwargs.toy_format = dict(scale=2)
+    with pytest.raises(ConfigError, match=r"'toy_format'.*\['scale'\]; valid keys: \[\]"):
+        validate_config(c, num_devices=8)
+
+
+def test_reward_options_from_signature_and_declared():
+    from gdpo_jax.rewards.registry import check_reward_kwargs, reward_options
+
+    assert reward_options("length") == ("max_tokens",)  # completion_lengths is the trainer's
+    assert reward_options("toy_correct") == ()  # tool/args are data fields (no default)
+    code = reward_options("code_pass_rate")  # read from **kwargs, declared at registration
+    assert {"isolation", "max_tests", "cpu_s", "wall_s"} <= set(code)
+    check_reward_kwargs("code_bug", {"max_tests": 3})
+    with pytest.raises(ValueError, match=r"'code_bug'.*\['max_test'\]"):
+        check_reward_kwargs("code_bug", {"max_test": 3})
+
+
+def test_context_longer_than_model_positions_is_rejected(tmp_path):
+    import json
+
+    c = _cfg()
+    c.model.tiny.max_position_embeddings = 14
+    c.sampling.max_prompt_len, c.sampling.max_new_tokens = 8, 6
+    validate_config(c, num_devices=8)  # 14 fits exactly
+    c.sampling.max_new_tokens = 7
+    pat = (
+        r"sampling\.max_prompt_len=8 \+ config\.sampling\.max_new_tokens=7 = 15 exceeds the "
+        r"model's max_position_embeddings=14"
+    )
+    with pytest.raises(ConfigError, match=pat):
+        validate_config(c, num_devices=8)
+    # A pretrained checkpoint dir: read from its config.json before any weights load.
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 14}))
+    c.model.name = str(tmp_path)
+    c.model.tiny = {}
+    with pytest.raises(ConfigError, match=pat):
+        validate_config(c, num_devices=8)

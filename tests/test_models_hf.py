@@ -212,3 +212,44 @@ def test_from_hf_reads_transformers_config(hf_dirs):
     cfg = ModelConfig.from_hf(hf_dirs["llama"][0])
     assert cfg.rope_scaling_dict()["rope_type"] == "llama3" and cfg.rope_theta == 500.0
     assert ModelConfig.from_hf(hf_dirs["qwen3"][0]).head_dim == 24
+
+
+def test_generation_config_eos_ids_are_read(hf_dirs, tmp_path):
+    # Qwen2.5/Qwen3-Instruct: config.json has one EOS, generation_config.json lists two.
+    d = _copy_ckpt(hf_dirs["qwen2"][0], str(tmp_path / "g"), config_edit={"eos_token_id": 2})
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [5, 2], "pad_token_id": 0}, f)
+    cfg = ModelConfig.from_hf(d)
+    assert cfg.eos_token_ids == (2, 5)
+    model, _ = load_pretrained(d)
+    assert model.cfg.eos_token_ids == (2, 5)
+    # The sampler stops on either id (its default EOS set comes from the model config).
+    from gdpo_jax.sampling import Sampler
+
+    assert set(Sampler(model, None).eos_token_ids) == {2, 5}
+    # No generation_config: config.json's alone.
+    os.remove(os.path.join(d, "generation_config.json"))
+    assert ModelConfig.from_hf(d).eos_token_ids == (2,)
+
+
+def test_damaged_generation_config_is_named(hf_dirs, tmp_path):
+    d = _copy_ckpt(hf_dirs["qwen2"][0], str(tmp_path / "b"))
+    with open(os.path.join(d, "generation_config.json"), "w") as f:
+        f.write('{"eos_token_id": [5,')
+    with pytest.raises(ValueError, match=r"generation_config.json.*fix or remove"):
+        ModelConfig.from_hf(d)
+
+
+@pytest.mark.parametrize(
+    "dtype", ["bfloat16", jax.numpy.bfloat16, np.dtype("float32"), np.float16], ids=str
+)
+def test_dtypes_as_users_write_them(hf_dirs, dtype):
+    model, _ = load_pretrained(hf_dirs["qwen2"][0], dtype=dtype, param_dtype=dtype)
+    want = np.dtype(dtype).name
+    assert model.cfg.dtype == want and model.cfg.param_dtype == want
+    assert model.layers.q_proj.get_value().dtype == np.dtype(dtype)
+
+
+def test_unsupported_dtype_is_named():
+    with pytest.raises(ValueError, match=r"param_dtype=.*int32.*float32"):
+        ModelConfig.tiny(param_dtype=np.int32)

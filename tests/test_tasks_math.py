@@ -112,6 +112,33 @@ def test_malformed_math_records(tmp_path):
         tm.load(p)
 
 
+@pytest.mark.parametrize("answer", [{"value": 3}, [["1", "2"]], [{"v": 1}], True], ids=str)
+def test_non_scalar_answer_is_rejected_with_file_row_field(tmp_path, answer):
+    # Before the fix {"value": 3} loaded as the reference "{'value': 3}" (scores 0 forever).
+    recs = [{"problem": "1+1?", "answer": "2"}, {"problem": "3?", "answer": answer}]
+    p = write_jsonl(recs, tmp_path / "m.jsonl")
+    with pytest.raises(
+        RecordError, match=r"m.jsonl, row 1, field 'answer': reference answer must be text"
+    ):
+        tm.load(p)
+    verl = [
+        {"prompt": [{"role": "user", "content": "x"}], "reward_model": {"ground_truth": answer}}
+    ]
+    p = write_jsonl(verl, tmp_path / "v.jsonl")
+    with pytest.raises(RecordError, match=r"row 0, field 'reward_model.ground_truth'"):
+        tm.load(p)
+
+
+def test_scalar_and_list_answers_still_load(tmp_path):
+    recs = [
+        {"problem": "a?", "answer": 3},
+        {"problem": "b?", "answer": 0.5},
+        {"problem": "c?", "answer": ["1/2", "0.5"]},
+    ]
+    got = [r["ground_truth"] for r in tm.load(write_jsonl(recs, tmp_path / "ok.jsonl"))]
+    assert got == ["3", "0.5", ["1/2", "0.5"]]
+
+
 def test_pass_at_1_and_exceed_by_hand():
     # problem A: 4 samples, 3 correct; problem B: 2 samples, 0 correct -> (0.75 + 0) / 2
     ex = [{"prompt": "A", "ground_truth": "1"}] * 4 + [{"prompt": "B", "ground_truth": "2"}] * 2

@@ -105,3 +105,106 @@ def test_same_seed_same_metrics_across_processes(tmp_path):
         )
     assert [r["step"] for r in recs[0]] == [1, 2]
     assert recs[0] == recs[1]
+
+
+def _cmd_async8(workdir: str, num_steps: int) -> list[str]:
+    """The 8-device fake mesh (conftest's XLA_FLAGS reach the child), async saves, every step."""
+    cmd = _cmd(workdir, num_steps)
+    cmd[cmd.index("--config.mesh.num_devices=2")] = "--config.mesh.num_devices=8"
+    return cmd + ["--config.checkpoint.async_save=True", "--config.checkpoint.keep=2"]
+
+
+def _final_state(ckpt_dir: str, step: int) -> dict:
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    tree = ocp.PyTreeCheckpointer().restore(os.path.join(ckpt_dir, str(step), "state"))
+    return {jax_path: np.asarray(v) for jax_path, v in _flatten(tree["train_state"]).items()}
+
+
+def _flatten(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}/{k}"))
+        return out
+    if isinstance(tree, (list, tuple)):
+        out = {}
+        for i, v in enumerate(tree):
+            out.update(_flatten(v, f"{prefix}/{i}"))
+        return out
+    return {prefix: tree}
+
+
+def _metrics(workdir: str) -> dict[int, dict]:
+    out = {}
+    for line in open(os.path.join(workdir, "metrics.jsonl")):
+        rec = json.loads(line)
+        out[rec["step"]] = {
+            k: v for k, v in rec.items() if not k.startswith(("time/", "perf/", "reward_time/"))
+        }
+    return out
+
+
+@pytest.mark.slow
+def test_sigkill_during_async_save_on_8_devices_resumes_exactly(tmp_path):
+    """kill -9 while an async save is being written; the rerun equals an uninterrupted run."""
+    n = 6
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    full = str(tmp_path / "full")
+    out = subprocess.run(
+        _cmd_async8(full, n), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    wd = str(tmp_path / "killed")
+    ckpt = os.path.join(wd, "checkpoints")
+    proc = subprocess.Popen(
+        _cmd_async8(wd, n),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    in_flight: list[str] = []
+    try:
+        deadline = time.time() + 240
+        while not in_flight:
+            # Orbax writes a step into "<step>.orbax-checkpoint-tmp-*" and renames it when
+            # complete: kill as soon as the step-2-or-later one appears.
+            names = os.listdir(ckpt) if os.path.isdir(ckpt) else []
+            in_flight = [d for d in names if "tmp" in d and int(d.split(".")[0]) >= 2]
+            assert proc.poll() is None, "run finished before a save was caught in flight"
+            assert time.time() < deadline, "no checkpoint within the time limit"
+            time.sleep(0.001)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+    left = [d for d in os.listdir(ckpt) if "tmp" in d]
+    # The kill landed before orbax finished and renamed that step's directory.
+    assert left, f"save of {in_flight} completed before the kill; not a mid-save kill"
+    complete = _complete_steps(ckpt)
+    resume_from = max(complete) if complete else 0
+    assert resume_from < n
+
+    out = subprocess.run(
+        _cmd_async8(wd, n), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    if resume_from:
+        assert f"resumed from step {resume_from}" in out.stderr
+    assert not [d for d in os.listdir(ckpt) if "tmp" in d]  # the killed save's dir is gone
+    full_m, resumed_m = _metrics(full), _metrics(wd)
+    assert sorted(resumed_m) == list(range(1, n + 1))
+    for step in range(1, n + 1):
+        assert resumed_m[step] == full_m[step], step
+    a = _final_state(os.path.join(full, "checkpoints"), n)
+    b = _final_state(ckpt, n)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k] == b[k]).all(), k

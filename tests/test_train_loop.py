@@ -117,3 +117,46 @@ def test_rows_per_call_splits_generation(tmp_path):
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     assert [recs[s]["data/sample_calls"] for s in (1, 2)] == [2, 2]
     assert math.isfinite(recs[2]["loss"]) and "eval/test_short" in recs[2]
+
+
+def _resume_cfg(wd: str):
+    cfg = tiny_config(wd)
+    cfg.checkpoint.every = 2
+    cfg.train.eval_every = 2
+    cfg.algo.beta = 0.01
+    cfg.algo.dynamic_sampling = True
+    cfg.algo.old_logprobs = "recompute"
+    return cfg
+
+
+def test_damaged_latest_checkpoint_resumes_from_previous(uninterrupted, tmp_path):
+    import shutil
+
+    from tests.test_checkpoint import _damage
+
+    full_cfg, full = uninterrupted
+    wd = str(tmp_path / "damaged")
+    shutil.copytree(full_cfg.workdir, wd)
+    _damage(os.path.join(wd, "checkpoints", "4"), "array")
+    trainer = Trainer(_resume_cfg(wd))
+    assert trainer.start_step == 2  # never 0
+    trainer.run()
+    resumed = read_jsonl(os.path.join(wd, "metrics.jsonl"))
+    for step in (3, 4):
+        assert _comparable(resumed[step]) == _comparable(full[step]), step
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "4"]
+
+
+def test_only_checkpoint_damaged_stops_the_run(uninterrupted, tmp_path):
+    import shutil
+
+    from gdpo_jax.train.checkpoint import DamagedCheckpointError
+    from tests.test_checkpoint import _damage
+
+    wd = str(tmp_path / "damaged1")
+    shutil.copytree(uninterrupted[0].workdir, wd)
+    shutil.rmtree(os.path.join(wd, "checkpoints", "2"))
+    _damage(os.path.join(wd, "checkpoints", "4"), "meta")
+    with pytest.raises(DamagedCheckpointError, match=r"step 4 at .*checkpoints/4"):
+        Trainer(_resume_cfg(wd))
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["4"]

@@ -18,6 +18,52 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
+def canonical_dtype(dtype: Any, field: str = "dtype") -> str:
+    """A dtype as users write it ("bfloat16", jnp.bfloat16, np.float32, np.dtype) -> its name.
+
+    The config stores the name so it stays hashable and JSON-friendly.
+    """
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return dtype  # without ml_dtypes imported numpy does not know "bfloat16"
+    import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
+    import numpy as np
+
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in _DTYPES:
+        raise ValueError(
+            f"{field}={dtype!r} is not a supported dtype; use one of {_DTYPES} "
+            "(as a string, jnp.<name> or np.dtype)."
+        )
+    return name
+
+
+def _eos_ids(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def generation_eos_ids(checkpoint_dir: str) -> tuple[int, ...]:
+    """EOS ids listed in `<checkpoint_dir>/generation_config.json` (empty if absent).
+
+    Instruct checkpoints (Qwen2.5 / Qwen3) list the end-of-turn token there as well
+    as the base EOS; config.json has only one, and a rollout that emits the other
+    would otherwise run on to the length cap.
+    """
+    path = os.path.join(checkpoint_dir, "generation_config.json")
+    if not os.path.exists(path):
+        return ()
+    try:
+        with open(path) as f:
+            gen = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}; fix or remove the file") from e
+    return _eos_ids(gen.get("eos_token_id"))
+
+
 def _freeze(x: Any) -> Any:
     """dict/list -> sorted tuples so the config stays hashable."""
     if isinstance(x, Mapping):
@@ -68,8 +114,7 @@ class ModelConfig:
                 f"{SUPPORTED_MODEL_TYPES} (SmolLM2 is 'llama', Qwen2.5 is 'qwen2')."
             )
         for field in ("param_dtype", "dtype"):
-            if getattr(self, field) not in _DTYPES:
-                raise ValueError(f"{field}={getattr(self, field)!r}; use one of {_DTYPES}.")
+            object.__setattr__(self, field, canonical_dtype(getattr(self, field), field))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}."
@@ -159,12 +204,14 @@ class ModelConfig:
 
         overrides: e.g. param_dtype="bfloat16", dtype="bfloat16", remat=True.
         """
+        gen_eos: tuple[int, ...] = ()
         if not isinstance(config, Mapping):
             path = os.fspath(config)
             if os.path.isdir(path):
                 path = os.path.join(path, "config.json")
             with open(path) as f:
                 config = json.load(f)
+            gen_eos = generation_eos_ids(os.path.dirname(path))
         c = dict(config)
         model_type = c.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -201,7 +248,10 @@ class ModelConfig:
             rope = {}
         num_heads = int(c["num_attention_heads"])
         head_dim = c.get("head_dim") or c["hidden_size"] // num_heads
-        eos = c.get("eos_token_id")
+        # config.json's EOS first, then any further ones from generation_config.json.
+        eos_ids = _eos_ids(c.get("eos_token_id"))
+        eos_ids += tuple(i for i in gen_eos if i not in eos_ids)
+        eos = eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None)
         kw = dict(
             model_type=model_type,
             vocab_size=int(c["vocab_size"]),
@@ -219,7 +269,7 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
             bos_token_id=c.get("bos_token_id"),
-            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            eos_token_id=eos,
             pad_token_id=c.get("pad_token_id"),
         )
         kw.update(overrides)

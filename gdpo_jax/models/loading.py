@@ -21,6 +21,7 @@ import jax
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from numpy.typing import DTypeLike
 
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.sharding import abstract_model, sanitize_spec
@@ -198,8 +199,8 @@ def _view(a: np.ndarray, idx: tuple) -> np.ndarray:
 def load_hf_dir(
     path: str,
     *,
-    dtype: str = "float32",
-    param_dtype: str = "float32",
+    dtype: DTypeLike = "float32",
+    param_dtype: DTypeLike = "float32",
     mesh: jax.sharding.Mesh | None = None,
     remat: bool = False,
     tokenizer: bool = True,
@@ -238,14 +239,16 @@ def load_tokenizer(path: str) -> Any:
 def load_pretrained(
     path_or_name: str,
     *,
-    dtype: str = "float32",
-    param_dtype: str = "float32",
+    dtype: DTypeLike = "float32",
+    param_dtype: DTypeLike = "float32",
     mesh: jax.sharding.Mesh | None = None,
     remat: bool = False,
 ) -> tuple[Transformer, Any]:
     """(model, tokenizer) from a local HF dir, a .gguf file, or a known offline name.
 
-    Known names: see gguf.KNOWN_MODELS ("smollm2-135m-instruct").
+    Known names: see gguf.KNOWN_MODELS ("smollm2-135m-instruct"). dtype / param_dtype:
+    "float32" / "bfloat16" / "float16" or the jnp / numpy dtype. EOS ids: config.json's
+    plus those of generation_config.json (instruct models list their end-of-turn token there).
     """
     from gdpo_jax.models import gguf
 

@@ -10,6 +10,10 @@ completion_lengths from the sampler) and the reward's own keyword arguments
 from its `RewardSpec.kwargs`. Return NaN (or None) where a sample cannot be
 scored. Accept `**kwargs` so that unrelated fields are ignored.
 
+The keyword arguments a config may set for a reward (`config.rewards.kwargs.<name>`)
+are its named parameters with a default, plus any it reads from `**kwargs` and
+declares with `register_reward(name, options=(...))`; others are rejected.
+
     @register_reward("my_reward")
     def my_reward(prompts, completions, *, ground_truth, **kwargs):
         return [float(c.strip() == g) for c, g in zip(completions, ground_truth)]
@@ -18,20 +22,30 @@ scored. Accept `**kwargs` so that unrelated fields are ignored.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 from collections.abc import Callable, Sequence
 
 RewardFn = Callable[..., Sequence[float]]
 
 _REGISTRY: dict[str, RewardFn] = {}
+_OPTIONS: dict[str, tuple[str, ...]] = {}  # options read from **kwargs, declared at registration
+# Per-sample fields the trainer itself passes: not settable from the config.
+_RUNNER_FIELDS = ("completion_lengths", "group_ids")
 # Modules whose import registers the built-in task rewards; imported on the
 # first lookup so that `import gdpo_jax.rewards` stays light (no jax, no sympy).
 _BUILTIN_MODULES = ("gdpo_jax.tasks.toolcall", "gdpo_jax.tasks.math", "gdpo_jax.tasks.code")
 _builtins_loaded = False
 
 
-def register_reward(name: str, *, overwrite: bool = False) -> Callable[[RewardFn], RewardFn]:
-    """Decorator registering `fn` under `name` (error on a clash unless overwrite)."""
+def register_reward(
+    name: str, *, overwrite: bool = False, options: Sequence[str] = ()
+) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering `fn` under `name` (error on a clash unless overwrite).
+
+    options: keyword arguments `fn` reads from its `**kwargs` (named parameters with
+      a default are found from the signature); config kwargs outside both are errors.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError(f"reward name must be a non-empty string, got {name!r}")
 
@@ -45,6 +59,7 @@ def register_reward(name: str, *, overwrite: bool = False) -> Callable[[RewardFn
                 "pick another name or pass overwrite=True"
             )
         _REGISTRY[name] = fn
+        _OPTIONS[name] = tuple(options)
         return fn
 
     return deco
@@ -79,6 +94,37 @@ def get_reward(name: str) -> RewardFn:
             "Register new ones with @gdpo_jax.rewards.register_reward(name)."
         )
     return _REGISTRY[name]
+
+
+def reward_options(name: str) -> tuple[str, ...] | None:
+    """Keyword arguments a config may pass to reward `name` (None: cannot tell).
+
+    Named parameters with a default (after `prompts, completions`) plus the declared
+    `options`, less the per-sample fields the trainer supplies itself.
+    """
+    fn = get_reward(name)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return None
+    named = [
+        p.name
+        for p in params[2:]
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is not p.empty
+    ]
+    return tuple(sorted(set(named + list(_OPTIONS.get(name, ()))) - set(_RUNNER_FIELDS)))
+
+
+def check_reward_kwargs(name: str, kwargs: dict) -> None:
+    """ValueError naming the reward, the unknown key(s) and the valid keys."""
+    valid = reward_options(name)
+    if valid is None:
+        return
+    bad = sorted(k for k in kwargs if k not in valid)
+    if bad:
+        raise ValueError(
+            f"reward {name!r} takes no keyword argument(s) {bad}; valid keys: {list(valid)}"
+        )
 
 
 def list_rewards() -> list[str]:

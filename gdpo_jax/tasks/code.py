@@ -177,7 +177,11 @@ def _scores(completions, tests, kwargs, which: int) -> list[float]:
     return out
 
 
-@register_reward("code_pass_rate")
+# Keyword arguments the code rewards read from **kwargs (config.rewards.kwargs.code_*).
+_REWARD_OPTIONS = (*SandboxLimits.__dataclass_fields__, "isolation", "max_tests")
+
+
+@register_reward("code_pass_rate", options=_REWARD_OPTIONS)
 def pass_rate_reward(
     prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping], **kwargs
 ) -> list[float]:
@@ -185,7 +189,7 @@ def pass_rate_reward(
     return _scores(completions, tests, kwargs, 0)
 
 
-@register_reward("code_bug")
+@register_reward("code_bug", options=_REWARD_OPTIONS)
 def bug_reward(
     prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping], **kwargs
 ) -> list[float]:

@@ -167,6 +167,7 @@ def normalize_record(rec: dict, path: str, row: int, template: str = PROMPT_TEMP
         if gt is None:
             field = "answer"
             gt = get_field(rec, field, path, row)
+    _check_scalar_answer(gt, path, row, field)
     golds = _golds(gt)
     if not golds or not all(g.strip() for g in golds):
         raise RecordError(path, row, field, f"reference answer is empty: {gt!r}")
@@ -177,6 +178,25 @@ def normalize_record(rec: dict, path: str, row: int, template: str = PROMPT_TEMP
         "extra_info": rec.get("extra_info") or {},
         "solution": rec.get("solution"),
     }
+
+
+def _check_scalar_answer(gt: Any, path: str, row: int, field: str) -> None:
+    """A reference answer is text or a number, or a list of them (any one is accepted).
+
+    Anything else (a dict, a nested list, None) would be str()-ed into a reference
+    no completion can match, silently scoring every rollout 0.
+    """
+    items = gt.tolist() if hasattr(gt, "tolist") else gt
+    items = list(items) if isinstance(items, (list, tuple)) else [items]
+    for g in items:
+        if not isinstance(g, (str, int, float)) or isinstance(g, bool):
+            raise RecordError(
+                path,
+                row,
+                field,
+                f"reference answer must be text or a number (or a list of them), got "
+                f"{type(g).__name__}: {g!r}",
+            )
 
 
 def load(

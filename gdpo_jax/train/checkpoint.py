@@ -10,11 +10,20 @@ Orbax writes each checkpoint into a temporary directory and renames it when
 complete, so a run killed during a save resumes from the previous complete
 checkpoint; saves are asynchronous (the step loop continues while the files
 are written) unless `async_save=False`.
+
+A complete but damaged checkpoint (a truncated array file, unreadable metadata)
+fails to restore: the latest step that restores is used instead, with a warning
+naming each damaged step and path, and the damaged newer steps are moved to
+`<workdir>/checkpoints-damaged/<step>` so the resumed run writes them afresh.
+When no kept step restores, `DamagedCheckpointError` stops the run: it never
+restarts from step 0 over the existing checkpoints.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -25,9 +34,21 @@ import orbax.checkpoint as ocp
 from gdpo_jax.train import config as config_lib
 from gdpo_jax.train.state import abstract_of
 
+log = logging.getLogger("gdpo_jax.train")
+
 
 class IncompatibleCheckpointError(ValueError):
     """The checkpoint was written by a run whose config differs in fields that matter."""
+
+
+class DamagedCheckpointError(RuntimeError):
+    """No kept checkpoint of the run directory could be read back."""
+
+
+def _short(e: BaseException) -> str:
+    # TensorStore errors carry a page-long spec dump after the first line.
+    first = (str(e).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0]
+    return f"{type(e).__name__}: {first[:300]}"
 
 
 class Checkpointer:
@@ -156,11 +177,45 @@ class Checkpointer:
     ) -> tuple[Any, jax.Array, Any, int]:
         """Restores onto the shardings of `target_state` (a live or abstract TrainState).
 
-        Returns (state, key, data_state, step). Checks the config first.
+        Returns (state, key, data_state, step). Checks the config first. Without
+        `step`: the newest kept step that reads back, falling back past damaged ones
+        (warning, and moving them aside); DamagedCheckpointError when none reads.
+        With `step`: that step or DamagedCheckpointError.
         """
-        step = self.latest_step() if step is None else step
-        if step is None:
+        steps = sorted(self.all_steps(), reverse=True) if step is None else [int(step)]
+        if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        failed: list[tuple[int, str]] = []
+        for s in steps:
+            try:
+                out = self._restore_step(s, target_state, key)
+            except IncompatibleCheckpointError:
+                raise
+            except Exception as e:  # noqa: BLE001 - orbax/TensorStore/JSON: any read failure
+                failed.append((s, _short(e)))
+                later = [t for t in steps if t < s]
+                log.warning(
+                    "checkpoint step %d at %s is damaged (%s); %s",
+                    s,
+                    self._step_dir(s),
+                    failed[-1][1],
+                    f"falling back to step {later[0]}" if later else "no older checkpoint left",
+                )
+                continue
+            if failed:
+                self._move_aside([t for t, _ in failed])
+            return out
+        where = "; ".join(f"step {t} at {self._step_dir(t)}: {err}" for t, err in failed)
+        raise DamagedCheckpointError(
+            f"no checkpoint in {self.directory} can be restored ({where}). Refusing to restart "
+            "from step 0 over them: repair or remove the damaged step directories, or use a "
+            "new workdir."
+        )
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _restore_step(self, step: int, target_state: Any, key: jax.Array) -> tuple:
         meta = self.read_meta(step)
         self.check_config(meta)
         target = {
@@ -173,6 +228,27 @@ class Checkpointer:
         items = out["state"]
         new_key = jax.random.wrap_key_data(np.asarray(items["key"]), impl=jax.random.key_impl(key))
         return items["train_state"], new_key, meta.get("data_state"), int(step)
+
+    def _move_aside(self, steps: list[int]) -> None:
+        """Damaged steps newer than the restored one leave the manager's directory.
+
+        Otherwise `save` would skip those steps (they exist) and the next restart
+        would meet them again; moved, not deleted, so nothing is lost.
+        """
+        aside = self.directory.rstrip(os.sep) + "-damaged"
+        if jax.process_index() == 0:
+            os.makedirs(aside, exist_ok=True)
+            for s in steps:
+                dst = os.path.join(aside, str(s))
+                if os.path.exists(dst):
+                    shutil.rmtree(dst)
+                shutil.move(self._step_dir(s), dst)
+                log.warning("moved damaged checkpoint step %d to %s", s, dst)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("gdpo_jax_checkpoint_move_aside")
+        self._mngr.reload()
 
     def wait(self) -> None:
         self._mngr.wait_until_finished()

@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import json
 import logging
+import os
 from typing import Any
 
 import ml_collections as mlc
@@ -61,7 +62,7 @@ def base_config() -> mlc.ConfigDict:
     c.task = mlc.ConfigDict()
     c.task.name = "toolcall"  # toolcall | math | code | arithmetic
     c.task.source = "synthetic"  # "synthetic" or a file / glob / directory the task loader reads
-    c.task.eval_source = ""  # held-out data; "" = `source` with split "test"
+    c.task.eval_source = ""  # held-out data; "" = split "test" of a `source` dir (file: no eval)
     c.task.seed = 0  # synthetic data seed (independent of the run's seed)
     c.task.num_train = 2048  # synthetic only
     c.task.num_eval = 64
@@ -313,9 +314,11 @@ def validate_config(
                 f"config.rewards.kwargs has keys for {key!r}, which is not in "
                 f"config.rewards.names={names}."
             )
+        _check_reward_kwargs(cfg, key)
 
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
+    check_context_length(cfg)
     rpc = int(cfg.sampling.get("rows_per_call", 0))
     if rpc < 0 or (rpc and (rpc % a.group_size or a.num_prompts % (rpc // a.group_size))):
         raise ConfigError(
@@ -371,6 +374,58 @@ def validate_config(
             f"data x fsdp = {shards} (mesh.shape={shape}); raise config.algo.num_prompts or "
             "lower num_microbatches / num_minibatches, or change config.mesh.shape."
         )
+
+
+def _model_max_positions(cfg: mlc.ConfigDict) -> int | None:
+    """max_position_embeddings of the configured model, read without loading weights.
+
+    None when it cannot be known before loading (a registered GGUF name); the
+    Trainer checks again once the model is built.
+    """
+    from gdpo_jax.models.config import ModelConfig
+
+    name = cfg.model.name
+    if not name:
+        tiny = cfg.model.tiny.to_dict()
+        return int(tiny.get("max_position_embeddings", ModelConfig.tiny().max_position_embeddings))
+    path = os.path.join(name, "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        # Same default as ModelConfig.from_hf.
+        return int(json.load(f).get("max_position_embeddings", 2048))
+
+
+def check_context_length(cfg: mlc.ConfigDict, max_positions: int | None = None) -> None:
+    """Prompt + completion must fit the model's position table.
+
+    Beyond it RoPE extrapolates to positions the model never saw (and a learned
+    position table would index out of range): generation runs but is garbage.
+    """
+    if max_positions is None:
+        max_positions = _model_max_positions(cfg)
+    s = cfg.sampling
+    if max_positions is not None and s.max_prompt_len + s.max_new_tokens > max_positions:
+        raise ConfigError(
+            f"config.sampling.max_prompt_len={s.max_prompt_len} + "
+            f"config.sampling.max_new_tokens={s.max_new_tokens} = "
+            f"{s.max_prompt_len + s.max_new_tokens} exceeds the model's "
+            f"max_position_embeddings={max_positions}; lower one of them."
+        )
+
+
+def _check_reward_kwargs(cfg: mlc.ConfigDict, name: str) -> None:
+    """A misspelled reward kwarg would be accepted and silently ignored by **kwargs."""
+    from gdpo_jax.rewards.registry import check_reward_kwargs
+
+    kw = cfg.rewards.kwargs[name]
+    kw = kw.to_dict() if isinstance(kw, mlc.ConfigDict) else dict(kw)
+    try:
+        check_reward_kwargs(name, kw)
+    except KeyError:  # not registered here (validated with an explicit known_rewards)
+        return
+    except ValueError as e:
+        raise ConfigError(f"config.rewards.kwargs.{name}: {e}.") from None
 
 
 def reward_specs(cfg: mlc.ConfigDict) -> list:

@@ -24,7 +24,12 @@ from gdpo_jax.train import build, distributed, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
-from gdpo_jax.train.config import reward_runner, reward_specs, validate_config
+from gdpo_jax.train.config import (
+    check_context_length,
+    reward_runner,
+    reward_specs,
+    validate_config,
+)
 from gdpo_jax.train.data import PromptStream
 from gdpo_jax.train.metrics import MetricsWriter
 from gdpo_jax.train.step import CompiledStep, StepConfig
@@ -61,6 +66,8 @@ class Trainer:
         )
         self.step_cfg = StepConfig.from_config(cfg)
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
+        # validate_config cannot read a GGUF name's position table before loading it.
+        check_context_length(cfg, self.model.cfg.max_position_embeddings)
         from gdpo_jax.sampling import Sampler, SamplingParams
 
         self.sampler = Sampler(
