@@ -200,3 +200,65 @@ def test_reward_runner_from_config():
         setattr(c.rewards, field, value)
         with pytest.raises(ConfigError, match=pattern):
             validate_config(c, num_devices=8)
+
+
+def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkeypatch):
+    # Issue #13 item 8: config.rewards.sandbox; checked before any work starts.
+    from gdpo_jax.rewards import sandbox
+
+    c = _cfg()
+    c.rewards.names = ("code_pass_rate", "test_short")
+    c.rewards.kwargs = {"code_pass_rate": {"cpu_s": 1}}
+    specs = reward_specs(c)
+    assert specs[0].kwargs == {"isolation": "auto", "allow_weak": False, "cpu_s": 1}
+    assert specs[1].kwargs == {}
+    monkeypatch.setattr(sandbox, "_probe", lambda cmd: False)
+    sandbox.isolation.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"config\.rewards\.sandbox: .*allow_weak=True"):
+            validate_config(c, num_devices=8)
+        c.rewards.sandbox.allow_weak = True
+        validate_config(c, num_devices=8)
+        c.rewards.sandbox.allow_weak = False
+        c.rewards.sandbox.isolation = "rlimits"  # naming a weak mode is the opt-in
+        validate_config(c, num_devices=8)
+        c.rewards.sandbox.isolation = "chroot"
+        with pytest.raises(ConfigError, match=r"rewards\.sandbox\.isolation='chroot'"):
+            validate_config(c, num_devices=8)
+    finally:
+        sandbox.isolation.cache_clear()
+
+
+def test_custom_rewards_by_import_path_and_config_imports(tmp_path, monkeypatch):
+    # Issue #14 item 3: no config file needed to add a reward.
+    (tmp_path / "gdpo_cfg_rewards.py").write_text(
+        "from gdpo_jax.rewards import register_reward\n"
+        "def no_filler(prompts, completions, **kw):\n"
+        "    return [1.0] * len(completions)\n"
+        "@register_reward('gdpo_cfg_registered')\n"
+        "def registered(prompts, completions, **kw):\n"
+        "    return [0.5] * len(completions)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = _cfg()
+    c.rewards.names = ("gdpo_cfg_registered", "test_short")
+    with pytest.raises(ConfigError, match="unknown reward 'gdpo_cfg_registered'.*config.imports"):
+        validate_config(c, num_devices=8)
+    c.imports = ("gdpo_cfg_rewards",)
+    validate_config(c, num_devices=8)
+    c.rewards.names = ("gdpo_cfg_registered", "gdpo_cfg_rewards:no_filler")
+    validate_config(c, num_devices=8)
+    from gdpo_jax.train.config import reward_runner
+
+    with reward_runner(c) as r:
+        assert r.imports == ("gdpo_cfg_rewards",)
+        vals, _ = r(["p"], ["w10 a"], [{}])
+    np.testing.assert_array_equal(vals, [[0.5, 1.0]])
+    c.rewards.names = ("gdpo_cfg_registered", "test_short")
+    c.imports = ("gdpo_cfg_no_such_module",)
+    with pytest.raises(ConfigError, match=r"config\.imports: importing 'gdpo_cfg_no_such_module'"):
+        validate_config(c, num_devices=8)
+    c.imports = ()
+    c.rewards.names = ("gdpo_cfg_missing_mod:fn", "test_short")
+    with pytest.raises(ConfigError, match="cannot import module 'gdpo_cfg_missing_mod'"):
+        validate_config(c, num_devices=8)

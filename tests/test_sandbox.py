@@ -302,3 +302,41 @@ def test_machine_faults_are_sandbox_errors(monkeypatch):
     monkeypatch.setattr(sb.shutil, "which", lambda _: "/nonexistent/unshare")
     res = sb.run_program("print(1)", [""], limits=FAST)
     assert res.cases[0].status == "sandbox_error" and "cannot start" in res.sandbox_error
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """isolation() re-probed with a fake `unshare` probe; the real one restored after."""
+
+    def use(ok):
+        monkeypatch.setattr(sb, "_probe", lambda cmd: ok(cmd))
+        sb.isolation.cache_clear()
+
+    yield use
+    sb.isolation.cache_clear()
+
+
+def test_weak_isolation_is_opt_in(probes, caplog):
+    # Issue #13 item 8: no namespaces -> "auto" used to fall back silently.
+    probes(lambda cmd: False)
+    want = "rlimits" if os.geteuid() else "setuid"
+    with pytest.raises(RuntimeError, match=f"allows is '{want}'.*sandbox.allow_weak=True"):
+        sb.isolation()
+    with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
+        iso = sb.isolation(allow_weak=True)
+    assert iso.mode == want and not iso.network_isolated
+    assert f"mode '{want}'" in caplog.text and "no network isolation" in caplog.text
+    # Naming the weak mode is the opt-in; it still warns.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
+        assert sb.isolation("rlimits").mode == "rlimits"
+    assert "WEAKER THAN 'namespaces'" in caplog.text
+    with pytest.raises(RuntimeError, match="allow_weak"):
+        sb.run_program("print(1)", [""], limits=FAST)
+
+
+def test_userns_fallback_warns_but_runs(probes, caplog):
+    probes(lambda cmd: "--user" in cmd)
+    with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
+        iso = sb.isolation()
+    assert iso.mode == "userns" and "keeps the caller's uid" in caplog.text
