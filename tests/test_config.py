@@ -262,3 +262,42 @@ def test_custom_rewards_by_import_path_and_config_imports(tmp_path, monkeypatch)
     c.rewards.names = ("gdpo_cfg_missing_mod:fn", "test_short")
     with pytest.raises(ConfigError, match="cannot import module 'gdpo_cfg_missing_mod'"):
         validate_config(c, num_devices=8)
+
+
+def test_failed_task_import_names_its_cause(monkeypatch):
+    # Issue #13 item 13: `except ImportError: pass` made it "not a registered task".
+    from gdpo_jax.train import build
+
+    monkeypatch.setitem(sys.modules, "gdpo_jax.train.tasks_adapter", None)
+    with pytest.raises(ImportError, match=r"built-in tasks \(gdpo_jax\.train\.tasks_adapter\)"):
+        build.list_tasks()
+    with pytest.raises(ConfigError, match=r"config\.task\.name: importing the built-in tasks"):
+        validate_config(_cfg(), num_devices=8)
+
+
+def test_tokenizer_fails_at_its_cause(monkeypatch):
+    # synthetic_bpe is known to the trainer without importing gdpo_jax.data.tokenizer.
+    code = (
+        "import sys; from gdpo_jax.train import build\n"
+        "assert build.tokenizer_known('synthetic_bpe')\n"
+        "assert 'gdpo_jax.data.tokenizer' not in sys.modules\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    c = _cfg()
+    c.model.tokenizer = "no_such_tokenizer"
+    with pytest.raises(ConfigError, match=r"config\.model\.tokenizer='no_such_tokenizer'"):
+        validate_config(c, num_devices=8)
+    # A checkpoint without tokenizer files: at build time, not in the sampler.
+    import gdpo_jax.models
+    from gdpo_jax.train import build
+
+    monkeypatch.setattr(gdpo_jax.models, "load_pretrained", lambda *a, **k: (object(), None))
+    c = _cfg()
+    c.model.name = "/ckpt/no_tokenizer"
+    c.model.tokenizer = ""
+    with pytest.raises(ValueError, match=r"config\.model\.name='/ckpt/no_tokenizer' came without"):
+        build.build_model(c, None)
+    c.model.tokenizer = "test_tiny"  # the fix the message names
+    assert build.build_model(c, None)[1] is not None

@@ -332,7 +332,16 @@ def validate_config(
     import_modules(cfg)
     from gdpo_jax.train import build
 
-    tasks = build.list_tasks()  # also registers the toy task's rewards
+    try:
+        tasks = build.list_tasks()  # also registers the toy task's rewards
+    except ImportError as e:
+        raise ConfigError(f"config.task.name: {e}") from e
+    if not cfg.model.name and not build.tokenizer_known(cfg.model.tokenizer):
+        raise ConfigError(
+            f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
+            f"({sorted(build._TOKENIZERS)}) nor a directory; a random-init model "
+            "(config.model.name='') needs one: set --config.model.tokenizer."
+        )
     if cfg.task.name not in tasks:
         raise ConfigError(
             f"config.task.name={cfg.task.name!r} is not a registered task.{_suggest(cfg.task.name, tasks)} "
