@@ -266,14 +266,20 @@ def test_hostile_programs_score_pass_0_bug_1(name):
     assert code.bug_reward(None, comp, tests=tests, **kw) == [0.0]
 
 
-def test_driver_cannot_be_forged_through_proc_in_rlimits_mode():
+@pytest.mark.parametrize("mode", ["rlimits", "userns"])
+def test_driver_cannot_be_forged_through_proc(mode):
     # Same uid as the driver: /proc/<driver>/fd/1 would reach its result pipe
-    # were the driver dumpable (and the test process kept CAP_SYS_PTRACE as root).
+    # were the driver dumpable (and the test process kept CAP_SYS_PTRACE as
+    # root, or as root of its user namespace).
+    try:
+        sb.isolation(mode)
+    except RuntimeError as e:
+        pytest.skip(str(e))
     src = (
         "import os\nfd = os.open(f'/proc/{os.getppid()}/fd/1', os.O_WRONLY)\n"
         'os.write(fd, b\'{"setup_error": "forged"}\\n\')\n'
     )
-    res = sb.run_program(src, [""], limits=FAST, isolation_mode="rlimits")
+    res = sb.run_program(src, [""], limits=FAST, isolation_mode=mode)
     assert res.sandbox_error is None and res.cases[0].status == "runtime_error"
     assert "PermissionError" in res.cases[0].stderr
 
