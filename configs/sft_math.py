@@ -13,7 +13,6 @@ while bringing the Exceed ratio down.
 """
 
 from configs.sft_toolcall import get_config as _toolcall_sft
-from gdpo_jax.data import tokenizer as _tokenizer  # noqa: F401  (registers "synthetic_bpe")
 
 LENGTH_BUDGET = 40  # tokens (incl. EOS); the paper's L = 4000 at 8000-token responses
 

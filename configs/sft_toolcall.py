@@ -14,7 +14,6 @@ metrics), <workdir>/metrics.jsonl. `get_config("runlocal")` is a seconds-long
 smoke version (a tiny model, a few steps).
 """
 
-from gdpo_jax.data import tokenizer as _tokenizer  # noqa: F401  (registers "synthetic_bpe")
 from gdpo_jax.train.sft import sft_config
 
 POLICY = dict(

@@ -260,3 +260,104 @@ def test_context_longer_than_model_positions_is_rejected(tmp_path):
     c.model.tiny = {}
     with pytest.raises(ConfigError, match=pat):
         validate_config(c, num_devices=8)
+
+
+def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkeypatch):
+    # Issue #13 item 8: config.rewards.sandbox; checked before any work starts.
+    from gdpo_jax.rewards import sandbox
+
+    c = _cfg()
+    c.rewards.names = ("code_pass_rate", "test_short")
+    c.rewards.kwargs = {"code_pass_rate": {"cpu_s": 1}}
+    specs = reward_specs(c)
+    assert specs[0].kwargs == {"isolation": "auto", "allow_weak": False, "cpu_s": 1}
+    assert specs[1].kwargs == {}
+    monkeypatch.setattr(sandbox, "_probe", lambda cmd: False)
+    sandbox.isolation.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"config\.rewards\.sandbox: .*allow_weak=True"):
+            validate_config(c, num_devices=8)
+        c.rewards.sandbox.allow_weak = True
+        validate_config(c, num_devices=8)
+        c.rewards.sandbox.allow_weak = False
+        c.rewards.sandbox.isolation = "rlimits"  # naming a weak mode is the opt-in
+        validate_config(c, num_devices=8)
+        c.rewards.sandbox.isolation = "chroot"
+        with pytest.raises(ConfigError, match=r"rewards\.sandbox\.isolation='chroot'"):
+            validate_config(c, num_devices=8)
+    finally:
+        sandbox.isolation.cache_clear()
+
+
+def test_custom_rewards_by_import_path_and_config_imports(tmp_path, monkeypatch):
+    # Issue #14 item 3: no config file needed to add a reward.
+    (tmp_path / "gdpo_cfg_rewards.py").write_text(
+        "from gdpo_jax.rewards import register_reward\n"
+        "def no_filler(prompts, completions, **kw):\n"
+        "    return [1.0] * len(completions)\n"
+        "@register_reward('gdpo_cfg_registered')\n"
+        "def registered(prompts, completions, **kw):\n"
+        "    return [0.5] * len(completions)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    c = _cfg()
+    c.rewards.names = ("gdpo_cfg_registered", "test_short")
+    with pytest.raises(ConfigError, match="unknown reward 'gdpo_cfg_registered'.*config.imports"):
+        validate_config(c, num_devices=8)
+    c.imports = ("gdpo_cfg_rewards",)
+    validate_config(c, num_devices=8)
+    c.rewards.names = ("gdpo_cfg_registered", "gdpo_cfg_rewards:no_filler")
+    validate_config(c, num_devices=8)
+    from gdpo_jax.train.config import reward_runner
+
+    with reward_runner(c) as r:
+        assert r.imports == ("gdpo_cfg_rewards",)
+        vals, _ = r(["p"], ["w10 a"], [{}])
+    np.testing.assert_array_equal(vals, [[0.5, 1.0]])
+    c.rewards.names = ("gdpo_cfg_registered", "test_short")
+    c.imports = ("gdpo_cfg_no_such_module",)
+    with pytest.raises(ConfigError, match=r"config\.imports: importing 'gdpo_cfg_no_such_module'"):
+        validate_config(c, num_devices=8)
+    c.imports = ()
+    c.rewards.names = ("gdpo_cfg_missing_mod:fn", "test_short")
+    with pytest.raises(ConfigError, match="cannot import module 'gdpo_cfg_missing_mod'"):
+        validate_config(c, num_devices=8)
+
+
+def test_failed_task_import_names_its_cause(monkeypatch):
+    # Issue #13 item 13: `except ImportError: pass` made it "not a registered task".
+    from gdpo_jax.train import build
+
+    monkeypatch.setitem(sys.modules, "gdpo_jax.train.tasks_adapter", None)
+    with pytest.raises(ImportError, match=r"built-in tasks \(gdpo_jax\.train\.tasks_adapter\)"):
+        build.list_tasks()
+    with pytest.raises(ConfigError, match=r"config\.task\.name: importing the built-in tasks"):
+        validate_config(_cfg(), num_devices=8)
+
+
+def test_tokenizer_fails_at_its_cause(monkeypatch):
+    # synthetic_bpe is known to the trainer without importing gdpo_jax.data.tokenizer.
+    code = (
+        "import sys; from gdpo_jax.train import build\n"
+        "assert build.tokenizer_known('synthetic_bpe')\n"
+        "assert 'gdpo_jax.data.tokenizer' not in sys.modules\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    c = _cfg()
+    c.model.tokenizer = "no_such_tokenizer"
+    with pytest.raises(ConfigError, match=r"config\.model\.tokenizer='no_such_tokenizer'"):
+        validate_config(c, num_devices=8)
+    # A checkpoint without tokenizer files: at build time, not in the sampler.
+    import gdpo_jax.models
+    from gdpo_jax.train import build
+
+    monkeypatch.setattr(gdpo_jax.models, "load_pretrained", lambda *a, **k: (object(), None))
+    c = _cfg()
+    c.model.name = "/ckpt/no_tokenizer"
+    c.model.tokenizer = ""
+    with pytest.raises(ValueError, match=r"config\.model\.name='/ckpt/no_tokenizer' came without"):
+        build.build_model(c, None)
+    c.model.tokenizer = "test_tiny"  # the fix the message names
+    assert build.build_model(c, None)[1] is not None

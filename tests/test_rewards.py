@@ -247,3 +247,97 @@ def test_all_workers_hung_cancels_the_queue():
         R, info = r(prompts, comps, ex)
         assert time.perf_counter() - t0 < 1.8
     assert np.isnan(R[:, 0]).all() and info["reward_timeouts/_test_sleepy"] == 3
+
+
+def _ghost_reward():
+    """A reward whose module exists only in this process (as one defined in a
+    config file does): worker processes cannot import it."""
+    import sys
+    import types
+
+    mod = types.ModuleType("_gdpo_ghost_rewards")
+    exec(
+        "def ghost(prompts, completions, **kw):\n    return [1.0] * len(completions)\n",
+        mod.__dict__,
+    )
+    sys.modules[mod.__name__] = mod
+    return register_reward("_test_ghost", overwrite=True)(mod.ghost)
+
+
+def test_process_worker_import_error_is_reported_as_such():
+    # Issue #13 item 14: was "timed out after 30.0s" (the pool lost the task).
+    _ghost_reward()
+    prompts, comps, ex = _batch([0] * 2)
+    spec = RewardSpec("_test_ghost", executor="process")
+    with RewardRunner([spec], num_workers=1, timeout_s=20) as r:
+        t0 = time.perf_counter()
+        with pytest.raises(RewardError, match="ModuleNotFoundError.*could not unpickle") as e:
+            r(prompts, comps, ex)
+        assert "timed out" not in str(e.value) and "config.imports" in str(e.value)
+        assert time.perf_counter() - t0 < 15
+    with RewardRunner([spec], num_workers=1, timeout_s=20, on_error="nan") as r:
+        R, info = r(prompts, comps, ex)
+    assert np.isnan(R).all() and info["reward_failures/_test_ghost"] == 2
+    assert info["reward_timeouts/_test_ghost"] == 0
+
+
+def test_process_worker_imports_failure_is_reported():
+    spec = RewardSpec("_test_cpu", executor="process")
+    with RewardRunner([spec], num_workers=1, imports=("no_such_module_for_gdpo",)) as r:
+        with pytest.raises(RewardError, match="importing 'no_such_module_for_gdpo'.*worker"):
+            r(*_batch([0]))
+
+
+@register_reward("_test_self_bounded")
+def _self_bounded(prompts, completions, **kw):  # module level: picklable
+    from gdpo_jax.rewards import RewardTimeouts
+
+    vals = [math.nan if "slow" in c else 1.0 for c in completions]
+    bad = [i for i, c in enumerate(completions) if "slow" in c]
+    if bad:
+        raise RewardTimeouts(vals, bad)
+    return vals
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_reward_timeouts_are_counted_not_failures(executor):
+    prompts, comps, ex = _batch([0] * 4, ["a", "slow", "b", "slow"])
+    spec = RewardSpec("_test_self_bounded", executor=executor)
+    with RewardRunner([spec], num_workers=2, on_error="raise") as r:
+        R, info = r(prompts, comps, ex)
+    np.testing.assert_array_equal(np.isnan(R[:, 0]), [False, True, False, True])
+    assert info["reward_timeouts/_test_self_bounded"] == 2
+    assert info["reward_failures/_test_self_bounded"] == 0
+
+
+def test_reward_by_import_path(tmp_path, monkeypatch):
+    # Issue #14 item 3: "pkg.mod:fn" (or "pkg.mod.fn") needs no registration.
+    (tmp_path / "gdpo_my_rewards.py").write_text(
+        "def no_filler(prompts, completions, **kw):\n"
+        "    return [0.0 if 'um' in c.split() else 1.0 for c in completions]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("gdpo_my_rewards:no_filler", "gdpo_my_rewards.no_filler"):
+        with RewardRunner([name]) as r:
+            R, _ = r(*_batch([0, 0], ["um yes", "yes"]))
+        np.testing.assert_array_equal(R[:, 0], [0.0, 1.0])
+    with pytest.raises(ImportError, match="cannot import module 'gdpo_no_such_mod'"):
+        get_reward("gdpo_no_such_mod:fn")
+    with pytest.raises(KeyError, match="has no callable 'nope'"):
+        get_reward("gdpo_my_rewards:nope")
+
+
+def test_failed_builtin_import_names_its_cause_and_is_retried(monkeypatch):
+    # Issue #13 item 13: was marked loaded before importing, then "unknown reward" forever.
+    import sys
+
+    from gdpo_jax.rewards import registry
+
+    monkeypatch.setattr(registry, "_builtins_loaded", set())
+    monkeypatch.setattr(registry, "_BUILTIN_MODULES", ("gdpo_jax.rewards._no_such_builtin",))
+    for _ in range(2):
+        with pytest.raises(ImportError, match="_no_such_builtin failed: ModuleNotFoundError"):
+            get_reward("some_unregistered_reward")
+    monkeypatch.setattr(registry, "_BUILTIN_MODULES", ("json",))
+    assert "length" in list_rewards() and "json" in registry._builtins_loaded
+    assert sys.modules["json"]

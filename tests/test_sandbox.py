@@ -126,10 +126,11 @@ def test_writes_outside_its_dir_do_not_land(tmp_path):
         os.path.join(os.path.dirname(sb._base_dir()), f"gdpo_escape_{tag}"),
     ]
     src = (
-        "import os\nfor p in %r + ['../gdpo_escape_%s']:\n    try:\n"
-        "        open(p, 'w').write('x')\n        print('escaped', p)\n    except OSError:\n        pass\n"
+        f"import os\nfor p in {targets!r} + ['../gdpo_escape_{tag}']:\n    try:\n"
+        "        open(p, 'w').write('x')\n        print('escaped', p)\n"
+        "    except OSError:\n        pass\n"
         "open('inside.txt', 'w').write('fine')\nprint(open('inside.txt').read())\n"
-    ) % (targets, tag)
+    )
     _, c = run1(src)
     for p in targets + [os.path.join(sb._base_dir(), f"gdpo_escape_{tag}")]:
         assert not os.path.exists(p), p
@@ -160,7 +161,10 @@ def test_network_connection_fails():
     srv.settimeout(0.2)
     port = srv.getsockname()[1]
     try:
-        src = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')\n"
+        src = (
+            "import socket\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')\n"
+        )
         _, c = run1(src)
         assert c.status == "runtime_error" and "connected" not in c.stdout
         with pytest.raises(socket.timeout):
@@ -173,9 +177,10 @@ def test_network_connection_fails():
 def test_killing_its_parent_leaves_the_runner_alive():
     me = os.getpid()
     src = (
-        "import os, signal\nfor pid in (os.getppid(), %d, 1):\n    try:\n        os.kill(pid, 9)\n"
+        f"import os, signal\nfor pid in (os.getppid(), {me}, 1):\n"
+        "    try:\n        os.kill(pid, 9)\n"
         "    except OSError:\n        pass\nimport time\ntime.sleep(0.2)\nprint('alive')\n"
-    ) % me
+    )
     _, c = run1(src)
     assert os.getpid() == me  # still here
     # the driver survived its child: the case finished and was reported
@@ -230,3 +235,114 @@ def test_weaker_modes_run_benign_programs(mode):
     )
     assert [c.status for c in res.cases] == ["ok", "runtime_error"] and res.cases[0].stdout == "3\n"
     assert res.isolation == mode
+
+
+# Issue #13 item 7: every failure the program causes is the program's failure
+# (pass 0 / bug 1); only a fault of the machine is sandbox_error (scored NaN).
+HOSTILE = {
+    "exit_97": "import os\nos._exit(97)\n",  # the driver's old private "setup failed" code
+    "sum_3000": "x = " + "+".join(["1"] * 3000) + "\nprint(x)\n",  # RecursionError in compile()
+    "unary_minus": "x = " + "-" * 100_000 + "1\n",  # MemoryError in compile()
+    "fake_result_line": 'print(\'{"setup_error": "forged"}\')\nimport sys\nsys.exit(1)\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_program_failures_are_never_sandbox_errors(name):
+    res = sb.run_program(HOSTILE[name], ["", ""], limits=FAST)
+    assert res.sandbox_error is None
+    assert [c.status for c in res.cases] == ["runtime_error"] * 2 and res.has_error
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_programs_score_pass_0_bug_1(name):
+    from gdpo_jax.tasks import code
+
+    comp = [f"```python\n{HOSTILE[name]}```"]
+    tests = [{"inputs": ["1\n"], "outputs": ["1\n"], "fn_name": None}]
+    kw = {"cpu_s": 1, "wall_s": 2}
+    assert code.pass_rate_reward(None, comp, tests=tests, **kw) == [0.0]
+    # code_bug is 1 when bug-FREE: a failing program scores 0, never NaN.
+    assert code.bug_reward(None, comp, tests=tests, **kw) == [0.0]
+
+
+@pytest.mark.parametrize("mode", ["rlimits", "userns"])
+def test_driver_cannot_be_forged_through_proc(mode):
+    # Same uid as the driver: /proc/<driver>/fd/1 would reach its result pipe
+    # were the driver dumpable (and the test process kept CAP_SYS_PTRACE as
+    # root, or as root of its user namespace).
+    try:
+        sb.isolation(mode)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    src = (
+        "import os\nfd = os.open(f'/proc/{os.getppid()}/fd/1', os.O_WRONLY)\n"
+        'os.write(fd, b\'{"setup_error": "forged"}\\n\')\n'
+    )
+    res = sb.run_program(src, [""], limits=FAST, isolation_mode=mode)
+    assert res.sandbox_error is None and res.cases[0].status == "runtime_error"
+    assert "PermissionError" in res.cases[0].stderr
+
+
+def test_program_killing_its_driver_fails_as_the_program():
+    # rlimits mode: same uid, so the kill succeeds; the rest of the run is lost
+    # to the program, which is its failure, not the machine's.
+    src = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(1)\n"
+    res = sb.run_program(src, ["", ""], limits=FAST, isolation_mode="rlimits")
+    assert res.sandbox_error is None
+    assert [c.status for c in res.cases] == ["killed", "killed"] and res.has_error
+    assert "stopped early" in res.cases[0].stderr
+
+
+def test_machine_faults_are_sandbox_errors(monkeypatch):
+    # A test process whose own set-up fails (here: an impossible RLIMIT_NOFILE)
+    # never ran the program: NaN, whatever exit code it ended with.
+    res = sb.run_program("print(1)", ["", ""], limits=sb.SandboxLimits(nofile=10**9))
+    assert [c.status for c in res.cases] == ["sandbox_error"] * 2 and res.sandbox_error
+    from gdpo_jax.tasks import code
+
+    comp, tests = ["```python\nprint(1)\n```"], [{"inputs": [""], "outputs": ["1\n"]}]
+    assert np.isnan(code.pass_rate_reward(None, comp, tests=tests, nofile=10**9)[0])
+    # The sandbox binary cannot start.
+    monkeypatch.setattr(sb.sys, "executable", "/nonexistent/python")
+    monkeypatch.setattr(sb.shutil, "which", lambda _: "/nonexistent/unshare")
+    res = sb.run_program("print(1)", [""], limits=FAST)
+    assert res.cases[0].status == "sandbox_error" and "cannot start" in res.sandbox_error
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """isolation() re-probed with a fake `unshare` probe; the real one restored after."""
+
+    def use(ok):
+        monkeypatch.setattr(sb, "_probe", lambda cmd: ok(cmd))
+        sb.isolation.cache_clear()
+
+    yield use
+    sb.isolation.cache_clear()
+
+
+def test_weak_isolation_is_opt_in(probes, caplog):
+    # Issue #13 item 8: no namespaces -> "auto" used to fall back silently.
+    probes(lambda cmd: False)
+    want = "rlimits" if os.geteuid() else "setuid"
+    with pytest.raises(RuntimeError, match=f"allows is '{want}'.*sandbox.allow_weak=True"):
+        sb.isolation()
+    with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
+        iso = sb.isolation(allow_weak=True)
+    assert iso.mode == want and not iso.network_isolated
+    assert f"mode '{want}'" in caplog.text and "no network isolation" in caplog.text
+    # Naming the weak mode is the opt-in; it still warns.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
+        assert sb.isolation("rlimits").mode == "rlimits"
+    assert "WEAKER THAN 'namespaces'" in caplog.text
+    with pytest.raises(RuntimeError, match="allow_weak"):
+        sb.run_program("print(1)", [""], limits=FAST)
+
+
+def test_userns_fallback_warns_but_runs(probes, caplog):
+    probes(lambda cmd: "--user" in cmd)
+    with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
+        iso = sb.isolation()
+    assert iso.mode == "userns" and "keeps the caller's uid" in caplog.text

@@ -7,7 +7,7 @@ import pytest
 
 import gdpo_jax.tasks.math as tm
 from gdpo_jax.data.loaders import RecordError, sample_path, write_jsonl
-from gdpo_jax.rewards import RewardRunner
+from gdpo_jax.rewards import RewardRunner, RewardSpec
 
 
 @pytest.mark.parametrize(
@@ -178,3 +178,28 @@ def test_process_executor_scores_like_threads():
         R, info = r(["q"] * 3, comps, ex, completion_lengths=[5, 5, 5])
     np.testing.assert_array_equal(R, [[1, 1], [0, 0], [0, 0]])
     assert info["reward_failures/math_correct"] == 0
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_pathological_expression_is_bounded_nan_and_counted(executor):
+    # Issue #13 item 9: 9^{9^{9^{9}}} is one bigint power in C: it holds the
+    # GIL, so neither math-verify's SIGALRM timeouts nor a watchdog thread can
+    # stop it; it used to hang the reward worker (and the trainer) for ever.
+    import time
+
+    ex = [{"prompt": "q", "ground_truth": "1"}, {"prompt": "q", "ground_truth": "0.5"}]
+    comps = ["\\boxed{9^{9^{9^{9}}}}", "\\boxed{\\frac{2}{4}}"]
+    spec = RewardSpec("math_correct", executor=executor, kwargs={"verify_timeout_s": 1.0})
+    with RewardRunner([spec], num_workers=1, timeout_s=120, on_error="raise") as r:
+        t0 = time.perf_counter()
+        R, info = r(["q"] * 2, comps, ex)
+        # 1 s deadline + helper (re)starts (~3 s each on a busy 2-core machine).
+        assert time.perf_counter() - t0 < 60
+    assert np.isnan(R[0, 0]) and R[1, 0] == 1
+    assert info["reward_timeouts/math_correct"] == 1
+    assert info["reward_failures/math_correct"] == 0
+    with pytest.raises(tm.RewardTimeouts) as e:
+        tm.correctness_reward(None, comps[:1], ground_truth=["1"], verify_timeout_s=1.0)
+    assert e.value.timed_out == [0]
+    res = tm.evaluate(comps, ex, completion_lengths=[5, 5])  # NaN left out of pass@1
+    assert res["pass@1"] == 1.0

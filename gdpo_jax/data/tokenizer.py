@@ -20,8 +20,8 @@ chat template + reference answers):
     tok = load_tokenizer()               # PreTrainedTokenizerFast, ~1k ids, cached on disk
     python -m gdpo_jax.data.tokenizer --out_dir /tmp/synthetic_bpe   # writes tokenizer.json & co.
 
-Importing this module registers it with the trainer as
-`config.model.tokenizer = "synthetic_bpe"`.
+The trainer knows it as `config.model.tokenizer = "synthetic_bpe"`
+(registered in gdpo_jax.train.build, which imports this module on first use).
 """
 
 from __future__ import annotations
@@ -196,14 +196,6 @@ def save_tokenizer(out_dir: str, **kw: Any) -> str:
     """Writes an HF tokenizer dir (tokenizer.json, tokenizer_config.json, ...)."""
     load_tokenizer(**kw).save_pretrained(out_dir)
     return out_dir
-
-
-try:  # registered for `config.model.tokenizer = "synthetic_bpe"` (random-init policies)
-    from gdpo_jax.train.build import register_tokenizer
-
-    register_tokenizer("synthetic_bpe")(load_tokenizer)
-except ImportError:  # the trainer is optional for users of the data package alone
-    pass
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,6 +11,7 @@ The built-in task rewards (gdpo_jax.tasks.*) register on the first lookup.
 """
 
 from gdpo_jax.rewards.registry import (
+    RewardTimeouts,
     completion_token_counts,
     estimate_tokens,
     get_reward,
@@ -24,6 +25,7 @@ __all__ = [
     "RewardError",
     "RewardRunner",
     "RewardSpec",
+    "RewardTimeouts",
     "completion_token_counts",
     "estimate_tokens",
     "gate",

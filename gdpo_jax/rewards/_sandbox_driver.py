@@ -9,9 +9,19 @@ Protocol: JOB is a JSON file (readable by the starting user) with keys
   uid, gid (int | null: drop to this uid in each test process),
   private_mounts (bool), keep_paths (list[str]), workdir (str | null),
   nproc_base (int), preload (list[str]).
-The driver prints one JSON line on stdout:
-  {"compile_error": str | null, "setup_error": str | null,
-   "cases": [{"status", "stdout", "stderr", "value", "time_s", "truncated"}]}
+The driver prints JSON lines on stdout, as it goes:
+  {"setup_error": str}    isolation could not be set up (nothing ran), or
+  {"ready": true}         set up; from here on only the program's code runs
+  {"compile_error": str}  the source does not compile (any exception of compile())
+  {"start": i} / {"case": i, "result": {"status", "stdout", "stderr", "value",
+                 "time_s", "truncated"}}   per test case
+  {"end": true}
+The program cannot forge these lines: the test process never holds the
+driver's stdout (its fds are replaced and closed before the program runs) and
+the driver is not dumpable, so /proc/<driver>/fd is closed to the program even
+under the same uid. Whether a test process's own set-up (rlimits, uid drop)
+finished travels on a private pipe closed before the program starts, never in
+an exit code, which the program chooses (`os._exit(97)`).
 
 Design: the source is compiled once here; every test case runs in a child
 forked from this (already warmed-up) interpreter, so a case costs a fork, not
@@ -22,6 +32,7 @@ never enter the sandbox: comparison happens in the trusted parent process.
 
 import builtins
 import ctypes
+import fcntl
 import io
 import json
 import os
@@ -33,8 +44,9 @@ import time
 import traceback
 
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 4096, 16384
-_PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 36, 38
+_PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 4, 36, 38
 _EXIT_RUNTIME, _EXIT_MEMORY, _EXIT_SETUP = 1, 3, 97
+_OK_FD = 100  # the test process's "set-up done" pipe, out of the way of 0..3
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -146,10 +158,34 @@ def _reap():
             return
 
 
-def _child(code, job, case, stdin_path, out_path, err_path, res_path):
-    """Runs in the forked test process. Never returns."""
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [(f, ctypes.c_uint32) for f in ("effective", "permitted", "inheritable")]
+
+
+def _drop_capabilities():
+    """Empty capability sets (test process still uid 0: userns, or root in rlimits mode).
+
+    Without CAP_SYS_PTRACE the program cannot open the (non-dumpable) driver's
+    /proc fds; with no_new_privs set, an execve cannot give them back.
+    """
+    data = (_CapData * 2)()
+    if _libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+def _child(code, job, case, stdin_path, out_path, err_path, res_path, ok_fd):
+    """Runs in the forked test process. Never returns.
+
+    ok_fd: write end of the set-up pipe; one byte on it says the set-up
+    finished, and it is closed before the program runs.
+    """
     lim = job["limits"]
     try:
+        ok_fd = fcntl.fcntl(ok_fd, fcntl.F_DUPFD, _OK_FD)  # clear of the dup2s below
         os.setpgid(0, 0)
         for fd, path, flags in (
             (0, stdin_path, os.O_RDONLY),
@@ -161,7 +197,8 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path):
             if new != fd:
                 os.dup2(new, fd)
                 os.close(new)
-        os.closerange(4, 65536)
+        os.closerange(4, ok_fd)  # nothing of the driver's stays open
+        os.closerange(ok_fd + 1, 65536)
         cpu = max(1, int(lim["cpu_s"] + 0.999))
         mem = int(lim["memory_mb"]) << 20
         fsize = int(lim["fsize_mb"]) << 20
@@ -183,6 +220,11 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path):
             # Never run untrusted code with the starting privileges.
             if os.getuid() != job["uid"] or os.geteuid() != job["uid"]:
                 os._exit(_EXIT_SETUP)
+        elif os.geteuid() == 0:
+            _drop_capabilities()
+        # The uid change left it non-dumpable (/proc/<pid> owned by root), which
+        # would hide its processes from _kill_uid; the driver stays non-dumpable.
+        _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
         sys.stdin = io.TextIOWrapper(
             io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
         )
@@ -194,6 +236,8 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path):
         )
         sys.argv = ["solution.py"]
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.write(ok_fd, b"\x01")
+        os.close(ok_fd)
     except BaseException:
         os._exit(_EXIT_SETUP)
     status = 0
@@ -250,10 +294,13 @@ def _run_case(code, job, i, case, iodir):
             f.write(case if isinstance(case, str) else "\n".join(map(str, case)))
     paths = [os.path.join(iodir, f"{k}{i}") for k in ("out", "err", "res")]
     sys.stdout.flush()
+    ok_r, ok_w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:
-        _child(code, job, case, stdin_path, *paths)
+        os.close(ok_r)
+        _child(code, job, case, stdin_path, *paths, ok_w)
+    os.close(ok_w)
     deadline, delay, killed, status, ru = t0 + lim["wall_s"], 0.001, False, None, None
     while True:
         wpid, status, ru = os.wait4(pid, os.WNOHANG)
@@ -279,6 +326,9 @@ def _run_case(code, job, i, case, iodir):
         except OSError:
             pass
     _reap()
+    # Every holder of the write end is gone: b"" = its set-up failed.
+    set_up = os.read(ok_r, 1) == b"\x01"
+    os.close(ok_r)
     cap = int(lim["output_bytes"])
     out, trunc = _read(paths[0], cap)
     err, _ = _read(paths[1], 4096)
@@ -286,11 +336,12 @@ def _run_case(code, job, i, case, iodir):
     fsize = int(lim["fsize_mb"]) << 20
     big = any(os.path.exists(p) and os.path.getsize(p) >= fsize for p in paths[:2])
     cpu_used = (ru.ru_utime + ru.ru_stime) if ru else 0.0
-    if os.WIFEXITED(status):
-        code_ = os.WEXITSTATUS(status)
-        st = {0: "ok", _EXIT_MEMORY: "memory_error", _EXIT_SETUP: "sandbox_error"}.get(
-            code_, "runtime_error"
-        )
+    if not set_up and not killed:
+        st = "sandbox_error"  # rlimits / uid drop failed: the program never ran
+    elif os.WIFEXITED(status):
+        # Whatever the code, the program chose it (97 included): only ok_fd
+        # tells a set-up failure.
+        st = {0: "ok", _EXIT_MEMORY: "memory_error"}.get(os.WEXITSTATUS(status), "runtime_error")
     else:
         sig = os.WTERMSIG(status)
         if killed or sig == signal.SIGXCPU or cpu_used >= lim["cpu_s"]:
@@ -323,10 +374,16 @@ def _run_case(code, job, i, case, iodir):
     }
 
 
+def _emit(obj):
+    print(json.dumps(obj), flush=True)
+
+
 def main():
+    # Before anything else: same-uid processes (the program, in the weaker
+    # modes) can then neither open /proc/<driver>/fd/1 nor ptrace the driver.
+    _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     with open(sys.argv[1], encoding="utf-8") as f:
         job = json.load(f)
-    result = {"compile_error": None, "setup_error": None, "cases": []}
     try:
         _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if job["private_mounts"]:
@@ -344,18 +401,19 @@ def main():
             except ImportError:
                 pass
     except Exception as e:  # isolation could not be set up: run nothing
-        result["setup_error"] = f"{type(e).__name__}: {e}"
-        print(json.dumps(result), flush=True)
+        _emit({"setup_error": f"{type(e).__name__}: {e}"})
         return
+    _emit({"ready": True})
     try:
         code = compile(job["source"], "solution.py", "exec")
-    except (SyntaxError, ValueError) as e:
-        result["compile_error"] = f"{type(e).__name__}: {e}"
-        print(json.dumps(result), flush=True)
+    except Exception as e:  # noqa: BLE001 - SyntaxError, and RecursionError / MemoryError
+        # of degenerate sources (3,000-term sums, deep unary minus): the program's fault
+        _emit({"compile_error": f"{type(e).__name__}: {str(e)[:2000]}"})
         return
     for i, case in enumerate(job["inputs"]):
-        result["cases"].append(_run_case(code, job, i, case, iodir))
-    print(json.dumps(result), flush=True)
+        _emit({"start": i})
+        _emit({"case": i, "result": _run_case(code, job, i, case, iodir)})
+    _emit({"end": True})
 
 
 if __name__ == "__main__":

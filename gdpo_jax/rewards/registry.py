@@ -17,6 +17,10 @@ declares with `register_reward(name, options=(...))`; others are rejected.
     @register_reward("my_reward")
     def my_reward(prompts, completions, *, ground_truth, **kwargs):
         return [float(c.strip() == g) for c, g in zip(completions, ground_truth)]
+
+A reward can also be named by import path, with no registration: "pkg.mod:fn"
+(or "pkg.mod.fn") imports pkg.mod and uses its attribute fn, as TRL's
+`--reward_funcs my_lib.rewards.fn` does; the path is then the reward's name.
 """
 
 from __future__ import annotations
@@ -32,10 +36,28 @@ _REGISTRY: dict[str, RewardFn] = {}
 _OPTIONS: dict[str, tuple[str, ...]] = {}  # options read from **kwargs, declared at registration
 # Per-sample fields the trainer itself passes: not settable from the config.
 _RUNNER_FIELDS = ("completion_lengths", "group_ids")
+
+
+class RewardTimeouts(Exception):  # noqa: N818 - a result carrier, not only an error
+    """Raised by a reward that bounds its own per-sample work (e.g. math_correct).
+
+    values: the batch's scores, NaN where it gave up; timed_out: those indices.
+    The RewardRunner keeps the values and counts the indices in
+    reward_timeouts/<name> (they are not failures of the reward).
+    """
+
+    def __init__(self, values: Sequence[float], timed_out: Sequence[int]):
+        super().__init__(f"{len(timed_out)} sample(s) timed out")
+        self.values, self.timed_out = list(values), list(timed_out)
+
+    def __reduce__(self):  # pickles across the process pool with its fields
+        return type(self), (self.values, self.timed_out)
+
+
 # Modules whose import registers the built-in task rewards; imported on the
 # first lookup so that `import gdpo_jax.rewards` stays light (no jax, no sympy).
 _BUILTIN_MODULES = ("gdpo_jax.tasks.toolcall", "gdpo_jax.tasks.math", "gdpo_jax.tasks.code")
-_builtins_loaded = False
+_builtins_loaded: set[str] = set()  # marked only once imported: a failure is retried
 
 
 def register_reward(
@@ -77,21 +99,59 @@ def _qualname(fn: RewardFn) -> str:
 
 
 def _load_builtins() -> None:
-    global _builtins_loaded
-    if not _builtins_loaded:
-        _builtins_loaded = True
-        for mod in _BUILTIN_MODULES:
+    for mod in _BUILTIN_MODULES:
+        if mod in _builtins_loaded:
+            continue
+        try:
             importlib.import_module(mod)
+        except Exception as e:
+            # Not "unknown reward" later: the cause, now, and again on the next lookup.
+            raise ImportError(
+                f"importing the built-in rewards of {mod} failed: {type(e).__name__}: {e}"
+            ) from e
+        _builtins_loaded.add(mod)
+
+
+def _from_import_path(name: str) -> RewardFn | None:
+    """The callable at "pkg.mod:attr" / "pkg.mod.attr" (registered under `name`), or None."""
+    if ":" in name:
+        mod_name, attr = name.split(":", 1)
+    elif "." in name:
+        mod_name, attr = name.rsplit(".", 1)
+    else:
+        return None
+    if not mod_name or not attr:
+        return None
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ImportError(
+            f"reward {name!r}: cannot import module {mod_name!r} ({type(e).__name__}: {e}); "
+            "is its package installed or on PYTHONPATH?"
+        ) from e
+    fn: object = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+    if not callable(fn):
+        raise KeyError(f"reward {name!r}: module {mod_name!r} has no callable {attr!r}")
+    _REGISTRY.setdefault(name, fn)  # type: ignore[arg-type]
+    return _REGISTRY[name]
 
 
 def get_reward(name: str) -> RewardFn:
-    """The reward registered under `name`; KeyError listing the known names."""
+    """The reward registered under `name`, or at import path "pkg.mod:fn".
+
+    KeyError listing the known names; ImportError naming the module that failed.
+    """
     if name not in _REGISTRY:
         _load_builtins()
+    if name not in _REGISTRY and _from_import_path(name) is not None:
+        return _REGISTRY[name]
     if name not in _REGISTRY:
         raise KeyError(
             f"unknown reward {name!r}; known rewards: {', '.join(list_rewards())}. "
-            "Register new ones with @gdpo_jax.rewards.register_reward(name)."
+            "Register new ones with @gdpo_jax.rewards.register_reward(name), or name one "
+            "by import path 'pkg.module:function'."
         )
     return _REGISTRY[name]
 

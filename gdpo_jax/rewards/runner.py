@@ -18,12 +18,12 @@ import multiprocessing
 import pickle
 import threading
 import time
-import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from gdpo_jax.rewards.calls import _failed, _pool_call, _run_chunk, _worker_init
 from gdpo_jax.rewards.registry import get_reward
 
 _EXECUTORS = ("thread", "process")
@@ -97,58 +97,6 @@ def _head(x: Any, n: int = 200) -> str:
     return s if len(s) <= n else s[:n] + "..."
 
 
-def _call(fn, prompts, completions, fields, kwargs) -> list[float]:
-    out = fn(list(prompts), list(completions), **{**fields, **kwargs})  # spec kwargs win
-    if isinstance(out, np.ndarray):
-        out = out.tolist()
-    if not isinstance(out, Sequence) or isinstance(out, (str, bytes)):
-        raise TypeError(f"must return a sequence of floats, got {type(out).__name__}")
-    if len(out) != len(completions):
-        raise ValueError(f"returned {len(out)} values for {len(completions)} completions")
-    vals = [math.nan if v is None else float(v) for v in out]
-    bad = [i for i, v in enumerate(vals) if math.isinf(v)]
-    if bad:
-        raise ValueError(
-            f"returned an infinite value at position {bad[0]} (use NaN for 'cannot score')"
-        )
-    return vals
-
-
-def _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc):
-    """Scores one chunk; on failure re-scores sample by sample to find the culprit.
-
-    Returns (values, failures, seconds); failures = [(offset, text, exc|None)].
-    Runs in a worker thread or process (then exceptions travel as text).
-    """
-    t0 = time.perf_counter()
-    try:
-        return _call(fn, prompts, completions, fields, kwargs), [], time.perf_counter() - t0
-    except Exception:  # noqa: BLE001 - any reward bug is reported, not swallowed
-        pass
-    vals, failures = [], []
-    for i in range(len(completions)):
-        one = {k: v[i : i + 1] for k, v in fields.items()}
-        try:
-            vals.extend(_call(fn, prompts[i : i + 1], completions[i : i + 1], one, kwargs))
-        except Exception as e:  # noqa: BLE001
-            vals.append(math.nan)
-            text = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
-            failures.append((i, text, e if keep_exc else None))
-    if not failures:  # only the batched call failed: blame the whole chunk
-        try:
-            _call(fn, prompts, completions, fields, kwargs)
-        except Exception as e:  # noqa: BLE001
-            text = f"{type(e).__name__}: {e} (fails on the batch, not on any single sample)"
-            failures = [(i, text, e if keep_exc else None) for i in range(len(completions))]
-            vals = [math.nan] * len(completions)
-    return vals, failures, time.perf_counter() - t0
-
-
-def _pool_call(args):
-    fn, prompts, completions, fields, kwargs = args
-    return _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc=False)
-
-
 class RewardRunner:
     """Scores (prompts, completions, examples) with the given reward specs.
 
@@ -160,10 +108,14 @@ class RewardRunner:
         "nan" -> NaN for failing samples, counted in info.
       executor: default for specs with executor=None ("thread" | "process").
       chunk_size: samples per call; None = ceil(N / num_workers).
+      imports: modules each process-pool worker imports first (where the
+        rewards and their argument types are defined; config.imports).
     Call: runner(prompts, completions, examples, **extra_fields) ->
       (rewards f32[N, K] (gated, unweighted), info dict of floats:
        reward_time/<name> (worker-seconds), reward_failures/<name>,
-       reward_timeouts/<name> (samples), reward_nan/<name>, reward_time/total).
+       reward_timeouts/<name> (samples: chunks past the deadline, and samples a
+       reward gave up on itself via RewardTimeouts), reward_nan/<name>,
+       reward_time/total).
     """
 
     def __init__(
@@ -175,6 +127,7 @@ class RewardRunner:
         on_error: str = "raise",
         executor: str = "thread",
         chunk_size: int | None = None,
+        imports: Sequence[str] = (),
     ):
         self.specs = [RewardSpec.parse(s) for s in specs]
         if not self.specs:
@@ -211,6 +164,7 @@ class RewardRunner:
             self._executors.append(ex)
         self.num_workers, self.timeout_s, self.on_error = num_workers, timeout_s, on_error
         self.chunk_size = chunk_size
+        self.imports = tuple(imports)
         self._threads = cf.ThreadPoolExecutor(num_workers, thread_name_prefix="reward")
         self._procs = None
         self._lock, self._pool_lock = threading.Lock(), threading.Lock()
@@ -252,7 +206,7 @@ class RewardRunner:
         with self._pool_lock:  # worker threads race to create it
             if self._procs is None:
                 ctx = multiprocessing.get_context("forkserver")  # never fork a JAX process
-                self._procs = ctx.Pool(self.num_workers)
+                self._procs = ctx.Pool(self.num_workers, _worker_init, (self.imports,))
             return self._procs
 
     def __call__(
@@ -302,9 +256,10 @@ class RewardRunner:
                         index=s,
                     )
                 continue
-            vals, failures, secs = results[i]
+            vals, failures, secs, n_timeouts = results[i]
             raw[s:e, k] = vals
             info[f"reward_time/{name}"] += secs
+            info[f"reward_timeouts/{name}"] += n_timeouts
             info[f"reward_failures/{name}"] += len(failures)
             if failures and self.on_error == "raise":
                 off, text, exc = failures[0]
@@ -335,9 +290,17 @@ class RewardRunner:
                 self.fns[k], prompts[s:e], completions[s:e], sl, kwargs, keep_exc=True
             )
         args = (self.fns[k], list(prompts[s:e]), list(completions[s:e]), sl, kwargs)
+        try:
+            blob = pickle.dumps(args)
+        except Exception as ex:  # noqa: BLE001
+            return _failed(
+                e - s,
+                f"{type(ex).__name__}: {ex} (the reward call cannot be sent to a worker "
+                "process: its arguments do not pickle; use executor='thread')",
+            )
         # Waiting here keeps at most num_workers process jobs in flight, so a
         # job starts when it is submitted and the deadline is honest.
-        return self._proc_pool().apply_async(_pool_call, (args,)).get(self.timeout_s)
+        return self._proc_pool().apply_async(_pool_call, (blob, e - s)).get(self.timeout_s)
 
     def _collect(self, futs, started, sizes):
         results, timed_out, pending = {}, set(), set(futs)
@@ -355,6 +318,7 @@ class RewardRunner:
                         [math.nan] * sizes[i],
                         [(j, text, e) for j in range(sizes[i])],
                         0.0,
+                        0,
                     )
             now = time.monotonic()
             for f in list(pending):

@@ -6,11 +6,16 @@ child of it under rlimits (CPU, address space, processes, file size, open
 files, no core) and a wall-clock deadline. What else holds depends on what the
 machine allows; `isolation()` probes it once per process and records it:
 
-  mode          who         network  pid ns  private /tmp  other uid  fork bomb bound by
-  "namespaces"  root        none     yes     yes           yes        per-run uid + RLIMIT_NPROC
-  "userns"      any user    none     yes     yes           no         RLIMIT_NPROC (ns-local count)
-  "setuid"      root        host     no      no            yes        per-run uid + RLIMIT_NPROC
-  "rlimits"     any user    host     no      no            no         RLIMIT_NPROC over all the user's tasks
+  mode          who       network  pid ns  private /tmp  other uid  fork bomb bound by
+  "namespaces"  root      none     yes     yes           yes        per-run uid + RLIMIT_NPROC
+  "userns"      any user  none     yes     yes           no         RLIMIT_NPROC (ns-local count)
+  "setuid"      root      host     no      no            yes        per-run uid + RLIMIT_NPROC
+  "rlimits"     any user  host     no      no            no         RLIMIT_NPROC, all user's tasks
+
+Anything weaker than "namespaces" is logged as a warning naming what it
+lacks; "setuid" and "rlimits" (network reachable) are opt-in: "auto" refuses
+them unless `allow_weak=True` (config: rewards.sandbox.allow_weak), and
+naming one explicitly (rewards.sandbox.isolation) is that opt-in.
 
 "namespaces" = `unshare --mount --net --pid --ipc --uts --fork --mount-proc
 --kill-child`; the test process drops to a uid no one else uses (one per
@@ -24,6 +29,7 @@ import atexit
 import dataclasses
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -47,6 +53,8 @@ _NS_FLAGS = [
     "--kill-child",
 ]
 MODES = ("namespaces", "userns", "setuid", "rlimits")
+WEAK_MODES = ("setuid", "rlimits")  # generated code reaches the network: opt-in only
+log = logging.getLogger("gdpo_jax.sandbox")
 
 # Imported once in the sandbox before forking test processes: cheaper than an
 # import per case, and needed where the stdlib is not readable by the test uid.
@@ -181,8 +189,12 @@ def _build(mode: str, root: bool) -> Isolation:
 
 
 @functools.cache
-def isolation(mode: str = "auto") -> Isolation:
-    """The strongest isolation this machine allows (probed once), or `mode` if it works."""
+def isolation(mode: str = "auto", allow_weak: bool = False) -> Isolation:
+    """The strongest isolation this machine allows (probed once), or `mode` if it works.
+
+    "auto" never falls back to a WEAK_MODES mode unless allow_weak; any mode
+    but "namespaces" is logged as a warning naming what it lacks.
+    """
     if mode not in ("auto",) + MODES:
         raise ValueError(f"sandbox isolation mode must be 'auto' or one of {MODES}, got {mode!r}")
     root = os.geteuid() == 0
@@ -193,12 +205,27 @@ def isolation(mode: str = "auto") -> Isolation:
         avail["userns"] = _probe([unshare, "--user", "--map-root-user", *_NS_FLAGS, "true"])
     if mode == "auto":
         mode = next(m for m in MODES if avail.get(m))
+        if mode in WEAK_MODES and not allow_weak:
+            raise RuntimeError(
+                f"sandbox: the strongest isolation this machine allows is {mode!r} "
+                f"({_build(mode, root).note}), too weak for untrusted generated code. "
+                "Run as root with `unshare` (namespaces) or where unprivileged user "
+                "namespaces are enabled (userns), or accept it with "
+                "--config.rewards.sandbox.allow_weak=True (RewardSpec kwargs allow_weak=True)."
+            )
     elif not avail.get(mode):
         raise RuntimeError(
             f"sandbox isolation {mode!r} is not available on this machine "
             f"(available: {[m for m in MODES if avail.get(m)]})"
         )
-    return _build(mode, root)
+    iso = _build(mode, root)
+    if mode != "namespaces":
+        log.warning(
+            "SANDBOX IS WEAKER THAN 'namespaces': running untrusted generated code in mode %r: %s",
+            mode,
+            iso.note,
+        )
+    return iso
 
 
 class _UidPool:
@@ -273,6 +300,7 @@ def run_program(
     fn_name: str | None = None,
     limits: SandboxLimits = SandboxLimits(),
     isolation_mode: str = "auto",
+    allow_weak: bool = False,
     preload: Sequence[str] = DEFAULT_PRELOAD,
 ) -> ProgramResult:
     """Run `source` once per input, in the sandbox.
@@ -282,8 +310,9 @@ def run_program(
       for `fn_name` defined at top level or as a method of class `Solution`.
     Returns per-case status, captured stdout (capped at limits.output_bytes),
     stderr tail and, in call mode, the JSON round-tripped return value.
+    isolation_mode / allow_weak: see `isolation`.
     """
-    iso = isolation(isolation_mode)
+    iso = isolation(isolation_mode, allow_weak)
     t0 = time.monotonic()
     uid = _UIDS.acquire() if iso.uid_drop else None
     jobdir = tempfile.mkdtemp(dir=_base_dir())
@@ -326,48 +355,73 @@ def run_program(
         shutil.rmtree(jobdir, ignore_errors=True)
         if uid is not None:
             _UIDS.release(uid)
+    return _result(out, err, timed_out, len(job["inputs"]), total, iso.mode, t0)
+
+
+def _result(
+    out: str, err: str, timed_out: bool, n: int, total: float, mode: str, t0: float
+) -> ProgramResult:
+    """ProgramResult from the driver's JSON lines (see _sandbox_driver.py).
+
+    Blame: before the driver's "ready" line nothing of the program has run, so
+    a failure there is the machine's (sandbox_error, scored NaN). After it,
+    only the program's code runs: a driver that stops early (killed by the
+    program, or its compile() crashed the interpreter) fails the remaining
+    cases as "killed" (a bug), and the total wall time fails them as "timeout".
+    The driver's exit code is never read: the program could choose it.
+    """
     wall = time.monotonic() - t0
-    n = len(job["inputs"])
+    events = []
+    for line in out.splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict):
+            events.append(ev)
+    keys = {k for ev in events for k in ev}
+    if "setup_error" in keys or "ready" not in keys:
+        msg = next((ev["setup_error"] for ev in events if "setup_error" in ev), None)
+        if msg is None:
+            why = f"did not start within {total:.1f}s" if timed_out else "gave no result"
+            msg = f"sandbox driver {why}: {err[-500:]!r}"
+        return ProgramResult([CaseResult("sandbox_error") for _ in range(n)], None, msg, mode, wall)
+    compile_error = next((ev["compile_error"] for ev in events if "compile_error" in ev), None)
+    if compile_error is not None:
+        cases = [CaseResult("runtime_error", stderr=compile_error) for _ in range(n)]
+        return ProgramResult(cases, compile_error, None, mode, wall)
+    done = {ev["case"]: ev["result"] for ev in events if "case" in ev}
     if timed_out:
-        return ProgramResult(
-            [CaseResult("timeout") for _ in range(n)],
-            None,
-            f"program exceeded its total wall time {total:.1f}s",
-            iso.mode,
-            wall,
-        )
-    try:
-        res = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return ProgramResult(
-            [CaseResult("sandbox_error") for _ in range(n)],
-            None,
-            f"sandbox driver gave no result: {err[-500:]!r}",
-            iso.mode,
-            wall,
-        )
-    cases = [CaseResult(**c) for c in res["cases"]]
-    if res["setup_error"]:
-        cases = [CaseResult("sandbox_error") for _ in range(n)]
-    elif res["compile_error"]:
-        cases = [CaseResult("runtime_error", stderr=res["compile_error"]) for _ in range(n)]
-    return ProgramResult(cases, res["compile_error"], res["setup_error"], iso.mode, wall)
+        rest = CaseResult("timeout", stderr=f"program exceeded its total wall time {total:.1f}s")
+    else:
+        rest = CaseResult("killed", stderr=f"the sandbox driver stopped early: {err[-500:]!r}")
+    cases = [CaseResult(**done[i]) if i in done else dataclasses.replace(rest) for i in range(n)]
+    # A test process whose rlimits / uid drop failed never ran the program.
+    bad = next((i for i, c in enumerate(cases) if c.status == "sandbox_error"), None)
+    if bad is not None:
+        msg = f"test process set-up failed (case {bad})"
+        return ProgramResult([CaseResult("sandbox_error") for _ in range(n)], None, msg, mode, wall)
+    return ProgramResult(cases, None, None, mode, wall)
 
 
 def _spawn(cmd: list[str], cwd: str, timeout: float) -> tuple[str, str, bool]:
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        env={},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-    )
+    """(stdout, stderr, timed out) of the driver; what it printed before a kill is kept."""
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as e:  # the machine's fault (no interpreter, no unshare): NaN, not a bug
+        return "", f"cannot start the sandbox {cmd[0]!r}: {e}", False
     try:
         out, err = proc.communicate(timeout=timeout)
-        return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), False
+        timed_out = False
     except subprocess.TimeoutExpired:
         # The session holds unshare and the namespace's first process; killing
         # that one ends every process of the namespace.
@@ -376,7 +430,8 @@ def _spawn(cmd: list[str], cwd: str, timeout: float) -> tuple[str, str, bool]:
         except OSError:
             pass
         try:
-            proc.communicate(timeout=5)
+            out, err = proc.communicate(timeout=5)
         except subprocess.TimeoutExpired:
-            pass
-        return "", "", True
+            out, err = b"", b""
+        timed_out = True
+    return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timed_out

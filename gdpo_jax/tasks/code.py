@@ -128,18 +128,20 @@ class _Memo:
 _MEMO = _Memo()
 
 
-def _limits(kwargs: Mapping) -> tuple[SandboxLimits, str, int | None]:
+def _limits(kwargs: Mapping) -> tuple[SandboxLimits, str, bool, int | None]:
     names = {f for f in SandboxLimits.__dataclass_fields__}
     lim = SandboxLimits(**{k: v for k, v in kwargs.items() if k in names})
-    return lim, kwargs.get("isolation", "auto"), kwargs.get("max_tests")
+    iso, weak = kwargs.get("isolation", "auto"), bool(kwargs.get("allow_weak", False))
+    return lim, iso, weak, kwargs.get("max_tests")
 
 
 def run_tests(
     code: str,
     tests: Mapping,
     *,
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = SandboxLimits(),  # noqa: B008 - frozen dataclass
     isolation: str = "auto",
+    allow_weak: bool = False,
     max_tests: int | None = None,
 ) -> tuple[float, bool, ProgramResult]:
     """(pass rate, bug-free, raw result) of `code` on `tests`, memoized."""
@@ -150,7 +152,9 @@ def run_tests(
     key = json.dumps([code, ins, outs, fn, limits.__dict__, isolation], sort_keys=True, default=str)
 
     def compute():
-        res = run_program(code, ins, fn_name=fn, limits=limits, isolation_mode=isolation)
+        res = run_program(
+            code, ins, fn_name=fn, limits=limits, isolation_mode=isolation, allow_weak=allow_weak
+        )
         ok = [
             c.status == "ok"
             and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, str(o)))
@@ -162,14 +166,16 @@ def run_tests(
 
 
 def _scores(completions, tests, kwargs, which: int) -> list[float]:
-    lim, iso, max_tests = _limits(kwargs)
+    lim, iso, weak, max_tests = _limits(kwargs)
     out = []
     for c, t in zip(completions, tests):
         code = extract_code(c)
         if code is None:
             out.append(0.0)
             continue
-        rate, bug_free, res = run_tests(code, t, limits=lim, isolation=iso, max_tests=max_tests)
+        rate, bug_free, res = run_tests(
+            code, t, limits=lim, isolation=iso, allow_weak=weak, max_tests=max_tests
+        )
         if any(c.status == "sandbox_error" for c in res.cases):
             out.append(math.nan)  # the sandbox itself failed: cannot score
         else:
@@ -185,7 +191,10 @@ _REWARD_OPTIONS = (*SandboxLimits.__dataclass_fields__, "isolation", "max_tests"
 def pass_rate_reward(
     prompts: Sequence, completions: Sequence[str], *, tests: Sequence[Mapping], **kwargs
 ) -> list[float]:
-    """[0, 1] share of passed tests. kwargs: SandboxLimits fields, isolation, max_tests."""
+    """[0, 1] share of passed tests.
+
+    kwargs: SandboxLimits fields, isolation, allow_weak (see gdpo_jax.rewards.sandbox), max_tests.
+    """
     return _scores(completions, tests, kwargs, 0)
 
 
@@ -195,6 +204,11 @@ def bug_reward(
 ) -> list[float]:
     """{0, 1}: 1 when the program runs without compile/runtime error."""
     return _scores(completions, tests, kwargs, 1)
+
+
+# Marks the rewards that run the sandbox: config.reward_specs gives them
+# config.rewards.sandbox, and validate_config checks the isolation up front.
+pass_rate_reward.uses_sandbox = bug_reward.uses_sandbox = True
 
 
 # Suggested RewardRunner settings: one program per call, so the per-call

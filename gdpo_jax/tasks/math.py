@@ -4,7 +4,8 @@ Rewards:
   math_correct in {0, 1}: the LAST \\boxed{...} of the completion is
     mathematically equivalent to the reference (math-verify parse + verify;
     when either side does not parse, a normalized string comparison).
-    No boxed answer -> 0.
+    No boxed answer -> 0. A comparison past `verify_timeout_s` (5 s) -> NaN,
+    counted in reward_timeouts/math_correct.
   length in {0, 1} (gdpo_jax.rewards.registry): <= max_tokens tokens; the
     paper conditions it on correctness: RewardSpec("length",
     condition="math_correct", kwargs={"max_tokens": 4000}).
@@ -13,15 +14,15 @@ Rewards:
 from __future__ import annotations
 
 import functools
+import math
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from gdpo_jax.data.loaders import PathLike, RecordError, get_field, normalize_messages
-from gdpo_jax.rewards.registry import completion_token_counts, register_reward
+from gdpo_jax.rewards.registry import RewardTimeouts, completion_token_counts, register_reward
 from gdpo_jax.rewards.runner import RewardSpec
 from gdpo_jax.tasks.common import group_ids_for, load_records, mean_over_groups
 
@@ -83,31 +84,25 @@ def _math_verify():
     import math_verify.grader
     import math_verify.parser
 
-    # It warns (racily, once per thread) when timeouts are off; here that is
-    # deliberate in worker threads, so mark the warning as already shown.
+    # It warns (racily, once per thread) when timeouts are off; that is
+    # deliberate (math_verifier's deadline is the bound), so mark it as shown.
     math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
     return math_verify.parse, math_verify.verify
 
 
-def is_equivalent(pred: str, gold: str) -> bool:
-    """math-verify equivalence of two answer strings, string fallback if unparsable.
+def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
+    """math-verify equivalence of two answer strings, or equal after normalize_answer.
 
-    math-verify times out with SIGALRM, which only works in the main thread:
-    in worker threads its timeouts are off (the RewardRunner's deadline is
-    the guard); in the main thread (or a process-pool worker) they are 5 s.
+    math-verify runs in a helper process (gdpo_jax.tasks.math_verifier) with a
+    hard deadline: TimeoutError past `timeout_s` seconds (a pathological
+    expression such as 9^{9^{9^{9}}} would otherwise hang the reward worker,
+    GIL held, for ever).
     """
-    parse, verify = _math_verify()
-    main = threading.current_thread() is threading.main_thread()
-    pt, vt = (5, 5) if main else (None, None)
-    g = parse(f"${gold}$", parsing_timeout=pt)
-    p = parse(f"${pred}$", parsing_timeout=pt)
-    if g and p:
-        try:
-            if verify(g, p, timeout_seconds=vt):
-                return True
-        except Exception:  # noqa: BLE001 - sympy edge cases: fall back to strings
-            pass
-    return normalize_answer(pred) == normalize_answer(gold)
+    if normalize_answer(pred) == normalize_answer(gold):
+        return True
+    from gdpo_jax.tasks.math_verifier import verify_bounded
+
+    return verify_bounded(pred, gold, timeout_s)
 
 
 def _golds(gt: Any) -> list[str]:
@@ -119,13 +114,37 @@ def _golds(gt: Any) -> list[str]:
 
 @register_reward("math_correct")
 def correctness_reward(
-    prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[Any], **kwargs
+    prompts: Sequence,
+    completions: Sequence[str],
+    *,
+    ground_truth: Sequence[Any],
+    verify_timeout_s: float = 5.0,
+    **kwargs,
 ) -> list[float]:
-    """{0, 1}: last boxed answer equivalent to (any of) the reference answer(s)."""
-    out = []
-    for c, gt in zip(completions, ground_truth):
-        ans = last_boxed(c)
-        out.append(float(ans is not None and any(is_equivalent(ans, g) for g in _golds(gt))))
+    """{0, 1}: last boxed answer equivalent to (any of) the reference answer(s).
+
+    A comparison past verify_timeout_s scores NaN (when no other reference
+    matched) and raises RewardTimeouts with all the scores, which the
+    RewardRunner keeps and counts in reward_timeouts/math_correct.
+    """
+    if verify_timeout_s <= 0:
+        raise ValueError(f"math_correct: verify_timeout_s must be > 0, got {verify_timeout_s}")
+    out, timed_out = [], []
+    for i, (c, gt) in enumerate(zip(completions, ground_truth)):
+        ans, score = last_boxed(c), 0.0
+        if ans is not None:
+            for g in _golds(gt):
+                try:
+                    if is_equivalent(ans, g, verify_timeout_s):
+                        score = 1.0
+                        break
+                except TimeoutError:
+                    score = math.nan
+        out.append(score)
+        if math.isnan(score):
+            timed_out.append(i)
+    if timed_out:
+        raise RewardTimeouts(out, timed_out)
     return out
 
 
@@ -138,8 +157,9 @@ def default_rewards(
 ) -> list[RewardSpec]:
     """Correctness + length (<= max_tokens), length gated on correctness by default.
 
-    executor="process" runs math-verify in a process pool: parallel despite
-    the GIL, and a hung sympy call can be killed (threads cannot be).
+    executor="process" runs the reward in a process pool (parallel parsing);
+    either way math-verify itself runs in a helper process per worker with a
+    per-comparison deadline (kwargs verify_timeout_s, default 5 s).
     """
     return [
         RewardSpec("math_correct", executor=executor),
@@ -238,9 +258,12 @@ def evaluate(
     "mean_length", "num_problems", "samples_per_problem"}.
     """
     if correct is None:
-        correct = correctness_reward(
-            None, completions, ground_truth=[ex["ground_truth"] for ex in examples]
-        )
+        try:
+            correct = correctness_reward(
+                None, completions, ground_truth=[ex["ground_truth"] for ex in examples]
+            )
+        except RewardTimeouts as e:  # NaN there: left out of pass@1
+            correct = e.values
     corr = np.asarray(correct, np.float64)
     groups = group_ids_for(examples, group_ids)
     lens = np.asarray(completion_token_counts(completions, completion_lengths), np.float64)

@@ -53,16 +53,30 @@ def register_tokenizer(name: str) -> Callable[[Callable[[], Any]], Callable[[], 
     return deco
 
 
+@register_tokenizer("synthetic_bpe")
+def _synthetic_bpe() -> Any:
+    # Registered here, not by an import side effect of gdpo_jax.data.tokenizer:
+    # the name is known as soon as the trainer is, and builds on first use.
+    from gdpo_jax.data.tokenizer import load_tokenizer
+
+    return load_tokenizer()
+
+
 def list_tasks() -> list[str]:
     _load_builtin_tasks()
     return sorted(_TASKS)
 
 
 def _load_builtin_tasks() -> None:
-    try:  # the task modules register themselves (see gdpo_jax/train/tasks_adapter.py)
+    # The task modules register themselves (see gdpo_jax/train/tasks_adapter.py).
+    # A failed import is its own error, not "not a registered task" later.
+    try:
         import gdpo_jax.train.tasks_adapter  # noqa: F401
-    except ImportError:
-        pass
+    except Exception as e:
+        raise ImportError(
+            "importing the built-in tasks (gdpo_jax.train.tasks_adapter) failed: "
+            f"{type(e).__name__}: {e}"
+        ) from e
 
 
 def load_task(cfg) -> TaskData:
@@ -80,6 +94,11 @@ def load_task(cfg) -> TaskData:
     if missing:
         raise ValueError(f"task {name!r}: training record {missing[0]} has no 'prompt' field.")
     return data
+
+
+def tokenizer_known(name: str) -> bool:
+    """`name` is a registered tokenizer or a directory (what build_tokenizer accepts)."""
+    return name in _TOKENIZERS or bool(name and os.path.isdir(name))
 
 
 def build_tokenizer(name: str) -> Any:
@@ -106,9 +125,20 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
     if m.name:
         from gdpo_jax.models import load_pretrained
 
-        return load_pretrained(
+        model, tokenizer = load_pretrained(
             m.name, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh, remat=m.remat
         )
+        if tokenizer is None and m.tokenizer:
+            tokenizer = build_tokenizer(m.tokenizer)
+        if tokenizer is None:
+            # The sampler would fail later, at the first prompt, far from the cause.
+            raise ValueError(
+                f"config.model.name={m.name!r} came without a tokenizer (no tokenizer.json / "
+                "tokenizer_config.json / tokenizer.model there); the trainer needs one to "
+                "encode prompts. Add the files, or set --config.model.tokenizer to a "
+                "tokenizer directory or registered name."
+            )
+        return model, tokenizer
     tokenizer = build_tokenizer(m.tokenizer)
     overrides = dict(m.tiny.to_dict())
     overrides.setdefault("vocab_size", len(tokenizer))

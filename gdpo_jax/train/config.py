@@ -39,6 +39,7 @@ RESUMABLE_FIELDS = (
     "rewards.executor",
     "rewards.executors",
     "rewards.chunk_size",
+    "rewards.sandbox.",
 )
 _SCHEDULES = ("cosine", "constant", "linear")
 _OLD_LOGPROBS = ("sampler", "recompute")
@@ -50,6 +51,9 @@ def base_config() -> mlc.ConfigDict:
     c = mlc.ConfigDict()
     c.seed = 0
     c.workdir = ""
+    # Modules imported first (by validate_config, so by the CLI and train(), and by
+    # every reward worker process): where custom rewards / tasks / tokenizers register.
+    c.imports = ()
 
     c.model = mlc.ConfigDict()
     c.model.name = ""  # load_pretrained(name) (HF dir or registered name); "" = random init
@@ -84,6 +88,12 @@ def base_config() -> mlc.ConfigDict:
     c.rewards.executors = ()  # () or one "" / "thread" / "process" per name (overrides executor)
     c.rewards.chunk_size = 0  # completions per task; 0 = ceil(rows / num_workers)
     c.rewards.timeout_s = 30.0
+    # The code rewards' sandbox (gdpo_jax.rewards.sandbox): isolation mode and
+    # whether "auto" may fall back to the weak modes (setuid, rlimits: the
+    # generated code reaches the network); naming a mode is an opt-in too.
+    c.rewards.sandbox = mlc.ConfigDict()
+    c.rewards.sandbox.isolation = "auto"  # auto | namespaces | userns | setuid | rlimits
+    c.rewards.sandbox.allow_weak = False
 
     c.algo = mlc.ConfigDict()
     c.algo.estimator = "gdpo"  # grpo | grpo_no_std | gdpo | gdpo_no_bn
@@ -206,6 +216,61 @@ def _divisor(n: int, near: int) -> int:
     return max(d for d in range(1, max(min(n, near), 1) + 1) if n % d == 0)
 
 
+def import_modules(cfg: mlc.ConfigDict) -> None:
+    """Imports config.imports (custom rewards, tasks, tokenizers register on import)."""
+    import importlib
+
+    mods = cfg.get("imports", ())
+    if isinstance(mods, str) or not all(isinstance(m, str) and m for m in mods):
+        raise ConfigError(
+            f"config.imports={mods!r} must be a tuple of module names, e.g. "
+            "--config.imports='(\"my_pkg.rewards\",)'."
+        )
+    for m in mods:
+        try:
+            importlib.import_module(m)
+        except Exception as e:
+            raise ConfigError(
+                f"config.imports: importing {m!r} failed ({type(e).__name__}: {e}); "
+                "is it installed or on PYTHONPATH?"
+            ) from e
+
+
+def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None) -> None:
+    """Reward names resolve (registered, or an import path) and the sandbox is usable."""
+    from gdpo_jax.rewards import get_reward, list_rewards
+    from gdpo_jax.rewards.registry import _REGISTRY
+
+    fns = {}
+    for n in names:
+        if known is not None and n in known:  # the caller vouches for it
+            fns[n] = _REGISTRY.get(n)
+            continue
+        try:
+            fns[n] = get_reward(n)
+        except ImportError as e:
+            raise ConfigError(f"config.rewards.names: {e}") from e
+        except KeyError:
+            try:
+                known = list(known if known is not None else list_rewards())
+            except ImportError as e:
+                raise ConfigError(f"config.rewards.names: {e}") from e
+            raise ConfigError(
+                f"config.rewards.names: unknown reward {n!r}.{_suggest(n, tuple(known))} "
+                f"Registered rewards: {sorted(known)}; or name one by import path "
+                "'pkg.module:function' (or list its module in config.imports)."
+            ) from None
+    sb = cfg.rewards.get("sandbox", None)
+    if sb is not None and any(getattr(f, "uses_sandbox", False) for f in fns.values()):
+        from gdpo_jax.rewards import sandbox
+
+        _choice(cfg, "rewards.sandbox.isolation", ("auto",) + sandbox.MODES)
+        try:
+            sandbox.isolation(sb.isolation, bool(sb.allow_weak))
+        except RuntimeError as e:
+            raise ConfigError(f"config.rewards.sandbox: {e}") from None
+
+
 def validate_config(
     cfg: mlc.ConfigDict,
     *,
@@ -265,24 +330,25 @@ def validate_config(
         raise ConfigError("config.rewards.names is empty; name at least one reward function.")
     if len(set(names)) != len(names):
         raise ConfigError(f"config.rewards.names={names} lists a reward twice.")
+    import_modules(cfg)
     from gdpo_jax.train import build
 
-    tasks = build.list_tasks()  # also registers the toy task's rewards
+    try:
+        tasks = build.list_tasks()  # also registers the toy task's rewards
+    except ImportError as e:
+        raise ConfigError(f"config.task.name: {e}") from e
+    if not cfg.model.name and not build.tokenizer_known(cfg.model.tokenizer):
+        raise ConfigError(
+            f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
+            f"({sorted(build._TOKENIZERS)}) nor a directory; a random-init model "
+            "(config.model.name='') needs one: set --config.model.tokenizer."
+        )
     if cfg.task.name not in tasks:
         raise ConfigError(
             f"config.task.name={cfg.task.name!r} is not a registered task.{_suggest(cfg.task.name, tasks)} "
             f"Known: {tasks}."
         )
-    if known_rewards is None:
-        from gdpo_jax.rewards import list_rewards
-
-        known_rewards = list_rewards()
-    for n in names:
-        if n not in known_rewards:
-            raise ConfigError(
-                f"config.rewards.names: unknown reward {n!r}.{_suggest(n, tuple(known_rewards))} "
-                f"Registered rewards: {sorted(known_rewards)}."
-            )
+    _check_rewards(cfg, names, known_rewards)
     for e in tuple(cfg.rewards.get("executors", ())):
         if e not in ("", "thread", "process"):
             raise ConfigError(
@@ -430,7 +496,7 @@ def _check_reward_kwargs(cfg: mlc.ConfigDict, name: str) -> None:
 
 def reward_specs(cfg: mlc.ConfigDict) -> list:
     """The config's rewards as gdpo_jax.rewards.RewardSpec objects."""
-    from gdpo_jax.rewards import RewardSpec
+    from gdpo_jax.rewards import RewardSpec, get_reward
 
     names = tuple(cfg.rewards.names)
     weights = tuple(cfg.rewards.weights) or (1.0,) * len(names)
@@ -438,13 +504,25 @@ def reward_specs(cfg: mlc.ConfigDict) -> list:
     thresholds = tuple(cfg.rewards.thresholds) or (1.0,) * len(names)
     kwargs = cfg.rewards.kwargs.to_dict()
     executors = tuple(cfg.rewards.get("executors", ())) or ("",) * len(names)
+    sb = cfg.rewards.get("sandbox", None)
+    sandbox_kw = {"isolation": sb.isolation, "allow_weak": bool(sb.allow_weak)} if sb else {}
+
+    def kw(n: str) -> dict:
+        # The sandbox settings reach the rewards that run it; the reward's own
+        # kwargs (config.rewards.kwargs) win.
+        try:
+            uses = bool(sandbox_kw) and getattr(get_reward(n), "uses_sandbox", False)
+        except (KeyError, ImportError):  # the RewardRunner reports these, by name
+            uses = False
+        return {**(sandbox_kw if uses else {}), **kwargs.get(n, {})}
+
     return [
         RewardSpec(
             name=n,
             weight=float(w),
             condition=c or None,
             threshold=float(t),
-            kwargs=dict(kwargs.get(n, {})),
+            kwargs=kw(n),
             executor=e or None,
         )
         for n, w, c, t, e in zip(names, weights, conditions, thresholds, executors)
@@ -463,6 +541,7 @@ def reward_runner(cfg: mlc.ConfigDict, specs: list | None = None):
         on_error=r.on_error,
         executor=r.get("executor", "thread"),
         chunk_size=int(r.get("chunk_size", 0)) or None,
+        imports=tuple(cfg.get("imports", ())),
     )
 
 
