@@ -61,12 +61,18 @@ def make_batch(seed: int = 0, *, with_ref: bool = False) -> dict[str, np.ndarray
 
 # ------------------------------------------------------------------ references
 def np_advantages(
-    rewards: np.ndarray, gids: np.ndarray, estimator: str, weights: np.ndarray
+    rewards: np.ndarray,
+    gids: np.ndarray,
+    estimator: str,
+    weights: np.ndarray,
+    penalty: np.ndarray | float = 0.0,
 ) -> np.ndarray:
+    """penalty: per-row KL-in-reward term; GRPO sums it into the reward, GDPO adds
+    it to the sum of normalized rewards before the batch whitening."""
     n, k = rewards.shape
     adv = np.zeros(n)
     if estimator == "grpo":
-        s = (rewards * weights).sum(1)
+        s = (rewards * weights).sum(1) + penalty
         for g in np.unique(gids):
             idx = np.where(gids == g)[0]
             adv[idx] = (s[idx] - s[idx].mean()) / (s[idx].std(ddof=1) + EPS)
@@ -77,6 +83,7 @@ def np_advantages(
             idx = np.where(gids == g)[0]
             x = rewards[idx, j].astype(np.float64)
             total[idx] += weights[j] * (x - x.mean()) / (x.std(ddof=1) + EPS)
+    total = total + penalty
     return (total - total.mean()) / (total.std(ddof=1) + EPS)
 
 
@@ -123,6 +130,7 @@ def _sgd_step(sc: StepConfig, model, mesh=None):
     [
         ("gdpo", "grpo", 0.05, 0.01, None, 0.0),
         ("grpo", "bnpo", 0.0, 0.0, 3.0, 0.1),
+        ("gdpo", "dapo", 0.0, 0.0, None, 0.05),
     ],
 )
 def test_step_equals_unfused_reference(
@@ -146,13 +154,14 @@ def test_step_equals_unfused_reference(
     graphdef, state, step = _sgd_step(sc, model)
     params0 = jax.tree.map(np.asarray, state.params)
     batch = make_batch(1, with_ref=sc.needs_ref)
-    rewards, weights = batch["rewards"], np.array([1.0, 0.5])
+    penalty = 0.0
     if kl_in_reward:
-        # KL in the reward: one more reward column, -coef * sum_t (old - ref), weight 1.
+        # KL in the reward: -coef * sum_t (old - ref) per row.
         seq_kl = ((batch["old_logp"] - batch["ref_logp"]) * batch["completion_mask"]).sum(1)
-        rewards = np.concatenate([rewards, -kl_in_reward * seq_kl[:, None]], 1)
-        weights = np.array([1.0, 0.5, 1.0])
-    adv = np_advantages(rewards, batch["group_ids"], estimator, weights)
+        penalty = -kl_in_reward * seq_kl.astype(np.float64)
+    adv = np_advantages(
+        batch["rewards"], batch["group_ids"], estimator, np.array([1.0, 0.5]), penalty
+    )
     ref_l, ref_g = jax.value_and_grad(reference_loss)(
         jax.tree.map(jnp.asarray, params0),
         graphdef,
