@@ -106,9 +106,13 @@ def reference_loss(params, graphdef, batch, adv, sc: StepConfig):
         d = batch["ref_logp"] - logp
         per_tok = per_tok + sc.beta * (jnp.exp(d) - d - 1)  # k3
     per_tok = per_tok - sc.entropy_coef * ent
+    if "valid" in batch:
+        m = m * batch["valid"][:, None]
     if sc.aggregation == "grpo":
         return jnp.mean(jnp.sum(per_tok * m, 1) / jnp.sum(m, 1))
-    return jnp.sum(per_tok * m) / jnp.sum(m)  # bnpo
+    if sc.aggregation == "dr_grpo":  # Dr. GRPO: valid rows x max_len
+        return jnp.sum(per_tok * m) / (jnp.sum(batch["valid"]) * sc.max_len)
+    return jnp.sum(per_tok * m) / jnp.sum(m)  # dapo; bnpo of one micro-batch
 
 
 def _sgd_step(sc: StepConfig, model, mesh=None):
@@ -235,3 +239,49 @@ def test_minibatches_are_sequential_updates():
     # The second update sees a moved policy: ratios leave 1 (they start at
     # exp(logp - old_logp) of the data, so compare to the first update instead).
     assert int(got.step) == 1
+
+
+@pytest.mark.parametrize("aggregation,micro", [("bnpo", 2), ("dr_grpo", 2)])
+def test_bnpo_per_micro_batch_and_dr_grpo_without_padding_rows(aggregation, micro):
+    """bnpo = mean over micro-batches of each one's token mean (TRL); dr_grpo's
+    denominator counts valid rows only. The last group is batch padding."""
+    batch = make_batch(4)
+    batch["valid"][-G:] = False
+    sc = StepConfig(
+        num_groups=NUM_GROUPS, aggregation=aggregation, num_microbatches=micro, max_len=C + 2
+    )
+    graphdef, state, step = _sgd_step(sc, create_model(CFG, seed=0))
+    params0 = jax.tree.map(jnp.asarray, jax.tree.map(np.asarray, state.params))
+    keep = batch["valid"]
+    adv = np.zeros(N)
+    adv[keep] = np_advantages(batch["rewards"][keep], batch["group_ids"][keep], "gdpo", np.ones(K))
+    jb = jax.tree.map(jnp.asarray, batch)
+    ja = jnp.asarray(adv, jnp.float32)
+
+    def ref(params):
+        if aggregation == "dr_grpo":
+            return reference_loss(params, graphdef, jb, ja, sc)
+        # micro-batch j takes rows j::micro (the step's layout)
+        parts = [
+            reference_loss(
+                params, graphdef, {k: v[j::micro] for k, v in jb.items()}, ja[j::micro], sc
+            )
+            for j in range(micro)
+        ]
+        return sum(parts) / micro
+
+    ref_l, ref_g = jax.value_and_grad(ref)(params0)
+    new_state, metrics = step(state, distributed.to_global(batch, None))
+    np.testing.assert_allclose(float(metrics["loss"]), float(ref_l), rtol=1e-5, atol=1e-6)
+    got_g = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), params0, new_state.params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, np.asarray(b), rtol=2e-4, atol=2e-6),
+        got_g,
+        ref_g,
+    )
+    # Not the same as the token mean over the whole batch (dapo) / all rows.
+    if aggregation == "bnpo":
+        whole = reference_loss(params0, graphdef, jb, ja, sc)
+    else:
+        whole = reference_loss(params0, graphdef, jb, ja, sc) * jnp.sum(jb["valid"]) / N
+    assert abs(float(whole) - float(ref_l)) > 1e-4 * abs(float(ref_l))
