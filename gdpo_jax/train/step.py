@@ -34,7 +34,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
-from gdpo_jax.core.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
+from gdpo_jax.core.logprobs import (
+    chunked_token_logprobs,
+    token_entropy,
+    token_logprobs,
+    unembed_logits,
+)
 from gdpo_jax.core.losses import policy_loss
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.state import TrainState
@@ -133,7 +138,9 @@ def completion_logprobs(
         return chunked_token_logprobs(
             hidden, unembed, targets, chunk_size=chunk_size, temperature=temperature
         )
-    logits = jnp.einsum("btd,dv->btv", hidden.astype(jnp.float32), unembed.astype(jnp.float32))
+    # Same numerics as the sampler's logits (unembed_logits), so sampler and
+    # trainer log-probs agree in bf16 too.
+    logits = unembed_logits(hidden, unembed)
     return (
         token_logprobs(logits, targets, temperature=temperature),
         token_entropy(logits, temperature=temperature),
