@@ -19,11 +19,13 @@ weight 1 each. Hyperparameters of the official verl run
 The KL penalty (0.001 x summed k1 KL, in the reward): verl's GRPO subtracts
 it from the summed reward, but the official GDPO patch normalizes the raw
 format / correctness scores only, so the paper's GDPO runs had no KL term at
-all. This trainer adds the penalty as one more reward column, which GDPO
-would group-normalize into a third objective as strong as the other two. So
-the default (GDPO) has algo.kl_in_reward=0 and the GRPO commands below add
---config.algo.kl_in_reward=0.001 (KL_IN_REWARD): both then match the
-official runs.
+all. So the default (GDPO) keeps algo.kl_in_reward=0 and the GRPO commands
+below add --config.algo.kl_in_reward=0.001 (KL_IN_REWARD): both then match
+the official runs. Both estimators may use the penalty: under GDPO it is not
+normalized like a reward but added to the weighted sum of the normalized
+rewards before the batch whitening, so 0.001 stays a weak KL term (adding
+--config.algo.kl_in_reward=0.001 to a GDPO run is a deviation from the
+paper, not a third objective).
 
 Data: ToolRL's dataset/rlla_4k (train.parquet, test.parquet; 2k ToolACE + 1k
 Hammer + 1k xLAM), from github.com/qiancheng0/ToolRL. Model: a local
@@ -96,7 +98,7 @@ def get_config(arg: str = ""):
     c.algo.num_microbatches = 16  # 8 devices: 4 rows of 3072 tokens per device
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.2
-    c.algo.beta = 0.0  # no KL loss; KL in the reward only for GRPO runs:
+    c.algo.beta = 0.0  # no KL loss; KL in the reward only in the paper's GRPO runs:
     c.algo.kl_in_reward = 0.0  # --config.algo.kl_in_reward=0.001 (KL_IN_REWARD)
     c.algo.kl_estimator = "k1"
     c.algo.entropy_coef = 0.001

@@ -464,3 +464,135 @@ def test_errors_name_the_problem():
         compute_advantages(r, ids, num_groups=0)
     with pytest.raises(ValueError, match="batch_norm"):
         compute_advantages(r, ids, num_groups=1, batch_norm="tokens")
+
+
+# --------------------------------------------------------------------------- #
+# Hostile inputs (issue #13, item 6): inf, NaN weights, None.
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("bad", [np.inf, -np.inf])
+def test_infinite_reward_is_unscorable_like_nan(estimator, bad):
+    r, ids, w, valid, _ = make_case(5, 2, nan_p=0.0, pad_p=0.0)
+    r_inf, r_nan = r.copy(), r.copy()
+    r_inf[3, 1], r_nan[3, 1] = bad, np.nan
+    got = np.asarray(adv_fn(r_inf, ids, num_groups=G, estimator=estimator, weights=w))
+    assert np.all(np.isfinite(got)), "one inf reward poisoned other rows"
+    want = np.asarray(adv_fn(r_nan, ids, num_groups=G, estimator=estimator, weights=w))
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, ref_advantages(r_nan, ids, G, estimator, w), **TOL)
+
+
+def test_infinite_reward_spread_is_ignored():
+    r = np.array([[1.0], [1.0], [np.inf]], np.float32)
+    spread = per_reward_group_spread(r, np.zeros(3, np.int32), num_groups=1)
+    assert not bool(spread[0, 0])
+
+
+def test_none_in_rewards_reads_as_nan():
+    ids = np.array([0, 0, 0, 1, 1], np.int32)
+    with_none = [[1.0, 0.0], [None, 1.0], [0.0, 0.5], [1.0, None], [0.0, 2.0]]
+    with_nan = np.array(with_none, dtype=np.float32)
+    assert np.isnan(with_nan[1, 0])
+    for est in ("grpo", "gdpo"):
+        np.testing.assert_array_equal(
+            np.asarray(compute_advantages(with_none, ids, num_groups=2, estimator=est)),
+            np.asarray(compute_advantages(with_nan, ids, num_groups=2, estimator=est)),
+        )
+
+
+def test_nonfinite_weights_and_bad_rewards_are_rejected_by_name():
+    r = np.zeros((4, 2), np.float32)
+    ids = np.zeros(4, np.int32)
+    msg = r"compute_advantages: weights has a non-finite value at index 1 \(nan\); pass finite"
+    with pytest.raises(ValueError, match=msg):
+        compute_advantages(r, ids, num_groups=1, weights=[1.0, np.nan])
+    with pytest.raises(ValueError, match=r"weights has a non-finite value at index 0 \(-inf\)"):
+        compute_advantages(r, ids, num_groups=1, weights=np.array([-np.inf, 1.0]))
+    with pytest.raises(ValueError, match=r"weights has a non-finite value at index 1 \(nan\)"):
+        compute_advantages(r, ids, num_groups=1, weights=[1.0, None])
+    with pytest.raises(ValueError, match="compute_advantages: rewards must be a numeric array"):
+        compute_advantages([["a", "b"]] * 4, ids, num_groups=1)
+    with pytest.raises(ValueError, match="compute_advantages: rewards must be a numeric array"):
+        compute_advantages([[1.0, 2.0], [1.0]], ids[:2], num_groups=1)
+    with pytest.raises(ValueError, match=r"penalty must have shape \[N\]=\[4\]"):
+        compute_advantages(r, ids, num_groups=1, penalty=np.zeros(3))
+
+
+# --------------------------------------------------------------------------- #
+# KL-in-reward penalty (issue #13, item 1).
+# --------------------------------------------------------------------------- #
+def _penalty_case():
+    r, ids, w, valid, _ = make_case(11, 2, nan_p=0.0, pad_p=0.0)
+    kl = np.random.default_rng(0).gamma(2.0, 3.0, N).astype(np.float32)  # nats, > 0
+    return r, ids, w, kl
+
+
+def _ref_with_penalty(r, ids, estimator, w, pen):
+    """NumPy: GRPO normalizes sum + pen per group; GDPO adds pen to S, then whitens."""
+    if estimator.startswith("grpo"):
+        s = (r.astype(np.float64) * w).sum(1) + pen
+        return ref_advantages(s[:, None], ids, G, estimator)
+    s = ref_advantages(r, ids, G, "gdpo_no_bn", w) + pen
+    if estimator == "gdpo_no_bn":
+        return s
+    return (s - s.mean()) / (s.std(ddof=1) + 1e-4)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_penalty_matches_reference(estimator):
+    r, ids, w, kl = _penalty_case()
+    pen = -0.05 * kl
+    got = adv_fn(r, ids, num_groups=G, estimator=estimator, weights=w, penalty=pen)
+    np.testing.assert_allclose(got, _ref_with_penalty(r, ids, estimator, w, pen), **TOL)
+
+
+def test_gdpo_penalty_strength_follows_its_coefficient():
+    """The old reward-column KL made coef 1e-3 and 1.0 nearly the same (GDPO
+    normalized the column); now the change is proportional to coef."""
+    r, ids, w, kl = _penalty_case()
+    base_no_bn = np.asarray(adv_fn(r, ids, num_groups=G, estimator="gdpo_no_bn", weights=w))
+    base = np.asarray(adv_fn(r, ids, num_groups=G, estimator="gdpo", weights=w))
+    diffs, diffs_no_bn = {}, {}
+    for coef in (1e-4, 1e-3, 1.0):
+        pen = -coef * kl
+        a = adv_fn(r, ids, num_groups=G, estimator="gdpo_no_bn", weights=w, penalty=pen)
+        diffs_no_bn[coef] = np.asarray(a) - base_no_bn
+        a = adv_fn(r, ids, num_groups=G, estimator="gdpo", weights=w, penalty=pen)
+        diffs[coef] = np.asarray(a) - base
+    # Without batch whitening the penalty is added as is: ratio exactly 1000.
+    np.testing.assert_allclose(diffs_no_bn[1e-3], -1e-3 * kl, rtol=1e-3, atol=1e-6)
+    np.testing.assert_allclose(diffs_no_bn[1.0], 1000 * diffs_no_bn[1e-3], rtol=1e-3, atol=1e-5)
+    # With whitening: linear while the penalty is small next to S (ratio 10 for 10x) ...
+    small, big = np.abs(diffs[1e-4]).max(), np.abs(diffs[1e-3]).max()
+    np.testing.assert_allclose(big / small, 10.0, rtol=0.02)
+    # ... and a strong coefficient dominates instead of matching the weak one.
+    assert np.abs(diffs[1.0]).max() > 50 * big
+    # Old behaviour for reference: the penalty as a third reward column.
+    col = lambda c: np.asarray(  # noqa: E731
+        adv_fn(
+            np.concatenate([r, -c * kl[:, None]], 1),
+            ids,
+            num_groups=G,
+            estimator="gdpo",
+            weights=np.append(w, 1.0),
+        )
+    )
+    # 1000x the coefficient moved the advantages by < 0.1 (eps residue): an on/off switch.
+    assert np.abs(col(1.0) - col(1e-3)).max() < 0.1 < np.abs(diffs[1.0]).max()
+
+
+def test_grpo_penalty_equals_extra_weight_one_column():
+    """GRPO keeps its behaviour: the penalty is summed into the reward before
+    the group normalization, as an extra column of weight 1 was."""
+    r, ids, w, kl = _penalty_case()
+    pen = -0.1 * kl
+    for est in ("grpo", "grpo_no_std"):
+        got = adv_fn(r, ids, num_groups=G, estimator=est, weights=w, penalty=pen)
+        col = adv_fn(
+            np.concatenate([r, pen[:, None]], 1),
+            ids,
+            num_groups=G,
+            estimator=est,
+            weights=np.append(w, 1.0),
+        )
+        np.testing.assert_allclose(got, col, rtol=1e-5, atol=1e-5)

@@ -65,6 +65,10 @@ def test_valid_configs_pass():
         ),
         (lambda c: setattr(c.mesh, "shape", (2, 2, 1)), r"mesh\.shape=\(2, 2, 1\) needs 4 devices"),
         (lambda c: setattr(c, "workdir", ""), r"workdir is empty"),
+        (
+            lambda c: setattr(c.rewards, "weights", (1.0, float("nan"))),
+            r"rewards\.weights\[1\]=nan is not finite",
+        ),
         (lambda c: setattr(c.rewards, "conditions", ("", "nope")), r"conditioned on 'nope'"),
         (
             lambda c: setattr(c.algo, "num_microbatches", 3),
@@ -146,17 +150,17 @@ def test_cli_rejects_bad_config_with_message(tmp_path):
     assert out.returncode != 0 and "estimater" in out.stderr
 
 
-def test_kl_in_reward_under_gdpo_warns(caplog):
-    # Under GDPO the penalty column is group-normalized like a task reward; the
-    # user is told so, and GRPO (where it is summed before normalizing) is not.
+def test_kl_in_reward_is_valid_for_every_estimator(caplog):
+    # The penalty no longer becomes a GDPO reward column (it is added after the
+    # per-reward normalization), so no estimator is warned about any more.
     c = _cfg()
     c.algo.kl_in_reward = 0.001
-    for est, warns in (("gdpo", True), ("gdpo_no_bn", True), ("grpo", False)):
+    for est in ("gdpo", "gdpo_no_bn", "grpo"):
         c.algo.estimator = est
         caplog.clear()
         with caplog.at_level("WARNING", logger="gdpo_jax.config"):
             validate_config(c, num_devices=8)
-        assert any("kl_in_reward" in r.getMessage() for r in caplog.records) == warns, est
+        assert not any("kl_in_reward" in r.getMessage() for r in caplog.records), est
 
 
 def test_checkpoint_config_from_before_a_new_field():

@@ -38,9 +38,9 @@ def test_each_clip_branch_hand_worked():
     for i, (_, _, expected, branch) in enumerate(CASES):
         m = np.zeros_like(mask)
         m[i] = 1.0
-        s, d, _ = policy_loss(logp, old, adv, m, dual_clip=3.0, aggregation="bnpo")
+        s, d, _ = policy_loss(logp, old, adv, m, dual_clip=3.0, aggregation="dapo")
         assert float(s / d) == pytest.approx(expected, rel=1e-5), branch
-    s, d, metrics = policy_loss(logp, old, adv, mask, dual_clip=3.0, aggregation="bnpo")
+    s, d, metrics = policy_loss(logp, old, adv, mask, dual_clip=3.0, aggregation="dapo")
     assert float(s) == pytest.approx(want.sum(), rel=1e-5) and float(d) == len(CASES)
     frac = {k: float(v[0] / v[1]) for k, v in metrics.items()}
     assert frac["clip_frac_high"] == pytest.approx(1 / 6)  # row 1
@@ -53,7 +53,7 @@ def test_each_clip_branch_hand_worked():
     rho = np.array([c[1] for c in CASES])
     assert frac["approx_kl"] == pytest.approx(np.mean(rho - 1 - np.log(rho)), rel=1e-5)
     # Without dual clip the A<0, rho=4 row is unbounded: loss 4.
-    s, _, metrics = policy_loss(logp[4:5], old[4:5], adv[4:5], mask[4:5], aggregation="bnpo")
+    s, _, metrics = policy_loss(logp[4:5], old[4:5], adv[4:5], mask[4:5], aggregation="dapo")
     assert float(s) == pytest.approx(4.0, rel=1e-5) and "clip_frac_dual" not in metrics
 
 
@@ -118,7 +118,7 @@ def test_kl_and_entropy_terms_in_loss():
         kl_estimator="k3",
         entropy=ent,
         entropy_coef=0.01,
-        aggregation="bnpo",
+        aggregation="dapo",
     )
     want = (-0.5 + 0.1 * k3 - 0.01 * 2.0) + (-0.5 - 0.01 * 1.0)
     assert float(s) == pytest.approx(want, rel=1e-5) and float(d) == 2
@@ -132,18 +132,47 @@ def test_aggregations_hand_worked():
     mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
     expect = {
         "grpo": (2 + 4, 2),  # row means 2 and 4; the empty row is not counted
-        "bnpo": (10, 4),
-        "dapo": (10, 4),
-        "dr_grpo": (10, 3 * 4),
+        "bnpo": (10 / 4, 1),  # this micro-batch's token mean, one micro-batch
+        "dapo": (10, 4),  # token sum, token count (summed over micro-batches)
+        "dr_grpo": (10, 3 * 4),  # token sum, rows * max_len (T = 4)
     }
     for mode, (s_want, d_want) in expect.items():
         s, d = aggregate(per_token, mask, mode)
         assert (float(s), float(d)) == (s_want, d_want), mode
     assert float(aggregate(per_token, mask, "dr_grpo", max_len=8)[1]) == 24
-    assert float(safe_div(*aggregate(per_token, np.zeros_like(mask), "bnpo"))) == 0.0
+    # Row 2 is batch padding: Dr. GRPO's denominator counts the 2 valid rows only.
+    valid = np.array([True, True, False])
+    s, d = aggregate(per_token, mask, "dr_grpo", row_valid=valid)
+    assert (float(s), float(d)) == (10, 2 * 4)
+    assert float(aggregate(per_token, mask, "dr_grpo", max_len=8, row_valid=valid)[1]) == 16
+    # row_valid changes nothing for the modes that count tokens or rows with tokens.
+    for mode in ("grpo", "bnpo", "dapo"):
+        a = aggregate(per_token, mask, mode, row_valid=valid)
+        assert tuple(map(float, a)) == tuple(map(float, aggregate(per_token, mask, mode)))
+    # An empty micro-batch has zero loss and does not count as a bnpo micro-batch.
+    s, d = aggregate(per_token, np.zeros_like(mask), "bnpo")
+    assert (float(s), float(d)) == (0.0, 0.0)
+    assert float(safe_div(*aggregate(per_token, np.zeros_like(mask), "dapo"))) == 0.0
 
 
-@pytest.mark.parametrize("mode", ["grpo", "bnpo", "dapo", "dr_grpo"])
+def test_bnpo_is_per_micro_batch_dapo_is_global():
+    """Two micro-batches, 3 and 1 tokens: bnpo averages their token means
+    (TRL's bnpo under gradient accumulation), dapo divides by all 4 tokens."""
+    x = np.array([[1, 2, 3], [8, 0, 0]], np.float32)
+    m = np.array([[1, 1, 1], [1, 0, 0]], np.float32)
+    pairs = {
+        mode: [aggregate(x[i : i + 1], m[i : i + 1], mode) for i in (0, 1)]
+        for mode in ("bnpo", "dapo")
+    }
+    loss = {k: float(sum(p[0] for p in v) / sum(p[1] for p in v)) for k, v in pairs.items()}
+    assert loss["bnpo"] == pytest.approx((6 / 3 + 8 / 1) / 2)  # 5.0
+    assert loss["dapo"] == pytest.approx((6 + 8) / 4)  # 3.5
+    # One micro-batch: both are the token mean.
+    for mode in ("bnpo", "dapo"):
+        assert float(safe_div(*aggregate(x, m, mode))) == pytest.approx(14 / 4)
+
+
+@pytest.mark.parametrize("mode", ["grpo", "dapo", "dr_grpo"])  # bnpo: per micro-batch
 def test_sum_denom_exact_over_micro_batches(mode):
     rng = np.random.default_rng(0)
     b, t = 8, 6

@@ -22,6 +22,8 @@ SC = StepConfig(
     num_microbatches=2,
     temperature=0.8,
     entropy_coef=0.01,
+    kl_in_reward=0.01,  # GDPO's penalty path (added before the batch whitening)
+    aggregation="dr_grpo",  # valid-row denominator (row_valid) under sharding
 )
 
 
@@ -48,7 +50,9 @@ def _run(mesh, batches):
 
 @pytest.fixture(scope="module")
 def batches():
-    return [make_batch(10, with_ref=True), make_batch(11, with_ref=True)]
+    out = [make_batch(10, with_ref=True), make_batch(11, with_ref=True)]
+    out[1]["valid"][-3:] = False  # padding rows: left out of advantages and dr_grpo's count
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -61,12 +61,18 @@ def make_batch(seed: int = 0, *, with_ref: bool = False) -> dict[str, np.ndarray
 
 # ------------------------------------------------------------------ references
 def np_advantages(
-    rewards: np.ndarray, gids: np.ndarray, estimator: str, weights: np.ndarray
+    rewards: np.ndarray,
+    gids: np.ndarray,
+    estimator: str,
+    weights: np.ndarray,
+    penalty: np.ndarray | float = 0.0,
 ) -> np.ndarray:
+    """penalty: per-row KL-in-reward term; GRPO sums it into the reward, GDPO adds
+    it to the sum of normalized rewards before the batch whitening."""
     n, k = rewards.shape
     adv = np.zeros(n)
     if estimator == "grpo":
-        s = (rewards * weights).sum(1)
+        s = (rewards * weights).sum(1) + penalty
         for g in np.unique(gids):
             idx = np.where(gids == g)[0]
             adv[idx] = (s[idx] - s[idx].mean()) / (s[idx].std(ddof=1) + EPS)
@@ -77,6 +83,7 @@ def np_advantages(
             idx = np.where(gids == g)[0]
             x = rewards[idx, j].astype(np.float64)
             total[idx] += weights[j] * (x - x.mean()) / (x.std(ddof=1) + EPS)
+    total = total + penalty
     return (total - total.mean()) / (total.std(ddof=1) + EPS)
 
 
@@ -99,9 +106,13 @@ def reference_loss(params, graphdef, batch, adv, sc: StepConfig):
         d = batch["ref_logp"] - logp
         per_tok = per_tok + sc.beta * (jnp.exp(d) - d - 1)  # k3
     per_tok = per_tok - sc.entropy_coef * ent
+    if "valid" in batch:
+        m = m * batch["valid"][:, None]
     if sc.aggregation == "grpo":
         return jnp.mean(jnp.sum(per_tok * m, 1) / jnp.sum(m, 1))
-    return jnp.sum(per_tok * m) / jnp.sum(m)  # bnpo
+    if sc.aggregation == "dr_grpo":  # Dr. GRPO: valid rows x max_len
+        return jnp.sum(per_tok * m) / (jnp.sum(batch["valid"]) * sc.max_len)
+    return jnp.sum(per_tok * m) / jnp.sum(m)  # dapo; bnpo of one micro-batch
 
 
 def _sgd_step(sc: StepConfig, model, mesh=None):
@@ -123,6 +134,7 @@ def _sgd_step(sc: StepConfig, model, mesh=None):
     [
         ("gdpo", "grpo", 0.05, 0.01, None, 0.0),
         ("grpo", "bnpo", 0.0, 0.0, 3.0, 0.1),
+        ("gdpo", "dapo", 0.0, 0.0, None, 0.05),
     ],
 )
 def test_step_equals_unfused_reference(
@@ -146,13 +158,14 @@ def test_step_equals_unfused_reference(
     graphdef, state, step = _sgd_step(sc, model)
     params0 = jax.tree.map(np.asarray, state.params)
     batch = make_batch(1, with_ref=sc.needs_ref)
-    rewards, weights = batch["rewards"], np.array([1.0, 0.5])
+    penalty = 0.0
     if kl_in_reward:
-        # KL in the reward: one more reward column, -coef * sum_t (old - ref), weight 1.
+        # KL in the reward: -coef * sum_t (old - ref) per row.
         seq_kl = ((batch["old_logp"] - batch["ref_logp"]) * batch["completion_mask"]).sum(1)
-        rewards = np.concatenate([rewards, -kl_in_reward * seq_kl[:, None]], 1)
-        weights = np.array([1.0, 0.5, 1.0])
-    adv = np_advantages(rewards, batch["group_ids"], estimator, weights)
+        penalty = -kl_in_reward * seq_kl.astype(np.float64)
+    adv = np_advantages(
+        batch["rewards"], batch["group_ids"], estimator, np.array([1.0, 0.5]), penalty
+    )
     ref_l, ref_g = jax.value_and_grad(reference_loss)(
         jax.tree.map(jnp.asarray, params0),
         graphdef,
@@ -226,3 +239,49 @@ def test_minibatches_are_sequential_updates():
     # The second update sees a moved policy: ratios leave 1 (they start at
     # exp(logp - old_logp) of the data, so compare to the first update instead).
     assert int(got.step) == 1
+
+
+@pytest.mark.parametrize("aggregation,micro", [("bnpo", 2), ("dr_grpo", 2)])
+def test_bnpo_per_micro_batch_and_dr_grpo_without_padding_rows(aggregation, micro):
+    """bnpo = mean over micro-batches of each one's token mean (TRL); dr_grpo's
+    denominator counts valid rows only. The last group is batch padding."""
+    batch = make_batch(4)
+    batch["valid"][-G:] = False
+    sc = StepConfig(
+        num_groups=NUM_GROUPS, aggregation=aggregation, num_microbatches=micro, max_len=C + 2
+    )
+    graphdef, state, step = _sgd_step(sc, create_model(CFG, seed=0))
+    params0 = jax.tree.map(jnp.asarray, jax.tree.map(np.asarray, state.params))
+    keep = batch["valid"]
+    adv = np.zeros(N)
+    adv[keep] = np_advantages(batch["rewards"][keep], batch["group_ids"][keep], "gdpo", np.ones(K))
+    jb = jax.tree.map(jnp.asarray, batch)
+    ja = jnp.asarray(adv, jnp.float32)
+
+    def ref(params):
+        if aggregation == "dr_grpo":
+            return reference_loss(params, graphdef, jb, ja, sc)
+        # micro-batch j takes rows j::micro (the step's layout)
+        parts = [
+            reference_loss(
+                params, graphdef, {k: v[j::micro] for k, v in jb.items()}, ja[j::micro], sc
+            )
+            for j in range(micro)
+        ]
+        return sum(parts) / micro
+
+    ref_l, ref_g = jax.value_and_grad(ref)(params0)
+    new_state, metrics = step(state, distributed.to_global(batch, None))
+    np.testing.assert_allclose(float(metrics["loss"]), float(ref_l), rtol=1e-5, atol=1e-6)
+    got_g = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), params0, new_state.params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, np.asarray(b), rtol=2e-4, atol=2e-6),
+        got_g,
+        ref_g,
+    )
+    # Not the same as the token mean over the whole batch (dapo) / all rows.
+    if aggregation == "bnpo":
+        whole = reference_loss(params0, graphdef, jb, ja, sc)
+    else:
+        whole = reference_loss(params0, graphdef, jb, ja, sc) * jnp.sum(jb["valid"]) / N
+    assert abs(float(whole) - float(ref_l)) > 1e-4 * abs(float(ref_l))

@@ -12,7 +12,12 @@ from gdpo_jax.core.advantages import (
     group_distinct_advantages,
     per_reward_group_spread,
 )
-from gdpo_jax.core.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
+from gdpo_jax.core.logprobs import (
+    chunked_token_logprobs,
+    token_entropy,
+    token_logprobs,
+    unembed_logits,
+)
 from gdpo_jax.core.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -38,4 +43,5 @@ __all__ = [
     "safe_div",
     "token_entropy",
     "token_logprobs",
+    "unembed_logits",
 ]

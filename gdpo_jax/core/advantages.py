@@ -9,9 +9,19 @@ Semantics follow the official GDPO TRL patch with TRL-main's NaN handling:
 
 * std is the unbiased sample std (ddof=1) and ``eps`` is added to it at both
   normalizations (group and batch);
-* a NaN reward is left out of that reward's group statistics and contributes
-  0 to the row's GDPO sum; for GRPO variants NaN counts as 0 in the weighted
-  sum (``nansum``);
+* a non-finite reward (NaN, +inf or -inf) is unscorable: it is left out of
+  that reward's group statistics and contributes 0 to the row's GDPO sum; for
+  GRPO variants it counts as 0 in the weighted sum (``nansum``). An infinite
+  reward is a broken reward function, not a huge score: taking it at face
+  value would make its whole group (GRPO) or batch (GDPO, via the batch
+  whitening) NaN;
+* non-finite ``weights`` are rejected before any work (a NaN weight would
+  make every advantage NaN);
+* an optional per-row ``penalty`` (the KL-in-reward term ``-coef * KL_seq``)
+  is *not* a reward column: GRPO adds it to the weighted reward sum before
+  the group normalization (verl's KL-in-reward), GDPO adds it to the weighted
+  sum of normalized rewards before the batch whitening, so its coefficient
+  sets its strength (see ``compute_advantages``);
 * a group (or per-reward group) with fewer than 2 scorable rows contributes 0;
   a group whose values are all equal contributes exactly 0 (means are taken
   relative to a value of the group, so no rounding residue is amplified by
@@ -31,6 +41,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gdpo_jax.core import segment as seg
 
@@ -88,6 +99,32 @@ def _check_valid(valid: Any, n: int, name: str = "valid") -> jax.Array:
     if valid.shape != (n,):
         raise ValueError(f"{name} must have shape [N]=[{n}]; got {tuple(valid.shape)}.")
     return valid.astype(bool)
+
+
+def _as_float_array(x: Any, name: str, fix: str) -> jax.Array:
+    """``x`` as an f32 array, or a one-line error naming ``name`` (e.g. None inside)."""
+    if isinstance(x, jax.Array):
+        return x.astype(jnp.float32)
+    try:
+        arr = np.asarray(x, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"compute_advantages: {name} must be a numeric array ({e}); {fix}."
+        ) from None
+    return jnp.asarray(arr)
+
+
+def _check_finite(x: jax.Array, name: str, fix: str) -> None:
+    """Raises naming the first non-finite entry of a concrete ``x`` (no-op when traced)."""
+    if isinstance(x, jax.core.Tracer):
+        return
+    bad = np.flatnonzero(~np.isfinite(np.asarray(x)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"compute_advantages: {name} has a non-finite value at index {i} "
+            f"({float(np.asarray(x).reshape(-1)[i])}); {fix}."
+        )
 
 
 def _row_mask(group_ids: jax.Array, valid: jax.Array, num_groups: int) -> jax.Array:
@@ -169,23 +206,25 @@ def compute_advantages(
     eps: float = 1e-4,
     batch_norm: str = "sample",
     token_counts: jax.Array | None = None,
+    penalty: jax.Array | None = None,
 ) -> jax.Array:
     """Per-rollout advantages from K rewards per rollout.
 
     Args:
-      rewards: f32[N, K], one column per reward function; NaN = unscorable.
+      rewards: f32[N, K], one column per reward function; NaN, +/-inf (or None
+        in a nested list, read as NaN like the reward runner does) = unscorable.
       group_ids: i32[N] group (prompt) of each row, in [0, num_groups); ragged
         and non-contiguous groups are fine; ids outside the range (e.g. -1 for
         padding) mark the row invalid.
       num_groups: static number of groups (segment table size).
-      estimator: one of ESTIMATORS:
-        "grpo"        s = sum_k w_k r_k; A = (s - mean_g) / (std_g + eps)
+      estimator: one of ESTIMATORS (p = ``penalty``, 0 when None):
+        "grpo"        s = sum_k w_k r_k + p; A = (s - mean_g) / (std_g + eps)
         "grpo_no_std" A = s - mean_g
-        "gdpo"        A_k = (r_k - mean_gk) / (std_gk + eps); S = sum_k w_k A_k;
+        "gdpo"        A_k = (r_k - mean_gk) / (std_gk + eps); S = sum_k w_k A_k + p;
                       A = whiten(S) over the batch
         "gdpo_no_bn"  A = S
-      weights: f32[K] reward weights (default ones); applied before group
-        normalization for GRPO, after it for GDPO.
+      weights: f32[K] finite reward weights (default ones); applied before
+        group normalization for GRPO, after it for GDPO.
       valid: bool[N] rows that exist (default all); others get 0 and are left
         out of every statistic.
       eps: static float added to the std at group and batch normalization;
@@ -193,6 +232,20 @@ def compute_advantages(
       batch_norm: GDPO batch whitening, "sample" (TRL: per-row mean and ddof=1
         std, + eps) or "token" (verl: token-weighted, rsqrt(var + 1e-8)).
       token_counts: i32[N] valid response tokens per row, for "token".
+      penalty: f32[N] per-row term of fixed strength, e.g. KL in the reward,
+        ``-coef * sum_t (logp_old - logp_ref)``; NaN/inf count as 0.
+        GRPO adds it to the weighted reward sum before the group
+        normalization (verl's KL-in-reward, today's GRPO recipe). GDPO does
+        not normalize it as a reward (that would make it a third objective as
+        strong as each task reward whatever its coefficient): it is added to
+        S, the weighted sum of the per-reward normalized advantages, before
+        the batch whitening. Each normalized reward has within-group std ~1,
+        so ``coef`` weighs one nat of sequence KL against one std of a task
+        reward, and the whitening keeps the final advantages at unit scale
+        (clip range and learning rate mean the same with or without the
+        penalty; adding it after the whitening would instead shift the mean
+        advantage by -coef * mean KL). ms-swift forces KL-in-reward off under
+        GDPO and verl adds it to the token rewards before any estimator.
     Returns:
       f32[N] advantages, laid out like the rows of ``rewards``.
     """
@@ -200,7 +253,9 @@ def compute_advantages(
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}.")
     if batch_norm not in BATCH_NORMS:
         raise ValueError(f"unknown batch_norm {batch_norm!r}; choose one of {BATCH_NORMS}.")
-    rewards = jnp.asarray(rewards)
+    rewards = _as_float_array(
+        rewards, "rewards", "pass f32[N, K] with NaN for an unscorable reward"
+    )
     if rewards.ndim != 2:
         raise ValueError(
             f"rewards must be rank 2, [N, K] (rows x reward functions); got shape "
@@ -214,12 +269,13 @@ def compute_advantages(
     valid = _check_valid(valid, n)
     if weights is None:
         weights = jnp.ones((k,), jnp.float32)
-    weights = jnp.asarray(weights, jnp.float32)
+    weights = _as_float_array(weights, "weights", "pass one finite float weight per reward")
     if weights.shape != (k,):
         raise ValueError(
             f"weights must have one entry per reward column, shape [K]=[{k}]; got "
             f"shape {tuple(weights.shape)}."
         )
+    _check_finite(weights, "weights", "pass finite reward weights")
     if float(eps) < 0:
         raise ValueError(f"eps must be >= 0; got {eps}.")
     if batch_norm == "token":
@@ -233,16 +289,29 @@ def compute_advantages(
             raise ValueError(
                 f"token_counts must have shape [N]=[{n}]; got {tuple(token_counts.shape)}."
             )
+    if penalty is not None:
+        penalty = _as_float_array(penalty, "penalty", "pass f32[N], one value per row")
+        if penalty.shape != (n,):
+            raise ValueError(
+                f"penalty must have shape [N]=[{n}] (one value per row of rewards); got "
+                f"{tuple(penalty.shape)}."
+            )
 
-    rewards = rewards.astype(jnp.float32)
     rows = seg.explicit_rows(rewards)
     group_ids = seg.match_rows(group_ids, rows)
     valid = seg.match_rows(valid, rows)
     row_ok = _row_mask(group_ids, valid, num_groups)
     ids = jnp.where(row_ok, group_ids, 0)
+    # inf is unscorable like NaN: one inf would make its group's (or, through
+    # the batch whitening, the whole batch's) statistics NaN.
+    scorable = jnp.isfinite(rewards)
+    pen = 0.0
+    if penalty is not None:
+        penalty = seg.match_rows(penalty, rows)
+        pen = jnp.where(row_ok & jnp.isfinite(penalty), penalty, 0.0)
 
     if estimator in ("grpo", "grpo_no_std"):
-        s = jnp.sum(jnp.where(jnp.isnan(rewards), 0.0, rewards) * weights, axis=1)
+        s = jnp.sum(jnp.where(scorable, rewards, 0.0) * weights, axis=1) + pen
         adv = _group_normalize(
             s[:, None],
             row_ok[:, None],
@@ -254,11 +323,10 @@ def compute_advantages(
         )[:, 0]
         return adv
 
-    scorable = row_ok[:, None] & ~jnp.isnan(rewards)
     per_reward = _group_normalize(
-        rewards, scorable, ids, num_groups, eps=eps, scale=True, rows=rows
+        rewards, row_ok[:, None] & scorable, ids, num_groups, eps=eps, scale=True, rows=rows
     )
-    s = jnp.sum(per_reward * weights, axis=1)
+    s = jnp.sum(per_reward * weights, axis=1) + pen
     if estimator == "gdpo_no_bn":
         return jnp.where(row_ok, s, 0.0)
     if token_counts is not None:
@@ -342,7 +410,7 @@ def per_reward_group_spread(
     in one reward, so dynamic sampling must look at each reward separately.
 
     Args:
-      rewards: f32[N, K] (NaN = unscorable, ignored).
+      rewards: f32[N, K] (NaN or +/-inf = unscorable, ignored).
       group_ids: i32[N]; ids outside [0, num_groups) count as invalid.
       num_groups: static.
       valid: bool[N] (default all).
@@ -360,7 +428,7 @@ def per_reward_group_spread(
     group_ids, valid = seg.match_rows(group_ids, rows), seg.match_rows(valid, rows)
     row_ok = _row_mask(group_ids, valid, num_groups)
     ids = jnp.where(row_ok, group_ids, 0)
-    scorable = row_ok[:, None] & ~jnp.isnan(rewards)
+    scorable = row_ok[:, None] & jnp.isfinite(rewards)  # as compute_advantages
     hi = seg.segment_max(jnp.where(scorable, rewards, -jnp.inf), ids, num_groups, rows)
     lo = seg.segment_min(jnp.where(scorable, rewards, jnp.inf), ids, num_groups, rows)
     return hi > lo

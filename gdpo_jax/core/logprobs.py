@@ -15,7 +15,22 @@ import math
 import jax
 import jax.numpy as jnp
 
-__all__ = ["chunked_token_logprobs", "token_entropy", "token_logprobs"]
+__all__ = ["chunked_token_logprobs", "token_entropy", "token_logprobs", "unembed_logits"]
+
+
+def unembed_logits(hidden: jax.Array, unembed: jax.Array) -> jax.Array:
+    """Logits of final hidden states: f[..., D] x f[D, V] -> f32[..., V].
+
+    The one definition of the output projection, used by the model's own
+    logits, the sampler and the trainer's log-probs: the unembedding is cast
+    to the hidden states' (compute) dtype and products accumulate in f32. With
+    f32 params and bf16 compute, upcasting both operands in one place but not
+    the other gave sampler and trainer log-probs ~1e-2 apart, so the first
+    update's ratio was not 1 under ``old_logprobs="sampler"``.
+    """
+    return jnp.einsum(
+        "...d,dv->...v", hidden, unembed.astype(hidden.dtype), preferred_element_type=jnp.float32
+    )
 
 
 def _check_temperature(temperature: float) -> None:
@@ -89,8 +104,9 @@ def chunked_token_logprobs(
     backward (the chunk body is rematerialized under ``jax.checkpoint``).
 
     Args:
-      hidden: f[B, T, D] final-normed hidden states.
-      unembed: f[D, V] output projection (``model.unembed_matrix()``).
+      hidden: f[B, T, D] final-normed hidden states, in the compute dtype.
+      unembed: f[D, V] output projection (``model.unembed_matrix()``); cast to
+        hidden's dtype, see ``unembed_logits``.
       targets: i32[B, T].
       chunk_size: static positions per chunk (T is padded up to a multiple).
       temperature: > 0.
@@ -120,7 +136,7 @@ def chunked_token_logprobs(
 
     def body(carry, xs):
         h, tgt = xs
-        logits = jnp.einsum("bcd,dv->bcv", h, unembed, preferred_element_type=jnp.float32)
+        logits = unembed_logits(h, unembed)
         return carry, _logp_and_entropy(logits, tgt, temperature, want_entropy=True)
 
     # Without remat, scan would save every chunk's logits for the backward

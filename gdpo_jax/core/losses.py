@@ -67,19 +67,40 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> j
 
 
 def aggregate(
-    per_token: jax.Array, mask: jax.Array, mode: str, *, max_len: int | None = None
+    per_token: jax.Array,
+    mask: jax.Array,
+    mode: str,
+    *,
+    max_len: int | None = None,
+    row_valid: jax.Array | None = None,
 ) -> Pair:
     """Reduces a per-token quantity to ``(sum, denom)``; ``loss = sum / denom``.
+
+    The step sums the pairs of its micro-batches (and devices), so ``denom``
+    decides what one micro-batch weighs in the mini-batch loss. With
+    m = masked tokens, ``x`` = per_token, rows b, micro-batches u:
+
+    * "grpo": (sum_b mean_t x_bt over row b's tokens, rows with >= 1 token).
+      Mini-batch loss = mean over rows of the row means.
+    * "dapo": (sum_bt x_bt, token count). Summed over micro-batches: token
+      sum over the *global* token count of the mini-batch (DAPO, verl's
+      "token-mean").
+    * "bnpo": (sum_bt x_bt / token count, 1), (0, 0) for a micro-batch with no
+      token. Mini-batch loss = mean over (non-empty) micro-batches of each
+      micro-batch's token mean, as TRL's "bnpo" (normalized per micro-batch,
+      then averaged by gradient accumulation). Equal to "dapo" with one
+      micro-batch or equal token counts.
+    * "dr_grpo": (sum_bt x_bt, valid rows * max_len) (Dr. GRPO's constant
+      normalizer). Invalid rows (batch padding) are not counted.
 
     Args:
       per_token: f32[B, T].
       mask: f32[B, T] (or bool) 1 on response tokens that count.
-      mode: "grpo": mean over each row's tokens, then mean over rows with >= 1
-        token (sum = sum of row means, denom = such rows). "bnpo" / "dapo":
-        token sum over token count (DAPO's global count is the sum of the
-        denominators over micro-batches/hosts). "dr_grpo": token sum over
-        B * max_len.
+      mode: one of AGGREGATIONS, see above.
       max_len: "dr_grpo" constant length (default T, the padded length).
+      row_valid: bool[B] rows that exist (default all); "dr_grpo" counts only
+        these in its denominator (the other modes count tokens / rows with
+        tokens, so padding rows, whose mask is 0, drop out by themselves).
     Returns:
       (sum f32[], denom f32[]).
     """
@@ -92,6 +113,11 @@ def aggregate(
             f"per_token and mask must both be [B, T]; got "
             f"{tuple(per_token.shape)} and {tuple(mask.shape)}."
         )
+    b, t = per_token.shape
+    if row_valid is not None:
+        row_valid = jnp.asarray(row_valid)
+        if row_valid.shape != (b,):
+            raise ValueError(f"row_valid must have shape [B]=[{b}]; got {tuple(row_valid.shape)}.")
     # where, not multiply: masked-out positions may hold inf/NaN garbage.
     masked = jnp.where(mask > 0, per_token * mask, 0.0)
     if mode == "grpo":
@@ -99,13 +125,16 @@ def aggregate(
         row_mean = jnp.sum(masked, axis=1) / jnp.maximum(row_tokens, 1e-8)
         has = row_tokens > 0
         return (jnp.sum(jnp.where(has, row_mean, 0.0)), jnp.sum(has).astype(jnp.float32))
-    if mode in ("bnpo", "dapo"):
+    if mode == "dapo":
         return jnp.sum(masked), jnp.sum(mask)
-    b, t = per_token.shape
+    if mode == "bnpo":
+        count = jnp.sum(mask)
+        return safe_div(jnp.sum(masked), count), (count > 0).astype(jnp.float32)
     length = t if max_len is None else int(max_len)
     if length < 1:
         raise ValueError(f"max_len must be >= 1; got {max_len}.")
-    return jnp.sum(masked), jnp.asarray(b * length, jnp.float32)
+    rows = b if row_valid is None else jnp.sum(row_valid.astype(jnp.float32))
+    return jnp.sum(masked), jnp.asarray(rows * length, jnp.float32)
 
 
 def _token_mean(x: jax.Array, mask: jax.Array) -> Pair:
@@ -128,6 +157,7 @@ def policy_loss(
     entropy_coef: float = 0.0,
     aggregation: str = "grpo",
     max_len: int | None = None,
+    row_valid: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, dict[str, Pair]]:
     """PPO/GRPO clipped surrogate (+ KL to a reference, - entropy bonus).
 
@@ -146,7 +176,7 @@ def policy_loss(
       ref_logp: f32[B, T] reference log-probs (needed when beta != 0).
       beta: KL coefficient; kl_estimator: see ``kl_penalty``.
       entropy: f32[B, T] policy entropy (needed when entropy_coef != 0).
-      aggregation / max_len: see ``aggregate``.
+      aggregation / max_len / row_valid: see ``aggregate``.
     Returns:
       (loss_sum f32[], denom f32[], metrics): metrics maps name -> (sum, denom)
       pairs: pg_loss (same aggregation as the loss), token means clip_frac_low,
@@ -204,7 +234,7 @@ def policy_loss(
         dual = (adv < 0) & (pg_dual < pg)
         pg = jnp.where(adv < 0, jnp.minimum(pg, pg_dual), pg)
         metrics["clip_frac_dual"] = _token_mean(dual.astype(jnp.float32), mask)
-    metrics["pg_loss"] = aggregate(pg, mask, aggregation, max_len=max_len)
+    metrics["pg_loss"] = aggregate(pg, mask, aggregation, max_len=max_len, row_valid=row_valid)
 
     per_token = pg
     if ref_logp is not None:
@@ -234,5 +264,5 @@ def policy_loss(
     if "kl" in metrics:
         metrics["kl"] = tuple(jax.lax.stop_gradient(v) for v in metrics["kl"])
 
-    loss_sum, denom = aggregate(per_token, mask, aggregation, max_len=max_len)
+    loss_sum, denom = aggregate(per_token, mask, aggregation, max_len=max_len, row_valid=row_valid)
     return loss_sum, denom, metrics

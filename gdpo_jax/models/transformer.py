@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.rope import apply_rope, rope_cos_sin
 
@@ -360,9 +361,7 @@ def _forward(
         out = x
     else:
         unembed = params["lm_head"] if "lm_head" in params else params["embed"].T
-        out = jnp.einsum(
-            "btd,dv->btv", x, unembed.astype(dt), preferred_element_type=jnp.float32
-        ).astype(jnp.float32)
+        out = unembed_logits(x, unembed)  # shared with the sampler and the trainer
     if cache is None:
         return out
     return out, KVCache(k=kc, v=vc, mask=key_mask, index=cache.index + T)

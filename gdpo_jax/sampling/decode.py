@@ -34,6 +34,7 @@ from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
 
 FINISH_LENGTH, FINISH_EOS, FINISH_STOP = 0, 1, 2
@@ -139,8 +140,8 @@ def make_generate_fn(
         return fn(x, idx)
 
     def unembed(h: jax.Array, w: jax.Array) -> jax.Array:
-        # Same numerics as the model's own logits: compute dtype in, f32 out.
-        fn = lambda h, w: jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32)  # noqa: E731
+        # The model's and the trainer's numerics (one function): compute dtype in, f32 out.
+        fn = unembed_logits
         if _explicit(mesh):
             # Explicit axes: let GSPMD pick the matmul layout (w is fsdp/tensor split).
             out = jax.ShapeDtypeStruct((h.shape[0], w.shape[1]), jnp.float32)

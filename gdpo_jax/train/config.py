@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import logging
+import math
 import os
 from typing import Any
 
@@ -106,7 +106,9 @@ def base_config() -> mlc.ConfigDict:
     c.algo.dual_clip = 0.0  # 0 = off; verl's clip_ratio_c (e.g. 3.0)
     c.algo.beta = 0.0  # KL-in-loss coefficient; 0 skips the reference model entirely
     c.algo.kl_estimator = "k3"  # k1 | k3 | mse
-    c.algo.kl_in_reward = 0.0  # KL coefficient in the reward (paper's tool calling: 0.001)
+    # KL coefficient in the reward (paper's tool calling GRPO: 0.001): a per-sequence
+    # penalty -coef * KL added after GDPO's per-reward normalization (not a reward column).
+    c.algo.kl_in_reward = 0.0
     c.algo.entropy_coef = 0.0
     c.algo.aggregation = "grpo"  # grpo | bnpo | dapo | dr_grpo
     c.algo.max_len = 0  # dr_grpo's constant; 0 = sampling.max_new_tokens
@@ -308,17 +310,6 @@ def validate_config(
     for field in ("clip_low", "clip_high", "beta", "kl_in_reward", "entropy_coef", "eps"):
         if a[field] < 0:
             raise ConfigError(f"config.algo.{field}={a[field]} must be >= 0.")
-    if a.kl_in_reward > 0 and a.estimator.startswith("gdpo"):
-        # Not an error (it is well defined), but rarely what is meant: the official
-        # GDPO patch has no KL term, and GRPO's recipe sums the penalty into the reward.
-        logging.getLogger("gdpo_jax.config").warning(
-            "config.algo.kl_in_reward=%g with estimator=%r: the KL penalty is added as one more "
-            "reward column, which GDPO group-normalizes into an objective as strong as each "
-            "task reward. For a KL term of fixed strength use --config.algo.beta (KL in the "
-            "loss) and --config.algo.kl_in_reward=0.",
-            a.kl_in_reward,
-            a.estimator,
-        )
     if a.dual_clip and a.dual_clip <= 1.0:
         raise ConfigError(f"config.algo.dual_clip={a.dual_clip} must be > 1 (or 0 = off).")
     for field in ("num_minibatches", "num_epochs", "num_microbatches"):
@@ -365,6 +356,11 @@ def validate_config(
             raise ConfigError(
                 f"config.rewards.{field} has {len(value)} entries but config.rewards.names has "
                 f"{len(names)} ({names}); give one per reward, or () for the default."
+            )
+    for i, w in enumerate(tuple(cfg.rewards.weights)):
+        if not math.isfinite(float(w)):
+            raise ConfigError(
+                f"config.rewards.weights[{i}]={w} is not finite; pass finite reward weights."
             )
     for n, cond in zip(names, tuple(cfg.rewards.conditions)):
         if cond and cond not in names:

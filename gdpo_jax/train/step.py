@@ -34,7 +34,12 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
-from gdpo_jax.core.logprobs import chunked_token_logprobs, token_entropy, token_logprobs
+from gdpo_jax.core.logprobs import (
+    chunked_token_logprobs,
+    token_entropy,
+    token_logprobs,
+    unembed_logits,
+)
 from gdpo_jax.core.losses import policy_loss
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.state import TrainState
@@ -133,7 +138,9 @@ def completion_logprobs(
         return chunked_token_logprobs(
             hidden, unembed, targets, chunk_size=chunk_size, temperature=temperature
         )
-    logits = jnp.einsum("btd,dv->btv", hidden.astype(jnp.float32), unembed.astype(jnp.float32))
+    # Same numerics as the sampler's logits (unembed_logits), so sampler and
+    # trainer log-probs agree in bf16 too.
+    logits = unembed_logits(hidden, unembed)
     return (
         token_logprobs(logits, targets, temperature=temperature),
         token_entropy(logits, temperature=temperature),
@@ -193,13 +200,12 @@ def train_step(
     mask = batch["completion_mask"].astype(jnp.float32) * batch["valid"][:, None]
     rewards = batch["rewards"].astype(jnp.float32)
     weights = None if cfg.weights is None else jnp.asarray(cfg.weights, jnp.float32)
+    penalty = None
     if cfg.kl_in_reward > 0:
-        # The KL penalty enters as one more reward, -coef * sum_t (logp_old - logp_ref),
-        # with weight 1 (GRPO: summed before normalizing, as verl's kl-in-reward).
-        pen = -cfg.kl_in_reward * sequence_kl(batch["old_logp"], batch["ref_logp"], mask)
-        rewards = jnp.concatenate([rewards, pen[:, None]], axis=1)
-        if weights is not None:
-            weights = jnp.concatenate([weights, jnp.ones((1,), jnp.float32)])
+        # -coef * sum_t (logp_old - logp_ref): a per-row penalty, not a reward column
+        # (GDPO would normalize a column into an objective of its own); see
+        # compute_advantages for where each estimator adds it.
+        penalty = -cfg.kl_in_reward * sequence_kl(batch["old_logp"], batch["ref_logp"], mask)
     adv = compute_advantages(
         rewards,
         batch["group_ids"],
@@ -210,13 +216,14 @@ def train_step(
         eps=cfg.eps,
         batch_norm=cfg.batch_norm,
         token_counts=jnp.sum(mask, axis=-1).astype(jnp.int32),
+        penalty=penalty,
     )
 
     data = {
         k: batch[k]
         for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp")
     }
-    data["loss_mask"], data["adv"] = mask, adv
+    data["loss_mask"], data["adv"], data["valid"] = mask, adv, batch["valid"]
     use_ref = cfg.beta > 0
     if use_ref:
         data["ref_logp"] = batch["ref_logp"]
@@ -246,6 +253,7 @@ def train_step(
             entropy_coef=cfg.entropy_coef,
             aggregation=cfg.aggregation,
             max_len=cfg.max_len,
+            row_valid=mb["valid"],
         )
         return loss_sum, (denom, metrics)
 
@@ -278,7 +286,7 @@ def train_step(
         }
         g0 = jax.tree.map(jnp.zeros_like, params)
         zero = jnp.zeros((), jnp.float32)
-        (g, l, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
+        (g, loss_tot, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
         # Denominators depend only on masks, so dividing the summed gradient
         # by the summed denominator is the exact mini-batch gradient.
         scale = 1.0 / jnp.maximum(d, 1e-12)
@@ -286,7 +294,7 @@ def train_step(
         grad_norm = optax.global_norm(grads)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params, opt_state), (m, l * scale, grad_norm)
+        return (params, opt_state), (m, loss_tot * scale, grad_norm)
 
     def epoch(carry, _):
         return jax.lax.scan(update, carry, blocks)
