@@ -155,9 +155,7 @@ def _signal_reference(rewards: np.ndarray, decoupled: bool, weights=None) -> boo
     """The former NumPy-only definition (float64), kept as an independent reference."""
     rewards = np.asarray(rewards, np.float64)
     if decoupled:
-        return any(
-            c[~np.isnan(c)].size >= 2 and np.ptp(c[~np.isnan(c)]) > 0 for c in rewards.T
-        )
+        return any(c[~np.isnan(c)].size >= 2 and np.ptp(c[~np.isnan(c)]) > 0 for c in rewards.T)
     w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights, np.float64)
     return bool(np.ptp(np.nan_to_num(rewards, nan=0.0) @ w) > 0)
 

@@ -32,6 +32,7 @@ __all__ = [
     "shard_model",
 ]
 
+
 def _var_spec(var: nnx.Variable, mesh: Any) -> P:
     axes = var.get_metadata().get("out_sharding") or ()
     return sanitize_spec(axes, var.get_value().shape, mesh)

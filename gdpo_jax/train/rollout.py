@@ -66,7 +66,9 @@ def group_has_signal(
     advantage (see `groups_with_signal`)."""
     rewards = np.asarray(rewards)
     return bool(
-        groups_with_signal(rewards, group_size=rewards.shape[0], decoupled=decoupled, weights=weights)[0]
+        groups_with_signal(
+            rewards, group_size=rewards.shape[0], decoupled=decoupled, weights=weights
+        )[0]
     )
 
 
