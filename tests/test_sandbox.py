@@ -126,10 +126,11 @@ def test_writes_outside_its_dir_do_not_land(tmp_path):
         os.path.join(os.path.dirname(sb._base_dir()), f"gdpo_escape_{tag}"),
     ]
     src = (
-        "import os\nfor p in %r + ['../gdpo_escape_%s']:\n    try:\n"
-        "        open(p, 'w').write('x')\n        print('escaped', p)\n    except OSError:\n        pass\n"
+        f"import os\nfor p in {targets!r} + ['../gdpo_escape_{tag}']:\n    try:\n"
+        "        open(p, 'w').write('x')\n        print('escaped', p)\n"
+        "    except OSError:\n        pass\n"
         "open('inside.txt', 'w').write('fine')\nprint(open('inside.txt').read())\n"
-    ) % (targets, tag)
+    )
     _, c = run1(src)
     for p in targets + [os.path.join(sb._base_dir(), f"gdpo_escape_{tag}")]:
         assert not os.path.exists(p), p
@@ -160,7 +161,10 @@ def test_network_connection_fails():
     srv.settimeout(0.2)
     port = srv.getsockname()[1]
     try:
-        src = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')\n"
+        src = (
+            "import socket\n"
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\nprint('connected')\n"
+        )
         _, c = run1(src)
         assert c.status == "runtime_error" and "connected" not in c.stdout
         with pytest.raises(socket.timeout):
@@ -173,9 +177,10 @@ def test_network_connection_fails():
 def test_killing_its_parent_leaves_the_runner_alive():
     me = os.getpid()
     src = (
-        "import os, signal\nfor pid in (os.getppid(), %d, 1):\n    try:\n        os.kill(pid, 9)\n"
-        "    except OSError:\n        pass\nimport time\ntime.sleep(0.2)\nprint('alive')\n"
-    ) % me
+        f"import os, signal\nfor pid in (os.getppid(), {me}, 1):\n"
+        "    try:\n        os.kill(pid, 9)\n    except OSError:\n        pass\n"
+        "import time\ntime.sleep(0.2)\nprint('alive')\n"
+    )
     _, c = run1(src)
     assert os.getpid() == me  # still here
     # the driver survived its child: the case finished and was reported

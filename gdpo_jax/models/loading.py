@@ -26,6 +26,7 @@ from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.hf_names import LAYER_NAMES, TOP_NAMES
 from gdpo_jax.models.sharding import abstract_model
 from gdpo_jax.models.transformer import Transformer
+from gdpo_jax.sharding import sanitize_spec
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +160,8 @@ def build_model(
             key = repr(idx)  # replicated shards ask for the same slice again
             if key not in memo:
                 if stacked:
-                    ls = range(shape[0])[idx[0]]
-                    parts = [_view(fetch(hf.format(i=l), tr), idx[1:]) for l in ls]
+                    layers = range(shape[0])[idx[0]]
+                    parts = [_view(fetch(hf.format(i=i), tr), idx[1:]) for i in layers]
                     memo[key] = np.stack(parts).astype(dtype)
                 else:
                     memo[key] = _view(fetch(hf, tr), idx).astype(dtype)

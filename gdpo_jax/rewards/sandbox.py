@@ -6,11 +6,11 @@ child of it under rlimits (CPU, address space, processes, file size, open
 files, no core) and a wall-clock deadline. What else holds depends on what the
 machine allows; `isolation()` probes it once per process and records it:
 
-  mode          who         network  pid ns  private /tmp  other uid  fork bomb bound by
-  "namespaces"  root        none     yes     yes           yes        per-run uid + RLIMIT_NPROC
-  "userns"      any user    none     yes     yes           no         RLIMIT_NPROC (ns-local count)
-  "setuid"      root        host     no      no            yes        per-run uid + RLIMIT_NPROC
-  "rlimits"     any user    host     no      no            no         RLIMIT_NPROC over all the user's tasks
+  mode          who       network  pid ns  private /tmp  other uid  fork bomb bound by
+  "namespaces"  root      none     yes     yes           yes        per-run uid + RLIMIT_NPROC
+  "userns"      any user  none     yes     yes           no         RLIMIT_NPROC (ns-local count)
+  "setuid"      root      host     no      no            yes        per-run uid + RLIMIT_NPROC
+  "rlimits"     any user  host     no      no            no         RLIMIT_NPROC (all the user's)
 
 "namespaces" = `unshare --mount --net --pid --ipc --uts --fork --mount-proc
 --kill-child`; the test process drops to a uid no one else uses (one per

@@ -242,7 +242,7 @@ def make_generate_fn(
         out = init
         for j, end in enumerate(ends):
             if j:  # next phase: a longer cache (one copy), empty slots masked out
-                out["cache"] = jax.tree.map(lambda x: grow(x, plen + end), out["cache"])
+                out["cache"] = jax.tree.map(lambda x, end=end: grow(x, plen + end), out["cache"])
             out = jax.lax.while_loop(
                 lambda c, end=end: (c["t"] < end) & ~jnp.all(c["done"]), body, out
             )

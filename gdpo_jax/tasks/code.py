@@ -128,6 +128,10 @@ class _Memo:
 _MEMO = _Memo()
 
 
+# One shared default (SandboxLimits is frozen, so sharing it is safe).
+_DEFAULT_LIMITS = SandboxLimits()
+
+
 def _limits(kwargs: Mapping) -> tuple[SandboxLimits, str, int | None]:
     names = {f for f in SandboxLimits.__dataclass_fields__}
     lim = SandboxLimits(**{k: v for k, v in kwargs.items() if k in names})
@@ -138,7 +142,7 @@ def run_tests(
     code: str,
     tests: Mapping,
     *,
-    limits: SandboxLimits = SandboxLimits(),
+    limits: SandboxLimits = _DEFAULT_LIMITS,
     isolation: str = "auto",
     max_tests: int | None = None,
 ) -> tuple[float, bool, ProgramResult]:

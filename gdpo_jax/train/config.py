@@ -269,8 +269,8 @@ def validate_config(
     tasks = build.list_tasks()  # also registers the toy task's rewards
     if cfg.task.name not in tasks:
         raise ConfigError(
-            f"config.task.name={cfg.task.name!r} is not a registered task.{_suggest(cfg.task.name, tasks)} "
-            f"Known: {tasks}."
+            f"config.task.name={cfg.task.name!r} is not a registered task."
+            f"{_suggest(cfg.task.name, tasks)} Known: {tasks}."
         )
     if known_rewards is None:
         from gdpo_jax.rewards import list_rewards
@@ -318,10 +318,11 @@ def validate_config(
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
     rpc = int(cfg.sampling.get("rows_per_call", 0))
     if rpc < 0 or (rpc and (rpc % a.group_size or a.num_prompts % (rpc // a.group_size))):
+        example = a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))
         raise ConfigError(
             f"config.sampling.rows_per_call={rpc} must be 0 (one call) or a multiple of "
             f"algo.group_size={a.group_size} whose prompt count divides algo.num_prompts="
-            f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))}."
+            f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={example}."
         )
     if cfg.sampling.temperature <= 0:
         raise ConfigError(

@@ -1,7 +1,7 @@
 r"""Supervised warm start: cross-entropy on completion tokens, same model / mesh / ckpt code as RL.
 
     from gdpo_jax.train.sft import run_sft
-    result = run_sft(cfg)            # cfg from configs/sft_toolcall.py; result["hf_dir"] -> RL model.name
+    result = run_sft(cfg)  # cfg: configs/sft_toolcall.py; result["hf_dir"] -> RL model.name
 
 The batch has the RL step's layout (left-padded prompt [B, P] + right-padded
 completion [B, C]) and the loss reuses its `completion_logprobs`: only the C

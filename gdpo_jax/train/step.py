@@ -278,7 +278,7 @@ def train_step(
         }
         g0 = jax.tree.map(jnp.zeros_like, params)
         zero = jnp.zeros((), jnp.float32)
-        (g, l, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
+        (g, loss_sum, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
         # Denominators depend only on masks, so dividing the summed gradient
         # by the summed denominator is the exact mini-batch gradient.
         scale = 1.0 / jnp.maximum(d, 1e-12)
@@ -286,7 +286,7 @@ def train_step(
         grad_norm = optax.global_norm(grads)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params, opt_state), (m, l * scale, grad_norm)
+        return (params, opt_state), (m, loss_sum * scale, grad_norm)
 
     def epoch(carry, _):
         return jax.lax.scan(update, carry, blocks)
