@@ -175,7 +175,7 @@ class Transformer(nnx.Module):
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
         return_hidden: bool = False,
-    ):
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
         """input_ids i32[B,T], attention_mask {0,1}[B,T] (left padding allowed).
 
         Returns logits f32[B,T,V] (or final-normed hidden f[B,T,D] when

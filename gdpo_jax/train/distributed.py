@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
@@ -59,7 +60,8 @@ def initialize(
     return True
 
 
-def initialize_from_config(cfg) -> bool:
+def initialize_from_config(cfg: ml_collections.ConfigDict) -> bool:
+    """`initialize` with the arguments of `cfg.distributed`."""
     d = cfg.distributed
     return initialize(
         d.initialize,
