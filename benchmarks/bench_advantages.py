@@ -97,8 +97,11 @@ def run(quick: bool = False) -> dict:
         got = np.asarray(f(r_dev, ids_dev).block_until_ready())
         compile_s = time.perf_counter() - t0
         want = numpy_advantages(rewards, group_ids, num_groups, est)
-        jax_ms = _median_ms(lambda: f(r_dev, ids_dev).block_until_ready(), repeats)
-        np_ms = _median_ms(lambda: numpy_advantages(rewards, group_ids, num_groups, est), repeats)
+        # Loop variables bound as defaults: each closure times this iteration's f / est.
+        jax_ms = _median_ms(lambda f=f: f(r_dev, ids_dev).block_until_ready(), repeats)
+        np_ms = _median_ms(
+            lambda est=est: numpy_advantages(rewards, group_ids, num_groups, est), repeats
+        )
         rows.append(
             {
                 "estimator": est,

@@ -288,7 +288,7 @@ def run(quick: bool = False) -> dict:
         ours = bench_ours(ckpt, beta, warmup=warmup, iters=iters)
         trl = bench_trl(ckpt, beta, warmup=warmup, iters=iters)
         rows = PROMPTS * GENERATIONS
-        for name, r, fw in (("gdpo_jax", ours, "jax"), ("trl", trl, "torch")):
+        for r, fw in ((ours, "jax"), (trl, "torch")):
             flops = model_flops(rows, int(r["seq"]), beta=beta)
             r["step_mfu"] = flops / r["step_s"] / peak[fw] if r["step_s"] > 0 else float("nan")
             r["step_gflops"] = flops / 1e9

@@ -96,7 +96,9 @@ def run(quick: bool = False) -> dict:
         params = SamplingParams(max_new_tokens=max_new, greedy=mode == "greedy")
         calls = iter(range(10**6))
 
-        def ours() -> None:
+        # This iteration's mode / params / calls are bound as defaults (the closures
+        # are timed within the iteration, but must not depend on that).
+        def ours(mode: str = mode, params: SamplingParams = params, calls=calls) -> None:
             ro = sampler.generate(
                 [list(p) for p in prompts],
                 params,
@@ -106,7 +108,7 @@ def run(quick: bool = False) -> dict:
             assert int(ro.lengths.sum()) == rows * max_new
             greedy_tokens.setdefault(mode, ro.completion_ids)
 
-        def theirs(threads: int) -> None:
+        def theirs(threads: int, mode: str = mode) -> None:
             torch.set_num_threads(threads)
             with torch.no_grad():
                 out = hf.generate(

@@ -237,7 +237,10 @@ def format_value(v: Any) -> str:
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """GitHub markdown table of ``rows`` (dicts); columns default to the keys in first-seen order."""
+    """GitHub markdown table of ``rows`` (dicts).
+
+    Columns default to the keys in first-seen order.
+    """
     if not rows:
         return "_(no rows)_"
     if columns is None:

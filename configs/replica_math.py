@@ -1,4 +1,4 @@
-r"""CPU replica of the paper's math study: correctness + a length budget, length gated on correctness.
+r"""CPU replica of the paper's math study: correctness + a length budget gated on correctness.
 
 Rewards: math_correct {0,1} and length {0,1} (<= 40 tokens), the length
 reward counted only when the answer is correct (paper eq. 8, via

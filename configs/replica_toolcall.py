@@ -1,4 +1,4 @@
-r"""CPU replica of the paper's tool-calling study: RL from the SFT warm start (configs/sft_toolcall.py).
+r"""CPU replica of the paper's tool-calling study: RL from the SFT warm start (sft_toolcall.py).
 
 Rewards as in the paper (ToolRL): toolcall_format {0,1} + toolcall_correctness
 [-3,3], G = 4, clip 0.2, temperature 1.0, constant lr; a 3.6M-parameter policy
@@ -6,7 +6,8 @@ on the synthetic task instead of Qwen2.5 on ToolRL data, and a CPU-sized
 batch (8 prompts x 4). Every estimator gets exactly this config; only
 algo.estimator and seed change (experiments/compare_estimators.py).
 
-    python -m experiments.sft --config=configs/sft_toolcall.py --config.workdir=runs/replica/sft_toolcall
+    python -m experiments.sft --config=configs/sft_toolcall.py \
+        --config.workdir=runs/replica/sft_toolcall
     python -m experiments.train --config=configs/replica_toolcall.py \
         --config.model.name=runs/replica/sft_toolcall/hf --config.algo.estimator=gdpo \
         --config.workdir=runs/replica/toolcall/gdpo_s0

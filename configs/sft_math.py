@@ -1,4 +1,4 @@
-r"""SFT warm start for the math replica: the 3.6M-parameter policy learns synthetic arithmetic, partly.
+r"""SFT warm start for the math replica: a 3.6M-parameter policy partly learns synthetic arithmetic.
 
 Word problems from gdpo_jax.data.synthetic (1-3 steps: add, subtract, packs
 of k), answers in \boxed{}. Half of the targets restate the problem before

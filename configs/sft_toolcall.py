@@ -1,4 +1,4 @@
-r"""SFT warm start for the CPU replica: a ~3.6M-parameter Llama learns synthetic tool calling, partly.
+r"""SFT warm start for the CPU replica: a ~3.6M-parameter Llama learns synthetic tool calls, partly.
 
 A fresh policy (hidden 256, 4 layers, 4 heads / 2 KV heads, the 912-id
 synthetic_bpe vocabulary) is fine-tuned on the synthetic ToolRL-format task
@@ -6,7 +6,8 @@ synthetic_bpe vocabulary) is fine-tuned on the synthetic ToolRL-format task
 so that format and correctness are both clearly above zero and clearly below
 their maxima: the starting point of experiments/compare_estimators.py.
 
-    python -m experiments.sft --config=configs/sft_toolcall.py --config.workdir=runs/replica/sft_toolcall
+    python -m experiments.sft --config=configs/sft_toolcall.py \
+        --config.workdir=runs/replica/sft_toolcall
 
 Writes <workdir>/hf (the policy + tokenizer as a Hugging Face dir, the RL
 config's model.name), <workdir>/sft_result.json (held-out greedy and sampled

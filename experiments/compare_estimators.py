@@ -1,4 +1,4 @@
-r"""GRPO vs GDPO (and their ablations) from one SFT warm start: the CPU replica of the paper's study.
+r"""GRPO vs GDPO (and their ablations) from one SFT warm start: a CPU replica of the paper's study.
 
     python -m experiments.compare_estimators --task=toolcall            # ~1 h on 2 idle cores
     python -m experiments.compare_estimators --task=math

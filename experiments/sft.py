@@ -1,6 +1,7 @@
 r"""SFT warm start entry point (cross-entropy on completion tokens) from a config file.
 
-    python -m experiments.sft --config=configs/sft_toolcall.py --config.workdir=runs/replica/sft_toolcall
+    python -m experiments.sft --config=configs/sft_toolcall.py \
+        --config.workdir=runs/replica/sft_toolcall
     python -m experiments.sft --config=configs/sft_math.py --config.workdir=runs/replica/sft_math
 
 Any field can be overridden with --config.a.b=value (e.g. --config.sft.num_steps=300).

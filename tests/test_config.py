@@ -76,7 +76,8 @@ def test_valid_configs_pass():
         ),
         (
             lambda c: setattr(c.sampling, "rows_per_call", 6),
-            r"sampling\.rows_per_call=6 must be 0 .* multiple of algo\.group_size=4.*rows_per_call=4\b",
+            r"sampling\.rows_per_call=6 must be 0 .* multiple of algo\.group_size=4"
+            r".*rows_per_call=4\b",
         ),
         (
             lambda c: setattr(c.sampling, "rows_per_call", 12),

@@ -154,7 +154,7 @@ def test_return_hidden_and_unembed(models):
     for name in ("llama", "qwen3"):  # untied and tied
         model = models[name]
         ids, mask = _batch()
-        h = jax.jit(lambda m: m(ids, mask, return_hidden=True))(model)
+        h = jax.jit(lambda m, ids=ids, mask=mask: m(ids, mask, return_hidden=True))(model)
         assert h.shape == (4, 8, model.cfg.hidden_size)
         np.testing.assert_allclose(
             np.asarray(h @ model.unembed_matrix()), np.asarray(_fwd(model, ids, mask)), atol=2e-5

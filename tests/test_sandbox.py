@@ -178,8 +178,8 @@ def test_killing_its_parent_leaves_the_runner_alive():
     me = os.getpid()
     src = (
         f"import os, signal\nfor pid in (os.getppid(), {me}, 1):\n"
-        "    try:\n        os.kill(pid, 9)\n"
-        "    except OSError:\n        pass\nimport time\ntime.sleep(0.2)\nprint('alive')\n"
+        "    try:\n        os.kill(pid, 9)\n    except OSError:\n        pass\n"
+        "import time\ntime.sleep(0.2)\nprint('alive')\n"
     )
     _, c = run1(src)
     assert os.getpid() == me  # still here

@@ -224,3 +224,17 @@ def test_sft_config_errors(tmp_path):
     cfg = _config("")
     with pytest.raises(ConfigError, match="workdir"):
         S.SFT(cfg)
+
+
+def test_targets_live_in_the_data_layer_and_stay_importable_from_sft():
+    from gdpo_jax.data import corrupt
+    from gdpo_jax.train.config import ConfigError
+
+    assert S.make_targets is corrupt.make_targets
+    with pytest.raises(ValueError, match=r"config.task.name='code'.*'toolcall', 'math'"):
+        corrupt.make_targets([], "code", seed=0)
+    # The trainer rejects such a task in validation, before building anything.
+    cfg = S.sft_config()
+    cfg.workdir, cfg.task.name = "/tmp/unused", "code"
+    with pytest.raises(ConfigError, match=r"config.task.name='code': SFT targets exist for"):
+        S._validate(cfg)

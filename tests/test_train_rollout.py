@@ -149,3 +149,31 @@ def test_sample_and_score_chunks_the_sampler_calls():
     rec = RecordingSampler()
     out = sample_and_score(records[:5], sampler=rec, prompts_per_call=2, **kw)
     assert [len(c[0]) for c in rec.calls] == [2, 2, 1] and len(out["texts"]) == 5 * G
+
+
+def _signal_reference(rewards: np.ndarray, decoupled: bool, weights=None) -> bool:
+    """The former NumPy-only definition (float64), kept as an independent reference."""
+    rewards = np.asarray(rewards, np.float64)
+    if decoupled:
+        return any(c[~np.isnan(c)].size >= 2 and np.ptp(c[~np.isnan(c)]) > 0 for c in rewards.T)
+    w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights, np.float64)
+    return bool(np.ptp(np.nan_to_num(rewards, nan=0.0) @ w) > 0)
+
+
+def test_groups_with_signal_matches_numpy_reference():
+    from gdpo_jax.train.rollout import groups_with_signal
+
+    rng = np.random.default_rng(0)
+    P, K = 64, 3
+    r = rng.integers(0, 2, size=(P * G, K)).astype(np.float32)
+    r[rng.random(r.shape) < 0.2] = np.nan
+    r[: 2 * G] = 1.0  # constant groups
+    for decoupled in (True, False):
+        for w in (None, [1.0, 2.0, -1.0]):
+            got = groups_with_signal(r, group_size=G, decoupled=decoupled, weights=w)
+            want = [_signal_reference(r[g * G : (g + 1) * G], decoupled, w) for g in range(P)]
+            np.testing.assert_array_equal(got, want)
+            assert [
+                group_has_signal(r[g * G : (g + 1) * G], decoupled=decoupled, weights=w)
+                for g in range(P)
+            ] == want

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from gdpo_jax.sharding import is_explicit
 
 __all__ = [
     "explicit_rows",
@@ -41,15 +43,14 @@ def explicit_rows(x: jax.Array) -> NamedSharding | None:
     Args:
       x: array [N, ...] (a tracer inside jit).
     Returns:
-      ``NamedSharding(mesh, P(row_axes))`` when ``x`` lives on a mesh with at
-      least one Explicit axis; None for no mesh, single device or Auto meshes
-      (where plain scatters are already fine).
+      ``NamedSharding(mesh, P(row_axes))`` when ``x`` lives on a mesh with
+      Explicit axes; None for no mesh, single device or Auto meshes (where
+      plain scatters are already fine). A mesh mixing Explicit and Auto axes
+      raises ValueError (see ``gdpo_jax.sharding.is_explicit``).
     """
     sharding = getattr(jax.typeof(x), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
-    if mesh is None or mesh.empty:
-        return None
-    if not any(t == AxisType.Explicit for t in mesh.axis_types):
+    if not is_explicit(mesh):  # also None / empty; a mixed mesh is an error there
         return None
     spec = sharding.spec
     return NamedSharding(mesh, P(spec[0] if len(spec) else None))

@@ -157,7 +157,8 @@ def _toolcall_one(
         req = " and ".join(p[1] for p in pairs)
         req = req[0].upper() + req[1:] + r.choice([".", "?", " please."])
         body = "\n".join(json.dumps(c, separators=(",", ":")) for c in calls)  # fewer tokens
-        gt = f"<think>use {', '.join(dict.fromkeys(names))}</think>\n<tool_call>\n{body}\n</tool_call>"
+        think = f"<think>use {', '.join(dict.fromkeys(names))}</think>"
+        gt = f"{think}\n<tool_call>\n{body}\n</tool_call>"
     needed = list(dict.fromkeys(c["name"] for c in calls))
     others = [t for t in CATALOGUE if t not in needed]
     tools = needed + r.sample(others, max(0, n_tools - len(needed)))

@@ -117,7 +117,8 @@ class ModelConfig:
             object.__setattr__(self, field, canonical_dtype(getattr(self, field), field))
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}."
+                f"num_heads={self.num_heads} must be a multiple of "
+                f"num_kv_heads={self.num_kv_heads}."
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")

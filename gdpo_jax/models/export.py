@@ -19,8 +19,9 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from gdpo_jax.models.loading import LAYER_NAMES, TOP_NAMES
+from gdpo_jax.models.hf_names import LAYER_NAMES, TOP_NAMES
 from gdpo_jax.models.transformer import Transformer
+from gdpo_jax.multihost import to_host as _to_host
 
 _NP_TO_ST = {
     np.dtype(np.float32): "F32",
@@ -50,14 +51,6 @@ def write_safetensors(
         f.write(raw)
         for a in tensors.values():
             f.write(np.ascontiguousarray(a).tobytes())
-
-
-def _to_host(x: jax.Array) -> np.ndarray:
-    if jax.process_count() > 1 and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
 
 
 def hf_state_dict(model: Transformer, dtype: str | None = None) -> dict[str, np.ndarray]:

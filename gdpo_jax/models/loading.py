@@ -24,33 +24,13 @@ from flax import nnx
 from numpy.typing import DTypeLike
 
 from gdpo_jax.models.config import ModelConfig
-from gdpo_jax.models.sharding import abstract_model, sanitize_spec
+from gdpo_jax.models.hf_names import LAYER_NAMES, TOP_NAMES
+from gdpo_jax.models.sharding import abstract_model
 from gdpo_jax.models.transformer import Transformer
+from gdpo_jax.sharding import sanitize_spec
 
 log = logging.getLogger(__name__)
 
-# our param -> (HF tensor name, stored transposed relative to ours)
-TOP_NAMES: dict[str, tuple[str, bool]] = {
-    "embed": ("model.embed_tokens.weight", False),
-    "final_norm": ("model.norm.weight", False),
-    "lm_head": ("lm_head.weight", True),
-}
-LAYER_NAMES: dict[str, tuple[str, bool]] = {
-    "attn_norm": ("model.layers.{i}.input_layernorm.weight", False),
-    "q_proj": ("model.layers.{i}.self_attn.q_proj.weight", True),
-    "k_proj": ("model.layers.{i}.self_attn.k_proj.weight", True),
-    "v_proj": ("model.layers.{i}.self_attn.v_proj.weight", True),
-    "o_proj": ("model.layers.{i}.self_attn.o_proj.weight", True),
-    "q_bias": ("model.layers.{i}.self_attn.q_proj.bias", False),
-    "k_bias": ("model.layers.{i}.self_attn.k_proj.bias", False),
-    "v_bias": ("model.layers.{i}.self_attn.v_proj.bias", False),
-    "q_norm": ("model.layers.{i}.self_attn.q_norm.weight", False),
-    "k_norm": ("model.layers.{i}.self_attn.k_norm.weight", False),
-    "mlp_norm": ("model.layers.{i}.post_attention_layernorm.weight", False),
-    "gate_proj": ("model.layers.{i}.mlp.gate_proj.weight", True),
-    "up_proj": ("model.layers.{i}.mlp.up_proj.weight", True),
-    "down_proj": ("model.layers.{i}.mlp.down_proj.weight", True),
-}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _ST_DTYPES = {
     "F64": np.float64,
@@ -181,8 +161,8 @@ def build_model(
             key = repr(idx)  # replicated shards ask for the same slice again
             if key not in memo:
                 if stacked:
-                    ls = range(shape[0])[idx[0]]
-                    parts = [_view(fetch(hf.format(i=l), tr), idx[1:]) for l in ls]
+                    layers = range(shape[0])[idx[0]]
+                    parts = [_view(fetch(hf.format(i=i), tr), idx[1:]) for i in layers]
                     memo[key] = np.stack(parts).astype(dtype)
                 else:
                     memo[key] = _view(fetch(hf, tr), idx).astype(dtype)

@@ -11,8 +11,6 @@ the dim (e.g. SmolLM2's 3 kv heads on tensor=2 stay replicated on that dim).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -22,27 +20,17 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.transformer import Transformer
+from gdpo_jax.sharding import AxisEntry, sanitize_spec
 
-AxisEntry = str | tuple[str, ...] | None
-
-
-def sanitize_spec(axes: Sequence[AxisEntry], shape: Sequence[int], mesh: Any) -> P:
-    """PartitionSpec for `shape` from wanted mesh axes per dim, made legal for `mesh`.
-
-    Per dim: keep only axes the mesh has and that no earlier dim used; then drop
-    trailing axes until the product of their sizes divides the dim.
-    """
-    names, sizes = tuple(mesh.axis_names), dict(mesh.shape)
-    used: set[str] = set()
-    out: list[AxisEntry] = []
-    for dim, entry in zip(shape, tuple(axes) + (None,) * (len(shape) - len(axes))):
-        wanted = (entry,) if isinstance(entry, str) else tuple(entry or ())
-        keep = [a for a in wanted if a in names and a not in used]
-        while keep and dim % math.prod(sizes[a] for a in keep):
-            keep.pop()
-        used.update(keep)
-        out.append(None if not keep else keep[0] if len(keep) == 1 else tuple(keep))
-    return P(*out)
+__all__ = [
+    "AxisEntry",
+    "abstract_model",
+    "create_model",
+    "get_param_shardings",
+    "get_param_specs",
+    "sanitize_spec",
+    "shard_model",
+]
 
 
 def _var_spec(var: nnx.Variable, mesh: Any) -> P:

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.rope import apply_rope, rope_cos_sin
+from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
 
 # Mesh axes per param dim. Matmul kernels: input dim over "fsdp" (ZeRO-3 style
 # gather before use), output dim over "tensor" (Megatron column/row split);
@@ -49,7 +50,6 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "up_proj": (None, "fsdp", "tensor"),  # [L, D, F]
     "down_proj": (None, "tensor", "fsdp"),  # [L, F, D]
 }
-BATCH_AXES = ("data", "fsdp")
 _NEG = float(np.finfo(np.float32).min)
 
 
@@ -156,8 +156,6 @@ class Transformer(nnx.Module):
         if mesh is None:
             kv_sh = mask_sh = idx_sh = None
         else:
-            from gdpo_jax.models.sharding import sanitize_spec
-
             kv_spec = sanitize_spec((None, BATCH_AXES, "tensor", None, None), shape, mesh)
             kv_sh = jax.NamedSharding(mesh, kv_spec)
             mask_sh = jax.NamedSharding(mesh, P(kv_spec[1], None))
@@ -178,7 +176,7 @@ class Transformer(nnx.Module):
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
         return_hidden: bool = False,
-    ):
+    ) -> jax.Array | tuple[jax.Array, KVCache]:
         """input_ids i32[B,T], attention_mask {0,1}[B,T] (left padding allowed).
 
         Returns logits f32[B,T,V] (or final-normed hidden f[B,T,D] when
@@ -207,7 +205,7 @@ class Transformer(nnx.Module):
             # No mesh in context, but params may still be typed on an Explicit
             # mesh (e.g. jit(model) outside jax.set_mesh): adopt theirs.
             mesh = jax.typeof(args[0]["embed"]).sharding.mesh
-            if not mesh.empty and _is_explicit(mesh):
+            if not mesh.empty and is_explicit(mesh):
                 with jax.sharding.use_abstract_mesh(mesh):
                     return self(
                         input_ids,
@@ -216,11 +214,9 @@ class Transformer(nnx.Module):
                         cache=cache,
                         return_hidden=return_hidden,
                     )
-        if not mesh.empty and _is_explicit(mesh):
+        if not mesh.empty and is_explicit(mesh):
             # Explicit axes would demand an out_sharding for every ambiguous
             # matmul; run the model with GSPMD propagation instead.
-            from gdpo_jax.models.sharding import sanitize_spec
-
             out_dim = cfg.hidden_size if return_hidden else cfg.vocab_size
             out_spec = sanitize_spec((BATCH_AXES, None, None), (B, T, out_dim), mesh)
             out_sh: Any = out_spec
@@ -229,10 +225,6 @@ class Transformer(nnx.Module):
             fn = jax.sharding.auto_axes(fn, out_sharding=out_sh)
         out = fn(*args)
         return out
-
-
-def _is_explicit(mesh: Any) -> bool:
-    return any(t == jax.sharding.AxisType.Explicit for t in mesh.axis_types)
 
 
 def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:
@@ -254,13 +246,11 @@ def _rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
 
 
 def _constrain(x: jax.Array, axes: tuple) -> jax.Array:
-    """with_sharding_constraint to the legal part of `axes` when a mesh is in context."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
+    """Pins x to the legal part of `axes` when a mesh is in context (else a no-op)."""
+    mesh = context_mesh()
+    if mesh is None:
         return x
-    from gdpo_jax.models.sharding import sanitize_spec
-
-    return jax.lax.with_sharding_constraint(x, sanitize_spec(axes, x.shape, mesh))
+    return constrain(x, mesh, sanitize_spec(axes, x.shape, mesh))
 
 
 def _batch_constraint(x: jax.Array) -> jax.Array:

@@ -31,14 +31,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
+from gdpo_jax.sharding import BATCH_AXES, batch_axes, constrain, is_explicit
+from gdpo_jax.sharding import batch_axis_size as batch_shards
+
+# BATCH_AXES, batch_axes and batch_shards are re-exported for existing imports.
+__all__ = [
+    "BATCH_AXES",
+    "FINISH_EOS",
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "DecodeSpec",
+    "batch_axes",
+    "batch_shards",
+    "make_generate_fn",
+]
 
 FINISH_LENGTH, FINISH_EOS, FINISH_STOP = 0, 1, 2
-BATCH_AXES = ("data", "fsdp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,34 +63,6 @@ class DecodeSpec:
     use_top_p: bool
     greedy: bool
     pad_id: int
-
-
-def batch_axes(mesh: jax.sharding.Mesh | None) -> tuple[str, ...]:
-    """Mesh axes the rollout batch is sharded over (those of ("data","fsdp") present)."""
-    if mesh is None:
-        return ()
-    return tuple(a for a in BATCH_AXES if a in mesh.axis_names)
-
-
-def batch_shards(mesh: jax.sharding.Mesh | None) -> int:
-    """How many ways the batch axis is split (the batch must be a multiple)."""
-    n = 1
-    for a in batch_axes(mesh):
-        n *= mesh.shape[a]
-    return n
-
-
-def _constrain(x: jax.Array, spec: P, mesh: jax.sharding.Mesh | None) -> jax.Array:
-    """Pins x's sharding inside jit (reshard for Explicit axes, a constraint for Auto)."""
-    if mesh is None:
-        return x
-    if all(t == AxisType.Explicit for t in mesh.axis_types):
-        return jax.sharding.reshard(x, spec)
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-
-
-def _explicit(mesh: jax.sharding.Mesh | None) -> bool:
-    return mesh is not None and all(t == AxisType.Explicit for t in mesh.axis_types)
 
 
 def _spec(
@@ -123,7 +107,7 @@ def make_generate_fn(
     m_new = spec.max_new_tokens
 
     def place(x: jax.Array, batch_dim: int = 0, heads_dim: int | None = None) -> jax.Array:
-        return _constrain(x, _spec(x, mesh, batch_dim, heads_dim), mesh)
+        return constrain(x, mesh, _spec(x, mesh, batch_dim, heads_dim))
 
     def place_cache_leaf(x: jax.Array) -> jax.Array:
         # KVCache leaves: k/v [L, B, Hkv, S, Dh] (heads over "tensor", as the
@@ -134,7 +118,7 @@ def make_generate_fn(
 
     def gather_rows(x: jax.Array, idx: jax.Array, dim: int) -> jax.Array:
         fn = lambda x, i: jnp.take(x, i, axis=dim)  # noqa: E731
-        if _explicit(mesh):
+        if is_explicit(mesh):
             out = jax.ShapeDtypeStruct(x.shape[:dim] + idx.shape + x.shape[dim + 1 :], x.dtype)
             fn = jax.sharding.auto_axes(fn, out_sharding=_spec(out, mesh, dim))
         return fn(x, idx)
@@ -142,7 +126,7 @@ def make_generate_fn(
     def unembed(h: jax.Array, w: jax.Array) -> jax.Array:
         # The model's and the trainer's numerics (one function): compute dtype in, f32 out.
         fn = unembed_logits
-        if _explicit(mesh):
+        if is_explicit(mesh):
             # Explicit axes: let GSPMD pick the matmul layout (w is fsdp/tensor split).
             out = jax.ShapeDtypeStruct((h.shape[0], w.shape[1]), jnp.float32)
             fn = jax.sharding.auto_axes(fn, out_sharding=_spec(out, mesh, 0))
@@ -259,7 +243,7 @@ def make_generate_fn(
         out = init
         for j, end in enumerate(ends):
             if j:  # next phase: a longer cache (one copy), empty slots masked out
-                out["cache"] = jax.tree.map(lambda x: grow(x, plen + end), out["cache"])
+                out["cache"] = jax.tree.map(lambda x, end=end: grow(x, plen + end), out["cache"])
             out = jax.lax.while_loop(
                 lambda c, end=end: (c["t"] < end) & ~jnp.all(c["done"]), body, out
             )

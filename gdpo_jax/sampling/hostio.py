@@ -24,15 +24,18 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax.multihost import allgather
 
-def allgather(x: np.ndarray) -> np.ndarray:
-    """[...] on every process -> [process_count, ...] (same shape everywhere)."""
-    x = np.asarray(x)
-    if jax.process_count() == 1:
-        return x[None]
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=False))
+# allgather is re-exported here for existing callers (hostio.allgather).
+__all__ = [
+    "allgather",
+    "local_rows",
+    "replicate_key",
+    "row_block",
+    "scalar",
+    "to_global_rows",
+    "to_global_replicated",
+]
 
 
 def row_block(mesh: jax.sharding.Mesh | None, axes: Sequence[str]) -> tuple[int, int]:

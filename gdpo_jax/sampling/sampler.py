@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from gdpo_jax import sharding as mesh_lib
 from gdpo_jax.sampling import decode, hostio
 from gdpo_jax.sampling.stopping import apply_stop_strings
 
@@ -243,7 +244,7 @@ class Sampler:
             raise ValueError("stop_strings need a tokenizer (Sampler(tokenizer=...)).")
         t0 = time.perf_counter()
         encoded = self.encode_prompts(prompts, chat_template) if len(prompts) else []
-        axes = decode.batch_axes(self.mesh)
+        axes = mesh_lib.batch_axes(self.mesh)
         # Several processes (mesh given): agree on prompt count and width; this
         # process's rows are its block of the global batch (see hostio.py).
         multi = self.mesh is not None and jax.process_count() > 1
@@ -256,7 +257,7 @@ class Sampler:
             )
         u_max, n = int(facts[:, 1].max()), len(encoded) * g
         plen = bucket_length(int(facts[:, 2].max()), self.prompt_buckets)
-        local_shards = decode.batch_shards(self.mesh) // nblocks
+        local_shards = mesh_lib.batch_axis_size(self.mesh) // nblocks
         n_local_pad = max(-(-(u_max * g) // local_shards) * local_shards, local_shards)
         # Absent prompts (a process with fewer) are one pad token: prefilled, never read.
         ids = np.full((u_max, plen), self.pad_id, np.int32)

@@ -128,6 +128,10 @@ class _Memo:
 _MEMO = _Memo()
 
 
+# One shared default (SandboxLimits is frozen, so sharing it is safe).
+_DEFAULT_LIMITS = SandboxLimits()
+
+
 def _limits(kwargs: Mapping) -> tuple[SandboxLimits, str, bool, int | None]:
     names = {f for f in SandboxLimits.__dataclass_fields__}
     lim = SandboxLimits(**{k: v for k, v in kwargs.items() if k in names})
@@ -139,7 +143,7 @@ def run_tests(
     code: str,
     tests: Mapping,
     *,
-    limits: SandboxLimits = SandboxLimits(),  # noqa: B008 - frozen dataclass
+    limits: SandboxLimits = _DEFAULT_LIMITS,
     isolation: str = "auto",
     allow_weak: bool = False,
     max_tests: int | None = None,

@@ -13,7 +13,6 @@ Rewards:
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -76,18 +75,6 @@ def normalize_answer(s: str) -> str:
         s = s.replace(a, b)
     s = re.sub(r"\s+", "", s).rstrip(".")
     return s.lower()
-
-
-@functools.cache
-def _math_verify():
-    import math_verify  # lazy: the sympy / antlr import takes ~0.5 s
-    import math_verify.grader
-    import math_verify.parser
-
-    # It warns (racily, once per thread) when timeouts are off; that is
-    # deliberate (math_verifier's deadline is the bound), so mark it as shown.
-    math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
-    return math_verify.parse, math_verify.verify
 
 
 def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0) -> bool:

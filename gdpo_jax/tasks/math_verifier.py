@@ -14,6 +14,7 @@ then per request [pred, gold] it answers 1 (equivalent) or 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -93,10 +94,20 @@ def verify_bounded(pred: str, gold: str, timeout_s: float) -> bool:
         raise
 
 
+@functools.cache
+def _math_verify():
+    import math_verify  # lazy: the sympy / antlr import takes ~0.5 s
+    import math_verify.grader
+    import math_verify.parser
+
+    # It warns (racily, once per thread) when timeouts are off; that is
+    # deliberate (math_verifier's deadline is the bound), so mark it as shown.
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify.parse, math_verify.verify
+
+
 def verify_unbounded(pred: str, gold: str) -> bool:
     """parse + verify in this process, no timeouts (the helper's work)."""
-    from gdpo_jax.tasks.math import _math_verify
-
     parse, verify = _math_verify()
     g = parse(f"${gold}$", parsing_timeout=None)
     p = parse(f"${pred}$", parsing_timeout=None)

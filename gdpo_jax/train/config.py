@@ -336,8 +336,8 @@ def validate_config(
         )
     if cfg.task.name not in tasks:
         raise ConfigError(
-            f"config.task.name={cfg.task.name!r} is not a registered task.{_suggest(cfg.task.name, tasks)} "
-            f"Known: {tasks}."
+            f"config.task.name={cfg.task.name!r} is not a registered task."
+            f"{_suggest(cfg.task.name, tasks)} Known: {tasks}."
         )
     _check_rewards(cfg, names, known_rewards)
     for e in tuple(cfg.rewards.get("executors", ())):
@@ -383,10 +383,11 @@ def validate_config(
     check_context_length(cfg)
     rpc = int(cfg.sampling.get("rows_per_call", 0))
     if rpc < 0 or (rpc and (rpc % a.group_size or a.num_prompts % (rpc // a.group_size))):
+        example = a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))
         raise ConfigError(
             f"config.sampling.rows_per_call={rpc} must be 0 (one call) or a multiple of "
             f"algo.group_size={a.group_size} whose prompt count divides algo.num_prompts="
-            f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))}."
+            f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={example}."
         )
     if cfg.sampling.temperature <= 0:
         raise ConfigError(

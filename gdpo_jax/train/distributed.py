@@ -13,10 +13,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from jax.sharding import Mesh
 
-from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax import sharding as mesh_lib
+from gdpo_jax.multihost import allgather as allgather_host
+from gdpo_jax.multihost import to_host as to_host  # re-export (public name)
 
 _ENV_HINTS = (
     "JAX_COORDINATOR_ADDRESS",
@@ -57,7 +60,8 @@ def initialize(
     return True
 
 
-def initialize_from_config(cfg) -> bool:
+def initialize_from_config(cfg: ml_collections.ConfigDict) -> bool:
+    """`initialize` with the arguments of `cfg.distributed`."""
     d = cfg.distributed
     return initialize(
         d.initialize,
@@ -93,29 +97,11 @@ def to_global(local: Mapping[str, np.ndarray], mesh: Mesh | None) -> dict[str, j
     return out
 
 
-def to_host(x: jax.Array) -> np.ndarray:
-    """The full value of a (possibly multi-host) array on every host."""
-    if jax.process_count() > 1 and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
 # --------------------------------------------------------------------------- #
 # Small host-side collectives (identity on one process). Every process must
-# call them, with equal shapes where noted.
+# call them, with equal shapes where noted. `allgather_host` and `to_host`
+# are gdpo_jax.multihost's, re-exported under their historical names.
 # --------------------------------------------------------------------------- #
-def allgather_host(x: np.ndarray) -> np.ndarray:
-    """[...] (same shape on every process) -> [process_count, ...] on every process."""
-    x = np.asarray(x)
-    if jax.process_count() == 1:
-        return x[None]
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=False))
-
-
 def any_process(flag: bool) -> bool:
     """True on every process when `flag` is True on any."""
     return bool(allgather_host(np.asarray([bool(flag)])).any())

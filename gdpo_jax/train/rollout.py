@@ -20,28 +20,56 @@ from typing import Any
 import jax
 import numpy as np
 
+from gdpo_jax.core.advantages import per_reward_group_spread
 from gdpo_jax.train import distributed
 from gdpo_jax.train.data import PromptStream
+
+
+def groups_with_signal(
+    rewards: np.ndarray,
+    *,
+    group_size: int,
+    decoupled: bool,
+    weights: Sequence[float] | None = None,
+) -> np.ndarray:
+    """rewards f32[P * G, K] of P contiguous groups of G rows -> bool[P]: whether
+    normalizing each group gives any nonzero advantage.
+
+    decoupled (GDPO): some reward column has >= 2 distinct scorable (non-NaN)
+    values, i.e. `core.per_reward_group_spread` (the definition the compiled
+    step uses) has a True in the group's row. Otherwise (GRPO): the weighted
+    sum (NaN as 0, summed in float64) has >= 2 distinct values.
+    """
+    rewards = np.asarray(rewards)
+    if rewards.ndim != 2 or group_size < 1 or rewards.shape[0] % group_size:
+        raise ValueError(
+            f"rewards of shape {rewards.shape} must be [P * group_size, K] with "
+            f"group_size={group_size} >= 1 dividing the rows."
+        )
+    num_groups = rewards.shape[0] // group_size
+    if decoupled:
+        ids = np.repeat(np.arange(num_groups, dtype=np.int32), group_size)
+        spread = per_reward_group_spread(
+            np.asarray(rewards, np.float32), ids, num_groups=num_groups
+        )
+        return np.asarray(spread).any(axis=1)
+    k = rewards.shape[1]
+    w = np.ones(k) if weights is None else np.asarray(weights, np.float64)
+    s = np.nan_to_num(np.asarray(rewards, np.float64), nan=0.0) @ w
+    return np.ptp(s.reshape(num_groups, group_size), axis=1) > 0
 
 
 def group_has_signal(
     rewards: np.ndarray, *, decoupled: bool, weights: Sequence[float] | None = None
 ) -> bool:
-    """rewards f32[G, K] of one group -> whether normalizing it gives any nonzero advantage.
-
-    decoupled (GDPO): some reward column has >= 2 distinct scorable (non-NaN)
-    values. Otherwise (GRPO): the weighted sum (NaN as 0) has >= 2 distinct values.
-    """
-    rewards = np.asarray(rewards, np.float64)
-    if decoupled:
-        for col in rewards.T:
-            col = col[~np.isnan(col)]
-            if col.size >= 2 and np.ptp(col) > 0:
-                return True
-        return False
-    w = np.ones(rewards.shape[1]) if weights is None else np.asarray(weights, np.float64)
-    s = np.nan_to_num(rewards, nan=0.0) @ w
-    return bool(np.ptp(s) > 0)
+    """rewards f32[G, K] of one group -> whether normalizing it gives any nonzero
+    advantage (see `groups_with_signal`)."""
+    rewards = np.asarray(rewards)
+    return bool(
+        groups_with_signal(
+            rewards, group_size=rewards.shape[0], decoupled=decoupled, weights=weights
+        )[0]
+    )
 
 
 def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
@@ -216,10 +244,14 @@ def collect_batch(
         for k, v in out["reward_info"].items():  # runner's per-reward times / failures
             if isinstance(v, (int, float)):
                 reward_info[k] = reward_info.get(k, 0.0) + float(v)
+        signal = groups_with_signal(
+            out["rewards"][: num_prompts * group_size],
+            group_size=group_size,
+            decoupled=decoupled,
+            weights=weights,
+        )
         for g in range(num_prompts):
-            rows = slice(g * group_size, (g + 1) * group_size)
-            signal = group_has_signal(out["rewards"][rows], decoupled=decoupled, weights=weights)
-            (kept if signal or not dynamic else dropped).append((out, g))
+            (kept if signal[g] or not dynamic else dropped).append((out, g))
         scored_groups += num_prompts
         if not dynamic or tries >= max_tries:
             break

@@ -1,7 +1,7 @@
 r"""Supervised warm start: cross-entropy on completion tokens, same model / mesh / ckpt code as RL.
 
     from gdpo_jax.train.sft import run_sft
-    result = run_sft(cfg)            # cfg from configs/sft_toolcall.py; result["hf_dir"] -> RL model.name
+    result = run_sft(cfg)  # cfg: configs/sft_toolcall.py; result["hf_dir"] -> RL model.name
 
 The batch has the RL step's layout (left-padded prompt [B, P] + right-padded
 completion [B, C]) and the loss reuses its `completion_logprobs`: only the C
@@ -15,7 +15,8 @@ Deliberately partial policies: the replica needs a warm start that solves its
 task only partly (so RL has something to improve), and the SFT budget is the
 knob: `sft.num_steps`, `sft.num_examples` (a subset), and label noise on the
 targets (`sft.format_noise`, `sft.value_noise`), plus, for math, verbose
-answers (`sft.verbose_prob`) that overrun the length budget.
+answers (`sft.verbose_prob`) that overrun the length budget. The targets
+come from `gdpo_jax.data.corrupt.make_targets` (re-exported here).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import functools
 import json
 import logging
 import os
-import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +38,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax.data.corrupt import SFT_TASKS, make_targets
 from gdpo_jax.train import build, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
@@ -45,6 +46,16 @@ from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import ConfigError, base_config, reward_runner, reward_specs
 from gdpo_jax.train.metrics import MetricsWriter
 from gdpo_jax.train.step import completion_logprobs
+
+__all__ = [
+    "SFT",
+    "encode_batch",
+    "make_targets",
+    "run_sft",
+    "sft_config",
+    "sft_loss",
+    "sft_step",
+]
 
 log = logging.getLogger("gdpo_jax.sft")
 Batch = dict[str, jax.Array]
@@ -66,111 +77,6 @@ def sft_config() -> mlc.ConfigDict:
     c.sft.eval_num_examples = 64
     c.sft.eval_samples = 4  # sampled eval: k samples per prompt at sampling.temperature
     return c
-
-
-# ------------------------------------------------------------------ targets
-def _calls(gt: str) -> list[dict]:
-    if "<tool_call>" not in gt:
-        return []
-    body = gt.split("<tool_call>\n", 1)[1].split("\n</tool_call>", 1)[0]
-    return [json.loads(line) for line in body.split("\n")]
-
-
-def _with_calls(gt: str, calls: list[dict]) -> str:
-    head, rest = gt.split("<tool_call>\n", 1)
-    tail = rest.split("\n</tool_call>", 1)[1]
-    body = "\n".join(json.dumps(c, separators=(",", ":")) for c in calls)
-    return f"{head}<tool_call>\n{body}\n</tool_call>{tail}"
-
-
-def _break_format(gt: str, r: random.Random) -> str:
-    """One of three common ways to miss the ToolRL tag structure."""
-    kind = r.randrange(3)
-    if kind == 0 and "</think>\n" in gt:
-        return gt.replace("</think>\n", "</think>", 1)  # missing newline
-    if kind == 1:
-        return gt.replace("</think>", "", 1)  # unclosed think
-    return gt + "\nDone."  # text after the answer
-
-
-def _wrong_value(gt: str, r: random.Random, pool: dict[str, list]) -> str:
-    calls = _calls(gt)
-    if not calls:
-        return gt
-    call = r.choice(calls)
-    keys = [k for k in call["parameters"] if len(set(map(repr, pool.get(k, [])))) > 1]
-    if not keys:
-        return gt
-    k = r.choice(keys)
-    old = call["parameters"][k]
-    while repr(call["parameters"][k]) == repr(old):
-        call["parameters"][k] = r.choice(pool[k])
-    return _with_calls(gt, calls)
-
-
-def _verbose_math(ex: dict, solution: str) -> str:
-    """Restates the problem's sentences (not the question) before the worked answer."""
-    text = ex["prompt"][-1]["content"]
-    facts = text.split(" How many")[0]
-    return f"{facts} {solution}"
-
-
-def _wrong_answer(solution: str, r: random.Random) -> str:
-    head, ans = solution.rsplit("\\boxed{", 1)
-    value = int(ans.rstrip("}")) + r.choice([-2, -1, 1, 2])
-    return f"{head}\\boxed{{{value}}}"
-
-
-def make_targets(
-    examples: Sequence[dict],
-    task: str,
-    *,
-    seed: int,
-    format_noise: float = 0.0,
-    value_noise: float = 0.0,
-    verbose_prob: float = 0.0,
-) -> list[str]:
-    """The SFT completion text of each example (reference answer, possibly corrupted).
-
-    toolcall: `ground_truth`; with prob format_noise a broken tag structure,
-    with prob value_noise one argument replaced by another record's value for
-    the same key. math: `extra_info.solution`, with prob verbose_prob prefixed
-    by the problem's facts, with prob value_noise a wrong final answer.
-    Deterministic given seed.
-    """
-    r = random.Random(f"sft-targets-{seed}")
-    out = []
-    if task == "toolcall":
-        pool: dict[str, list] = {}
-        for ex in examples:
-            for c in _calls(ex["ground_truth"]):
-                for k, v in c["parameters"].items():
-                    pool.setdefault(k, []).append(v)
-        for ex in examples:
-            t = ex["ground_truth"]
-            if r.random() < value_noise:
-                t = _wrong_value(t, r, pool)
-            if r.random() < format_noise:
-                t = _break_format(t, r)
-            out.append(t)
-    elif task == "math":
-        for ex in examples:
-            sol = (ex.get("extra_info") or {}).get("solution") or ex.get("solution")
-            if not sol:
-                raise ValueError(
-                    "math SFT needs a worked answer per record "
-                    "(extra_info.solution or solution); the synthetic task has one."
-                )
-            if r.random() < value_noise:
-                sol = _wrong_answer(sol, r)
-            if r.random() < verbose_prob:
-                sol = _verbose_math(ex, sol)
-            out.append(sol)
-    else:
-        raise ConfigError(
-            f"config.task.name={task!r}: SFT targets exist for 'toolcall' and 'math' only."
-        )
-    return out
 
 
 def encode_batch(
@@ -453,6 +359,10 @@ class SFT:
 def _validate(cfg: mlc.ConfigDict) -> None:
     if not cfg.workdir:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/sft_run.")
+    if cfg.task.name not in SFT_TASKS:
+        raise ConfigError(
+            f"config.task.name={cfg.task.name!r}: SFT targets exist for {SFT_TASKS} only."
+        )
     s = cfg.sft
     if s.num_steps < 1 or s.batch_size < 1:
         raise ConfigError(
