@@ -222,6 +222,9 @@ def validate_config(
     a = cfg.algo
     if not cfg.workdir:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/run.")
+    from gdpo_jax.train import paths
+
+    paths.check_workdir(cfg.workdir)  # gs:// etc. need their filesystem package
     _choice(cfg, "algo.estimator", _estimators())
     aggregations, kl_estimators = _losses()
     _choice(cfg, "algo.aggregation", aggregations)
