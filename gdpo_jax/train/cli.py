@@ -79,7 +79,8 @@ def _rewrite_config_args(argv: Sequence[str], names: Sequence[str]) -> list[str]
 def _explain(exc: BaseException, argv: Sequence[str]) -> str:
     """One line for an exception raised while parsing flags (absl / ml_collections)."""
     text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
-    text = text.strip("'\"").replace("\\n", " ").replace("\\'", "'")
+    if isinstance(exc, (KeyError, AttributeError)):  # repr-quoted: "'\'key\'\nDid you mean..."
+        text = text.strip("'\"").replace("\\n", " ").replace("\\'", "'")
     missing = re.match(r"'?([A-Za-z_][\w]*)'?\s*(Did you mean.*)?$", " ".join(text.split()), re.S)
     if isinstance(exc, (KeyError, AttributeError)) and missing:
         key, hint = missing.group(1), missing.group(2) or ""
@@ -88,6 +89,9 @@ def _explain(exc: BaseException, argv: Sequence[str]) -> str:
             if flag.startswith("--") and "." in flag and flag.rsplit(".", 1)[-1] == key:
                 return f"{flag}: no such config field. {hint}".strip()
         return f"no such config field {key!r}. {hint}".strip()
+    if "Traceback (most recent call last)" in text:  # get_config() raised: its last line
+        head = text.split("Error whilst parsing config file")[0].split("Traceback")[0].strip()
+        return f"{head} {[x for x in text.splitlines() if x.strip()][-1].strip()}"
     if "Failed loading config file" in text:
         return "could not load the config file: " + " ".join(text.split("\n")[1:])
     return text
