@@ -20,10 +20,6 @@ from ml_collections import config_flags
 
 from gdpo_jax.train import cli
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a configs/sft_*.py file.", lock_config=True
-)
-cli.define_log_level()
 log = logging.getLogger("gdpo_jax.sft")
 
 
@@ -36,7 +32,7 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.train.config import ConfigError
     from gdpo_jax.train.sft import SFT
 
-    cfg = _CONFIG.value
+    cfg = flags.FLAGS.config
     try:
         trainer = SFT(cfg)  # validates first
     except ConfigError as e:
@@ -52,6 +48,9 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console script `gdpo-sft`."""
+    # Defined here, not at import: importing several entry points in one process is fine.
+    config_flags.DEFINE_config_file("config", None, "Path to a configs/sft_*.py file.", lock_config=True)
+    cli.define_log_level()
     flags.mark_flag_as_required("config")
     app.run(main, flags_parser=cli.flags_parser(("config",)))
 

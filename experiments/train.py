@@ -26,17 +26,13 @@ from ml_collections import config_flags
 
 from gdpo_jax.train import cli
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a configs/*.py file.", lock_config=True
-)
-cli.define_log_level()
 log = logging.getLogger("gdpo_jax.train")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}")
-    cfg = _CONFIG.value
+    cfg = flags.FLAGS.config
     from gdpo_jax.train import logs
 
     logs.setup_logging(flags.FLAGS.log_level)
@@ -80,6 +76,9 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console script `gdpo-train`."""
+    # Defined here, not at import: importing several entry points in one process is fine.
+    config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
+    cli.define_log_level()
     flags.mark_flag_as_required("config")
     app.run(main, flags_parser=cli.flags_parser(("config",)))
 
