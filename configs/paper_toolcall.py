@@ -27,7 +27,7 @@ official runs.
 
 Data: ToolRL's dataset/rlla_4k (train.parquet, test.parquet; 2k ToolACE + 1k
 Hammer + 1k xLAM), from github.com/qiancheng0/ToolRL. Model: a local
-Hugging Face checkpoint dir (e.g. `huggingface-cli download
+Hugging Face checkpoint dir (e.g. `hf download
 Qwen/Qwen2.5-1.5B-Instruct --local-dir /ckpt/Qwen2.5-1.5B-Instruct`).
 
 Single host, 8 GPUs (or one TPU host):

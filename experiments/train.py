@@ -77,7 +77,9 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """Console script `gdpo-train`."""
     # Defined here, not at import: importing several entry points in one process is fine.
-    config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file.", lock_config=True)
+    config_flags.DEFINE_config_file(
+        "config", None, "Path to a configs/*.py file.", lock_config=True
+    )
     cli.define_log_level()
     flags.mark_flag_as_required("config")
     app.run(main, flags_parser=cli.flags_parser(("config",)))

@@ -259,7 +259,7 @@ def load_pretrained(
     raise FileNotFoundError(
         f"{path_or_name!r} is neither a local checkpoint directory, a .gguf file, nor a "
         f"known offline model {sorted(gguf.KNOWN_MODELS)}. Hub ids are not downloaded; "
-        "fetch the checkpoint first (e.g. `huggingface-cli download`)."
+        "fetch the checkpoint first (`hf download <repo> --local-dir DIR`)."
     )
 
 
