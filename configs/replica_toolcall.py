@@ -65,7 +65,7 @@ def get_config(arg: str = ""):
     c.train.num_steps = 60
     c.train.eval_every = 20
     c.train.eval_num_examples = 64
-    c.train.tensorboard = False
+    c.train.tensorboard = True  # <workdir>/tb: reward/*, adv/*, loss/*, perf/*, time/*
     c.train.progress_bar = False
     # A killed comparison resumes each unfinished run from its last checkpoint;
     # compare_estimators removes a run's checkpoints once it has finished.

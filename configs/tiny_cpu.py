@@ -17,6 +17,8 @@ from gdpo_jax.train.config import base_config
 
 
 def get_config(arg: str = ""):
+    if arg not in ("", "runlocal"):
+        raise ValueError(f"configs/tiny_cpu.py: unknown option {arg!r}; use '' or 'runlocal'.")
     c = base_config()
     c.seed = 0
     c.workdir = ""

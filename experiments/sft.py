@@ -1,44 +1,61 @@
 r"""SFT warm start entry point (cross-entropy on completion tokens) from a config file.
 
-    python -m experiments.sft --config=configs/sft_toolcall.py \
-        --config.workdir=runs/replica/sft_toolcall
+    gdpo-sft --config=configs/sft_toolcall.py --config.workdir=runs/replica/sft_toolcall
     python -m experiments.sft --config=configs/sft_math.py --config.workdir=runs/replica/sft_math
 
-Any field can be overridden with --config.a.b=value (e.g. --config.sft.num_steps=300).
-Writes <workdir>/hf (Hugging Face dir: the RL configs' model.name),
-<workdir>/sft_result.json and <workdir>/metrics.jsonl; rerunning with the same
-workdir resumes from its latest checkpoint (when config.checkpoint.every > 0).
+Any field can be overridden with --config.a.b=value (e.g. --config.sft.num_steps=300);
+a mistake is one line and exit status 2. Writes <workdir>/hf (Hugging Face dir:
+the RL configs' model.name), <workdir>/config.json, <workdir>/sft_result.json and
+<workdir>/metrics.jsonl; rerunning with the same workdir resumes from its latest
+checkpoint (when config.checkpoint.every > 0).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a configs/sft_*.py file.", lock_config=True
-)
+from gdpo_jax.train import cli
+
+log = logging.getLogger("gdpo_jax.sft")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from gdpo_jax.train.config import ConfigError
-    from gdpo_jax.train.sft import run_sft
+        cli.fail(f"unexpected arguments: {argv[1:]}")
+    from gdpo_jax.train import logs
 
+    logs.setup_logging(flags.FLAGS.log_level)
+    from gdpo_jax.train.config import ConfigError
+    from gdpo_jax.train.sft import SFT
+
+    cfg = flags.FLAGS.config
     try:
-        result = run_sft(_CONFIG.value)
+        trainer = SFT(cfg)  # validates first
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    print(json.dumps({k: v for k, v in result.items()}, indent=2))
+        cli.fail(e)
+    import jax
+
+    if jax.process_index() == 0:
+        path = logs.save_config(cfg)
+        log.info("SFT into %s (resolved config in %s)", cfg.workdir, path)
+    result = trainer.run()
+    print(json.dumps(dict(result), indent=2))
+
+
+def run() -> None:
+    """Console script `gdpo-sft`."""
+    # Defined here, not at import: importing several entry points in one process is fine.
+    config_flags.DEFINE_config_file(
+        "config", None, "Path to a configs/sft_*.py file.", lock_config=True
+    )
+    cli.define_log_level()
+    flags.mark_flag_as_required("config")
+    app.run(main, flags_parser=cli.flags_parser(("config",)))
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("config")
-    app.run(main)
+    run()

@@ -1,63 +1,89 @@
 r"""RL training entry point (GDPO / GRPO) from an ml_collections config file.
 
-    python -m experiments.train --config=configs/tiny_cpu.py --config.workdir=/tmp/run
+    gdpo-train --config=configs/tiny_cpu.py --config.workdir=/tmp/run
     python -m experiments.train --config=configs/tiny_cpu.py \
         --config.algo.estimator=grpo --config.workdir=/tmp/run_grpo
 
 Any field can be overridden with --config.a.b=value (the config is locked, so
-a misspelled field is an error). Re-running with the same workdir resumes
-from its latest checkpoint. Multi-host: set --config.distributed.* (or run
-under a cluster environment JAX detects); every process runs this command.
+a misspelled field is an error: one line, exit status 2, before any work).
+`--config` is a path relative to the current directory, or to the project's
+configs/ when no such file is there. Re-running with the same workdir resumes
+from its latest checkpoint; a finished run says so and prints its summary.
+Multi-host: set --config.distributed.* (or run under a cluster environment JAX
+detects); every process runs this command.
+
+Writes <workdir>/config.json, metrics.jsonl, tb/ (TensorBoard), plots/*.png
+and checkpoints/. `--log_level=debug` shows third-party (Orbax, absl) logs.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
+import time
 
 from absl import app, flags
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Path to a configs/*.py file.", lock_config=True
-)
+from gdpo_jax.train import cli
+
+log = logging.getLogger("gdpo_jax.train")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    cfg = _CONFIG.value
-    if cfg is None:
-        raise app.UsageError("--config=configs/<name>.py is required.")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+        cli.fail(f"unexpected arguments: {argv[1:]}")
+    cfg = flags.FLAGS.config
+    from gdpo_jax.train import logs
+
+    logs.setup_logging(flags.FLAGS.log_level)
     # Before anything touches a device: multi-host set-up.
     from gdpo_jax.train import distributed
 
     distributed.initialize_from_config(cfg)
 
+    from gdpo_jax.train import paths
     from gdpo_jax.train.config import ConfigError, validate_config
 
     try:
         validate_config(cfg)
+        paths.check_inputs(cfg)  # model and data paths exist, before the build
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail(e)
+    import jax
+
+    lead = jax.process_index() == 0
+    if lead:
+        logs.save_config(cfg)
+        log.info("%s", logs.describe(cfg))
+        log.info("workdir %s (resolved config in config.json)", cfg.workdir)
     from gdpo_jax.train.loop import train
 
-    final = train(cfg)
-    if final:
-        keys = [
-            k
-            for k in sorted(final)
-            if k.startswith(("reward/", "eval/"))
-            and k.endswith(("/mean",))
-            or k.startswith("eval/")
-        ]
-        logging.getLogger("gdpo_jax.train").info(
-            "done: %s", ", ".join(f"{k}={final[k]:.4g}" for k in keys)
+    t0 = time.perf_counter()
+    train(cfg)
+    if lead:
+        from gdpo_jax.train import plots
+
+        written = plots.plot_run(cfg.workdir, label=cfg.algo.estimator)
+        lines = logs.summary(
+            cfg.workdir,
+            seconds=time.perf_counter() - t0,
+            tensorboard=cfg.train.tensorboard,
+            plots=written,
         )
+        for line in lines:
+            log.info("%s", line)
+
+
+def run() -> None:
+    """Console script `gdpo-train`."""
+    # Defined here, not at import: importing several entry points in one process is fine.
+    config_flags.DEFINE_config_file(
+        "config", None, "Path to a configs/*.py file.", lock_config=True
+    )
+    cli.define_log_level()
+    flags.mark_flag_as_required("config")
+    app.run(main, flags_parser=cli.flags_parser(("config",)))
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("config")
-    app.run(main)
+    run()

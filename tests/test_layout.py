@@ -28,7 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "gdpo_jax"
 # (layer, module prefixes), lowest layer first. A module belongs to the layer of
 # its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("leaf", ("gdpo_jax.sharding", "gdpo_jax.multihost")),
+    ("leaf", ("gdpo_jax.sharding", "gdpo_jax.multihost", "gdpo_jax.errors")),
     ("core", ("gdpo_jax.core",)),
     ("models", ("gdpo_jax.models",)),
     ("sampling", ("gdpo_jax.sampling",)),
@@ -36,8 +36,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("rewards", ("gdpo_jax.rewards",)),
     # toy_task / tasks_adapter are task code still living in train/ (moved later).
     ("tasks", ("gdpo_jax.tasks", "gdpo_jax.train.toy_task", "gdpo_jax.train.tasks_adapter")),
-    # config, and the mesh helpers it validates against (a re-export of the leaf).
-    ("train.base", ("gdpo_jax.train.config", "gdpo_jax.train.mesh")),
+    # config, the mesh helpers it validates against (a re-export of the leaf) and
+    # the workdir/path helpers (local or URL) it checks inputs with.
+    ("train.base", ("gdpo_jax.train.config", "gdpo_jax.train.mesh", "gdpo_jax.train.paths")),
     (
         "train.parts",
         (

@@ -72,7 +72,8 @@ class Checkpointer:
         config: mlc.ConfigDict | None = None,
         allow_config_change: bool = False,
     ):
-        self.directory = os.path.abspath(directory)
+        # A URL (gs://...) goes to Orbax as is: abspath would make it ./gs:/...
+        self.directory = directory if "://" in directory else os.path.abspath(directory)
         self.every = int(every)
         self.config = config
         self.allow_config_change = allow_config_change
@@ -93,7 +94,7 @@ class Checkpointer:
         """The run's checkpointer: `<cfg.workdir>/checkpoints`, `cfg.checkpoint.*` settings."""
         c = cfg.checkpoint
         return cls(
-            os.path.join(cfg.workdir, "checkpoints"),
+            f"{cfg.workdir.rstrip('/')}/checkpoints",
             every=c.every,
             keep=c.keep,
             async_save=c.async_save,

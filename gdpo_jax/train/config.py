@@ -18,6 +18,8 @@ from typing import Any
 
 import ml_collections as mlc
 
+from gdpo_jax.errors import ConfigError  # noqa: F401 - re-exported: public name
+
 # Fields that may change between a checkpoint and the run resuming from it:
 # they do not change what a step computes, only how long / how often.
 RESUMABLE_FIELDS = (
@@ -176,10 +178,6 @@ def base_config() -> mlc.ConfigDict:
     return c
 
 
-class ConfigError(ValueError):
-    """A config field is invalid; the message names the field and the fix."""
-
-
 def _suggest(name: str, choices: tuple[str, ...] | list[str]) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
@@ -290,6 +288,9 @@ def validate_config(
     a = cfg.algo
     if not cfg.workdir:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/run.")
+    from gdpo_jax.train import paths
+
+    paths.check_workdir(cfg.workdir)  # gs:// etc. need their filesystem package
     _choice(cfg, "algo.estimator", _estimators())
     aggregations, kl_estimators = _losses()
     _choice(cfg, "algo.aggregation", aggregations)

@@ -303,6 +303,17 @@ class Trainer:
     # ------------------------------------------------------------------- run
     def run(self) -> dict[str, float]:
         cfg = self.cfg
+        if self.start_step >= cfg.train.num_steps:
+            log.info(
+                "already finished: the checkpoint in %s is at step %d of train.num_steps=%d; "
+                "nothing to do (raise --config.train.num_steps to continue, or use a new workdir)",
+                cfg.workdir,
+                self.start_step,
+                cfg.train.num_steps,
+            )
+            self.ckpt.close()
+            self.runner.close()
+            return {}
         writer = MetricsWriter(
             cfg.workdir,
             total_steps=cfg.train.num_steps,

@@ -3,6 +3,9 @@
 Only process 0 writes. The JSONL file is appended to, one object per step,
 so a resumed run continues the same file; `read_jsonl` keeps the last record
 for each step (a step logged before a kill and again after the resume).
+TensorBoard tags are grouped by prefix (`tb_tag`): reward/*, adv/*, loss/*,
+optim/*, perf/*, time/*, len/*, data/*, eval/*. A URL workdir (gs://...) is
+written through a local mirror uploaded every `sync_every_s` and at close.
 """
 
 from __future__ import annotations
@@ -10,13 +13,43 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from gdpo_jax.train import paths
+
 # Shown on the progress bar, when present, in this order.
 _BAR_KEYS = ("reward/total", "adv/distinct_per_group", "loss", "kl", "len/mean", "time/step_s")
+_GROUPS = ("reward/", "adv/", "loss/", "optim/", "perf/", "time/", "len/", "data/", "eval/")
+# Ungrouped step metrics -> their TensorBoard group (the JSONL keeps the plain names).
+_TB_GROUP = {
+    **dict.fromkeys(
+        ("loss", "pg_loss", "kl", "approx_kl", "entropy", "clip_frac", "clip_frac_high"),
+        "loss",
+    ),
+    **dict.fromkeys(("clip_frac_low", "ratio_max", "ratio_mean", "ratio_min"), "loss"),
+    **dict.fromkeys(("lr", "grad_norm", "update_norm", "param_norm"), "optim"),
+}
+
+
+def tb_tag(key: str) -> str:
+    """TensorBoard tag of a metric, so that the dashboard shows a few groups.
+
+    reward_failures/x -> reward/failures/x, reward_time/x -> time/reward/x,
+    loss -> loss/loss, lr -> optim/lr; grouped keys are kept.
+    """
+    if key.startswith(_GROUPS):
+        return key
+    head, sep, rest = key.partition("/")
+    if sep and head.startswith("reward_"):
+        kind = head[len("reward_") :]
+        return f"time/reward/{rest}" if kind == "time" else f"reward/{kind}/{rest}"
+    if key in _TB_GROUP:
+        return f"{_TB_GROUP[key]}/{key}"
+    return key if sep else f"misc/{key}"
 
 
 def _scalar(v: Any) -> float | int | str:
@@ -52,15 +85,23 @@ class MetricsWriter:
         self._tb = None
         self._bar = None
         self._file = None
+        self._mirror: paths.LocalMirror | None = None
+        self._synced = time.monotonic()
+        self.sync_every_s = 60.0
         if not enabled:
             return
-        os.makedirs(workdir, exist_ok=True)
-        self.path = os.path.join(workdir, "metrics.jsonl")
-        self._file = open(self.path, "a", buffering=1)
+        # Object stores cannot append: write locally, upload on sync.
+        self._mirror = (
+            paths.LocalMirror(workdir, ("metrics.jsonl",)) if paths.is_url(workdir) else None
+        )
+        local = self._mirror.local if self._mirror else workdir
+        os.makedirs(local, exist_ok=True)
+        self.path = paths.join(workdir, "metrics.jsonl")
+        self._file = open(os.path.join(local, "metrics.jsonl"), "a", buffering=1)
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"))
+            self._tb = SummaryWriter(os.path.join(local, "tb"))
         if progress_bar:
             from tqdm.auto import tqdm
 
@@ -78,7 +119,7 @@ class MetricsWriter:
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, global_step=step)
+                    self._tb.add_scalar(tb_tag(k), v, global_step=step)
         if self._bar is not None:
             shown = {
                 k.split("/")[-1] if k.startswith("reward/") else k: record[k]
@@ -88,12 +129,17 @@ class MetricsWriter:
             self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
             self._bar.n = step
             self._bar.refresh()
+        if self._mirror is not None and time.monotonic() - self._synced > self.sync_every_s:
+            self.flush()
 
     def flush(self) -> None:
         if self._file is not None:
             self._file.flush()
         if self._tb is not None:
             self._tb.flush()
+        if self._mirror is not None:
+            self._mirror.sync()
+            self._synced = time.monotonic()
 
     def close(self) -> None:
         if self._bar is not None:
@@ -102,7 +148,9 @@ class MetricsWriter:
             self._tb.close()
         if self._file is not None:
             self._file.close()
-        self._file = self._tb = self._bar = None
+        if self._mirror is not None:
+            self._mirror.close()
+        self._file = self._tb = self._bar = self._mirror = None
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -114,7 +162,7 @@ class MetricsWriter:
 def read_jsonl(path: str) -> dict[int, dict[str, Any]]:
     """step -> record; a step written twice (before a kill, after the resume) keeps the last."""
     out: dict[int, dict[str, Any]] = {}
-    with open(path) as f:
+    with paths.open_file(path) as f:
         for line in f:
             line = line.strip()
             if line:

@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.data.corrupt import SFT_TASKS, make_targets
-from gdpo_jax.train import build, rollout
+from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
@@ -356,13 +356,20 @@ class SFT:
         return result
 
 
-def _validate(cfg: mlc.ConfigDict) -> None:
+def validate_sft_config(cfg: mlc.ConfigDict) -> None:
+    """Raises ConfigError naming the first bad field (model / data paths included)."""
     if not cfg.workdir:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/sft_run.")
     if cfg.task.name not in SFT_TASKS:
         raise ConfigError(
             f"config.task.name={cfg.task.name!r}: SFT targets exist for {SFT_TASKS} only."
         )
+    if paths.is_url(cfg.workdir):
+        raise ConfigError(
+            f"config.workdir={cfg.workdir!r}: SFT exports a Hugging Face directory for the RL "
+            "runs to load, which must be local; use a local directory."
+        )
+    paths.check_inputs(cfg)
     s = cfg.sft
     if s.num_steps < 1 or s.batch_size < 1:
         raise ConfigError(
@@ -373,6 +380,9 @@ def _validate(cfg: mlc.ConfigDict) -> None:
             raise ConfigError(f"config.sft.{f}={s[f]} must be a probability in [0, 1].")
     if cfg.optim.lr <= 0:
         raise ConfigError(f"config.optim.lr={cfg.optim.lr} must be > 0.")
+
+
+_validate = validate_sft_config
 
 
 def run_sft(cfg: mlc.ConfigDict) -> dict[str, Any]:

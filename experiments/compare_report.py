@@ -1,0 +1,198 @@
+"""compare_estimators' report: plots, results.md and results.json from the runs on disk.
+
+from experiments.compare_report import report
+table = report("toolcall", "runs/replica/toolcall", ["grpo", "gdpo"], range(5))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gdpo_jax.train.plots import LABELS, eval_plot_name, plot
+
+# Held-out metrics of the table: (key in metrics.jsonl, label), per task.
+TABLE = {
+    "toolcall": [
+        ("eval/toolcall_correctness", "correctness reward [-3,3]"),
+        ("eval/accuracy", "AST accuracy"),
+        ("eval/format", "format"),
+        ("eval/len_mean", "length (tokens)"),
+    ],
+    "math": [
+        ("eval/pass@1", "pass@1"),
+        ("eval/exceed_ratio", "Exceed ratio"),
+        ("eval/length", "length reward"),
+        ("eval/mean_length", "length (tokens)"),
+    ],
+}
+
+
+def load_runs(
+    out_dir: str, estimators: Sequence[str], seeds: Sequence[int]
+) -> dict[str, dict[int, dict[int, dict]]]:
+    """estimator -> seed -> step -> record, for the finished runs (their metrics.jsonl)."""
+    from gdpo_jax.train.metrics import read_jsonl
+
+    runs: dict[str, dict[int, dict[int, dict]]] = {}
+    for est in estimators:
+        for seed in seeds:
+            path = os.path.join(out_dir, "runs", est, f"seed{seed}", "metrics.jsonl")
+            if os.path.exists(os.path.join(os.path.dirname(path), "run_info.json")):  # finished
+                runs.setdefault(est, {})[seed] = read_jsonl(path)
+    return runs
+
+
+def _read_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
+    if not v.size:
+        return {"n": 0, "values": values}
+    q25, med, q75 = np.percentile(v, [25, 50, 75])
+    return {
+        "n": int(v.size),
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
+        "median": float(med),
+        "q25": float(q25),
+        "q75": float(q75),
+        "values": [float(x) for x in values],
+    }
+
+
+def warm_start_values(runs: dict[str, dict[int, dict[int, dict]]], key: str) -> list[float]:
+    """One step-0 value of `key` per seed (the mean over that seed's estimators).
+
+    Every estimator of a seed starts from the same weights and evaluates the same
+    prompts with the same sampling key, so their step-0 evals are copies of one
+    measurement: counting each copy would report n = seeds x estimators and a
+    standard deviation over duplicates.
+    """
+    per_seed: dict[int, list[float]] = {}
+    for recs in runs.values():
+        for seed, r in recs.items():
+            v = r.get(0, {}).get(key)
+            if v is not None and math.isfinite(v):
+                per_seed.setdefault(seed, []).append(float(v))
+    return [float(np.mean(per_seed[s])) for s in sorted(per_seed)]
+
+
+def report(
+    task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[int], *, window: int = 5
+) -> dict[str, Any]:
+    """Plots and results.md from the runs on disk. Returns the table dict."""
+    runs = load_runs(out_dir, estimators, seeds)
+    plots_dir = os.path.join(out_dir, "plots")
+    os.makedirs(plots_dir, exist_ok=True)
+    some = next((r for recs in runs.values() for r in recs.values()), {})
+    keys = sorted({k for rec in some.values() for k in rec})
+    plots = []
+    for key in [k for k in keys if k.startswith("reward/") and k.endswith("/mean")]:
+        name = key.split("/")[1]
+        path = os.path.join(plots_dir, f"train_{name}.png")
+        if plot(
+            runs,
+            key,
+            path,
+            window=window,
+            title=f"{task}: training {name}, {window}-step moving avg.\nmedian and IQR over seeds",
+        ):
+            plots.append(path)
+    for key, label in TABLE[task]:
+        path = os.path.join(plots_dir, eval_plot_name(key))
+        if plot(runs, key, path, title=f"{task}: held-out {label}\nmedian and IQR over seeds"):
+            plots.append(path)
+
+    rows: dict[str, Any] = {}
+    metrics = [k for k, _ in TABLE[task]]
+    rows["warm start (step 0)"] = {k: _stats(warm_start_values(runs, k)) for k in metrics}
+    finals: dict[str, dict[int, dict]] = {}
+    for est, recs in runs.items():
+        finals[est] = {
+            seed: r[max(s for s in r if any(k in r[s] for k in metrics))]
+            for seed, r in recs.items()
+        }
+        rows[est] = {k: _stats([f.get(k) for f in finals[est].values()]) for k in metrics}
+        rows[est]["final_step"] = int(max(max(r) for r in recs.values()))
+    # Same seed = same prompt order and warm start for every estimator, so per-seed
+    # differences to GRPO cancel most of the batch-to-batch noise.
+    paired: dict[str, Any] = {}
+    if "grpo" in finals:
+        for est in [e for e in finals if e != "grpo"]:
+            common = sorted(set(finals[est]) & set(finals["grpo"]))
+            paired[est] = {
+                k: _stats(
+                    [
+                        finals[est][s].get(k, math.nan) - finals["grpo"][s].get(k, math.nan)
+                        for s in common
+                    ]
+                )
+                for k in metrics
+            }
+    timing = {}
+    for est in runs:
+        infos = [os.path.join(out_dir, "runs", est, f"seed{s}", "run_info.json") for s in seeds]
+        infos = [_read_json(p) for p in infos if os.path.exists(p)]
+        timing[est] = {
+            "wall_s": [i["seconds"] for i in infos],
+            "cpu_s": [i.get("cpu_s") for i in infos],
+        }
+    table = {
+        "task": task,
+        "estimators": list(runs),
+        "seeds": list(seeds),
+        "rows": rows,
+        "paired_vs_grpo": paired,
+        "metrics": metrics,
+        "plots": plots,
+        "timing": timing,
+    }
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(markdown(table))
+    return table
+
+
+def markdown(table: dict[str, Any]) -> str:
+    """Mean ± std over seeds, with the median and the number of seeds, per metric."""
+    metrics = table["metrics"]
+    labels = dict(TABLE[table["task"]])
+    lines = [
+        "| estimator | " + " | ".join(labels[m] for m in metrics) + " |",
+        "|---" * (len(metrics) + 1) + "|",
+    ]
+    for name, row in table["rows"].items():
+        cells = []
+        for m in metrics:
+            s = row[m]
+            cells.append(
+                f"{s['mean']:.3f} ± {s['std']:.3f} (med {s['median']:.3f}, n={s['n']})"
+                if s["n"]
+                else "n/a"
+            )
+        lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+    if table.get("paired_vs_grpo"):
+        lines += [
+            "",
+            "Paired difference to GRPO (same seed), mean ± std over seeds:",
+            "",
+            "| estimator − GRPO | " + " | ".join(labels[m] for m in metrics) + " |",
+            "|---" * (len(metrics) + 1) + "|",
+        ]
+        for name, row in table["paired_vs_grpo"].items():
+            cells = [
+                f"{row[m]['mean']:+.3f} ± {row[m]['std']:.3f} (n={row[m]['n']})"
+                if row[m]["n"]
+                else "n/a"
+                for m in metrics
+            ]
+            lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,210 @@
+"""Shared command-line plumbing: one-line errors (exit 2), config paths, `--config.*` overrides.
+
+Every mistake on the command line (a misspelled field, a value of the wrong
+type, a missing config file, a field that fails validation) is printed as ONE
+line naming the flag or field, and the process exits with status 2 before any
+work starts:
+
+    error: --config.algo.estimater: no such config field. Did you mean "estimator"?
+
+`--config=configs/x.py` is resolved relative to the caller's directory; when
+no such file exists there, relative to the project's installed `configs`
+package (so the console scripts work from any directory).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2
+
+
+def fail(message: Any) -> NoReturn:
+    """Prints `error: <message>` as one line on stderr and exits with status 2."""
+    text = " ".join(str(message).split())
+    print(f"error: {text}", file=sys.stderr)
+    sys.exit(EXIT_USAGE)
+
+
+def configs_dir() -> str | None:
+    """Directory of the project's `configs` package (None when it is not importable)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("configs")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return list(spec.submodule_search_locations)[0]
+
+
+def resolve_config_path(value: str) -> str:
+    """`configs/x.py[:arg]` -> an existing file: caller-relative first, then the package's."""
+    path, sep, arg = value.partition(":")
+    if os.path.exists(path):
+        # Configs import each other as `configs.<name>`: the directory above a
+        # `configs` folder must be importable.
+        parent = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        if os.path.basename(os.path.dirname(os.path.abspath(path))) == "configs":
+            if parent not in sys.path:
+                sys.path.insert(0, parent)
+        return value
+    pkg = configs_dir()
+    if pkg is not None and not os.path.isabs(path):
+        parts = path.replace(os.sep, "/").split("/")
+        rel = parts[1:] if parts[0] == "configs" else parts
+        candidate = os.path.join(pkg, *rel)
+        if os.path.exists(candidate):
+            return candidate + sep + arg
+    fail(
+        f"--config={value}: no such file {path!r} (relative to {os.getcwd()})"
+        + (f" nor in the installed configs ({pkg})" if pkg else "")
+        + "."
+    )
+
+
+def _rewrite_config_args(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    out = list(argv)
+    for i, a in enumerate(out):
+        for name in names:
+            if a.startswith(f"--{name}="):
+                out[i] = f"--{name}=" + resolve_config_path(a.split("=", 1)[1])
+    return out
+
+
+def _explain(exc: BaseException, argv: Sequence[str]) -> str:
+    """One line for an exception raised while parsing flags (absl / ml_collections)."""
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)
+    if isinstance(exc, (KeyError, AttributeError)):  # repr-quoted: "'\'key\'\nDid you mean..."
+        text = text.strip("'\"").replace("\\n", " ").replace("\\'", "'")
+    missing = re.match(r"'?([A-Za-z_][\w]*)'?\s*(Did you mean.*)?$", " ".join(text.split()), re.S)
+    if isinstance(exc, (KeyError, AttributeError)) and missing:
+        key, hint = missing.group(1), missing.group(2) or ""
+        for a in argv:
+            flag = a.split("=", 1)[0]
+            if flag.startswith("--") and "." in flag and flag.rsplit(".", 1)[-1] == key:
+                return f"{flag}: no such config field. {hint}".strip()
+        return f"no such config field {key!r}. {hint}".strip()
+    if "Traceback (most recent call last)" in text:  # get_config() raised: its last line
+        head = text.split("Error whilst parsing config file")[0].split("Traceback")[0].strip()
+        return f"{head} {[x for x in text.splitlines() if x.strip()][-1].strip()}"
+    if "Failed loading config file" in text:
+        return "could not load the config file: " + " ".join(text.split("\n")[1:])
+    return text
+
+
+def flags_parser(config_flags: Sequence[str] = ("config",)) -> Callable[[list[str]], list[str]]:
+    """An `app.run(..., flags_parser=)` whose errors are one line and exit status 2."""
+
+    def parse(argv: list[str]) -> list[str]:
+        from absl import flags
+
+        argv = _rewrite_config_args(argv, config_flags)
+        try:
+            return flags.FLAGS(argv)
+        except SystemExit:
+            raise
+        except Exception as e:  # any parse error comes from the user's input
+            cause = e.__cause__ or e
+            fail(_explain(cause, argv))
+
+    return parse
+
+
+def define_log_level() -> None:
+    from absl import flags
+
+    from gdpo_jax.train.logs import LEVELS
+
+    if "log_level" not in flags.FLAGS:
+        flags.DEFINE_enum(
+            "log_level",
+            "info",
+            list(LEVELS),
+            "Level of the project's own logs; third-party libraries (absl, Orbax, JAX) log at "
+            "WARNING unless this is 'debug'.",
+        )
+
+
+# ------------------------------------------------- overrides parsed by hand
+def split_overrides(
+    argv: Sequence[str], prefixes: Sequence[str]
+) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
+    """Takes `--<prefix>.a.b=value` arguments out of argv (for tools that load configs themselves).
+
+    Returns (the remaining argv, prefix -> [(dotted field, value string), ...]).
+    """
+    rest: list[str] = []
+    found: dict[str, list[tuple[str, str]]] = {p: [] for p in prefixes}
+    for a in argv:
+        for p in prefixes:
+            if a.startswith(f"--{p}."):
+                field, eq, value = a[len(p) + 3 :].partition("=")
+                if not eq:
+                    fail(f"{a}: expected --{p}.<field>=<value>.")
+                found[p].append((field, value))
+                break
+        else:
+            rest.append(a)
+    return rest, found
+
+
+def apply_overrides(cfg: Any, overrides: Sequence[tuple[str, str]], flag: str = "--config") -> Any:
+    """Sets each dotted field of `cfg` from its command-line string, typed like the field.
+
+    Raises ConfigError naming the flag: unknown field (with a suggestion),
+    unparsable value, a value for a whole group.
+    """
+    from ml_collections import ConfigDict
+
+    from gdpo_jax.train.config import ConfigError
+
+    for dotted, value in overrides:
+        node, name = cfg, f"{flag}.{dotted}"
+        parts = dotted.split(".")
+        leaf = parts[-1]
+        for i, part in enumerate(parts):
+            if not isinstance(node, ConfigDict) or part not in node:
+                keys = list(node.keys()) if isinstance(node, ConfigDict) else []
+                close = difflib.get_close_matches(part, keys, n=1)
+                hint = f' Did you mean "{close[0]}"?' if close else ""
+                raise ConfigError(f"{name}: no such config field.{hint}")
+            if i < len(parts) - 1:
+                node = node[part]
+        like = node[leaf]
+        if isinstance(like, ConfigDict):
+            raise ConfigError(f"{name} is a group of fields; set {name}.<field>=... instead.")
+        try:
+            node[leaf] = parse_value(value, like)
+        except (ValueError, SyntaxError, TypeError) as e:
+            raise ConfigError(
+                f"{name}={value}: expected a {type(like).__name__} like {like!r} ({e})."
+            ) from None
+    return cfg
+
+
+def parse_value(value: str, like: Any) -> Any:
+    """A command-line string as the type of the field it overrides (as config_flags does)."""
+    if isinstance(like, str):
+        return value
+    if isinstance(like, bool):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError("not a bool: use True or False")
+        return value.lower() in ("true", "1")
+    if isinstance(like, (tuple, list)):
+        parsed = ast.literal_eval(value)
+        return tuple(parsed) if isinstance(parsed, (tuple, list)) else (parsed,)
+    if isinstance(like, int):
+        return int(value)
+    if isinstance(like, float):
+        return float(value)
+    if like is None:
+        try:
+            return ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return value
+    return type(like)(value)

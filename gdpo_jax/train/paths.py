@@ -1,0 +1,150 @@
+"""Run directories that may be URLs (gs://, s3://, ...), and the input paths a config names.
+
+A workdir such as `gs://bucket/run` goes through `etils.epath` (as in
+big_vision and MaxText): metrics, config.json, plots and TensorBoard events
+are written to the URL and Orbax writes checkpoints there itself. It is never
+treated as a local relative path (which would create `./gs:/bucket/run`).
+Whether the filesystem package for the scheme is installed is checked in
+config validation, before any work starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import IO, Any
+
+# URL scheme -> the fsspec package etils.epath needs for it.
+FS_PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
+
+
+def is_url(path: str) -> bool:
+    return "://" in str(path)
+
+
+def join(base: str, *parts: str) -> str:
+    """os.path.join that keeps a URL's `scheme://` intact."""
+    if is_url(base):
+        return "/".join([str(base).rstrip("/"), *parts])
+    return os.path.join(base, *parts)
+
+
+def _epath(path: str) -> Any:
+    from etils import epath
+
+    return epath.Path(path)
+
+
+def exists(path: str) -> bool:
+    return _epath(path).exists() if is_url(path) else os.path.exists(path)
+
+
+def makedirs(path: str) -> None:
+    if is_url(path):
+        _epath(path).mkdir(parents=True, exist_ok=True)
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+@contextlib.contextmanager
+def open_file(path: str, mode: str = "r") -> Iterator[IO]:
+    """open() for local paths and URLs alike (URLs: no append mode, see `LocalMirror`)."""
+    if is_url(path):
+        with _epath(path).open(mode) as f:
+            yield f
+    else:
+        with open(path, mode) as f:
+            yield f
+
+
+def check_workdir(path: str, field: str = "workdir") -> None:
+    """Raises ConfigError when `path` is a URL whose filesystem package is missing."""
+    from gdpo_jax.errors import ConfigError
+
+    if not is_url(path):
+        return
+    scheme = str(path).split("://", 1)[0]
+    if scheme not in FS_PACKAGES:
+        raise ConfigError(
+            f"config.{field}={path!r}: unsupported URL scheme {scheme!r}; use a local "
+            f"directory or one of {', '.join(s + '://' for s in FS_PACKAGES)}."
+        )
+    package = FS_PACKAGES[scheme]
+    has_tf = importlib.util.find_spec("tensorflow") is not None  # epath's other backend
+    if not has_tf and importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            f"config.{field}={path!r} needs the {package} package to write to {scheme}:// "
+            f"(pip install {package}); or use a local directory."
+        )
+
+
+def check_inputs(cfg: Any) -> None:
+    """Raises ConfigError when the model or data paths the config names do not exist.
+
+    Checked in validation so that a typo fails in a second, not after the build.
+    Registered model names and "synthetic" data are not paths; URLs are left to
+    the loader.
+    """
+    from gdpo_jax.errors import ConfigError
+
+    name = str(cfg.model.get("name", ""))
+    if name and not is_url(name):
+        from gdpo_jax.models import gguf
+
+        if name.endswith(".gguf") and not os.path.isfile(name):
+            raise ConfigError(f"config.model.name={name!r}: no such .gguf file.")
+        if not name.endswith(".gguf") and name.lower() not in gguf.KNOWN_MODELS:
+            if not os.path.isdir(name):
+                raise ConfigError(
+                    f"config.model.name={name!r} is not a directory (relative to "
+                    f"{os.getcwd()}) nor a known offline model {sorted(gguf.KNOWN_MODELS)}; "
+                    "fetch the checkpoint first (`hf download <repo> --local-dir DIR`)."
+                )
+            if not os.path.isfile(os.path.join(name, "config.json")):
+                raise ConfigError(
+                    f"config.model.name={name!r} has no config.json: not a Hugging Face "
+                    "checkpoint directory."
+                )
+    for field in ("source", "eval_source"):
+        src = str(cfg.task.get(field, ""))
+        if src and src != "synthetic" and not is_url(src) and not glob.glob(src):
+            raise ConfigError(
+                f"config.task.{field}={src!r} matches no file or directory (relative to "
+                f"{os.getcwd()}); give a path, glob or directory, or 'synthetic'."
+            )
+
+
+class LocalMirror:
+    """A local staging directory that is copied to a URL workdir on `sync()`.
+
+    Object stores have no append mode, and TensorBoard's writer wants a local
+    file: writers write here, and `sync()` uploads every file (whole) to
+    `remote`. Files already at `remote` (a resumed run) are downloaded first.
+    """
+
+    def __init__(self, remote: str, files: tuple[str, ...] = ()):
+        self.remote = remote
+        self.local = tempfile.mkdtemp(prefix="gdpo_workdir_")
+        for name in files:
+            src = join(remote, name)
+            if exists(src):
+                with open_file(src, "rb") as f, open(os.path.join(self.local, name), "wb") as g:
+                    shutil.copyfileobj(f, g)
+
+    def sync(self) -> None:
+        for root, _, names in os.walk(self.local):
+            rel = os.path.relpath(root, self.local)
+            target = self.remote if rel == "." else join(self.remote, *rel.split(os.sep))
+            makedirs(target)
+            for n in names:
+                with open(os.path.join(root, n), "rb") as f, open_file(join(target, n), "wb") as g:
+                    shutil.copyfileobj(f, g)
+
+    def close(self) -> None:
+        self.sync()
+        shutil.rmtree(self.local, ignore_errors=True)
