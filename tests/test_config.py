@@ -241,6 +241,9 @@ def test_reward_options_from_signature_and_declared():
     code = reward_options("code_pass_rate")  # read from **kwargs, declared at registration
     assert {"isolation", "max_tests", "cpu_s", "wall_s"} <= set(code)
     check_reward_kwargs("code_bug", {"max_tests": 3})
+    # config.rewards.kwargs.<code reward> may override config.rewards.sandbox per reward
+    # (both keys reach the sandbox as reward kwargs); allow_weak was not declared.
+    check_reward_kwargs("code_pass_rate", {"isolation": "rlimits", "allow_weak": True})
     with pytest.raises(ValueError, match=r"'code_bug'.*\['max_test'\]"):
         check_reward_kwargs("code_bug", {"max_test": 3})
 

@@ -188,7 +188,7 @@ def _scores(completions, tests, kwargs, which: int) -> list[float]:
 
 
 # Keyword arguments the code rewards read from **kwargs (config.rewards.kwargs.code_*).
-_REWARD_OPTIONS = (*SandboxLimits.__dataclass_fields__, "isolation", "max_tests")
+_REWARD_OPTIONS = (*SandboxLimits.__dataclass_fields__, "isolation", "allow_weak", "max_tests")
 
 
 @register_reward("code_pass_rate", options=_REWARD_OPTIONS)
