@@ -215,3 +215,54 @@ def test_no_deprecated_hub_cli_in_text() -> None:
     if "huggingface-cli" in (ROOT / "README.md").read_text(encoding="utf-8"):
         hits.append("README.md")
     assert not hits, f"`huggingface-cli` (deprecated; use `hf download`) in: {hits}"
+
+
+def _what_is_where() -> str:
+    """The "What is where" section of docs/getting-started.md (up to the next `## `)."""
+    text = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    m = re.search(r"^## What is where\n(.*?)^## ", text, re.S | re.M)
+    assert m, "docs/getting-started.md lost its '## What is where' section"
+    return m.group(1)
+
+
+def map_mismatches(section: str, root: Path) -> list[str]:
+    """Modules of `root`/gdpo_jax missing from the map's table rows, and .py names it lists
+    that no module of that row's folders has."""
+    rows = [ln for ln in section.splitlines() if ln.startswith("|") and "gdpo_jax/" in ln]
+    errors = []
+    for path in sorted((root / "gdpo_jax").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        folder, name = rel.rsplit("/", 1)
+        # A module is named in a row that names its folder (`gdpo_jax/core/`, or the
+        # folder of an earlier `gdpo_jax/.../x.py` in the row) and its file name; a
+        # package's __init__.py by its folder `gdpo_jax/x/` alone.
+        named = any(f"`{name}`" in r and f"{folder}/" in r for r in rows)
+        named = named or any(f"`{rel}`" in r for r in rows)
+        if name == "__init__.py":
+            named = named or any(f"`{folder}/`" in r for r in rows)
+        if not named:
+            errors.append(f"{rel} is not in the map")
+    for row in rows:
+        folders = set(re.findall(r"`(gdpo_jax(?:/\w+)*)/", row))
+        for name in re.findall(r"`(?:gdpo_jax/(?:\w+/)*)?(\w+\.py)`", row):
+            if not any((root / f / name).exists() for f in folders):
+                errors.append(f"{name} (row {row[:40]}...) does not exist")
+    return errors
+
+
+def test_what_is_where_matches_the_package() -> None:
+    # The map of docs/getting-started.md names every module of gdpo_jax/ and nothing else.
+    errors = map_mismatches(_what_is_where(), ROOT)
+    assert not errors, "docs/getting-started.md 'What is where':\n" + "\n".join(errors)
+
+
+def test_map_checker_catches_a_new_and_a_removed_module(tmp_path: Path) -> None:
+    (tmp_path / "gdpo_jax" / "core").mkdir(parents=True)
+    for f in ("gdpo_jax/__init__.py", "gdpo_jax/core/a.py", "gdpo_jax/core/new.py"):
+        (tmp_path / f).write_text("", encoding="utf-8")
+    section = (
+        "| core | `gdpo_jax/core/`: `a.py`, `gone.py` | x |\n| top | `gdpo_jax/__init__.py` | y |\n"
+    )
+    errors = map_mismatches(section, tmp_path)
+    assert len(errors) == 2, errors
+    assert "core/new.py is not in the map" in errors[0] and "gone.py" in errors[1]
