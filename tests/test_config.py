@@ -331,11 +331,11 @@ def test_custom_rewards_by_import_path_and_config_imports(tmp_path, monkeypatch)
 
 def test_failed_task_import_names_its_cause(monkeypatch):
     # Issue #13 item 13: `except ImportError: pass` made it "not a registered task".
-    from gdpo_jax.train import build
+    from gdpo_jax import tasks
 
-    monkeypatch.setitem(sys.modules, "gdpo_jax.train.tasks_adapter", None)
-    with pytest.raises(ImportError, match=r"built-in tasks \(gdpo_jax\.train\.tasks_adapter\)"):
-        build.list_tasks()
+    monkeypatch.setitem(sys.modules, "gdpo_jax.tasks.sources", None)
+    with pytest.raises(ImportError, match=r"built-in tasks \(gdpo_jax\.tasks\.sources\)"):
+        tasks.list_tasks()
     with pytest.raises(ConfigError, match=r"config\.task\.name: importing the built-in tasks"):
         validate_config(_cfg(), num_devices=8)
 
@@ -343,8 +343,8 @@ def test_failed_task_import_names_its_cause(monkeypatch):
 def test_tokenizer_fails_at_its_cause(monkeypatch):
     # synthetic_bpe is known to the trainer without importing gdpo_jax.data.tokenizer.
     code = (
-        "import sys; from gdpo_jax.train import build\n"
-        "assert build.tokenizer_known('synthetic_bpe')\n"
+        "import sys; from gdpo_jax.data import tokenizer_registry\n"
+        "assert tokenizer_registry.tokenizer_known('synthetic_bpe')\n"
         "assert 'gdpo_jax.data.tokenizer' not in sys.modules\n"
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
