@@ -269,6 +269,7 @@ def test_context_longer_than_model_positions_is_rejected(tmp_path):
 
 def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkeypatch):
     # Issue #13 item 8: config.rewards.sandbox; checked before any work starts.
+    from gdpo_jax.rewards import isolation as isolation_mod
     from gdpo_jax.rewards import sandbox
 
     c = _cfg()
@@ -277,7 +278,7 @@ def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkey
     specs = reward_specs(c)
     assert specs[0].kwargs == {"isolation": "auto", "allow_weak": False, "cpu_s": 1}
     assert specs[1].kwargs == {}
-    monkeypatch.setattr(sandbox, "_probe", lambda cmd: False)
+    monkeypatch.setattr(isolation_mod, "_probe", lambda cmd: False)
     sandbox.isolation.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"config\.rewards\.sandbox: .*allow_weak=True"):
