@@ -134,7 +134,7 @@ def _timed(fn) -> float:
 # ------------------------------------------------------------------ gdpo_jax
 def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, float]:
     from gdpo_jax.rewards import register_reward
-    from gdpo_jax.train.build import TaskData
+    from gdpo_jax.tasks import TaskData
     from gdpo_jax.train.config import base_config
     from gdpo_jax.train.loop import Trainer
 

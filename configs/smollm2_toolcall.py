@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import ml_collections as mlc
 
-from gdpo_jax.train import build
+from gdpo_jax import tasks
 from gdpo_jax.train.config import base_config
 
 FORMAT = (
@@ -69,12 +69,12 @@ def one_shot(record: dict) -> dict:
     return dict(record, prompt=[{"role": "system", "content": header}, *EXAMPLE, *rest])
 
 
-@build.register_task("toolcall_oneshot")
-def _load_one_shot(cfg) -> build.TaskData:
+@tasks.register_task("toolcall_oneshot")
+def _load_one_shot(cfg) -> tasks.TaskData:
     base = mlc.ConfigDict(cfg.to_dict())  # an unlocked copy, asking for the plain task
     base.task.name = "toolcall"
-    data = build.load_task(base)
-    return build.TaskData(
+    data = tasks.load_task(base)
+    return tasks.TaskData(
         train=[one_shot(r) for r in data.train],
         eval=[one_shot(r) for r in data.eval],
         evaluate=data.evaluate,

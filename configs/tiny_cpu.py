@@ -1,7 +1,7 @@
 r"""Tiny CPU run: a 0.8M-parameter random-init Llama learns the toy tool-calling task by GDPO.
 
 Three rewards (toy_format, toy_correct, toy_length; see
-gdpo_jax/train/toy_task.py), 16 prompts x 8 generations per step, 300 steps,
+gdpo_jax/tasks/toy.py), 16 prompts x 8 generations per step, 300 steps,
 about 2-3 minutes on a 2-core CPU. All three rewards climb from where a random
 policy starts (format 0.15 -> 1.0, correct 0.04 -> ~0.6, length 0.14 -> 1.0 in
 our run); metrics in <workdir>/metrics.jsonl and <workdir>/tb (TensorBoard).

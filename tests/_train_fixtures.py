@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from gdpo_jax.data.tokenizer_registry import register_tokenizer
 from gdpo_jax.rewards import register_reward
-from gdpo_jax.train.build import TaskData, register_task, register_tokenizer
+from gdpo_jax.tasks import TaskData, register_task
 from gdpo_jax.train.config import base_config
 from tests._tiny_tokenizer import make_tiny_tokenizer
 

@@ -272,6 +272,7 @@ def test_context_longer_than_model_positions_is_rejected(tmp_path):
 
 def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkeypatch):
     # Issue #13 item 8: config.rewards.sandbox; checked before any work starts.
+    from gdpo_jax.rewards import isolation as isolation_mod
     from gdpo_jax.rewards import sandbox
 
     c = _cfg()
@@ -280,7 +281,7 @@ def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkey
     specs = reward_specs(c)
     assert specs[0].kwargs == {"isolation": "auto", "allow_weak": False, "cpu_s": 1}
     assert specs[1].kwargs == {}
-    monkeypatch.setattr(sandbox, "_probe", lambda cmd: False)
+    monkeypatch.setattr(isolation_mod, "_probe", lambda cmd: False)
     sandbox.isolation.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"config\.rewards\.sandbox: .*allow_weak=True"):
@@ -334,11 +335,11 @@ def test_custom_rewards_by_import_path_and_config_imports(tmp_path, monkeypatch)
 
 def test_failed_task_import_names_its_cause(monkeypatch):
     # Issue #13 item 13: `except ImportError: pass` made it "not a registered task".
-    from gdpo_jax.train import build
+    from gdpo_jax import tasks
 
-    monkeypatch.setitem(sys.modules, "gdpo_jax.train.tasks_adapter", None)
-    with pytest.raises(ImportError, match=r"built-in tasks \(gdpo_jax\.train\.tasks_adapter\)"):
-        build.list_tasks()
+    monkeypatch.setitem(sys.modules, "gdpo_jax.tasks.sources", None)
+    with pytest.raises(ImportError, match=r"built-in tasks \(gdpo_jax\.tasks\.sources\)"):
+        tasks.list_tasks()
     with pytest.raises(ConfigError, match=r"config\.task\.name: importing the built-in tasks"):
         validate_config(_cfg(), num_devices=8)
 
@@ -346,8 +347,8 @@ def test_failed_task_import_names_its_cause(monkeypatch):
 def test_tokenizer_fails_at_its_cause(monkeypatch):
     # synthetic_bpe is known to the trainer without importing gdpo_jax.data.tokenizer.
     code = (
-        "import sys; from gdpo_jax.train import build\n"
-        "assert build.tokenizer_known('synthetic_bpe')\n"
+        "import sys; from gdpo_jax.data import tokenizer_registry\n"
+        "assert tokenizer_registry.tokenizer_known('synthetic_bpe')\n"
         "assert 'gdpo_jax.data.tokenizer' not in sys.modules\n"
     )
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)

@@ -404,15 +404,15 @@ def test_one_step_on_tiny_same_architecture(setting, arg, tokenizer, tmp_path):
 # --------------------------------------------------------------------------- #
 def test_smollm2_config_validates_and_one_shot_prompts(tmp_path):
     from configs import smollm2_toolcall
-    from gdpo_jax.train import build
+    from gdpo_jax import tasks
 
     c = smollm2_toolcall.get_config()
     c.workdir = str(tmp_path)
     validate_config(c, num_devices=1)
     assert c.model.name == "smollm2-135m-instruct" and c.task.source == "synthetic"
     assert tuple(c.rewards.names) == ("toolcall_format", "toolcall_correctness")
-    data = build.load_task(c)
-    plain = build.load_task(dict_to_cfg(c, task_name="toolcall"))
+    data = tasks.load_task(c)
+    plain = tasks.load_task(dict_to_cfg(c, task_name="toolcall"))
     assert len(data.train) == len(plain.train) == c.task.num_train
     for new, old in zip(data.train[:20], plain.train[:20]):
         assert new["ground_truth"] == old["ground_truth"]  # same records, same rewards

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gdpo_jax.rewards import RewardRunner, RewardSpec
+from gdpo_jax.rewards import isolation as isolation_mod
 from gdpo_jax.rewards import sandbox as sb
 
 ISO = sb.isolation()
@@ -42,7 +43,7 @@ def sandbox_uid_procs():
 
 def test_isolation_is_recorded():
     assert ISO.mode in sb.MODES
-    if os.geteuid() == 0 and sb._probe(["unshare", *sb._NS_FLAGS, "true"]):
+    if os.geteuid() == 0 and isolation_mod._probe(["unshare", *sb._NS_FLAGS, "true"]):
         assert ISO == sb.Isolation("namespaces", True, True, True, True)
     with pytest.raises(ValueError, match="isolation mode"):
         sb.isolation("chroot")
@@ -315,7 +316,7 @@ def probes(monkeypatch):
     """isolation() re-probed with a fake `unshare` probe; the real one restored after."""
 
     def use(ok):
-        monkeypatch.setattr(sb, "_probe", lambda cmd: ok(cmd))
+        monkeypatch.setattr(isolation_mod, "_probe", lambda cmd: ok(cmd))
         sb.isolation.cache_clear()
 
     yield use

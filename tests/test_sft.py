@@ -83,7 +83,7 @@ def test_tokenizer_layout_and_round_trip(tmp_path, monkeypatch):
     odd = 'Grüße, 東京! \t\n {"x": -1.5e3}'
     assert tok.decode(tok(odd, add_special_tokens=False)["input_ids"]) == odd
     # The registry name resolves to the same tokenizer.
-    from gdpo_jax.train.build import build_tokenizer
+    from gdpo_jax.data.tokenizer_registry import build_tokenizer
 
     assert build_tokenizer("synthetic_bpe").get_vocab() == tok.get_vocab()
     T._cached_json.cache_clear()

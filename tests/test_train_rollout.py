@@ -7,7 +7,7 @@ import types
 import jax
 import numpy as np
 
-from gdpo_jax.train.data import PromptStream
+from gdpo_jax.data.stream import PromptStream
 from gdpo_jax.train.rollout import collect_batch, group_has_signal, rollout_metrics
 
 G = 2

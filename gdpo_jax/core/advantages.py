@@ -36,7 +36,6 @@ Semantics follow the official GDPO TRL patch with TRL-main's NaN handling:
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import jax
@@ -44,6 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from gdpo_jax.core import segment as seg
+
+# Diagnostics of the same group statistics, importable from here as before.
+from gdpo_jax.core.group_stats import group_distinct_advantages, per_reward_group_spread
+from gdpo_jax.core.rows import check_group_ids, check_num_groups, check_valid, row_mask
 
 __all__ = [
     "BATCH_NORMS",
@@ -63,44 +66,6 @@ _VERL_WHITEN_EPS = 1e-8
 # --------------------------------------------------------------------------- #
 # Input checking (static, at trace time).
 # --------------------------------------------------------------------------- #
-def _check_group_ids(group_ids: Any, n: int) -> jax.Array:
-    group_ids = jnp.asarray(group_ids)
-    if group_ids.ndim != 1 or group_ids.shape[0] != n:
-        raise ValueError(
-            f"group_ids must have shape [N]=[{n}] (one id per row of rewards); "
-            f"got shape {tuple(group_ids.shape)}."
-        )
-    if not jnp.issubdtype(group_ids.dtype, jnp.integer):
-        raise ValueError(
-            f"group_ids must be an integer array (int32 prompt/group index); got "
-            f"dtype {group_ids.dtype}. Cast with group_ids.astype(jnp.int32)."
-        )
-    return group_ids.astype(jnp.int32)
-
-
-def _check_num_groups(num_groups: Any) -> int:
-    try:
-        num_groups = operator.index(num_groups)
-    except TypeError:
-        raise ValueError(
-            f"num_groups must be a static Python int (e.g. num_prompts); got "
-            f"{type(num_groups).__name__}. It sizes the segment tables, so it "
-            f"cannot be traced."
-        ) from None
-    if num_groups < 1:
-        raise ValueError(f"num_groups must be >= 1; got {num_groups}.")
-    return num_groups
-
-
-def _check_valid(valid: Any, n: int, name: str = "valid") -> jax.Array:
-    if valid is None:
-        return jnp.ones((n,), bool)
-    valid = jnp.asarray(valid)
-    if valid.shape != (n,):
-        raise ValueError(f"{name} must have shape [N]=[{n}]; got {tuple(valid.shape)}.")
-    return valid.astype(bool)
-
-
 def _as_float_array(x: Any, name: str, fix: str) -> jax.Array:
     """``x`` as an f32 array, or a one-line error naming ``name`` (e.g. None inside)."""
     if isinstance(x, jax.Array):
@@ -125,11 +90,6 @@ def _check_finite(x: jax.Array, name: str, fix: str) -> None:
             f"compute_advantages: {name} has a non-finite value at index {i} "
             f"({float(np.asarray(x).reshape(-1)[i])}); {fix}."
         )
-
-
-def _row_mask(group_ids: jax.Array, valid: jax.Array, num_groups: int) -> jax.Array:
-    """Rows that take part: valid and with an in-range group id (-1 = padding)."""
-    return valid & (group_ids >= 0) & (group_ids < num_groups)
 
 
 # --------------------------------------------------------------------------- #
@@ -264,9 +224,9 @@ def compute_advantages(
     n, k = rewards.shape
     if k < 1:
         raise ValueError("rewards must have at least one column (K >= 1).")
-    num_groups = _check_num_groups(num_groups)
-    group_ids = _check_group_ids(group_ids, n)
-    valid = _check_valid(valid, n)
+    num_groups = check_num_groups(num_groups)
+    group_ids = check_group_ids(group_ids, n)
+    valid = check_valid(valid, n)
     if weights is None:
         weights = jnp.ones((k,), jnp.float32)
     weights = _as_float_array(weights, "weights", "pass one finite float weight per reward")
@@ -300,7 +260,7 @@ def compute_advantages(
     rows = seg.explicit_rows(rewards)
     group_ids = seg.match_rows(group_ids, rows)
     valid = seg.match_rows(valid, rows)
-    row_ok = _row_mask(group_ids, valid, num_groups)
+    row_ok = row_mask(group_ids, valid, num_groups)
     ids = jnp.where(row_ok, group_ids, 0)
     # inf is unscorable like NaN: one inf would make its group's (or, through
     # the batch whitening, the whole batch's) statistics NaN.
@@ -356,79 +316,3 @@ def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.
     return jnp.where(jnp.isnan(condition), jnp.nan, gated).astype(
         jnp.result_type(reward.dtype, jnp.float32)
     )
-
-
-def group_distinct_advantages(
-    adv: jax.Array,
-    group_ids: jax.Array,
-    *,
-    num_groups: int,
-    valid: jax.Array | None = None,
-    decimals: int = 4,
-) -> jax.Array:
-    """Mean number of distinct advantage values per group (signal resolution).
-
-    Args:
-      adv: f32[N] advantages.
-      group_ids: i32[N]; ids outside [0, num_groups) count as invalid.
-      num_groups: static.
-      valid: bool[N] rows to count (default all).
-      decimals: values equal after rounding to this many decimals are one value.
-    Returns:
-      f32[] mean over groups with >= 1 valid row (0 if there are none).
-    """
-    adv = jnp.asarray(adv, jnp.float32)
-    if adv.ndim != 1:
-        raise ValueError(f"adv must be rank 1, [N]; got shape {tuple(adv.shape)}.")
-    n = adv.shape[0]
-    num_groups = _check_num_groups(num_groups)
-    group_ids = _check_group_ids(group_ids, n)
-    valid = _check_valid(valid, n)
-    rows = seg.explicit_rows(adv)
-    group_ids, valid = seg.match_rows(group_ids, rows), seg.match_rows(valid, rows)
-    row_ok = _row_mask(group_ids, valid, num_groups)
-    # Sort by (group, rounded value); invalid rows sort last under id num_groups.
-    # Sorting needs the whole row axis on each device in Explicit mode.
-    key_g = seg.replicate(jnp.where(row_ok, group_ids, num_groups), rows)
-    key_v = seg.replicate(jnp.round(adv, decimals) + 0.0, rows)  # +0.0: -0.0 -> 0.0
-    key_g, key_v = jax.lax.sort((key_g, key_v), num_keys=2)
-    new = jnp.concatenate(
-        [jnp.ones((1,), bool), (key_g[1:] != key_g[:-1]) | (key_v[1:] != key_v[:-1])]
-    )
-    distinct = jnp.sum(new & (key_g < num_groups))
-    group_start = jnp.concatenate([jnp.ones((1,), bool), key_g[1:] != key_g[:-1]])
-    groups = jnp.sum(group_start & (key_g < num_groups))
-    return distinct.astype(jnp.float32) / jnp.maximum(groups, 1).astype(jnp.float32)
-
-
-def per_reward_group_spread(
-    rewards: jax.Array, group_ids: jax.Array, *, num_groups: int, valid: jax.Array | None = None
-) -> jax.Array:
-    """Which (group, reward) pairs carry signal: > 1 distinct scorable value.
-
-    Under GDPO a group whose *summed* reward is constant can still carry signal
-    in one reward, so dynamic sampling must look at each reward separately.
-
-    Args:
-      rewards: f32[N, K] (NaN or +/-inf = unscorable, ignored).
-      group_ids: i32[N]; ids outside [0, num_groups) count as invalid.
-      num_groups: static.
-      valid: bool[N] (default all).
-    Returns:
-      bool[num_groups, K].
-    """
-    rewards = jnp.asarray(rewards, jnp.float32)
-    if rewards.ndim != 2:
-        raise ValueError(f"rewards must be rank 2, [N, K]; got shape {tuple(rewards.shape)}.")
-    n = rewards.shape[0]
-    num_groups = _check_num_groups(num_groups)
-    group_ids = _check_group_ids(group_ids, n)
-    valid = _check_valid(valid, n)
-    rows = seg.explicit_rows(rewards)
-    group_ids, valid = seg.match_rows(group_ids, rows), seg.match_rows(valid, rows)
-    row_ok = _row_mask(group_ids, valid, num_groups)
-    ids = jnp.where(row_ok, group_ids, 0)
-    scorable = row_ok[:, None] & jnp.isfinite(rewards)  # as compute_advantages
-    hi = seg.segment_max(jnp.where(scorable, rewards, -jnp.inf), ids, num_groups, rows)
-    lo = seg.segment_min(jnp.where(scorable, rewards, jnp.inf), ids, num_groups, rows)
-    return hi > lo

@@ -1,4 +1,6 @@
-"""Record files (JSONL / JSON / Parquet) and synthetic task generators.
+"""Record files (JSONL / JSON / Parquet), synthetic task generators, tokenizers by name
+(`tokenizer_registry`), the trainer's prompt stream (`stream.PromptStream`) and SFT
+target corruption (`corrupt`).
 
 from gdpo_jax.data import synthetic, write_records
 splits = synthetic.make_splits("toolcall", 2000, 200, seed=0)

@@ -21,7 +21,7 @@ chat template + reference answers):
     python -m gdpo_jax.data.tokenizer --out_dir /tmp/synthetic_bpe   # writes tokenizer.json & co.
 
 The trainer knows it as `config.model.tokenizer = "synthetic_bpe"`
-(registered in gdpo_jax.train.build, which imports this module on first use).
+(registered in gdpo_jax.data.tokenizer_registry, which imports this module on first use).
 """
 
 from __future__ import annotations

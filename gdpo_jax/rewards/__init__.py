@@ -7,18 +7,20 @@
     rewards, info = runner(prompts, completions, examples,
                            completion_lengths=rollouts.lengths)   # f32[N, 2]
 
-The built-in task rewards (gdpo_jax.tasks.*) register on the first lookup.
+The built-in task rewards (gdpo_jax.tasks.*, the `length` reward included) register
+on the first lookup.
 """
 
+from gdpo_jax.rewards.registry import MOVED as _MOVED
 from gdpo_jax.rewards.registry import (
     RewardTimeouts,
     completion_token_counts,
     estimate_tokens,
     get_reward,
-    length_reward,
     list_rewards,
     register_reward,
 )
+from gdpo_jax.rewards.registry import moved as _moved
 from gdpo_jax.rewards.runner import RewardError, RewardRunner, RewardSpec, gate
 
 __all__ = [
@@ -30,7 +32,13 @@ __all__ = [
     "estimate_tokens",
     "gate",
     "get_reward",
-    "length_reward",
     "list_rewards",
     "register_reward",
 ]
+
+
+def __getattr__(name: str):
+    # Moved names (e.g. length_reward -> gdpo_jax.tasks.length): an error naming the new path.
+    if name in _MOVED:
+        raise _moved(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -56,7 +56,13 @@ class RewardTimeouts(Exception):  # noqa: N818 - a result carrier, not only an e
 
 # Modules whose import registers the built-in task rewards; imported on the
 # first lookup so that `import gdpo_jax.rewards` stays light (no jax, no sympy).
-_BUILTIN_MODULES = ("gdpo_jax.tasks.toolcall", "gdpo_jax.tasks.math", "gdpo_jax.tasks.code")
+# (Module names, not imports: the tasks sit above the rewards.)
+_BUILTIN_MODULES = (
+    "gdpo_jax.tasks.length",
+    "gdpo_jax.tasks.toolcall",
+    "gdpo_jax.tasks.math",
+    "gdpo_jax.tasks.code",
+)
 _builtins_loaded: set[str] = set()  # marked only once imported: a failure is retried
 
 
@@ -217,23 +223,27 @@ def completion_token_counts(
     return [int(n) for n in completion_lengths]
 
 
-@register_reward("length")
-def length_reward(
-    prompts: Sequence,
-    completions: Sequence[str],
-    *,
-    max_tokens: int = 4000,
-    completion_lengths: Sequence[int] | None = None,
-    **kwargs,
-) -> list[float]:
-    """1.0 when the completion has at most `max_tokens` tokens, else 0.0.
+class MovedError(ImportError):
+    """A name that moved to another module: `from x import name` (and `x.name`) fail with
+    the new path. An ImportError, since `from x import name` turns an AttributeError
+    from a module's __getattr__ into a bare "cannot import name"."""
 
-    Token counts come from the `completion_lengths` field (the sampler's
-    Rollouts.lengths, passed as an extra field to the runner) or, missing
-    that, from `estimate_tokens`. Condition it on correctness with
-    RewardSpec("length", condition="math_correct") (paper eq. 8).
-    """
-    if max_tokens <= 0:
-        raise ValueError(f"length reward: max_tokens must be > 0, got {max_tokens}")
-    counts = completion_token_counts(completions, completion_lengths)
-    return [1.0 if n <= max_tokens else 0.0 for n in counts]
+
+# Old name -> its new home. The task-specific `length` reward moved next to its tasks;
+# re-exporting it here would import upward (rewards -> tasks).
+MOVED = {"length_reward": "gdpo_jax.tasks.length"}
+
+
+def moved(module: str, name: str) -> MovedError:
+    """The error for `module.name`, which now lives in MOVED[name]."""
+    new = MOVED[name]
+    return MovedError(
+        f"{module}.{name} moved to {new}.{name}: import it from there "
+        f"(`from {new} import {name}`); the reward's registered name is unchanged."
+    )
+
+
+def __getattr__(name: str):
+    if name in MOVED:
+        raise moved(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -41,19 +40,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+# Isolation probing lives in gdpo_jax.rewards.isolation; its names import from here too.
+from gdpo_jax.rewards.isolation import (  # noqa: F401
+    _NS_FLAGS,
+    MODES,
+    WEAK_MODES,
+    Isolation,
+    isolation,
+)
+
 _DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_driver.py")
-_NS_FLAGS = [
-    "--mount",
-    "--net",
-    "--pid",
-    "--ipc",
-    "--uts",
-    "--fork",
-    "--mount-proc",
-    "--kill-child",
-]
-MODES = ("namespaces", "userns", "setuid", "rlimits")
-WEAK_MODES = ("setuid", "rlimits")  # generated code reaches the network: opt-in only
 log = logging.getLogger("gdpo_jax.sandbox")
 
 # Imported once in the sandbox before forking test processes: cheaper than an
@@ -105,16 +101,6 @@ class SandboxLimits:
     total_wall_s: float | None = None
 
 
-@dataclasses.dataclass(frozen=True)
-class Isolation:
-    mode: str
-    network_isolated: bool
-    pid_namespace: bool
-    private_tmp: bool
-    uid_drop: bool
-    note: str = ""
-
-
 @dataclasses.dataclass
 class CaseResult:
     status: str  # ok|runtime_error|timeout|memory_error|output_limit|killed|sandbox_error
@@ -138,94 +124,6 @@ class ProgramResult:
         """Compile or runtime error (a timeout alone is not a bug)."""
         bad = {"runtime_error", "memory_error", "output_limit", "killed"}
         return self.compile_error is not None or any(c.status in bad for c in self.cases)
-
-
-def _probe(cmd: list[str]) -> bool:
-    try:
-        return (
-            subprocess.run(
-                cmd,
-                env={},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                timeout=10,
-            ).returncode
-            == 0
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
-def _build(mode: str, root: bool) -> Isolation:
-    if mode == "namespaces":
-        return Isolation(mode, True, True, True, True)
-    if mode == "userns":
-        return Isolation(
-            mode,
-            True,
-            True,
-            True,
-            False,
-            "test process keeps the caller's uid: it can write what the caller can",
-        )
-    if mode == "setuid":
-        return Isolation(
-            mode,
-            False,
-            False,
-            False,
-            True,
-            "no network isolation; world-writable dirs (/tmp) are writable",
-        )
-    return Isolation(
-        "rlimits",
-        False,
-        False,
-        False,
-        False,
-        "rlimits only: network, /tmp and the caller's files are reachable",
-    )
-
-
-@functools.cache
-def isolation(mode: str = "auto", allow_weak: bool = False) -> Isolation:
-    """The strongest isolation this machine allows (probed once), or `mode` if it works.
-
-    "auto" never falls back to a WEAK_MODES mode unless allow_weak; any mode
-    but "namespaces" is logged as a warning naming what it lacks.
-    """
-    if mode not in ("auto",) + MODES:
-        raise ValueError(f"sandbox isolation mode must be 'auto' or one of {MODES}, got {mode!r}")
-    root = os.geteuid() == 0
-    unshare = shutil.which("unshare")
-    avail = {"rlimits": True, "setuid": root}
-    if unshare:
-        avail["namespaces"] = root and _probe([unshare, *_NS_FLAGS, "true"])
-        avail["userns"] = _probe([unshare, "--user", "--map-root-user", *_NS_FLAGS, "true"])
-    if mode == "auto":
-        mode = next(m for m in MODES if avail.get(m))
-        if mode in WEAK_MODES and not allow_weak:
-            raise RuntimeError(
-                f"sandbox: the strongest isolation this machine allows is {mode!r} "
-                f"({_build(mode, root).note}), too weak for untrusted generated code. "
-                "Run as root with `unshare` (namespaces) or where unprivileged user "
-                "namespaces are enabled (userns), or accept it with "
-                "--config.rewards.sandbox.allow_weak=True (RewardSpec kwargs allow_weak=True)."
-            )
-    elif not avail.get(mode):
-        raise RuntimeError(
-            f"sandbox isolation {mode!r} is not available on this machine "
-            f"(available: {[m for m in MODES if avail.get(m)]})"
-        )
-    iso = _build(mode, root)
-    if mode != "namespaces":
-        log.warning(
-            "SANDBOX IS WEAKER THAN 'namespaces': running untrusted generated code in mode %r: %s",
-            mode,
-            iso.note,
-        )
-    return iso
 
 
 class _UidPool:

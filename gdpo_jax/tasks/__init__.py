@@ -1,23 +1,78 @@
-"""The paper's three tasks. Each module provides `load(path, split=...)`
-(records with at least "prompt" as chat messages and its reward fields),
-`default_rewards()` (RewardSpecs) and `evaluate(completions, examples, ...)`.
+"""Tasks: the one registry the trainer asks (`config.task.name`), and the task modules.
 
-    from gdpo_jax.tasks import get_task
+The paper's three tasks (toolcall, math, code) are modules providing
+`load(path, split=...)` (records with at least "prompt" as chat messages and its
+reward fields), `default_rewards()` (RewardSpecs) and `evaluate(completions,
+examples, ...)`; `sources` turns them into trainer tasks (config.task.source /
+eval_source / "synthetic"); `toy` is the word-level task of the tiny CPU config;
+`length` the completion-length reward of math and code.
+
+    from gdpo_jax.tasks import get_task, load_task, register_task, TaskData
     task = get_task("math")
     examples = task.load("data/deepscaler.json")
+    data = load_task(cfg)            # TaskData for cfg.task.name
 """
 
-import importlib
-from types import ModuleType
+from __future__ import annotations
 
-TASKS = ("toolcall", "math", "code")
+from typing import Any
 
+from gdpo_jax.tasks.registry import TASKS, TaskData, TaskLoader, get_task, register_task
 
-def get_task(name: str) -> ModuleType:
-    """The task module `gdpo_jax.tasks.<name>` (imports register its rewards)."""
-    if name not in TASKS:
-        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(TASKS)}")
-    return importlib.import_module(f"gdpo_jax.tasks.{name}")
+# The modules whose import registers the built-in trainer tasks.
+BUILTIN_TASK_MODULES = ("gdpo_jax.tasks.sources", "gdpo_jax.tasks.toy")
 
 
-__all__ = ["TASKS", "get_task"]
+def _load_builtin_tasks() -> None:
+    # Plain imports (not importlib strings), so the layout test sees these edges.
+    # A failed import is its own error, not "not a registered task" later.
+    mod = BUILTIN_TASK_MODULES[0]
+    try:
+        import gdpo_jax.tasks.sources  # noqa: F401  (toolcall, math, code)
+
+        mod = BUILTIN_TASK_MODULES[1]
+        import gdpo_jax.tasks.toy  # noqa: F401  (toy_toolcall)
+    except Exception as e:
+        raise ImportError(
+            f"importing the built-in tasks ({mod}) failed: {type(e).__name__}: {e}"
+        ) from e
+
+
+def list_tasks() -> list[str]:
+    """Sorted names of every registered trainer task (built-ins included)."""
+    from gdpo_jax.tasks.registry import _TASKS
+
+    _load_builtin_tasks()
+    return sorted(_TASKS)
+
+
+def load_task(cfg: Any) -> TaskData:
+    """TaskData of `cfg.task.name`; ValueError naming the field when unknown or empty."""
+    from gdpo_jax.tasks.registry import _TASKS
+
+    _load_builtin_tasks()
+    name = cfg.task.name
+    if name not in _TASKS:
+        raise ValueError(
+            f"config.task.name={name!r} is not a known task; known: "
+            f"{sorted(_TASKS)} (register more with gdpo_jax.tasks.register_task)."
+        )
+    data = _TASKS[name](cfg)
+    if not data.train:
+        raise ValueError(f"task {name!r} produced no training records.")
+    missing = [i for i, r in enumerate(data.train[:50]) if "prompt" not in r]
+    if missing:
+        raise ValueError(f"task {name!r}: training record {missing[0]} has no 'prompt' field.")
+    return data
+
+
+__all__ = [
+    "BUILTIN_TASK_MODULES",
+    "TASKS",
+    "TaskData",
+    "TaskLoader",
+    "get_task",
+    "list_tasks",
+    "load_task",
+    "register_task",
+]

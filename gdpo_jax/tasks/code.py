@@ -31,6 +31,7 @@ from gdpo_jax.data.loaders import PathLike, RecordError, get_field, normalize_me
 from gdpo_jax.rewards.registry import completion_token_counts, register_reward
 from gdpo_jax.rewards.runner import RewardSpec
 from gdpo_jax.rewards.sandbox import ProgramResult, SandboxLimits, run_program
+from gdpo_jax.tasks import length as _length  # noqa: F401  (registers "length")
 from gdpo_jax.tasks.common import load_records, parse_json_field
 
 STDIN_TEMPLATE = (

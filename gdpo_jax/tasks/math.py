@@ -23,6 +23,7 @@ import numpy as np
 from gdpo_jax.data.loaders import PathLike, RecordError, get_field, normalize_messages
 from gdpo_jax.rewards.registry import RewardTimeouts, completion_token_counts, register_reward
 from gdpo_jax.rewards.runner import RewardSpec
+from gdpo_jax.tasks import length as _length  # noqa: F401  (registers "length")
 from gdpo_jax.tasks.common import group_ids_for, load_records, mean_over_groups
 
 # DeepScaleR / DeepSeek-R1 instruction.

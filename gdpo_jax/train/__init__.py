@@ -20,9 +20,9 @@ _LAZY = {
     "make_optimizer": "gdpo_jax.train.state",
     "Checkpointer": "gdpo_jax.train.checkpoint",
     "MetricsWriter": "gdpo_jax.train.metrics",
-    "TaskData": "gdpo_jax.train.build",
-    "register_task": "gdpo_jax.train.build",
-    "register_tokenizer": "gdpo_jax.train.build",
+    "TaskData": "gdpo_jax.tasks",
+    "register_task": "gdpo_jax.tasks",
+    "register_tokenizer": "gdpo_jax.data.tokenizer_registry",
 }
 
 

@@ -1,119 +1,41 @@
-"""From a config to live objects: model + tokenizer, task data, reward runner.
+"""From a config to live objects: the model (born sharded) and its tokenizer.
 
-Tasks and tokenizers are looked up by name in small registries, so a config
-(or a notebook, or a test) can add its own without touching the trainer:
-
-    @register_task("my_task")
-    def load(cfg) -> TaskData: ...
+Tasks and tokenizers are looked up by name in their own registries, below the
+trainer: `gdpo_jax.tasks` (`register_task`, `load_task`, `TaskData`) and
+`gdpo_jax.data.tokenizer_registry` (`register_tokenizer`, `build_tokenizer`).
+Their names are re-exported here so `gdpo_jax.train.build.register_task` & co.
+keep working.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-from collections.abc import Callable
 from typing import Any
 
 import jax
 from jax.sharding import Mesh
 
-TaskLoader = Callable[[Any], "TaskData"]
-_TASKS: dict[str, TaskLoader] = {}
-_TOKENIZERS: dict[str, Callable[[], Any]] = {}
+from gdpo_jax.data.tokenizer_registry import (
+    _TOKENIZERS,
+    build_tokenizer,
+    register_tokenizer,
+    tokenizer_known,
+)
+from gdpo_jax.tasks import TaskData, TaskLoader, list_tasks, load_task, register_task
 
-
-@dataclasses.dataclass
-class TaskData:
-    """train / eval: records (dicts with "prompt" + reward fields).
-
-    evaluate: optional task metric fn(completions, examples, **kw) -> dict of
-      floats (the gdpo_jax.tasks convention), called on held-out completions
-      (one entry per completion; examples repeated for k samples per prompt;
-      kw: completion_lengths, group_ids and config.task.eval_kwargs).
-    """
-
-    train: list[dict]
-    eval: list[dict]
-    evaluate: Callable[..., dict] | None = None
-
-
-def register_task(name: str) -> Callable[[TaskLoader], TaskLoader]:
-    def deco(fn: TaskLoader) -> TaskLoader:
-        _TASKS[name] = fn
-        return fn
-
-    return deco
-
-
-def register_tokenizer(name: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
-    def deco(fn: Callable[[], Any]) -> Callable[[], Any]:
-        _TOKENIZERS[name] = fn
-        return fn
-
-    return deco
-
-
-@register_tokenizer("synthetic_bpe")
-def _synthetic_bpe() -> Any:
-    # Registered here, not by an import side effect of gdpo_jax.data.tokenizer:
-    # the name is known as soon as the trainer is, and builds on first use.
-    from gdpo_jax.data.tokenizer import load_tokenizer
-
-    return load_tokenizer()
-
-
-def list_tasks() -> list[str]:
-    _load_builtin_tasks()
-    return sorted(_TASKS)
-
-
-def _load_builtin_tasks() -> None:
-    # The task modules register themselves (see gdpo_jax/train/tasks_adapter.py).
-    # A failed import is its own error, not "not a registered task" later.
-    try:
-        import gdpo_jax.train.tasks_adapter  # noqa: F401
-    except Exception as e:
-        raise ImportError(
-            "importing the built-in tasks (gdpo_jax.train.tasks_adapter) failed: "
-            f"{type(e).__name__}: {e}"
-        ) from e
-
-
-def load_task(cfg) -> TaskData:
-    _load_builtin_tasks()
-    name = cfg.task.name
-    if name not in _TASKS:
-        raise ValueError(
-            f"config.task.name={name!r} is not a known task; known: "
-            f"{sorted(_TASKS)} (register more with gdpo_jax.train.build.register_task)."
-        )
-    data = _TASKS[name](cfg)
-    if not data.train:
-        raise ValueError(f"task {name!r} produced no training records.")
-    missing = [i for i, r in enumerate(data.train[:50]) if "prompt" not in r]
-    if missing:
-        raise ValueError(f"task {name!r}: training record {missing[0]} has no 'prompt' field.")
-    return data
-
-
-def tokenizer_known(name: str) -> bool:
-    """`name` is a registered tokenizer or a directory (what build_tokenizer accepts)."""
-    return name in _TOKENIZERS or bool(name and os.path.isdir(name))
-
-
-def build_tokenizer(name: str) -> Any:
-    """A registered tokenizer builder, or a local Hugging Face tokenizer directory."""
-    if name in _TOKENIZERS:
-        return _TOKENIZERS[name]()
-    if name and os.path.isdir(name):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(name)
-    raise ValueError(
-        f"config.model.tokenizer={name!r} is neither a registered tokenizer "
-        f"({sorted(_TOKENIZERS)}) nor a tokenizer directory; a random-init model "
-        "(config.model.name='') needs one."
-    )
+__all__ = [
+    "TaskData",
+    "TaskLoader",
+    "_TOKENIZERS",
+    "build_model",
+    "build_tokenizer",
+    "list_tasks",
+    "load_task",
+    "process_info",
+    "prompt_length_filter",
+    "register_task",
+    "register_tokenizer",
+    "tokenizer_known",
+]
 
 
 def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:

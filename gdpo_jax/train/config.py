@@ -60,7 +60,7 @@ def base_config() -> mlc.ConfigDict:
     c.model = mlc.ConfigDict()
     c.model.name = ""  # load_pretrained(name) (HF dir or registered name); "" = random init
     c.model.tiny = mlc.ConfigDict()  # ModelConfig.tiny(**model.tiny) overrides, when name == ""
-    c.model.tokenizer = ""  # tokenizer for a random-init model (see gdpo_jax.train.build)
+    c.model.tokenizer = ""  # tokenizer for a random-init model (gdpo_jax.data.tokenizer_registry)
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
     c.model.remat = False
@@ -323,16 +323,17 @@ def validate_config(
     if len(set(names)) != len(names):
         raise ConfigError(f"config.rewards.names={names} lists a reward twice.")
     import_modules(cfg)
-    from gdpo_jax.train import build
+    from gdpo_jax.data import tokenizer_registry
+    from gdpo_jax.tasks import list_tasks
 
     try:
-        tasks = build.list_tasks()  # also registers the toy task's rewards
+        tasks = list_tasks()  # also registers the toy task's rewards and tokenizer
     except ImportError as e:
         raise ConfigError(f"config.task.name: {e}") from e
-    if not cfg.model.name and not build.tokenizer_known(cfg.model.tokenizer):
+    if not cfg.model.name and not tokenizer_registry.tokenizer_known(cfg.model.tokenizer):
         raise ConfigError(
             f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
-            f"({sorted(build._TOKENIZERS)}) nor a directory; a random-init model "
+            f"({tokenizer_registry.list_tokenizers()}) nor a directory; a random-init model "
             "(config.model.name='') needs one: set --config.model.tokenizer."
         )
     if cfg.task.name not in tasks:

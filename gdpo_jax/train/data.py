@@ -1,54 +1,5 @@
-"""Checkpointable, per-host prompt stream over a task's records (grain).
+"""Moved: the prompt stream lives in `gdpo_jax.data.stream`. This name re-exports it."""
 
-`grain.MapDataset.source(records).shuffle(seed).repeat()` is one global
-stream, the same on every process; `take(n)` draws the next global batch of
-`n * process_count` records and returns this process's contiguous share
-(process p: records [p*n, (p+1)*n)). So the global batch, in the order the
-sampler and the step lay rows out, does not depend on the process count
-(a 2-process run sees the prompts a 1-process run sees), and the iterator's
-state (a small dict, identical on every process) goes into the checkpoint so
-a resumed run sees exactly the prompts it would have seen.
-"""
+from gdpo_jax.data.stream import PromptStream
 
-from __future__ import annotations
-
-from collections.abc import Sequence
-from typing import Any
-
-import grain
-
-
-class PromptStream:
-    """Infinite iterator of records (dicts) for this host.
-
-    Args:
-      records: the task's training records (each a dict with at least "prompt").
-      seed: shuffle seed (same on every host).
-      process_index / process_count: this host's share of every global batch.
-    """
-
-    def __init__(
-        self, records: Sequence[dict], *, seed: int, process_index: int = 0, process_count: int = 1
-    ):
-        if len(records) < process_count:
-            raise ValueError(
-                f"{len(records)} training records cannot be split over {process_count} processes."
-            )
-        if not 0 <= process_index < process_count:
-            raise ValueError(f"process_index={process_index} must be in [0, {process_count}).")
-        ds = grain.MapDataset.source(list(records))
-        self._ds = ds.shuffle(seed=seed).repeat()
-        self._it = iter(self._ds.to_iter_dataset())
-        self.num_records = len(ds)
-        self.process_index, self.process_count = process_index, process_count
-
-    def take(self, n: int) -> list[dict]:
-        """This process's n records of the next global batch of n * process_count."""
-        batch = [next(self._it) for _ in range(n * self.process_count)]
-        return batch[self.process_index * n : (self.process_index + 1) * n]
-
-    def get_state(self) -> dict[str, Any]:
-        return dict(self._it.get_state())
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._it.set_state(dict(state))
+__all__ = ["PromptStream"]

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gdpo_jax.data.stream import PromptStream
 from gdpo_jax.train import build, distributed, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
@@ -30,7 +31,6 @@ from gdpo_jax.train.config import (
     reward_specs,
     validate_config,
 )
-from gdpo_jax.train.data import PromptStream
 from gdpo_jax.train.metrics import MetricsWriter
 from gdpo_jax.train.step import CompiledStep, StepConfig
 

@@ -21,8 +21,8 @@ import jax
 import numpy as np
 
 from gdpo_jax.core.advantages import per_reward_group_spread
+from gdpo_jax.data.stream import PromptStream
 from gdpo_jax.train import distributed
-from gdpo_jax.train.data import PromptStream
 
 
 def groups_with_signal(

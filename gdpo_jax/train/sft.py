@@ -39,6 +39,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.data.corrupt import SFT_TASKS, make_targets
+from gdpo_jax.tasks import load_task
 from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
@@ -163,7 +164,7 @@ class SFT:
             mesh=self.mesh,
             prompt_buckets=(cfg.sampling.max_prompt_len,),
         )
-        task = build.load_task(cfg)
+        task = load_task(cfg)
         train = task.train[: cfg.sft.num_examples or None]
         self.eval_records = task.eval[: cfg.sft.eval_num_examples or None]
         self.evaluate_fn = task.evaluate

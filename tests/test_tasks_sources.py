@@ -1,4 +1,4 @@
-"""Held-out split selection of the trainer's task adapter (config.task.source / eval_source)."""
+"""Held-out split selection of the trainer tasks in gdpo_jax.tasks.sources (task.eval_source)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from gdpo_jax.data.loaders import write_jsonl
-from gdpo_jax.train import tasks_adapter
+from gdpo_jax.tasks import sources
 from gdpo_jax.train.config import base_config
 
 
@@ -30,7 +30,7 @@ def test_single_file_source_never_evaluates_on_training_data(tmp_path, caplog):
     # Before the fix resolve_files(file, split="test") returned the training file itself.
     src = write_jsonl(_recs("train"), tmp_path / "train.jsonl")
     with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
-        data = tasks_adapter._load("math", _cfg(str(src)))
+        data = sources._load("math", _cfg(str(src)))
     assert len(data.train) == 3 and data.eval == []
     msg = " ".join(r.getMessage() for r in caplog.records)
     assert "periodic eval is off" in msg and "eval_source" in msg
@@ -39,7 +39,7 @@ def test_single_file_source_never_evaluates_on_training_data(tmp_path, caplog):
 def test_explicit_eval_source_file_is_used(tmp_path):
     src = write_jsonl(_recs("train"), tmp_path / "train.jsonl")
     held = write_jsonl(_recs("held", 2), tmp_path / "held.jsonl")
-    data = tasks_adapter._load("math", _cfg(str(src), str(held)))
+    data = sources._load("math", _cfg(str(src), str(held)))
     assert len(data.eval) == 2 and not _problems(data.eval) & _problems(data.train)
 
 
@@ -47,7 +47,7 @@ def test_missing_explicit_eval_source_is_an_error_naming_it(tmp_path):
     src = write_jsonl(_recs("train"), tmp_path / "train.jsonl")
     missing = str(tmp_path / "nope.jsonl")
     with pytest.raises(FileNotFoundError, match=r"config.task.eval_source=.*nope.jsonl"):
-        tasks_adapter._load("math", _cfg(str(src), missing))
+        sources._load("math", _cfg(str(src), missing))
 
 
 def test_directory_source_uses_its_test_split_or_warns(tmp_path, caplog):
@@ -55,9 +55,9 @@ def test_directory_source_uses_its_test_split_or_warns(tmp_path, caplog):
     os.makedirs(d)
     write_jsonl(_recs("train"), d / "train.jsonl")
     with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
-        data = tasks_adapter._load("math", _cfg(str(d)))
+        data = sources._load("math", _cfg(str(d)))
     assert data.eval == [] and "no 'test' split" in caplog.text
     write_jsonl(_recs("held", 2), d / "test.jsonl")
-    data = tasks_adapter._load("math", _cfg(str(d)))
+    data = sources._load("math", _cfg(str(d)))
     assert len(data.train) == 3 and len(data.eval) == 2
     assert not _problems(data.eval) & _problems(data.train)
