@@ -239,8 +239,29 @@ def test_console_scripts_resolve_and_viz_extra_listed():
     text = open(os.path.join(ROOT, "setup.py")).read()
     assert '"viz": ["tensorboard==' in text and "nbconvert==" in text
     assert '"configs", "experiments"' in text  # shipped with the package
-    make = open(os.path.join(ROOT, "Makefile")).read()
-    assert '-e ".[viz]"' in make and "demo: $(STAMP)" in make and "test: $(TEST_STAMP)" in make
+
+
+def _make_dry_run(target: str, tmp_path) -> str:
+    """What `make TARGET` would run on a fresh machine (no venv yet), without running it."""
+    out = subprocess.run(
+        ["make", "-n", target, f"VENV={tmp_path}/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_demo_installs_lean_and_test_adds_references_and_lint(tmp_path):
+    demo = _make_dry_run("demo", tmp_path)
+    assert '-e ".[viz]"' in demo and ".[dev]" not in demo  # no torch / TRL for the demo
+    assert "experiments.train" in demo
+    test = _make_dry_run("test", tmp_path)
+    assert '-e ".[dev]"' in test
+    # lint (ruff check + format check) runs before pytest
+    assert test.index("ruff check") < test.index("ruff format --check") < test.index("-m pytest")
 
 
 def test_replica_configs_log_tensorboard():
