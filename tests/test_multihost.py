@@ -51,7 +51,8 @@ def _launch(nproc: int, tmp_path) -> list[dict]:
     logs = []
     try:
         for p in procs:
-            logs.append(p.communicate(timeout=240)[0])
+            # Generous: a loaded CI machine runs the two processes several times slower.
+            logs.append(p.communicate(timeout=600)[0])
     finally:
         for p in procs:
             if p.poll() is None:
