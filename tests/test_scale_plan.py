@@ -21,8 +21,8 @@ from gdpo_jax.scale import targets as targets_lib
 from gdpo_jax.train.config import ConfigError, base_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAS_TPU = importlib.util.find_spec("libtpu") is not None
-HAS_CUDA = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+HAS_TPU = targets_lib.has_module("libtpu")
+HAS_CUDA = targets_lib.has_module("jax_plugins.xla_cuda12")
 needs_tpu = pytest.mark.skipif(not HAS_TPU, reason='needs the [aot] extra: pip install -e ".[aot]"')
 needs_cuda = pytest.mark.skipif(
     not HAS_CUDA, reason='needs the [aot] extra: pip install -e ".[aot]"'

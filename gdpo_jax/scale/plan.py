@@ -27,7 +27,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import re
 import time
 from typing import Any
@@ -41,6 +40,8 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.scale import flops as flops_lib
+from gdpo_jax.scale.arch import PlanError, model_config
+from gdpo_jax.scale.report import format_plan
 from gdpo_jax.scale.targets import GIB, Target, target_devices
 from gdpo_jax.train import mesh as mesh_lib
 
@@ -73,66 +74,6 @@ _DEPENDS = {
     "generate": ("algo.num_prompts", "algo.group_size", "sampling."),
 }
 _CACHE: dict[tuple, dict] = {}
-
-
-class PlanError(ValueError):
-    """The config cannot be planned (names the field and the fix)."""
-
-
-# --------------------------------------------------------------------------- #
-# The architecture, without a checkpoint.
-# --------------------------------------------------------------------------- #
-def paper_models() -> dict[str, Any]:
-    try:
-        from configs import paper_common
-    except ImportError:  # run from outside the repository root
-        return {}
-    return dict(paper_common.MODELS)
-
-
-def model_config(cfg: mlc.ConfigDict) -> ModelConfig:
-    """The ModelConfig a run of `cfg` would build, read from names, not weights.
-
-    config.model.name: a paper variant ("r1-distill-7b") or its hub id, a local
-    checkpoint dir (only config.json is read), or "" (random init; model.tiny).
-    """
-    m = cfg.model
-    kw = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=bool(m.remat))
-    models = paper_models()
-    spec = models.get(m.name) or next((s for s in models.values() if s.hf_id == m.name), None)
-    if spec is not None:
-        return ModelConfig(
-            model_type=spec.model_type,
-            vocab_size=spec.vocab_size,
-            hidden_size=spec.hidden_size,
-            intermediate_size=spec.intermediate_size,
-            num_layers=spec.num_layers,
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            head_dim=spec.head_dim,
-            rope_theta=spec.rope_theta,
-            tie_word_embeddings=spec.tie_word_embeddings,
-            attention_bias=spec.model_type == "qwen2",
-            qk_norm=spec.model_type == "qwen3",
-            max_position_embeddings=spec.max_position_embeddings,
-            eos_token_id=0,
-            pad_token_id=0,
-            **kw,
-        )
-    if m.name and os.path.exists(os.path.join(m.name, "config.json")):
-        return ModelConfig.from_hf(m.name, **kw)
-    if m.name:
-        raise PlanError(
-            f"config.model.name={m.name!r} is neither a checkpoint dir with a config.json nor a "
-            f"paper variant; the planner needs only the architecture: pass "
-            f"--config.model.name=<one of {sorted(models)}> (or a dir holding config.json)."
-        )
-    tiny = dict(m.tiny.to_dict())
-    if "vocab_size" not in tiny:
-        from gdpo_jax.train.build import build_tokenizer
-
-        tiny["vocab_size"] = len(build_tokenizer(m.tokenizer))
-    return ModelConfig.tiny(**kw, **tiny)
 
 
 # --------------------------------------------------------------------------- #
@@ -460,32 +401,4 @@ def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = Non
     }
 
 
-def format_plan(plan: dict) -> str:
-    """A human-readable table of a plan."""
-    lines = [
-        f"target {plan['target']}: {plan['device']}, mesh {plan['mesh']}, "
-        f"{plan['num_params'] / 1e9:.3g}B params",
-        f"{'program':<10}{'args':>10}{'out':>10}{'alias':>10}{'temp':>10}{'beside':>10}"
-        f"{'total':>10}  fits   (GiB per device; usable {plan['usable_gib']:.1f} of "
-        f"{plan['device_memory_gib']:.1f})",
-    ]
-    for name, p in plan["programs"].items():
-        g = lambda b: f"{b / GIB:10.2f}"  # noqa: E731
-        lines.append(
-            f"{name:<10}{g(p['args'])}{g(p['outputs'])}{g(p['aliased'])}"
-            f"{g(p['temps'])}{g(p['resident_bytes'])}{g(p['total_bytes'])}  "
-            f"{'yes' if p['fits'] else 'NO'}" + ("" if p["compiled"] else f"  ({p['error'][:80]})")
-        )
-    pd = plan["per_device"]
-    lines.append("per device: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in pd.items()) + " GiB")
-    lines.append(
-        f"fits: {'yes' if plan['fits'] else 'NO'}; peak {plan['peak_gib']:.2f} GiB in "
-        f"{plan['peak_program']}; {plan['step_flops']:.3g} FLOPs per RL step; roofline "
-        f"{plan['est_step_s']:.1f} s per step ("
-        + ", ".join(
-            f"{k} {plan['roofline'][k]:.1f}s {plan['roofline']['bound'][k]}"
-            for k in ("prefill", "decode", "logprob", "train")
-        )
-        + ")"
-    )
-    return "\n".join(lines)
+__all__ = ["PROGRAMS", "PlanError", "format_plan", "make_plan", "model_config"]

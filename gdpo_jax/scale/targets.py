@@ -174,14 +174,22 @@ class MissingExtraError(RuntimeError):
     """The compiler plugin for a target's platform is not installed."""
 
 
-def _check_plugin(platform: str) -> None:
+def has_module(name: str) -> bool:
+    """Whether `name` can be imported (a missing parent package counts as missing)."""
     import importlib.util
 
-    if platform == "tpu" and importlib.util.find_spec("libtpu") is None:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _check_plugin(platform: str) -> None:
+    if platform == "tpu" and not has_module("libtpu"):
         raise MissingExtraError(
             'planning for a TPU target needs libtpu: pip install -e ".[aot]" (or ".[tpu]").'
         )
-    if platform == "cuda" and importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+    if platform == "cuda" and not has_module("jax_plugins.xla_cuda12"):
         raise MissingExtraError(
             'planning for a GPU target needs the CUDA plugin: pip install -e ".[aot]" '
             '(or ".[cuda12]").'
