@@ -259,3 +259,17 @@ def test_cli_unknown_topology_exits_with_the_names():
     )
     assert r.returncode == 2
     assert "v5p-8" in r.stderr and "8xh100" in r.stderr
+
+
+def test_planner_env_does_not_start_distributed(monkeypatch):
+    """TPU_WORKER_HOSTNAMES=localhost (set for libtpu's compile-only use) is one host."""
+    from gdpo_jax.train import distributed
+
+    called = []
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: called.append(kw))
+    for k in distributed._ENV_HINTS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
+    assert distributed.initialize("auto") is False and not called
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.1,10.0.0.2")  # a real pod slice
+    assert distributed.initialize("auto") is True and called == [{}]
