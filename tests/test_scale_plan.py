@@ -273,3 +273,19 @@ def test_planner_env_does_not_start_distributed(monkeypatch):
     assert distributed.initialize("auto") is False and not called
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.1,10.0.0.2")  # a real pod slice
     assert distributed.initialize("auto") is True and called == [{}]
+
+
+def test_paper_qwen3_sampler_cache_fits_an_80gb_gpu():
+    """The planner found math:qwen3-4b's 512-row sampler calls need 79 GiB of KV
+    cache per device on 8 GPUs; the config now decodes fewer rows per call."""
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("paper_math", os.path.join(ROOT, "configs/paper_math.py"))
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config("qwen3-4b")
+    # bf16 k and v: 36 layers x 8 kv heads x 128 dims x 2 bytes x 2, per token and row.
+    per_token = 36 * 8 * 128 * 2 * 2
+    rows_per_device = c.sampling.rows_per_call // 8
+    cache = rows_per_device * per_token * (c.sampling.max_prompt_len + c.sampling.max_new_tokens)
+    assert cache <= 24 * 2**30  # room for the decode's temporaries on an 80 GB card
