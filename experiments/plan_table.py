@@ -144,6 +144,22 @@ def write_doc(plans: dict, md_path: str) -> None:
         f.write(f"{pre}{TABLE_START}\n{table}\n{TABLE_END}{post}")
 
 
+def rederive(plan: dict) -> dict:
+    """Fills a refused program's bytes from its stored compiler message (older entries)."""
+    from gdpo_jax.scale.plan import GIB, oom_bytes
+
+    progs = plan["programs"]
+    for p in progs.values():
+        if not p["compiled"] and not p["temps"]:
+            used = oom_bytes(p.get("error") or "")
+            p["temps"] = p["program_bytes"] = used
+            p["total_bytes"] = used + p["resident_bytes"]
+            p["total_gib"], p["temp_gib"] = p["total_bytes"] / GIB, used / GIB
+    peak = max(progs, key=lambda k: (not progs[k]["compiled"], progs[k]["total_bytes"]))
+    plan["peak_program"], plan["peak_gib"] = peak, progs[peak]["total_bytes"] / GIB
+    return plan
+
+
 def main(argv: list[str]) -> None:
     del argv
     from gdpo_jax.scale.plan import make_plan
@@ -153,6 +169,7 @@ def main(argv: list[str]) -> None:
     path = os.path.join(_OUT.value, "plans.json")
     md = os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md")
     plans = json.load(open(path)) if os.path.exists(path) else {}
+    plans = {k: rederive(v) for k, v in plans.items()}
     for pid, name, arg, _ran, targets in PAPER:
         for t in targets:
             key = f"{pid}@{t}"

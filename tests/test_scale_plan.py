@@ -212,11 +212,12 @@ def test_oversized_sampler_does_not_fit_and_the_suggestion_does():
     from gdpo_jax.scale.plan import make_plan
     from gdpo_jax.scale.search import _apply, find_fit
 
-    # 8192 rows x (64 + 960) tokens of f32 KV (4 layers x 4 kv heads x 64): 8 KiB per
-    # token and row, 2048 rows per chip -> 16 GiB of cache alone on a 16 GiB v5e chip.
-    cfg = tiny_config(num_prompts=1024, group_size=8, num_microbatches=64, old_logprobs="sampler")
+    # 131072 rows x (64 + 32) tokens of f32 KV (4 layers x 4 kv heads x 64 dims x k, v):
+    # 8 KiB per token and row, 32768 rows per chip -> 24 GiB of cache on a 16 GiB v5e
+    # chip. 32 new tokens = one decode phase (one loop body to compile).
+    cfg = tiny_config(num_prompts=16384, group_size=8, num_microbatches=256, old_logprobs="sampler")
     cfg.model.tiny.update(dict(num_layers=4, num_kv_heads=4, head_dim=64))
-    cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens = 64, 960
+    cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens = 64, 32
     target = targets_lib.parse_target("tpu:v5e:2x2")
     plan = make_plan(cfg, target)
     assert not plan["fits"] and not plan["programs"]["generate"]["fits"]
@@ -289,3 +290,15 @@ def test_paper_qwen3_sampler_cache_fits_an_80gb_gpu():
     rows_per_device = c.sampling.rows_per_call // 8
     cache = rows_per_device * per_token * (c.sampling.max_prompt_len + c.sampling.max_new_tokens)
     assert cache <= 24 * 2**30  # room for the decode's temporaries on an 80 GB card
+
+
+def test_oom_message_bytes():
+    from gdpo_jax.scale.plan import oom_bytes
+
+    msg = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (30.31G) exceeds available HBM (15.75G)."
+    )
+    assert oom_bytes(msg) == int(30.31 * 2**30)
+    assert oom_bytes("RESOURCE_EXHAUSTED: Used 120.5G of 95.74G hbm.") == int(120.5 * 2**30)
+    assert oom_bytes("something else") == 0

@@ -164,8 +164,22 @@ def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
 # --------------------------------------------------------------------------- #
 # Compile and measure.
 # --------------------------------------------------------------------------- #
-_OOM = re.compile(r"Used ([\d.]+)([KMGT]) of ([\d.]+)([KMGT]) hbm", re.I)
+# libtpu's two ways of saying "over HBM": "Used 120.5G of 95.74G hbm" and "the total
+# memory required for HLO temporaries (30.31G) exceeds available HBM (15.75G)".
+_OOM = (
+    re.compile(r"Used ([\d.]+)([KMGT]) of [\d.]+[KMGT] hbm", re.I),
+    re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM", re.I),
+)
 _UNIT = {"K": 1024, "M": 1024**2, "G": GIB, "T": 1024**4}
+
+
+def oom_bytes(msg: str) -> int:
+    """The bytes a RESOURCE_EXHAUSTED compile error says the program needs (0 if unsaid)."""
+    for pat in _OOM:
+        m = pat.search(msg)
+        if m:
+            return int(float(m.group(1)) * _UNIT[m.group(2).upper()])
+    return 0
 
 
 def _measure(lower_fn) -> dict[str, Any]:
@@ -177,8 +191,7 @@ def _measure(lower_fn) -> dict[str, Any]:
         msg = str(e)
         if "RESOURCE_EXHAUSTED" not in msg and "exceeds" not in msg.lower():
             raise
-        m = _OOM.search(msg)
-        used = int(float(m.group(1)) * _UNIT[m.group(2).upper()]) if m else 0
+        used = oom_bytes(msg)
         return dict(
             compiled=False,
             compiler_fits=False,
@@ -349,7 +362,8 @@ def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = Non
         if name == "logprob":
             r["runs_per_step"] = n_lp
         programs[name] = r
-    peak = max(programs, key=lambda k: programs[k]["total_bytes"])
+    # A program the compiler refused binds, whatever the (lower bound) bytes it names.
+    peak = max(programs, key=lambda k: (not programs[k]["compiled"], programs[k]["total_bytes"]))
 
     shape = flops_lib.StepShape(
         rows=cfg.algo.num_prompts * cfg.algo.group_size,
