@@ -207,6 +207,7 @@ def test_tiny_plan_on_tpu_bytes_per_device():
     assert plan["device_memory_gib"] == 16
 
 
+@pytest.mark.slow  # a few minutes on 2 busy cores: three TPU compiles
 @needs_tpu
 def test_oversized_sampler_does_not_fit_and_the_suggestion_does():
     from gdpo_jax.scale.plan import make_plan
