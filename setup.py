@@ -1,4 +1,5 @@
 """gdpo_jax: GDPO / GRPO multi-reward RL for language models in JAX + Flax NNX."""
+
 from setuptools import find_packages, setup
 
 # Exact pins: the versions the test suite was run with. jax and flax move fast
@@ -41,6 +42,13 @@ EXTRAS = {
     # The viewers the docs use: `tensorboard --logdir <workdir>/tb` and
     # `jupyter nbconvert --execute` (ipykernel runs the notebooks). `make install`.
     "viz": ["tensorboard==2.21.0", "nbconvert==7.17.2", "ipykernel==7.4.0"],
+    # Accelerator runtimes, matching jax==0.10.2 (jax pins libtpu 0.0.42.*).
+    "cuda12": ["jax[cuda12]==0.10.2"],
+    "tpu": ["jax[tpu]==0.10.2"],
+    # Ahead-of-time planning on a CPU machine (experiments/plan.py): libtpu and
+    # the CUDA 12 compiler plugin, without the CUDA runtime wheels. Every JAX
+    # process in such an environment must run with JAX_PLATFORMS=cpu.
+    "aot": ["jax[tpu]==0.10.2", "jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2"],
 }
 EXTRAS["dev"] = sorted(set(EXTRAS["test"] + EXTRAS["bench"] + EXTRAS["viz"]))
 
@@ -63,6 +71,9 @@ setup(
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
-    package_data={"gdpo_jax": ["data/samples/*", "data/samples/**/*"]},
+    package_data={
+        "gdpo_jax": ["data/samples/*", "data/samples/**/*"],
+        "gdpo_jax.scale": ["targets/*.txtpb"],
+    },
     include_package_data=True,
 )

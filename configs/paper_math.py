@@ -54,7 +54,9 @@ device at a time, layers rematerialized, log-probs chunked (512 positions).
 
 Generation: 8192 rows x 9024 tokens decode in 16 sampler calls of 512 rows
 (sampling.rows_per_call, set by paper_common.set_dapo_recipe): ~33 GB of bf16
-KV cache per device on 8 devices for the 7B, half that for the 1.5B.
+KV cache per device on 8 devices for the 7B, half that for the 1.5B; Qwen3-4B
+(8 kv heads, 36 layers) uses 64 calls of 128 rows (~21 GB). Check a target
+before booking it: python -m experiments.plan --config=... --topology=8xh100.
 """
 
 from __future__ import annotations
@@ -95,4 +97,9 @@ def get_config(arg: str = ""):
     c.rewards.num_workers = 16  # math-verify (sympy) is slow per sample
 
     common.set_dapo_recipe(c, eval_samples=16)
+    if opts["model"] == "qwen3-4b":
+        # Qwen3-4B keeps 36 layers x 8 kv heads of cache (2.6x R1-Distill-7B's per
+        # token): 512 rows per call need 79 GiB of KV cache per device on 8 devices
+        # and do not fit an 80 GB GPU (experiments/plan.py, docs/scale.md); 128 do.
+        c.sampling.rows_per_call = 128
     return c

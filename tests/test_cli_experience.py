@@ -259,7 +259,7 @@ def test_demo_installs_lean_and_test_adds_references_and_lint(tmp_path):
     assert '-e ".[viz]"' in demo and ".[dev]" not in demo  # no torch / TRL for the demo
     assert "experiments.train" in demo
     test = _make_dry_run("test", tmp_path)
-    assert '-e ".[dev]"' in test
+    assert '-e ".[dev,aot]"' in test  # references + the planner's compilers
     # lint (ruff check + format check) runs before pytest
     assert test.index("ruff check") < test.index("ruff format --check") < test.index("-m pytest")
 

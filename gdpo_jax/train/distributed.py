@@ -25,9 +25,19 @@ _ENV_HINTS = (
     "JAX_COORDINATOR_ADDRESS",
     "SLURM_JOB_ID",
     "OMPI_COMM_WORLD_SIZE",
-    "TPU_WORKER_HOSTNAMES",
     "CLOUD_TPU_TASK_ID",
 )
+
+
+def _cluster_hint() -> bool:
+    """A cluster environment variable says this is one process of several.
+
+    TPU_WORKER_HOSTNAMES counts only when it names more than one host: the
+    planner (and libtpu's compile-only use on a CPU machine) sets it to
+    "localhost", which must not start a multi-host initialization.
+    """
+    hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    return len(hosts) > 1 or any(k in os.environ for k in _ENV_HINTS)
 
 
 def initialize(
@@ -47,7 +57,7 @@ def initialize(
     if mode == "never":
         return False
     explicit = bool(coordinator_address) or num_processes > 1
-    if mode == "auto" and not explicit and not any(k in os.environ for k in _ENV_HINTS):
+    if mode == "auto" and not explicit and not _cluster_hint():
         return False
     kwargs: dict[str, Any] = {}
     if coordinator_address:

@@ -420,3 +420,9 @@ class CompiledStep:
         batch = {k: batch[k] for k in self.batch_keys}
         with self._ctx():
             return self._step.lower(state, batch)
+
+    def lower_logprobs(self, params: Any, batch: Batch):
+        """The log-prob pass lowered for `params` / `batch` (arrays or ShapeDtypeStructs)."""
+        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+        with self._ctx():
+            return self._logprobs.lower(params, {k: batch[k] for k in keys})

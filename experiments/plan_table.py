@@ -1,0 +1,202 @@
+r"""The committed table of docs/scale.md: every paper config on the targets a lab would use.
+
+    JAX_PLATFORMS=cpu python -m experiments.plan_table            # all plans (an hour on 2 cores)
+    JAX_PLATFORMS=cpu python -m experiments.plan_table --only=tool-1.5b@8xh100
+
+Plans each (config, target) pair with gdpo_jax.scale.plan.make_plan, writes
+every plan to docs/scale/plans.json as soon as it is made (a long run can be
+stopped and resumed: finished entries are kept unless --redo) and rewrites
+the table between the `<!-- plan-table -->` markers of docs/scale.md.
+`algo.num_microbatches` is scaled from the configs' 8-device value to the
+target's device count (same rows per device per micro-batch), as the
+configs' docstrings tell a user to do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+from absl import app, flags  # noqa: E402
+
+_ONLY = flags.DEFINE_list("only", [], "Plan ids to (re)make, e.g. tool-1.5b@8xh100.")
+_REDO = flags.DEFINE_bool("redo", False, "Re-plan entries already in plans.json.")
+_OUT = flags.DEFINE_string("out", "docs/scale", "Directory of plans.json (and scale.md beside).")
+
+# (id, config file, config arg, what the paper / official verl recipe ran it on, targets)
+PAPER = (
+    (
+        "tool-1.5b",
+        "configs/paper_toolcall.py",
+        "qwen2.5-1.5b",
+        "8 GPUs, one node (verl)",
+        ("8xh100", "8xa100-80g", "v5p-8", "v5e-16"),
+    ),
+    (
+        "tool-3b",
+        "configs/paper_toolcall.py",
+        "qwen2.5-3b",
+        "8 GPUs, one node (verl)",
+        ("8xh100", "v5p-16"),
+    ),
+    (
+        "math-r1-1.5b",
+        "configs/paper_math.py",
+        "r1-distill-1.5b",
+        "8 GPUs, one node (verl)",
+        ("8xh100", "v5p-16"),
+    ),
+    (
+        "math-r1-7b",
+        "configs/paper_math.py",
+        "r1-distill-7b",
+        "8 GPUs, one node (verl)",
+        ("8xh100", "v5p-32"),
+    ),
+    (
+        "math-qwen3-4b",
+        "configs/paper_math.py",
+        "qwen3-4b",
+        "8 GPUs, one node (verl)",
+        ("8xh100", "v5p-16"),
+    ),
+    (
+        "code-r1-7b",
+        "configs/paper_code.py",
+        "r1-distill-7b",
+        "8 GPUs, one node (verl)",
+        ("8xh100",),
+    ),
+)
+TABLE_START, TABLE_END = "<!-- plan-table -->", "<!-- /plan-table -->"
+
+
+def load_config(path: str, arg: str):
+    spec = importlib.util.spec_from_file_location("cfg_" + os.path.basename(path)[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(arg)
+
+
+def scaled(cfg, num_devices: int):
+    """The config with num_microbatches scaled from 8 devices to `num_devices`."""
+    with cfg.unlocked():
+        cfg.algo.num_microbatches = max(1, cfg.algo.num_microbatches * 8 // num_devices)
+    return cfg
+
+
+def render(plans: dict) -> str:
+    head = (
+        "| config | target | paper / verl ran on | fits | peak GiB / device | binding "
+        "program | step | generate | logprob | roofline s / step | overrides used | "
+        "plan time |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    rows = [head]
+    for pid, name, arg, ran, targets in PAPER:
+        for t in targets:
+            p = plans.get(f"{pid}@{t}")
+            if p is None:
+                rows.append(
+                    f"| {name.split('/')[-1]}:{arg} | {t} | {ran} | not planned yet "
+                    "| | | | | | | | |"
+                )
+                continue
+            g = {
+                k: f"{v['total_gib']:.1f}" + ("" if v["fits"] else " (no)")
+                for k, v in p["programs"].items()
+            }
+            ov = " ".join(p.get("overrides", [])) or "-"
+            sug = p.get("suggestion")
+            fits = (
+                "yes"
+                if p["fits"]
+                else "**no**" + (f"; fits with {' '.join(sug['overrides'])}" if sug else "")
+            )
+            rows.append(
+                f"| {name.split('/')[-1]}:{arg} | {t} | {ran} | {fits} | {p['peak_gib']:.1f} of "
+                f"{p['usable_gib']:.0f} | {p['peak_program']} | {g.get('step', '-')} | "
+                f"{g.get('generate', '-')} | {g.get('logprob', '-')} | {p['est_step_s']:.0f} | "
+                f"`{ov}` | {p['plan_s'] / 60:.1f} min |"
+            )
+    return "\n".join(rows)
+
+
+def write_doc(plans: dict, md_path: str) -> None:
+    table = render(plans)
+    total = sum(p["plan_s"] for p in plans.values())
+    table += (
+        f"\n\n{len(plans)} plans, {total / 60:.0f} min of planning in all on a shared "
+        "2-core CPU (`python -m experiments.plan_table`)."
+    )
+    text = open(md_path).read() if os.path.exists(md_path) else f"{TABLE_START}\n{TABLE_END}\n"
+    if TABLE_START not in text:
+        text += f"\n{TABLE_START}\n{TABLE_END}\n"
+    pre, rest = text.split(TABLE_START, 1)
+    post = rest.split(TABLE_END, 1)[1]
+    with open(md_path, "w") as f:
+        f.write(f"{pre}{TABLE_START}\n{table}\n{TABLE_END}{post}")
+
+
+def rederive(plan: dict) -> dict:
+    """Fills a refused program's bytes from its stored compiler message (older entries)."""
+    from gdpo_jax.scale.plan import GIB, oom_bytes
+
+    progs = plan["programs"]
+    for p in progs.values():
+        if not p["compiled"] and not p["temps"]:
+            used = oom_bytes(p.get("error") or "")
+            p["temps"] = p["program_bytes"] = used
+            p["total_bytes"] = used + p["resident_bytes"]
+            p["total_gib"], p["temp_gib"] = p["total_bytes"] / GIB, used / GIB
+    peak = max(progs, key=lambda k: (not progs[k]["compiled"], progs[k]["total_bytes"]))
+    plan["peak_program"], plan["peak_gib"] = peak, progs[peak]["total_bytes"] / GIB
+    return plan
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from gdpo_jax.scale.plan import make_plan
+    from gdpo_jax.scale.targets import parse_target
+
+    os.makedirs(_OUT.value, exist_ok=True)
+    path = os.path.join(_OUT.value, "plans.json")
+    md = os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md")
+    plans = json.load(open(path)) if os.path.exists(path) else {}
+    plans = {k: rederive(v) for k, v in plans.items()}
+    for pid, name, arg, _ran, targets in PAPER:
+        for t in targets:
+            key = f"{pid}@{t}"
+            if (_ONLY.value and key not in _ONLY.value) or (key in plans and not _REDO.value):
+                continue
+            target = parse_target(t)
+            cfg = scaled(load_config(name, arg), target.num_devices)
+            overrides = [f"--config.algo.num_microbatches={cfg.algo.num_microbatches}"]
+            t0 = time.perf_counter()
+            print(f"planning {key} ...", flush=True)
+            try:
+                plan = make_plan(cfg, target)
+            except Exception as e:  # noqa: BLE001 - recorded in the table, the run goes on
+                print(f"  failed: {e}", file=sys.stderr, flush=True)
+                continue
+            plan["overrides"], plan["plan_s"] = overrides, time.perf_counter() - t0
+            plans[key] = plan
+            print(
+                f"  {key}: fits={plan['fits']} peak {plan['peak_gib']:.1f} GiB "
+                f"({plan['peak_program']}) in {plan['plan_s']:.0f} s",
+                flush=True,
+            )
+            with open(path, "w") as f:
+                json.dump(plans, f, indent=1, default=str)
+            write_doc(plans, md)
+    write_doc(plans, md)
+
+
+if __name__ == "__main__":
+    app.run(main)

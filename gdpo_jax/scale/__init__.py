@@ -1,0 +1,1 @@
+"""Scale planning: targets (TPU slices, GPU clusters), AOT memory plans, FLOPs."""

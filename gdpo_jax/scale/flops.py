@@ -1,0 +1,99 @@
+"""Analytic FLOPs of one RL step and a roofline estimate of its time.
+
+XLA's `cost_analysis()` counts a `scan` / `while` body once (and is
+unimplemented on GPU), so the step's FLOPs are counted here by hand, per phase,
+with every row running to `max_new_tokens` (the worst case the memory plan is
+also made for). Notation: L layers, d hidden, f MLP width, q = Hq * Dh,
+kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
+
+  matmul FLOPs per token, forward:   m = 2 * L * (d * (q + 2 kv) + q * d + 3 d f)
+  unembedding per predicted token:   u = 2 * d * V
+  attention at context length s:     a(s) = 4 * L * q * s   (QK^T and AV)
+
+  sampling (per call):  prefill U prompts: U * (P m + u + a(P) * (P + 1) / 2)
+                        decode B rows:     B * (C (m + u) + 4 L q (C P + C (C + 1) / 2))
+  log-prob pass:        N * (T m + C u + a(T) * (T + 1) / 2)        (causal attention)
+  training:             E * (3 + remat) * log-prob pass FLOPs       (fwd + 2x bwd [+ fwd again])
+
+The roofline time of a phase is max(FLOPs / (n * peak), bytes / (n * HBM bw))
+summed over phases (n devices). Bytes: decode streams the whole weight matrix
+in its storage dtype (FSDP all-gathers it) and the rows' KV cache once per
+step; the other phases are compute bound at these sizes and count their
+weight reads per micro-batch. Communication, host work (rewards, tokenizing)
+and kernel efficiency are left out: it is a lower bound on the step time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from gdpo_jax.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """The sizes of one RL step that FLOPs depend on."""
+
+    rows: int  # N = num_prompts * group_size
+    prompts: int  # num_prompts
+    rows_per_call: int  # sampler rows per generate call
+    prompt_len: int  # P
+    new_tokens: int  # C
+    logprob_passes: int  # recompute old + reference (0..2)
+    epochs: int
+    remat: bool
+    micro_batches: int  # per step: epochs * minibatches * microbatches
+    param_bytes: int  # storage bytes of the whole model (all devices)
+    kv_bytes_per_token: int  # one token of one row, all layers, k and v
+
+
+def _matmul_flops(mc: ModelConfig) -> float:
+    d, f = mc.hidden_size, mc.intermediate_size
+    q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+    return 2.0 * mc.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * f)
+
+
+def _attn(mc: ModelConfig) -> float:
+    return 4.0 * mc.num_layers * mc.num_heads * mc.head_dim
+
+
+def step_flops(mc: ModelConfig, s: StepShape) -> dict[str, float]:
+    """FLOPs per RL step by phase: prefill, decode, logprob, train, total."""
+    m, u, a = _matmul_flops(mc), 2.0 * mc.hidden_size * mc.vocab_size, _attn(mc)
+    P, C = s.prompt_len, s.new_tokens
+    T = P + C
+    prefill = s.prompts * (P * m + u + a * P * (P + 1) / 2)
+    decode = s.rows * (C * (m + u) + a * (C * P + C * (C + 1) / 2))
+    one_pass = s.rows * (T * m + C * u + a * T * (T + 1) / 2)
+    logprob = s.logprob_passes * one_pass
+    train = s.epochs * (3 + int(s.remat)) * one_pass
+    out = dict(prefill=prefill, decode=decode, logprob=logprob, train=train)
+    out["total"] = float(sum(out.values()))
+    return out
+
+
+def roofline(
+    mc: ModelConfig, s: StepShape, *, num_devices: int, peak_flops: float, hbm_bw: float
+) -> dict[str, float]:
+    """Seconds per phase and in total (see the module docstring for the formula)."""
+    fl = step_flops(mc, s)
+    n = num_devices
+    compute = {k: fl[k] / (n * peak_flops) for k in ("prefill", "decode", "logprob", "train")}
+    calls = -(-s.rows // s.rows_per_call)
+    # Decode: every step of every call reads all weights (per device, gathered) and
+    # the call's KV cache shard (average context P + C / 2).
+    kv_step = s.rows_per_call / n * s.kv_bytes_per_token * (s.prompt_len + s.new_tokens / 2)
+    decode_bytes = calls * s.new_tokens * (s.param_bytes + kv_step)
+    passes = s.micro_batches * (3 + int(s.remat))  # weight reads of the training passes
+    mem = {
+        "prefill": calls * s.param_bytes / hbm_bw,
+        "decode": decode_bytes / hbm_bw,
+        "logprob": s.logprob_passes * s.micro_batches * s.param_bytes / hbm_bw,
+        "train": passes * s.param_bytes / hbm_bw,
+    }
+    out = {k: float(max(compute[k], mem[k])) for k in compute}
+    out["total"] = float(np.sum(list(out.values())))
+    out["bound"] = {k: ("memory" if mem[k] > compute[k] else "compute") for k in compute}
+    return out

@@ -1,0 +1,418 @@
+"""Ahead-of-time plan of a run on a target: every program compiled, memory per device.
+
+    plan = make_plan(cfg, parse_target("v5p-16"))
+    plan["fits"], plan["peak_gib"], plan["peak_program"], plan["programs"]["step"]
+
+For the target's abstract devices (targets.py) and the config's own mesh,
+shapes and shardings, with abstract params (never materialized), it lowers
+and compiles the programs a training run executes:
+
+  step          the fused RL step (CompiledStep): advantages, all updates
+  logprob       the log-prob pass (CompiledStep.logprobs), run for the old
+                policy (algo.old_logprobs="recompute") and/or the reference
+                (beta / kl_in_reward > 0): one program, run once or twice
+  generate      the sampler's prefill + while-loop decode (decode.py), for
+                sampling.rows_per_call rows per call
+
+Per program and device: the compiler's argument / output / alias / temporary
+bytes, plus the state resident beside the program but not an argument of it
+(the optimizer state while sampling, the reference weights...), which is what
+must fit in the chip's memory. TPU: a program over HBM fails to compile
+(RESOURCE_EXHAUSTED) and is reported as not fitting; GPU compilers never
+refuse, so the total is compared with the card minus GPU_RUNTIME_RESERVE_BYTES.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.scale import flops as flops_lib
+from gdpo_jax.scale.arch import PlanError, model_config
+from gdpo_jax.scale.report import format_plan
+from gdpo_jax.scale.targets import GIB, Target, target_devices
+from gdpo_jax.train import mesh as mesh_lib
+
+PROGRAMS = ("step", "logprob", "generate")
+# Config fields each program's compiled code depends on (the rest leave it alone),
+# so a search that changes sampling.rows_per_call re-compiles only the sampler.
+_COMMON = ("model.", "mesh.")
+_DEPENDS = {
+    "step": (
+        "algo.",
+        "sampling.max_prompt_len",
+        "sampling.max_new_tokens",
+        "sampling.temperature",
+        "rewards.names",
+        "rewards.weights",
+        "optim.",
+    ),
+    "logprob": (
+        "algo.num_prompts",
+        "algo.group_size",
+        "algo.num_minibatches",
+        "algo.num_microbatches",
+        "algo.logprob_chunk_size",
+        "algo.beta",
+        "algo.kl_in_reward",
+        "sampling.max_prompt_len",
+        "sampling.max_new_tokens",
+        "sampling.temperature",
+    ),
+    "generate": ("algo.num_prompts", "algo.group_size", "sampling."),
+}
+_CACHE: dict[tuple, dict] = {}
+
+
+# --------------------------------------------------------------------------- #
+# Abstract inputs.
+# --------------------------------------------------------------------------- #
+def _sds(shape: tuple[int, ...], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
+
+
+def per_device_bytes(tree: Any) -> int:
+    """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
+    return int(total)
+
+
+def _abstract_state(cfg, mc: ModelConfig, mesh):
+    """(graphdef, TrainState of ShapeDtypeStructs, its shardings, model-state SDS, tx, schedule)."""
+    from gdpo_jax.models.sharding import abstract_model, get_param_shardings
+    from gdpo_jax.train import state as state_lib
+    from gdpo_jax.train.state import TrainState
+    from gdpo_jax.train.step import StepConfig
+
+    model = abstract_model(mc)
+    shard = get_param_shardings(model, mesh)
+    full = jax.tree.map(
+        lambda v, s: _sds(v.shape, v.dtype, s),
+        nnx.state(model),
+        shard,
+    )
+    graphdef, _ = nnx.split(model, nnx.Param)  # the model holds only nnx.Param (as the run)
+    params = full
+    sc = StepConfig.from_config(cfg)
+    tx, schedule = state_lib.make_optimizer(
+        cfg.optim,
+        total_updates=cfg.train.num_steps * sc.updates_per_step,
+        updates_per_step=sc.updates_per_step,
+    )
+    with jax.set_mesh(mesh):
+        opt = jax.eval_shape(tx.init, params)
+    rep = NamedSharding(mesh, P())
+    # Explicit axes carry each moment's sharding in its type; Auto ones do not:
+    # moments shaped like a param are placed like it (what jit(tx.init) does).
+    by_shape = {(x.shape, str(x.dtype)): x.sharding for x in jax.tree.leaves(params)}
+    opt = jax.tree.map(
+        lambda x: _sds(
+            x.shape,
+            x.dtype,
+            x.sharding
+            if isinstance(x.sharding, NamedSharding) and x.sharding.mesh.shape == mesh.shape
+            else by_shape.get((x.shape, str(x.dtype)), rep),
+        ),
+        opt,
+    )
+    state = TrainState(step=_sds((), jnp.int32, rep), params=params, opt_state=opt)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    return graphdef, state, shardings, full, tx, schedule, sc, model
+
+
+def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
+    a, s = cfg.algo, cfg.sampling
+    n, p, c, k = (
+        a.num_prompts * a.group_size,
+        s.max_prompt_len,
+        s.max_new_tokens,
+        len(cfg.rewards.names),
+    )
+    spec = {
+        "prompt_ids": ((n, p), jnp.int32),
+        "prompt_mask": ((n, p), jnp.int32),
+        "completion_ids": ((n, c), jnp.int32),
+        "completion_mask": ((n, c), jnp.int32),
+        "old_logp": ((n, c), jnp.float32),
+        "rewards": ((n, k), jnp.float32),
+        "group_ids": ((n,), jnp.int32),
+        "valid": ((n,), jnp.bool_),
+    }
+    if needs_ref:
+        spec["ref_logp"] = ((n, c), jnp.float32)
+    return {
+        name: _sds(shape, dt, mesh_lib.batch_sharding(mesh, len(shape)))
+        for name, (shape, dt) in spec.items()
+    }
+
+
+# --------------------------------------------------------------------------- #
+# Compile and measure.
+# --------------------------------------------------------------------------- #
+# libtpu's two ways of saying "over HBM": "Used 120.5G of 95.74G hbm" and "the total
+# memory required for HLO temporaries (30.31G) exceeds available HBM (15.75G)".
+_OOM = (
+    re.compile(r"Used ([\d.]+)([KMGT]) of [\d.]+[KMGT] hbm", re.I),
+    re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM", re.I),
+)
+_UNIT = {"K": 1024, "M": 1024**2, "G": GIB, "T": 1024**4}
+
+
+def oom_bytes(msg: str) -> int:
+    """The bytes a RESOURCE_EXHAUSTED compile error says the program needs (0 if unsaid)."""
+    for pat in _OOM:
+        m = pat.search(msg)
+        if m:
+            return int(float(m.group(1)) * _UNIT[m.group(2).upper()])
+    return 0
+
+
+def _measure(lower_fn) -> dict[str, Any]:
+    """Compiles; returns the compiler's per-device memory figures (or its OOM verdict)."""
+    t0 = time.perf_counter()
+    try:
+        compiled = lower_fn().compile()
+    except Exception as e:  # noqa: BLE001 - XLA raises XlaRuntimeError / JaxRuntimeError
+        msg = str(e)
+        if "RESOURCE_EXHAUSTED" not in msg and "exceeds" not in msg.lower():
+            raise
+        used = oom_bytes(msg)
+        return dict(
+            compiled=False,
+            compiler_fits=False,
+            error=msg.splitlines()[0][:300],
+            program_bytes=used,
+            args=0,
+            outputs=0,
+            aliased=0,
+            temps=used,
+            compile_s=time.perf_counter() - t0,
+        )
+    ma = compiled.memory_analysis()
+    args, outs = int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes)
+    alias, temps = int(ma.alias_size_in_bytes), int(ma.temp_size_in_bytes)
+    code = int(getattr(ma, "generated_code_size_in_bytes", 0) or 0)
+    return dict(
+        compiled=True,
+        compiler_fits=True,
+        args=args,
+        outputs=outs,
+        aliased=alias,
+        temps=temps,
+        code=code,
+        program_bytes=args + outs - alias + temps + code,
+        compile_s=time.perf_counter() - t0,
+    )
+
+
+def _key(name: str, cfg, target: Target) -> tuple:
+    flat = _flat(json.loads(cfg.to_json()))
+    deps = _COMMON + _DEPENDS[name]
+    rel = {k: v for k, v in flat.items() if any(k == d or k.startswith(d) for d in deps)}
+    return name, target.name, json.dumps(rel, sort_keys=True)
+
+
+def _flat(d: dict, pre: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v})
+    return out
+
+
+def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
+    from gdpo_jax.sampling import decode
+
+    s, g = cfg.sampling, cfg.algo.group_size
+    m = int(s.max_new_tokens)
+    n = max(1, min(min(4, -(-m // 32)), m))  # Sampler's default decode phases
+    chunks = tuple(m // n + (i < m % n) for i in range(n))
+    spec = decode.DecodeSpec(
+        max_new_tokens=m,
+        chunks=chunks,
+        top_k=int(s.top_k),
+        use_top_p=s.top_p < 1.0,
+        greedy=False,
+        pad_id=0,
+    )
+    fn = decode.make_generate_fn(graphdef_full, spec, mesh)
+    rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
+    shards = mesh_lib.batch_axis_size(mesh)
+    b = -(-rows // shards) * shards
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    args = (
+        model_state,
+        _sds((rows // g, s.max_prompt_len), jnp.int32, rep),
+        _sds((rows // g, s.max_prompt_len), jnp.int32, rep),
+        _sds((b,), jnp.int32, rows_sh),
+        _sds((b,), jnp.bool_, rows_sh),
+        _sds((), key.dtype, rep),
+        _sds((), jnp.float32, rep),
+        _sds((), jnp.float32, rep),
+        _sds((1,), jnp.int32, rep),
+        _sds((0,), jnp.int32, rep),
+        _sds((0, 1), jnp.int32, rep),
+    )
+
+    def lower():
+        with jax.set_mesh(mesh):
+            return fn.lower(*args)
+
+    return lower, b
+
+
+def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = None) -> dict:
+    """The plan of `cfg` on `target` (see the module docstring). Validates the config first."""
+    from gdpo_jax.train.config import validate_config
+    from gdpo_jax.train.step import CompiledStep
+
+    cfg = copy.deepcopy(cfg)
+    with cfg.unlocked():
+        cfg.workdir = cfg.workdir or "/tmp/gdpo_plan"  # never written; validation wants one
+        cfg.mesh.num_devices = 0
+    validate_config(cfg, num_devices=target.num_devices)
+    mc = model_config(cfg)
+    devices = devices if devices is not None else target_devices(target)
+    mesh = mesh_lib.make_mesh(
+        tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
+    )
+    graphdef, state, shardings, full_state, tx, schedule, sc, model = _abstract_state(cfg, mc, mesh)
+    batch = _batch(cfg, mesh, needs_ref=sc.needs_ref)
+    step = CompiledStep(
+        graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
+    )
+    rows = int(cfg.sampling.rows_per_call) or cfg.algo.num_prompts * cfg.algo.group_size
+    gen_lower, gen_rows = _generate_lowering(cfg, nnx.graphdef(model), full_state, mesh, rows)
+
+    params_b = per_device_bytes(state.params)
+    opt_b = per_device_bytes(state.opt_state)
+    batch_b = per_device_bytes(batch)
+    ref_b = params_b if sc.needs_ref else 0
+    n_lp = int(cfg.algo.old_logprobs == "recompute") + int(sc.needs_ref)
+    tp = dict(mesh.shape)["tensor"]
+    kv_heads = mc.num_kv_heads // tp if mc.num_kv_heads % tp == 0 else mc.num_kv_heads
+    kv_tok = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
+    kv_b = (
+        (gen_rows // mesh_lib.batch_axis_size(mesh))
+        * (2 * mc.num_layers * kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize)
+        * (cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens)
+    )
+
+    # name -> (lowering, bytes resident beside it that are not its arguments, breakdown)
+    progs = {
+        "step": (
+            lambda: step.lower(state, batch),
+            ref_b,
+            dict(params=params_b, optimizer=opt_b, batch=batch_b, ref_params=ref_b),
+        ),
+        "generate": (
+            gen_lower,
+            opt_b + ref_b,
+            dict(params=params_b, optimizer=opt_b, ref_params=ref_b, kv_cache=kv_b),
+        ),
+    }
+    if n_lp:
+        progs["logprob"] = (
+            lambda: step.lower_logprobs(state.params, batch),
+            opt_b + ref_b + batch_b,
+            dict(params=params_b + ref_b, optimizer=opt_b, batch=batch_b),
+        )
+    limit = target.usable_bytes
+    programs: dict[str, dict] = {}
+    for name, (lower, resident, breakdown) in progs.items():
+        key = _key(name, cfg, target)
+        if key not in _CACHE:
+            _CACHE[key] = _measure(lower)
+        r = dict(_CACHE[key])
+        total = r["program_bytes"] + resident
+        r.update(
+            resident_bytes=resident,
+            total_bytes=total,
+            fits=bool(r["compiler_fits"] and total <= limit),
+            breakdown={**breakdown, "temporaries": r["temps"]},
+        )
+        r.update(
+            {
+                f"{k}_gib": v / GIB
+                for k, v in (
+                    ("total", total),
+                    ("temp", r["temps"]),
+                    ("args", r["args"]),
+                    ("outputs", r["outputs"]),
+                    ("aliased", r["aliased"]),
+                )
+            }
+        )
+        if name == "generate":
+            r["rows_per_call"] = gen_rows
+        if name == "logprob":
+            r["runs_per_step"] = n_lp
+        programs[name] = r
+    # A program the compiler refused binds, whatever the (lower bound) bytes it names.
+    peak = max(programs, key=lambda k: (not programs[k]["compiled"], programs[k]["total_bytes"]))
+
+    shape = flops_lib.StepShape(
+        rows=cfg.algo.num_prompts * cfg.algo.group_size,
+        prompts=cfg.algo.num_prompts,
+        rows_per_call=gen_rows,
+        prompt_len=cfg.sampling.max_prompt_len,
+        new_tokens=cfg.sampling.max_new_tokens,
+        logprob_passes=n_lp,
+        epochs=cfg.algo.num_epochs,
+        remat=bool(mc.remat),
+        micro_batches=sc.num_epochs * sc.num_minibatches * sc.num_microbatches,
+        param_bytes=int(
+            sum(
+                math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+                for x in jax.tree.leaves(state.params)
+            )
+        ),
+        kv_bytes_per_token=kv_tok,
+    )
+    fl = flops_lib.step_flops(mc, shape)
+    roof = flops_lib.roofline(
+        mc,
+        shape,
+        num_devices=target.num_devices,
+        peak_flops=target.chip.peak_flops,
+        hbm_bw=target.chip.hbm_bw,
+    )
+    return {
+        "target": target.name,
+        "device": target.describe(),
+        "platform": target.platform,
+        "num_devices": target.num_devices,
+        "mesh": dict(mesh.shape),
+        "model": cfg.model.name or "random-init (model.tiny)",
+        "num_params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))),
+        "device_memory_gib": target.chip.memory_bytes / GIB,
+        "usable_gib": limit / GIB,
+        "fits": all(p["fits"] for p in programs.values()),
+        "peak_gib": programs[peak]["total_bytes"] / GIB,
+        "peak_program": peak,
+        "programs": programs,
+        "step_flops": fl["total"],
+        "flops": fl,
+        "est_step_s": roof["total"],
+        "roofline": roof,
+        "per_device": dict(
+            params=params_b, optimizer=opt_b, batch=batch_b, ref_params=ref_b, kv_cache=kv_b
+        ),
+    }
+
+
+__all__ = ["PROGRAMS", "PlanError", "format_plan", "make_plan", "model_config"]

@@ -1,0 +1,36 @@
+"""Plain-text rendering of a plan (experiments/plan.py prints it)."""
+
+from __future__ import annotations
+
+from gdpo_jax.scale.targets import GIB
+
+
+def format_plan(plan: dict) -> str:
+    """A human-readable table of a plan."""
+    lines = [
+        f"target {plan['target']}: {plan['device']}, mesh {plan['mesh']}, "
+        f"{plan['num_params'] / 1e9:.3g}B params",
+        f"{'program':<10}{'args':>10}{'out':>10}{'alias':>10}{'temp':>10}{'beside':>10}"
+        f"{'total':>10}  fits   (GiB per device; usable {plan['usable_gib']:.1f} of "
+        f"{plan['device_memory_gib']:.1f})",
+    ]
+    for name, p in plan["programs"].items():
+        g = lambda b: f"{b / GIB:10.2f}"  # noqa: E731
+        lines.append(
+            f"{name:<10}{g(p['args'])}{g(p['outputs'])}{g(p['aliased'])}"
+            f"{g(p['temps'])}{g(p['resident_bytes'])}{g(p['total_bytes'])}  "
+            f"{'yes' if p['fits'] else 'NO'}" + ("" if p["compiled"] else f"  ({p['error'][:80]})")
+        )
+    pd = plan["per_device"]
+    lines.append("per device: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in pd.items()) + " GiB")
+    lines.append(
+        f"fits: {'yes' if plan['fits'] else 'NO'}; peak {plan['peak_gib']:.2f} GiB in "
+        f"{plan['peak_program']}; {plan['step_flops']:.3g} FLOPs per RL step; roofline "
+        f"{plan['est_step_s']:.1f} s per step ("
+        + ", ".join(
+            f"{k} {plan['roofline'][k]:.1f}s {plan['roofline']['bound'][k]}"
+            for k in ("prefill", "decode", "logprob", "train")
+        )
+        + ")"
+    )
+    return "\n".join(lines)

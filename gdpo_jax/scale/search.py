@@ -1,0 +1,147 @@
+"""When a plan does not fit: the smallest change of the knobs a user would turn.
+
+Candidates are single changes, ordered from the cheapest in step time to the
+dearest, aimed at the program that does not fit:
+
+  generate  sampling.rows_per_call halved (more, smaller sampler calls)
+  step      model.remat on; algo.logprob_chunk_size on / halved;
+            algo.num_microbatches doubled (fewer rows per device at a time)
+  logprob   algo.logprob_chunk_size; algo.num_microbatches doubled
+  any       mesh.shape with every device on fsdp, then a tensor axis of 2, 4
+
+Each candidate must pass validate_config for the target; it is planned (only
+the programs whose inputs it changes are re-compiled, see plan._DEPENDS) and
+the first that fits is returned. If no single change fits, the best changes
+of each knob are combined, one more at a time.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import ml_collections as mlc
+
+from gdpo_jax.scale.plan import make_plan
+from gdpo_jax.scale.targets import Target
+from gdpo_jax.train.config import ConfigError, validate_config
+
+
+def _get(cfg: mlc.ConfigDict, path: str) -> Any:
+    node: Any = cfg
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def _apply(cfg: mlc.ConfigDict, changes: dict[str, Any]) -> mlc.ConfigDict:
+    c = copy.deepcopy(cfg)
+    with c.unlocked():
+        for path, value in changes.items():
+            *parents, leaf = path.split(".")
+            node = c
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+    return c
+
+
+def _override(path: str, value: Any) -> str:
+    if isinstance(value, tuple):
+        value = "'(" + ",".join(str(v) for v in value) + ")'"
+    return f"--config.{path}={value}"
+
+
+def candidates(cfg: mlc.ConfigDict, binding: str, num_devices: int) -> list[dict[str, Any]]:
+    """Single-knob changes, most promising for `binding` (the program over memory) first."""
+    a, s = cfg.algo, cfg.sampling
+    rows = a.num_prompts * a.group_size
+    out: list[dict[str, Any]] = []
+    rpc = int(s.rows_per_call) or rows
+    sampler = [
+        {"sampling.rows_per_call": rpc // d}
+        for d in (2, 4, 8, 16)
+        if rpc // d >= a.group_size and (rpc // d) % a.group_size == 0
+    ]
+    train: list[dict[str, Any]] = []
+    if not cfg.model.remat:
+        train.append({"model.remat": True})
+    chunk = int(a.logprob_chunk_size)
+    train += [
+        {"algo.logprob_chunk_size": c}
+        for c in ((512, 256) if not chunk else (chunk // 2, chunk // 4))
+        if c >= 16
+    ]
+    train += [{"algo.num_microbatches": a.num_microbatches * k} for k in (2, 4, 8, 16)]
+    mesh = []
+    for shape in ((1, -1, 1), (1, -1, 2), (1, -1, 4), (1, -1, 8)):
+        if tuple(cfg.mesh.shape) != shape and num_devices % abs(shape[0] * shape[2]) == 0:
+            mesh.append({"mesh.shape": shape})
+    out = sampler + train if binding == "generate" else train + sampler
+    return out + mesh
+
+
+def _valid(cfg: mlc.ConfigDict, num_devices: int) -> bool:
+    c = copy.deepcopy(cfg)
+    with c.unlocked():
+        c.workdir = c.workdir or "/tmp/gdpo_plan"
+        c.mesh.num_devices = 0
+    try:
+        validate_config(c, num_devices=num_devices)
+    except ConfigError:
+        return False
+    return True
+
+
+def find_fit(
+    cfg: mlc.ConfigDict,
+    target: Target,
+    plan: dict,
+    *,
+    max_tries: int = 12,
+    log: Callable[[str], None] | None = None,
+) -> dict | None:
+    """{"overrides": [...], "changes": {...}, "peak_gib", "peak_program", "est_step_s"} or None.
+
+    `plan` is make_plan(cfg, target) (the one that did not fit).
+    """
+    n = target.num_devices
+    tried = 0
+    base: dict[str, Any] = {}
+    current = plan
+    for _round in range(3):  # each round adds one more knob on top of the best so far
+        binding = next(
+            (k for k, p in current["programs"].items() if not p["fits"]), current["peak_program"]
+        )
+        best: tuple[float, dict, dict] | None = None
+        for change in candidates(_apply(cfg, base), binding, n):
+            trial = {**base, **change}
+            c = _apply(cfg, trial)
+            if not _valid(c, n):
+                continue
+            if tried >= max_tries:
+                return None
+            tried += 1
+            p = make_plan(c, target)
+            if log:
+                log(
+                    f"  try {' '.join(_override(k, v) for k, v in trial.items())}: "
+                    f"peak {p['peak_gib']:.2f} GiB in {p['peak_program']}, "
+                    f"{'fits' if p['fits'] else 'does not fit'}"
+                )
+            if p["fits"]:
+                return dict(
+                    overrides=[_override(k, v) for k, v in trial.items()],
+                    changes=trial,
+                    peak_gib=p["peak_gib"],
+                    peak_program=p["peak_program"],
+                    est_step_s=p["est_step_s"],
+                    tries=tried,
+                )
+            if best is None or p["peak_gib"] < best[0]:
+                best = (p["peak_gib"], trial, p)
+        if best is None or best[0] >= current["peak_gib"]:
+            return None
+        base, current = best[1], best[2]
+    return None

@@ -1,0 +1,229 @@
+"""Where a run could go: the one table of TPU slices and GPU clusters, and their chips.
+
+A target is a set of *abstract* devices (no hardware needed) for which XLA
+compiles real TPU or GPU programs on a CPU machine:
+
+  * TPU: `jax.experimental.topologies.get_topology_desc(platform="tpu",
+    topology_name="v5p:2x2x2")` through libtpu (the `[tpu]` / `[aot]` extra);
+  * GPU: the CUDA plugin (`[cuda12]` / `[aot]`) with a GpuTargetConfigProto text
+    proto describing the card (targets/*.txtpb, from openxla/xla) and a
+    "<slices>x<hosts>x<gpus>" topology.
+
+Names: `v5p-16` (Cloud TPU naming: the number counts TensorCores, 2 per v4 /
+v5p chip, 1 per v5e / v6e chip), `8xh100`, and the raw forms
+`tpu:<topology>[,slices=N]` and `cuda:<slices>x<hosts>x<gpus>:<card>`.
+
+Chip figures (per chip; dense bf16 peak, HBM bandwidth) are the vendors'
+published numbers: Cloud TPU system-architecture pages (v4 275 TF/s 1.2 TB/s
+32 GiB; v5e 197 TF/s 819 GB/s 16 GiB; v5p 459 TF/s 2.76 TB/s 95 GiB; v6e 918 TF/s
+1.64 TB/s 32 GiB) and NVIDIA datasheets (A100 312 TF/s, H100 / H200 SXM 989 TF/s
+dense); GPU memory size and bandwidth come from the target proto itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+GIB = 1024**3
+_SPEC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets")
+# Memory a GPU process cannot give to XLA's programs: CUDA context, cuBLAS /
+# cuDNN workspaces, NCCL buffers, fragmentation (XLA's own default caps the
+# pool at 75-90 % of the card; 4 GiB is what a tuned run with
+# XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 leaves on an 80 GB card).
+GPU_RUNTIME_RESERVE_BYTES = 4 * GIB
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One accelerator. memory_bytes: HBM per chip; peak_flops: dense bf16 FLOP/s;
+    hbm_bw: bytes/s; spec: GPU target proto file in targets/ ("" for TPUs)."""
+
+    name: str
+    platform: str  # "tpu" | "cuda"
+    memory_bytes: int
+    peak_flops: float
+    hbm_bw: float
+    spec: str = ""
+    tpu_prefix: str = ""  # the topology-name prefix libtpu expects ("v5p")
+
+
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("TPU v4", "tpu", 32 * GIB, 275e12, 1.2e12, tpu_prefix="v4"),
+    "v5e": Chip("TPU v5e", "tpu", 16 * GIB, 197e12, 0.819e12, tpu_prefix="v5e"),
+    "v5p": Chip("TPU v5p", "tpu", 95 * GIB, 459e12, 2.765e12, tpu_prefix="v5p"),
+    "v6e": Chip("TPU v6e", "tpu", 32 * GIB, 918e12, 1.64e12, tpu_prefix="v6e"),
+    # Memory and bandwidth of the GPUs: device_memory_size / memory_bandwidth of the proto.
+    "h100": Chip("NVIDIA H100 SXM 80GB", "cuda", 84942979072, 989e12, 3.35232e12, "h100_sxm"),
+    "h200": Chip("NVIDIA H200 141GB", "cuda", 151397597184, 989e12, 4.8e12, "h200"),
+    "a100-80g": Chip(
+        "NVIDIA A100 SXM 80GB", "cuda", 85100068864, 312e12, 2.03904e12, "a100_sxm_80"
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A named slice / cluster: `chip` x `num_devices`, and how to ask XLA for it.
+
+    topology: libtpu topology name ("v5p:2x2x2") or the CUDA "SxHxG" string.
+    """
+
+    name: str
+    chip: Chip
+    topology: str
+    num_slices: int = 1
+    num_hosts: int = 1
+
+    @property
+    def platform(self) -> str:
+        return self.chip.platform
+
+    @property
+    def num_devices(self) -> int:
+        if self.platform == "cuda":
+            s, h, g = (int(x) for x in self.topology.split("x"))
+            return s * h * g
+        dims = self.topology.split(":", 1)[1].split("x")
+        n = 1
+        for d in dims:
+            n *= int(d)
+        return n * self.num_slices
+
+    @property
+    def usable_bytes(self) -> int:
+        """Memory a run's programs may use per device (GPU: minus the runtime reserve)."""
+        reserve = GPU_RUNTIME_RESERVE_BYTES if self.platform == "cuda" else 0
+        return self.chip.memory_bytes - reserve
+
+    def describe(self) -> str:
+        return f"{self.num_devices} x {self.chip.name} ({self.topology})"
+
+
+def _tpu(name: str, chip: str, topo: str) -> Target:
+    return Target(name, CHIPS[chip], f"{CHIPS[chip].tpu_prefix}:{topo}")
+
+
+def _gpu(name: str, chip: str, hosts: int, gpus: int) -> Target:
+    return Target(name, CHIPS[chip], f"1x{hosts}x{gpus}", num_hosts=hosts)
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        _tpu("v4-8", "v4", "2x2x1"),
+        _tpu("v4-16", "v4", "2x2x2"),
+        _tpu("v5e-4", "v5e", "2x2"),
+        _tpu("v5e-8", "v5e", "2x4"),
+        _tpu("v5e-16", "v5e", "4x4"),
+        _tpu("v5e-32", "v5e", "4x8"),
+        _tpu("v5p-8", "v5p", "2x2x1"),
+        _tpu("v5p-16", "v5p", "2x2x2"),
+        _tpu("v5p-32", "v5p", "2x2x4"),
+        _tpu("v5p-64", "v5p", "2x4x4"),
+        _tpu("v5p-128", "v5p", "4x4x4"),
+        _tpu("v6e-8", "v6e", "2x4"),
+        _tpu("v6e-16", "v6e", "4x4"),
+        _gpu("1xh100", "h100", 1, 1),
+        _gpu("8xh100", "h100", 1, 8),
+        _gpu("16xh100", "h100", 2, 8),
+        _gpu("32xh100", "h100", 4, 8),
+        _gpu("8xa100-80g", "a100-80g", 1, 8),
+        _gpu("16xa100-80g", "a100-80g", 2, 8),
+        _gpu("8xh200", "h200", 1, 8),
+    )
+}
+RAW_FORMS = (
+    "tpu:<topology>[,slices=N]  e.g. tpu:v5p:2x4x4,slices=2",
+    "cuda:<slices>x<hosts>x<gpus>:<card>  e.g. cuda:1x2x8:h100",
+)
+
+
+class TargetError(ValueError):
+    """Unknown target name; the message lists the valid ones."""
+
+
+def valid_names() -> str:
+    gpus = sorted(k for k, c in CHIPS.items() if c.platform == "cuda")
+    return (
+        f"known targets: {', '.join(TARGETS)}; raw forms: {'; '.join(RAW_FORMS)} "
+        f"(TPU chips {', '.join(k for k, c in CHIPS.items() if c.platform == 'tpu')}; "
+        f"GPU cards {', '.join(gpus)})"
+    )
+
+
+def parse_target(name: str) -> Target:
+    """A Target from a table name or a raw `tpu:` / `cuda:` form; TargetError otherwise."""
+    name = (name or "").strip()
+    if name in TARGETS:
+        return TARGETS[name]
+    m = re.fullmatch(r"tpu:((v4|v5e|v5p|v6e):\d+(?:x\d+){1,2})(?:,slices=(\d+))?", name)
+    if m:
+        chip = next(c for c in CHIPS.values() if c.tpu_prefix == m.group(2))
+        return Target(name, chip, m.group(1), num_slices=int(m.group(3) or 1))
+    m = re.fullmatch(r"cuda:(\d+)x(\d+)x(\d+):([\w.-]+)", name)
+    if m and m.group(4) in CHIPS and CHIPS[m.group(4)].platform == "cuda":
+        s, h, g = (int(m.group(i)) for i in (1, 2, 3))
+        return Target(name, CHIPS[m.group(4)], f"{s}x{h}x{g}", num_slices=s, num_hosts=s * h)
+    raise TargetError(f"--topology={name!r} is not a known target; {valid_names()}.")
+
+
+class MissingExtraError(RuntimeError):
+    """The compiler plugin for a target's platform is not installed."""
+
+
+def has_module(name: str) -> bool:
+    """Whether `name` can be imported (a missing parent package counts as missing)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _check_plugin(platform: str) -> None:
+    if platform == "tpu" and not has_module("libtpu"):
+        raise MissingExtraError(
+            'planning for a TPU target needs libtpu: pip install -e ".[aot]" (or ".[tpu]").'
+        )
+    if platform == "cuda" and not has_module("jax_plugins.xla_cuda12"):
+        raise MissingExtraError(
+            'planning for a GPU target needs the CUDA plugin: pip install -e ".[aot]" '
+            '(or ".[cuda12]").'
+        )
+
+
+def gpu_target_config(chip: Chip) -> str:
+    """The GpuTargetConfigProto text of a GPU chip (comments stripped)."""
+    with open(os.path.join(_SPEC_DIR, chip.spec + ".txtpb")) as f:
+        return "".join(line for line in f if not line.lstrip().startswith("#"))
+
+
+def target_devices(target: Target) -> list[Any]:
+    """Abstract devices of `target` (compile-only: nothing runs, nothing is allocated).
+
+    Needs JAX_PLATFORMS=cpu when libtpu is installed on a machine without TPUs.
+    """
+    _check_plugin(target.platform)
+    from jax.experimental import topologies
+
+    if target.platform == "tpu":
+        topo = topologies.get_topology_desc(
+            platform="tpu", topology_name=target.topology, num_slices=target.num_slices
+        )
+    else:
+        topo = topologies.get_topology_desc(
+            "",
+            platform="cuda",
+            topology=target.topology,
+            target_config=gpu_target_config(target.chip),
+        )
+    devices = list(topo.devices)
+    if len(devices) != target.num_devices:
+        raise RuntimeError(
+            f"target {target.name}: expected {target.num_devices} devices, XLA gave {len(devices)}."
+        )
+    return devices

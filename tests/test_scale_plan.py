@@ -1,0 +1,305 @@
+"""The ahead-of-time planner (gdpo_jax/scale, experiments/plan.py) on tiny configs.
+
+Compiles for abstract TPU / GPU devices through libtpu and the CUDA plugin
+(the `[aot]` extra); those tests skip, naming the extra, only where it is not
+installed. References are hand arithmetic written here, not the planner's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.scale import flops as flops_lib
+from gdpo_jax.scale import targets as targets_lib
+from gdpo_jax.train.config import ConfigError, base_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HAS_TPU = targets_lib.has_module("libtpu")
+HAS_CUDA = targets_lib.has_module("jax_plugins.xla_cuda12")
+needs_tpu = pytest.mark.skipif(not HAS_TPU, reason='needs the [aot] extra: pip install -e ".[aot]"')
+needs_cuda = pytest.mark.skipif(
+    not HAS_CUDA, reason='needs the [aot] extra: pip install -e ".[aot]"'
+)
+# Tiny llama, every dim divisible by 4 (so fsdp=4 splits every matrix 4 ways).
+D, F, L, HQ, HKV, DH, V = 64, 128, 2, 4, 2, 16, 256
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _libtpu_env():
+    """libtpu asks the machine what TPU it is unless told; set only for this module."""
+    saved = {k: os.environ.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_WORKER_HOSTNAMES")}
+    os.environ.update(TPU_ACCELERATOR_TYPE="v5litepod-4", TPU_WORKER_HOSTNAMES="localhost")
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def tiny_config(**algo):
+    c = base_config()
+    c.workdir = "/tmp/unused"
+    c.task.name = "toy_toolcall"
+    c.rewards.names = ("toy_format", "toy_correct")
+    c.model.tiny.update(
+        dict(
+            hidden_size=D,
+            intermediate_size=F,
+            num_layers=L,
+            num_heads=HQ,
+            num_kv_heads=HKV,
+            head_dim=DH,
+            vocab_size=V,
+            max_position_embeddings=256,
+        )
+    )
+    c.algo.num_prompts, c.algo.group_size = 8, 4
+    c.algo.old_logprobs = "recompute"
+    c.algo.update(algo)
+    c.sampling.max_prompt_len, c.sampling.max_new_tokens = 16, 16
+    c.mesh.shape = (1, -1, 1)
+    return c
+
+
+def n_matrix() -> int:
+    """Weights of the kernels and embeddings (all split over fsdp on this mesh)."""
+    q, kv = HQ * DH, HKV * DH
+    return L * (D * (q + 2 * kv) + q * D + 3 * D * F) + 2 * V * D
+
+
+def n_vector() -> int:
+    return 2 * L * D + D  # attn / mlp norms per layer + final norm (replicated)
+
+
+# ----------------------------------------------------------------- no compiler
+def test_unknown_topology_lists_the_valid_names():
+    with pytest.raises(targets_lib.TargetError) as e:
+        targets_lib.parse_target("v9-8")
+    msg = str(e.value)
+    for name in (
+        "v4-8",
+        "v5e-16",
+        "v5p-64",
+        "v6e-8",
+        "8xh100",
+        "16xh100",
+        "8xa100-80g",
+        "8xh200",
+        "tpu:<topology>",
+        "cuda:<slices>x<hosts>x<gpus>",
+    ):
+        assert name in msg
+
+
+def test_target_table():
+    t = targets_lib.parse_target("16xh100")
+    assert (t.num_devices, t.num_hosts, t.platform) == (16, 2, "cuda")
+    assert targets_lib.parse_target("v5p-16").num_devices == 8  # 16 TensorCores = 8 chips
+    assert targets_lib.parse_target("v5e-16").num_devices == 16
+    assert targets_lib.parse_target("tpu:v5p:2x2x1,slices=2").num_devices == 8
+    assert targets_lib.parse_target("cuda:1x2x4:a100-80g").num_devices == 8
+    for chip in ("h100", "h200", "a100-80g"):  # the shipped GPU descriptions
+        text = targets_lib.gpu_target_config(targets_lib.CHIPS[chip])
+        assert "collective_memory_granularity" not in text
+        assert f"device_memory_size: {targets_lib.CHIPS[chip].memory_bytes}" in text
+
+
+def test_missing_extra_is_one_line_naming_it(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: None if n in ("libtpu", "jax_plugins.xla_cuda12") else real(n, *a),
+    )
+    for name in ("v5p-8", "8xh100"):
+        with pytest.raises(targets_lib.MissingExtraError) as e:
+            targets_lib.target_devices(targets_lib.parse_target(name))
+        assert ".[aot]" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_batch_not_dividing_the_mesh_names_the_field():
+    from gdpo_jax.scale.plan import make_plan
+
+    # 32 rows / 4 micro-batches = 8 rows, not divisible over v5p-32's 16 chips.
+    cfg = tiny_config(num_microbatches=4)
+    with pytest.raises(ConfigError, match="num_microbatches"):
+        make_plan(cfg, targets_lib.parse_target("v5p-32"))
+
+
+def test_model_from_variant_name_without_checkpoint():
+    from gdpo_jax.scale.plan import PlanError, model_config
+
+    c = base_config()
+    c.model.name = "r1-distill-7b"
+    assert model_config(c).num_params() == pytest.approx(7.6e9, rel=0.01)
+    c.model.name = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"  # the configs' hub id
+    assert model_config(c).num_layers == 28
+    c.model.name = "/no/such/checkpoint"
+    with pytest.raises(PlanError, match="config.model.name"):
+        model_config(c)
+
+
+def test_flops_against_a_token_by_token_count():
+    mc = ModelConfig.tiny(
+        hidden_size=D,
+        intermediate_size=F,
+        num_layers=L,
+        num_heads=HQ,
+        num_kv_heads=HKV,
+        head_dim=DH,
+        vocab_size=V,
+    )
+    P_, C_, U, G = 5, 3, 2, 4
+    s = flops_lib.StepShape(
+        rows=U * G,
+        prompts=U,
+        rows_per_call=U * G,
+        prompt_len=P_,
+        new_tokens=C_,
+        logprob_passes=2,
+        epochs=1,
+        remat=True,
+        micro_batches=1,
+        param_bytes=0,
+        kv_bytes_per_token=0,
+    )
+    q, kv = HQ * DH, HKV * DH
+    per_tok = 2 * L * (D * q + 2 * D * kv + q * D + 3 * D * F)  # the matmuls, one token
+    attn = lambda ctx: 4 * L * q * ctx  # noqa: E731 - QK^T and AV over ctx positions
+    prefill = U * (sum(per_tok + attn(t) for t in range(1, P_ + 1)) + 2 * D * V)
+    decode = U * G * sum(per_tok + 2 * D * V + attn(P_ + t) for t in range(1, C_ + 1))
+    fwd = U * G * (sum(per_tok + attn(t) for t in range(1, P_ + C_ + 1)) + C_ * 2 * D * V)
+    got = flops_lib.step_flops(mc, s)
+    np.testing.assert_allclose(
+        [got["prefill"], got["decode"], got["logprob"], got["train"]],
+        [prefill, decode, 2 * fwd, 4 * fwd],
+        rtol=1e-12,
+    )
+
+
+# --------------------------------------------------------------- compile: TPU
+@needs_tpu
+def test_tiny_plan_on_tpu_bytes_per_device():
+    from gdpo_jax.scale.plan import make_plan
+
+    plan = make_plan(tiny_config(), targets_lib.parse_target("tpu:v5e:2x2"))
+    assert plan["fits"] and plan["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert set(plan["programs"]) == {"step", "logprob", "generate"}
+    # Independent arithmetic: f32 weights, matrices split 4 ways over fsdp, norms whole.
+    params = (n_matrix() // 4 + n_vector()) * 4
+    assert plan["per_device"]["params"] == params
+    # AdamW: mu and nu like the params, plus a few scalar counters.
+    assert 2 * params <= plan["per_device"]["optimizer"] <= 2 * params + 64
+    step = plan["programs"]["step"]
+    assert step["args"] >= params * 3  # state (params + 2 moments) + batch
+    for p in plan["programs"].values():
+        assert p["total_gib"] > 0 and p["temp_gib"] >= 0 and p["args_gib"] > 0
+    assert plan["peak_program"] in plan["programs"]
+    assert plan["step_flops"] > 0 and plan["est_step_s"] > 0
+    assert plan["device_memory_gib"] == 16
+
+
+@pytest.mark.slow  # a few minutes on 2 busy cores: three TPU compiles
+@needs_tpu
+def test_oversized_sampler_does_not_fit_and_the_suggestion_does():
+    from gdpo_jax.scale.plan import make_plan
+    from gdpo_jax.scale.search import _apply, find_fit
+
+    # 131072 rows x (64 + 32) tokens of f32 KV (4 layers x 4 kv heads x 64 dims x k, v):
+    # 8 KiB per token and row, 32768 rows per chip -> 24 GiB of cache on a 16 GiB v5e
+    # chip. 32 new tokens = one decode phase (one loop body to compile).
+    cfg = tiny_config(num_prompts=16384, group_size=8, num_microbatches=256, old_logprobs="sampler")
+    cfg.model.tiny.update(dict(num_layers=4, num_kv_heads=4, head_dim=64))
+    cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens = 64, 32
+    target = targets_lib.parse_target("tpu:v5e:2x2")
+    plan = make_plan(cfg, target)
+    assert not plan["fits"] and not plan["programs"]["generate"]["fits"]
+    assert plan["programs"]["step"]["fits"]
+    fix = find_fit(cfg, target, plan, max_tries=4)
+    assert fix is not None and fix["overrides"][0].startswith("--config.sampling.rows_per_call=")
+    confirmed = make_plan(_apply(cfg, fix["changes"]), target)
+    assert confirmed["fits"]
+
+
+# --------------------------------------------------------------- compile: GPU
+@needs_cuda
+def test_tiny_plan_on_gpu():
+    from gdpo_jax.scale.plan import make_plan
+
+    plan = make_plan(tiny_config(beta=0.01), targets_lib.parse_target("cuda:1x1x2:h100"))
+    assert plan["fits"] and plan["num_devices"] == 2
+    params = (n_matrix() // 2 + n_vector()) * 4
+    assert plan["per_device"]["params"] == plan["per_device"]["ref_params"] == params
+    assert plan["programs"]["logprob"]["runs_per_step"] == 2  # old + reference
+    assert plan["usable_gib"] == pytest.approx(84942979072 / 2**30 - 4)
+
+
+# ------------------------------------------------------------------------ CLI
+def test_cli_unknown_topology_exits_with_the_names():
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "experiments.plan",
+            "--config=configs/tiny_cpu.py",
+            "--topology=v5p-7",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 2
+    assert "v5p-8" in r.stderr and "8xh100" in r.stderr
+
+
+def test_planner_env_does_not_start_distributed(monkeypatch):
+    """TPU_WORKER_HOSTNAMES=localhost (set for libtpu's compile-only use) is one host."""
+    from gdpo_jax.train import distributed
+
+    called = []
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: called.append(kw))
+    for k in distributed._ENV_HINTS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
+    assert distributed.initialize("auto") is False and not called
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "10.0.0.1,10.0.0.2")  # a real pod slice
+    assert distributed.initialize("auto") is True and called == [{}]
+
+
+def test_paper_qwen3_sampler_cache_fits_an_80gb_gpu():
+    """The planner found math:qwen3-4b's 512-row sampler calls need 79 GiB of KV
+    cache per device on 8 GPUs; the config now decodes fewer rows per call."""
+    import importlib.util as iu
+
+    spec = iu.spec_from_file_location("paper_math", os.path.join(ROOT, "configs/paper_math.py"))
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config("qwen3-4b")
+    # bf16 k and v: 36 layers x 8 kv heads x 128 dims x 2 bytes x 2, per token and row.
+    per_token = 36 * 8 * 128 * 2 * 2
+    rows_per_device = c.sampling.rows_per_call // 8
+    cache = rows_per_device * per_token * (c.sampling.max_prompt_len + c.sampling.max_new_tokens)
+    assert cache <= 24 * 2**30  # room for the decode's temporaries on an 80 GB card
+
+
+def test_oom_message_bytes():
+    from gdpo_jax.scale.plan import oom_bytes
+
+    msg = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (30.31G) exceeds available HBM (15.75G)."
+    )
+    assert oom_bytes(msg) == int(30.31 * 2**30)
+    assert oom_bytes("RESOURCE_EXHAUSTED: Used 120.5G of 95.74G hbm.") == int(120.5 * 2**30)
+    assert oom_bytes("something else") == 0
