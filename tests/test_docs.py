@@ -21,11 +21,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 220
 
-# docs/scale.md is written on another branch (issue #15, running at scale). The link
-# checker leaves this one target to `test_scale_page_exists`, which fails until that
-# branch is merged: the link is meant to resolve after the merge, not to be dropped.
-SCALE_PAGE = "docs/scale.md"
-
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _INLINE_CODE = re.compile(r"`[^`\n]*`")
 # [text](target) or ![alt](target), target without spaces, optional "title".
@@ -91,8 +86,6 @@ def broken_links(path: Path) -> list[str]:
         file_part, _, anchor = target.partition("#")
         dest = (path.parent / file_part).resolve() if file_part else path
         rel = dest.relative_to(ROOT).as_posix() if dest.is_relative_to(ROOT) else str(dest)
-        if rel == SCALE_PAGE:
-            continue  # see SCALE_PAGE: checked by test_scale_page_exists
         if not dest.exists():
             errors.append(f"{target}: no such file {rel}")
         elif anchor and dest.suffix == ".md" and anchor not in anchors_of(dest):
@@ -104,13 +97,6 @@ def broken_links(path: Path) -> list[str]:
 def test_relative_links_resolve(page: Path) -> None:
     errors = broken_links(page)
     assert not errors, f"{page.relative_to(ROOT)}: broken links:\n" + "\n".join(errors)
-
-
-def test_scale_page_exists() -> None:
-    # Fails on the docs branch alone: docs/scale.md comes from the scale branch (see SCALE_PAGE).
-    linked_from = [p.name for p in doc_pages() if any("scale.md" in t for t in relative_links(p))]
-    assert linked_from, "nothing links docs/scale.md any more; drop SCALE_PAGE from this test"
-    assert (ROOT / SCALE_PAGE).exists(), f"{SCALE_PAGE} is linked from {linked_from} but missing"
 
 
 def test_every_docs_page_links_back_to_the_index() -> None:
@@ -266,3 +252,54 @@ def test_map_checker_catches_a_new_and_a_removed_module(tmp_path: Path) -> None:
     errors = map_mismatches(section, tmp_path)
     assert len(errors) == 2, errors
     assert "core/new.py is not in the map" in errors[0] and "gone.py" in errors[1]
+
+
+def _committed_plan_table(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """(the table experiments.plan_table renders from docs/scale/plans.json, the text between
+    the plan-table markers of docs/scale.md)."""
+    import json
+
+    # plan_table sets these with setdefault on import; keep them out of this process's env.
+    for var, val in (
+        ("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ):
+        monkeypatch.setenv(var, val)
+    from experiments import plan_table
+
+    plans = json.loads((ROOT / "docs" / "scale" / "plans.json").read_text(encoding="utf-8"))
+    plans = {k: plan_table.rederive(v) for k, v in plans.items()}
+    doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
+    assert plan_table.TABLE_START in doc and plan_table.TABLE_END in doc, (
+        "docs/scale.md lost its plan-table markers"
+    )
+    section = doc.split(plan_table.TABLE_START, 1)[1].split(plan_table.TABLE_END, 1)[0]
+    return plan_table.render(plans), section
+
+
+def test_scale_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The table of docs/scale.md is generated: no figure in it is typed in by hand.
+    table, section = _committed_plan_table(monkeypatch)
+    assert table in section, (
+        "docs/scale.md's plan table differs from docs/scale/plans.json; regenerate it with "
+        "`python -m experiments.plan_table` (it resumes), do not edit it by hand"
+    )
+
+
+def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README's "Measured so far" quotes the planner's table: every number on its
+    # scale line must be a cell (or part of one) of that table, and it must link the page.
+    _, section = _committed_plan_table(monkeypatch)
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = [
+        ln
+        for ln in text.split("## Measured so far", 1)[1].split("\n## ", 1)[0].split("\n- ")
+        if "docs/scale.md" in ln
+    ]
+    assert lines, "README.md 'Measured so far' must point to docs/scale.md"
+    prose = re.sub(r"\]\([^)]*\)", "]", " ".join(lines))  # link targets are not figures
+    quoted = re.findall(r"(?<![\d.])\d+(?:\.\d+)?", prose)
+    missing = [
+        n for n in quoted if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d]|\.\d)", section)
+    ]
+    assert not missing, f"README.md quotes {missing}, not in docs/scale.md's plan table"
