@@ -44,7 +44,8 @@ install-dev: $(TEST_STAMP)
 demo: $(STAMP)
 	$(PY) -m experiments.train --config=configs/tiny_cpu.py --config.workdir=runs/tiny_cpu
 
-# GRPO vs GDPO from one warm start, ~10 min on 2 cores (2 estimators x 2 seeds).
+# GRPO vs GDPO from one warm start (2 estimators x 2 seeds); measured once: 870 CPU-seconds
+# (32 min wall on 2 cores busy with other jobs), see docs/configs.md "Comparing estimators".
 compare-small: $(STAMP)
 	$(PY) -m experiments.compare_estimators --task=toolcall --size=small
 
