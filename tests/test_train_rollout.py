@@ -177,3 +177,30 @@ def test_groups_with_signal_matches_numpy_reference():
                 group_has_signal(r[g * G : (g + 1) * G], decoupled=decoupled, weights=w)
                 for g in range(P)
             ] == want
+
+
+def test_row_stats_give_the_mask_metrics_with_o_n_bytes():
+    """Metrics gather per-row lengths across processes, not [N, C] masks."""
+    from gdpo_jax.train.rollout import row_stats
+
+    r = np.random.default_rng(0)
+    n, c, p = 32, 50, 40
+    lengths = r.integers(0, c + 1, n)
+    arrays = {
+        "rewards": r.normal(size=(n, 2)).astype(np.float32),
+        "valid": r.random(n) > 0.2,
+        "completion_mask": (np.arange(c)[None] < lengths[:, None]).astype(np.int32),
+        "prompt_mask": (np.arange(p)[None] >= r.integers(0, p, n)[:, None]).astype(np.int32),
+    }
+    finish = ["length" if x == c else "eos" for x in lengths]
+    stats = row_stats(arrays, finish)
+    assert all(v.shape[0] == n and v.ndim <= 2 for v in stats.values())
+    np.testing.assert_array_equal(stats["completion_len"], lengths)
+    np.testing.assert_array_equal(stats["prompt_len"], arrays["prompt_mask"].sum(1))
+    sent = sum(v.nbytes for v in stats.values())
+    masks = arrays["completion_mask"].nbytes + arrays["prompt_mask"].nbytes
+    assert sent * 10 < masks
+    fin = ["length" if t else "eos" for t in stats["truncated"]]
+    assert rollout_metrics(stats, fin, ["a", "b"], None) == rollout_metrics(
+        arrays, finish, ["a", "b"], None
+    )

@@ -191,7 +191,7 @@ class Trainer:
         arrays, info = self._collect(step)
         t1 = time.perf_counter()
         batch = distributed.to_global(arrays, self.mesh)
-        if self.cfg.algo.old_logprobs == "recompute":
+        if self.cfg.algo.old_logprobs == "recompute" and not self.step_cfg.old_logp_in_step:
             batch["old_logp"] = self.step.logprobs(self.state.params, batch)
         if self.ref_params is not None:
             batch["ref_logp"] = self.step.logprobs(self.ref_params, batch)
@@ -200,15 +200,11 @@ class Trainer:
         metrics = {k: _host_float(v) for k, v in dev_metrics.items()}
         t2 = time.perf_counter()
 
-        rows = _gather_rows(
-            {k: arrays[k] for k in ("rewards", "completion_mask", "valid", "prompt_mask")}
-            | {"truncated": np.asarray([f == "length" for f in info["finish"]])}
-        )
+        # Per-row lengths cross processes, not the [N, C] / [N, P] masks.
+        rows = _gather_rows(rollout.row_stats(arrays, info["finish"]))
         finish = ["length" if t else "eos" for t in rows["truncated"]]
         metrics.update(rollout.rollout_metrics(rows, finish, self.reward_names, self.weights))
-        tokens = float(
-            ((rows["completion_mask"].sum(1) + rows["prompt_mask"].sum(1)) * rows["valid"]).sum()
-        )
+        tokens = float(((rows["completion_len"] + rows["prompt_len"]) * rows["valid"]).sum())
         metrics.update(
             {
                 "time/sample_s": info["sample_s"],
