@@ -204,3 +204,52 @@ def test_row_stats_give_the_mask_metrics_with_o_n_bytes():
     assert rollout_metrics(stats, fin, ["a", "b"], None) == rollout_metrics(
         arrays, finish, ["a", "b"], None
     )
+
+
+class WidthSampler(FakeSampler):
+    """Prompt "s<k>" has k % 7 + 1 tokens, left padded to the chunk's widest."""
+
+    def generate(self, prompts, params, *, num_generations, key, chat_template):
+        ro = super().generate(
+            prompts, params, num_generations=num_generations, key=key, chat_template=chat_template
+        )
+        lens = np.repeat([int(p[1:]) % 7 + 1 for p in prompts], num_generations)
+        w = int(lens.max())
+        ro.prompt_mask = (np.arange(w)[None] >= (w - lens)[:, None]).astype(np.int32)
+        ro.prompt_ids = np.where(ro.prompt_mask > 0, 5, 0).astype(np.int32)
+        return ro
+
+
+def test_prompt_buckets_pad_to_the_widest_prompts_bucket():
+    from gdpo_jax.sampling.sampler import default_prompt_buckets
+    from gdpo_jax.train.rollout import prompt_width, sample_and_score
+
+    assert default_prompt_buckets(2048) == (256, 512, 1024, 2048)
+    assert default_prompt_buckets(128) == (16, 32, 64, 128) and default_prompt_buckets(8) == (8,)
+    assert prompt_width(3, 16, (2, 4, 16)) == 4 and prompt_width(3, 16) == 16
+    kw = dict(
+        sampler=WidthSampler(),
+        runner=fake_runner,
+        params=None,
+        group_size=G,
+        key=jax.random.key(0),
+        max_prompt_len=16,
+        pad_id=0,
+    )
+    recs = [{"prompt": f"s{k}"} for k in (0, 1, 2)]  # 1..3 tokens
+    full = sample_and_score(recs, **kw)
+    short = sample_and_score(recs, prompt_buckets=(2, 4, 16), prompts_per_call=1, **kw)
+    assert full["prompt_ids"].shape[1] == 16 and short["prompt_ids"].shape[1] == 4
+    for k in ("prompt_ids", "prompt_mask"):  # same tokens, less left padding
+        np.testing.assert_array_equal(full[k][:, -4:], short[k])
+        assert not full[k][:, :-4].any()
+    # Dynamic sampling joins tries of different widths at the widest one.
+    stream = PromptStream([{"prompt": f"s{k}"} for k in range(40)], seed=0)
+    kw.update(group_size=G, key=jax.random.key(0))
+    arrays, info = collect_batch(
+        stream, num_prompts=4, dynamic=True, max_tries=4, prompt_buckets=(2, 4, 8, 16), **kw
+    )
+    m = arrays["prompt_mask"]
+    assert info["tries"] > 1 and m.shape[1] in (2, 4, 8)  # 7 tokens at most -> never 16
+    assert m.shape[1] >= prompt_width(int(m.sum(1).max()), 16, (2, 4, 8, 16))
+    np.testing.assert_array_equal(arrays["prompt_ids"] > 0, m > 0)

@@ -328,3 +328,26 @@ def test_old_logp_in_step_only_when_one_update_and_no_kl_in_reward():
     sc = StepConfig(num_groups=NUM_GROUPS, num_minibatches=2, old_logp_in_step=True)
     with pytest.raises(ValueError, match="updates_per_step == 1"):
         _sgd_step(sc, create_model(CFG, seed=0))
+
+
+def test_step_compiles_once_per_prompt_bucket_and_padding_changes_nothing():
+    """A wider prompt bucket (more left padding) gives the same update; the step
+    compiles once per width, not once per call."""
+    batch = make_batch(6)
+    wide = dict(batch)
+    for k in ("prompt_ids", "prompt_mask"):
+        wide[k] = np.pad(batch[k], ((0, 0), (3, 0)))  # P = 5 -> bucket 8
+    sc = StepConfig(num_groups=NUM_GROUPS, num_microbatches=2)
+    outs = []
+    _, state0, step = _sgd_step(sc, create_model(CFG, seed=3))
+    params0 = jax.tree.map(np.asarray, state0.params)
+    for b in (batch, wide, batch, wide):
+        _, state, _ = _sgd_step(sc, create_model(CFG, seed=3))
+        new_state, metrics = step(state, distributed.to_global(b, None))
+        outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
+    assert step.compile_count() == 2
+    (p5, m5), (p8, m8) = outs[:2]
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, p5, params0)))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p5, p8)
+    for k in m5:
+        np.testing.assert_allclose(float(m5[k]), float(m8[k]), rtol=1e-6, atol=1e-7, err_msg=k)

@@ -123,6 +123,19 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
     return -(-n // top) * top
 
 
+def default_prompt_buckets(max_len: int, *, count: int = 4, smallest: int = 16) -> tuple[int, ...]:
+    """`count` widths halving down from `max_len` (none below `smallest`), ascending.
+
+    2048 -> (256, 512, 1024, 2048); 128 -> (16, 32, 64, 128); 8 -> (8,).
+    A prompt pays at most 2x its length (or `smallest`) and a trainer
+    compiles at most `count` step / decode programs for prompt widths.
+    """
+    out = [int(max_len)]
+    while len(out) < count and out[-1] // 2 >= smallest:
+        out.append(out[-1] // 2)
+    return tuple(sorted(out))
+
+
 class Sampler:
     """Generates G completions per prompt with the model's current weights.
 

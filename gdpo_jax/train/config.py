@@ -122,6 +122,10 @@ def base_config() -> mlc.ConfigDict:
 
     c.sampling = mlc.ConfigDict()
     c.sampling.max_prompt_len = 128
+    # Prompt widths (ascending, the last = max_prompt_len) that a batch's prompts are
+    # left padded to, in the sampler and the step: the widest prompt's bucket. () =
+    # automatic: max_prompt_len and up to 3 halvings (>= 16): 2048 -> 256..2048.
+    c.sampling.prompt_buckets = ()
     c.sampling.max_new_tokens = 64
     c.sampling.temperature = 1.0
     c.sampling.top_k = 0
@@ -273,6 +277,30 @@ def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None
             raise ConfigError(f"config.rewards.sandbox: {e}") from None
 
 
+def prompt_buckets(cfg: mlc.ConfigDict) -> tuple[int, ...]:
+    """The run's prompt widths (config.sampling.prompt_buckets, () = automatic).
+
+    Raises ConfigError unless they ascend strictly and end at max_prompt_len.
+    """
+    from gdpo_jax.sampling.sampler import default_prompt_buckets
+
+    s = cfg.sampling
+    given = tuple(int(b) for b in s.get("prompt_buckets", ()))
+    if not given:
+        return default_prompt_buckets(s.max_prompt_len)
+    if (
+        any(b >= c for b, c in zip(given, given[1:]))
+        or given[0] < 1
+        or given[-1] != s.max_prompt_len
+    ):
+        raise ConfigError(
+            f"config.sampling.prompt_buckets={given} must ascend strictly from >= 1 and end at "
+            f"sampling.max_prompt_len={s.max_prompt_len}, e.g. "
+            f"--config.sampling.prompt_buckets='({s.max_prompt_len // 2}, {s.max_prompt_len})'."
+        )
+    return given
+
+
 def validate_config(
     cfg: mlc.ConfigDict,
     *,
@@ -381,6 +409,7 @@ def validate_config(
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
     check_context_length(cfg)
+    prompt_buckets(cfg)
     rpc = int(cfg.sampling.get("rows_per_call", 0))
     if rpc < 0 or (rpc and (rpc % a.group_size or a.num_prompts % (rpc // a.group_size))):
         example = a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))

@@ -26,6 +26,7 @@ from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import (
     check_context_length,
+    prompt_buckets,
     reward_runner,
     reward_specs,
     validate_config,
@@ -65,6 +66,8 @@ class Trainer:
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
         )
         self.step_cfg = StepConfig.from_config(cfg)
+        # Prompt widths of the sampler and the step (one step compilation each).
+        self.prompt_buckets = prompt_buckets(cfg)
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         # validate_config cannot read a GGUF name's position table before loading it.
         check_context_length(cfg, self.model.cfg.max_position_embeddings)
@@ -74,7 +77,7 @@ class Trainer:
             self.model,
             self.tokenizer,
             mesh=self.mesh,
-            prompt_buckets=(cfg.sampling.max_prompt_len,),
+            prompt_buckets=self.prompt_buckets,
         )
         s = cfg.sampling
         self.sampling_params = SamplingParams(
@@ -180,6 +183,7 @@ class Trainer:
             runner=self.runner,
             params=self.sampling_params,
             max_prompt_len=cfg.sampling.max_prompt_len,
+            prompt_buckets=self.prompt_buckets,
             pad_id=self.sampler.pad_id,
             chat_template=cfg.task.chat_template,
             prompts_per_call=self.prompts_per_call,
@@ -210,6 +214,9 @@ class Trainer:
                 "time/sample_s": info["sample_s"],
                 "time/reward_s": info["reward_s"],
                 "data/sample_calls": info["sample_calls"],
+                # The bucketed prompt width of this batch, and step programs so far.
+                "data/prompt_width": arrays["prompt_ids"].shape[1],
+                "perf/step_compiles": self.step.compile_count(),
                 "time/step_s": t2 - t1,
                 "time/iter_s": t2 - t0,
                 "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9),
@@ -266,6 +273,7 @@ class Trainer:
                 group_size=k,
                 key=jax.random.fold_in(key, i),
                 max_prompt_len=cfg.sampling.max_prompt_len,
+                prompt_buckets=self.prompt_buckets,
                 pad_id=self.sampler.pad_id,
                 chat_template=cfg.task.chat_template,
             )

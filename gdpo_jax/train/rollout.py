@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from gdpo_jax import multihost
 from gdpo_jax.core.advantages import per_reward_group_spread
 from gdpo_jax.train import distributed
 from gdpo_jax.train.data import PromptStream
@@ -72,12 +73,31 @@ def group_has_signal(
     )
 
 
-def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
-    if x.shape[1] > width:
+def _used_width(mask: np.ndarray) -> int:
+    """Columns from the first nonzero one of any row of a left-padded mask [N, P]."""
+    cols = np.flatnonzero(np.asarray(mask).any(axis=0))
+    return int(mask.shape[1] - cols[0]) if cols.size else 1
+
+
+def prompt_width(longest: int, max_prompt_len: int, buckets: Sequence[int] = ()) -> int:
+    """The batch's prompt width: the smallest bucket >= longest (max_prompt_len
+    without buckets). Few widths = few compilations of the step."""
+    if longest > max_prompt_len:
         raise ValueError(
-            f"a prompt of {x.shape[1]} tokens exceeds sampling.max_prompt_len={width}; raise "
-            "--config.sampling.max_prompt_len or drop long prompts from the data."
+            f"a prompt of {longest} tokens exceeds sampling.max_prompt_len={max_prompt_len}; "
+            "raise --config.sampling.max_prompt_len or drop long prompts from the data."
         )
+    for b in buckets:
+        if longest <= b:
+            return int(b)
+    return int(max_prompt_len)
+
+
+def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
+    """Left pads x [N, P] to [N, width]; a wider x loses its leftmost columns,
+    which callers guarantee are padding (width >= `_used_width` of the mask)."""
+    if x.shape[1] >= width:
+        return np.ascontiguousarray(x[:, x.shape[1] - width :])
     out = np.full((x.shape[0], width), value, x.dtype)
     out[:, width - x.shape[1] :] = x
     return out
@@ -142,14 +162,16 @@ def sample_and_score(
     pad_id: int,
     chat_template: bool = True,
     prompts_per_call: int = 0,
+    prompt_buckets: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Generates G completions for each record and scores them. Host NumPy out.
 
     prompts_per_call: this process's prompts per Sampler.generate call (0 =
     all in one call); the rewards are scored once for all rows.
-    Returns a dict with the batch arrays (rows = len(records) * G, prompts
-    left padded to max_prompt_len), "texts", "finish", "sample_s", "reward_s",
-    "reward_info", "sample_calls".
+    prompt_buckets: prompt widths (ascending); the prompts are left padded to
+    the bucket of the widest chunk. () = always max_prompt_len.
+    Returns a dict with the batch arrays (rows = len(records) * G), "texts",
+    "finish", "sample_s", "reward_s", "reward_info", "sample_calls".
     """
     t0 = time.perf_counter()
     prompts = [r["prompt"] for r in records]
@@ -172,18 +194,15 @@ def sample_and_score(
         completion_lengths=[int(x) for x in ro["lengths"]],
     )
     t2 = time.perf_counter()
+    width = prompt_width(
+        max(_used_width(np.asarray(m)) for m in ro["prompt_mask"]), max_prompt_len, prompt_buckets
+    )
     return {
         "prompt_ids": np.concatenate(
-            [
-                _pad_left(np.asarray(x).astype(np.int32), max_prompt_len, pad_id)
-                for x in ro["prompt_ids"]
-            ]
+            [_pad_left(np.asarray(x).astype(np.int32), width, pad_id) for x in ro["prompt_ids"]]
         ),
         "prompt_mask": np.concatenate(
-            [
-                _pad_left(np.asarray(x).astype(np.int32), max_prompt_len, 0)
-                for x in ro["prompt_mask"]
-            ]
+            [_pad_left(np.asarray(x).astype(np.int32), width, 0) for x in ro["prompt_mask"]]
         ),
         "completion_ids": ro["completion_ids"].astype(np.int32),
         "completion_mask": ro["completion_mask"].astype(np.int32),
@@ -263,12 +282,19 @@ def collect_batch(
     valid_groups = len(chosen)
     chosen += dropped[: num_prompts - len(chosen)]
 
+    # One prompt width for the batch: the widest chosen try's, the same on every
+    # process (the step's global arrays need one shape).
+    width = max(out["prompt_ids"].shape[1] for out, _ in chosen)
+    if jax.process_count() > 1:
+        width = int(multihost.allgather(np.asarray(width, np.int64)).max())
+    pads = {"prompt_ids": kw.get("pad_id", 0), "prompt_mask": 0}
     batch: dict[str, Any] = {k: [] for k in _ARRAYS}
     texts, finish = [], []
     for out, g in chosen:
         rows = slice(g * group_size, (g + 1) * group_size)
         for k in _ARRAYS:
-            batch[k].append(out[k][rows])
+            x = out[k][rows]
+            batch[k].append(_pad_left(x, width, pads[k]) if k in pads else x)
         texts += out["texts"][rows]
         finish += out["finish"][rows]
     arrays = {k: np.concatenate(v, axis=0) for k, v in batch.items()}
