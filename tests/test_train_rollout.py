@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import types
 
 import jax
 import numpy as np
+import pytest
 
 from gdpo_jax.train.data import PromptStream
 from gdpo_jax.train.rollout import collect_batch, group_has_signal, rollout_metrics
@@ -253,3 +255,61 @@ def test_prompt_buckets_pad_to_the_widest_prompts_bucket():
     assert info["tries"] > 1 and m.shape[1] in (2, 4, 8)  # 7 tokens at most -> never 16
     assert m.shape[1] >= prompt_width(int(m.sum(1).max()), 16, (2, 4, 8, 16))
     np.testing.assert_array_equal(arrays["prompt_ids"] > 0, m > 0)
+
+
+class SlowSampler(FakeSampler):
+    def generate(self, prompts, params, **kw):
+        time.sleep(0.15)
+        return super().generate(prompts, params, **kw)
+
+
+def slow_runner(prompts, completions, examples, **kw):
+    time.sleep(0.02 * len(completions))
+    return fake_runner(prompts, completions, examples, **kw)
+
+
+def test_rewards_overlap_with_the_next_chunk_and_equal_sequential_scoring():
+    from gdpo_jax.train.rollout import sample_and_score
+
+    records = [{"prompt": f"s{k}"} for k in range(6)]
+    kw = dict(
+        sampler=SlowSampler(),
+        runner=slow_runner,
+        params=None,
+        group_size=G,
+        key=jax.random.key(0),
+        max_prompt_len=5,
+        pad_id=0,
+        prompts_per_call=2,
+    )
+    seq = sample_and_score(records, overlap_rewards=False, **kw)
+    ovl = sample_and_score(records, overlap_rewards=True, **kw)
+    for k in ("rewards", "prompt_ids", "completion_ids", "old_logp", "group_ids"):
+        np.testing.assert_array_equal(seq[k], ovl[k], err_msg=k)
+    assert seq["texts"] == ovl["texts"] and ovl["sample_calls"] == 3
+    # Sequential: all 12 rows scored after the last chunk (~0.24 s waited).
+    # Overlapped: chunks 1-2 are scored during later decodes; only the last
+    # chunk's 4 rows (~0.08 s) are waited for.
+    assert seq["reward_wait_s"] >= 0.9 * seq["reward_s"] >= 0.2
+    assert ovl["reward_s"] >= 0.2 and ovl["reward_wait_s"] < 0.6 * ovl["reward_s"]
+
+
+def test_reward_errors_in_the_background_reach_the_caller():
+    from gdpo_jax.train.rollout import sample_and_score
+
+    def bad_runner(prompts, completions, examples, **kw):
+        raise RuntimeError("reward exploded")
+
+    with pytest.raises(RuntimeError, match="reward exploded"):
+        sample_and_score(
+            [{"prompt": f"s{k}"} for k in range(4)],
+            sampler=FakeSampler(),
+            runner=bad_runner,
+            params=None,
+            group_size=G,
+            key=jax.random.key(0),
+            max_prompt_len=5,
+            pad_id=0,
+            prompts_per_call=2,
+            overlap_rewards=True,
+        )

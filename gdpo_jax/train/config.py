@@ -39,6 +39,7 @@ RESUMABLE_FIELDS = (
     "rewards.executor",
     "rewards.executors",
     "rewards.chunk_size",
+    "rewards.overlap",
     "rewards.sandbox.",
 )
 _SCHEDULES = ("cosine", "constant", "linear")
@@ -88,6 +89,9 @@ def base_config() -> mlc.ConfigDict:
     c.rewards.executors = ()  # () or one "" / "thread" / "process" per name (overrides executor)
     c.rewards.chunk_size = 0  # completions per task; 0 = ceil(rows / num_workers)
     c.rewards.timeout_s = 30.0
+    # Score each sampler chunk (sampling.rows_per_call) on a background thread while
+    # the next chunk decodes; same rewards as scoring after the last chunk.
+    c.rewards.overlap = True
     # The code rewards' sandbox (gdpo_jax.rewards.sandbox): isolation mode and
     # whether "auto" may fall back to the weak modes (setuid, rlimits: the
     # generated code reaches the network); naming a mode is an opt-in too.

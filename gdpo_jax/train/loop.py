@@ -187,6 +187,7 @@ class Trainer:
             pad_id=self.sampler.pad_id,
             chat_template=cfg.task.chat_template,
             prompts_per_call=self.prompts_per_call,
+            overlap_rewards=bool(cfg.rewards.get("overlap", True)),
         )
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -213,6 +214,9 @@ class Trainer:
             {
                 "time/sample_s": info["sample_s"],
                 "time/reward_s": info["reward_s"],
+                # Reward time not hidden behind the next chunk's decode (overlap).
+                "time/reward_wait_s": info["reward_wait_s"],
+                "time/reward_overlap_s": max(info["reward_s"] - info["reward_wait_s"], 0.0),
                 "data/sample_calls": info["sample_calls"],
                 # The bucketed prompt width of this batch, and step programs so far.
                 "data/prompt_width": arrays["prompt_ids"].shape[1],
@@ -236,7 +240,13 @@ class Trainer:
             for k, v in info["reward_info"].items()
             if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/"))
         }
-        host.update({"time/sample_s": info["sample_s"], "time/reward_s": info["reward_s"]})
+        host.update(
+            {
+                "time/sample_s": info["sample_s"],
+                "time/reward_s": info["reward_s"],
+                "time/reward_wait_s": info["reward_wait_s"],
+            }
+        )
         if jax.process_count() > 1:
             # Failures anywhere are counted (summed); times are the slowest host's.
             host = distributed.reduce_processes(host, max_prefixes=("time/", "reward_time/"))

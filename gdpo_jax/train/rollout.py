@@ -14,7 +14,9 @@ statistics), so the step compiles once.
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -112,8 +114,12 @@ def _generate_chunked(
     key: jax.Array,
     chat_template: bool,
     prompts_per_call: int,
+    on_chunk: Callable[[int, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Sampler.generate over consecutive chunks of `prompts_per_call` prompts.
+
+    on_chunk(start, rollouts): called after each chunk is generated, before
+    the next one starts (the reward overlap hook of `sample_and_score`).
 
     Bounds the rows one decode holds (KV cache [L, rows, Hkv, S, Dh]) so a
     paper-size rollout batch (e.g. 8192 rows x 8000 tokens) fits. One chunk
@@ -135,6 +141,8 @@ def _generate_chunked(
             part, params, num_generations=group_size, key=k, chat_template=chat_template
         )
         outs.append((start, ro))
+        if on_chunk is not None:
+            on_chunk(start, ro)
     cat = lambda f: np.concatenate([np.asarray(getattr(ro, f)) for _, ro in outs])  # noqa: E731
     return {
         "prompt_ids": [ro.prompt_ids for _, ro in outs],
@@ -163,37 +171,72 @@ def sample_and_score(
     chat_template: bool = True,
     prompts_per_call: int = 0,
     prompt_buckets: Sequence[int] = (),
+    overlap_rewards: bool = False,
 ) -> dict[str, Any]:
     """Generates G completions for each record and scores them. Host NumPy out.
 
     prompts_per_call: this process's prompts per Sampler.generate call (0 =
-    all in one call); the rewards are scored once for all rows.
+    all in one call).
+    overlap_rewards: score each chunk's rows on a background thread while the
+    next chunk generates (slow rewards hide behind decoding); the runner is
+    per row, so the rewards equal scoring all rows at once after the last
+    chunk (overlap_rewards=False, or a single chunk).
     prompt_buckets: prompt widths (ascending); the prompts are left padded to
     the bucket of the widest chunk. () = always max_prompt_len.
     Returns a dict with the batch arrays (rows = len(records) * G), "texts",
-    "finish", "sample_s", "reward_s", "reward_info", "sample_calls".
+    "finish", "sample_s" (generation), "reward_s" (summed runner calls),
+    "reward_wait_s" (reward time not hidden behind generation), "reward_info",
+    "sample_calls".
     """
     t0 = time.perf_counter()
     prompts = [r["prompt"] for r in records]
-    ro = _generate_chunked(
-        sampler,
-        prompts,
-        params,
-        group_size=group_size,
-        key=key,
-        chat_template=chat_template,
-        prompts_per_call=prompts_per_call,
-    )
-    t1 = time.perf_counter()
-    rows_prompts = [prompts[i] for i in ro["group_ids"]]
-    examples = [records[i] for i in ro["group_ids"]]
-    rewards, info = runner(
-        rows_prompts,
-        list(ro["texts"]),
-        examples,
-        completion_lengths=[int(x) for x in ro["lengths"]],
-    )
+    reward_s = [0.0]
+
+    def score(start: int, ro: Any) -> tuple[np.ndarray, dict]:
+        t = time.perf_counter()
+        gids = start + np.asarray(ro.group_ids)
+        r, info = runner(
+            [prompts[i] for i in gids],
+            list(ro.texts),
+            [records[i] for i in gids],
+            completion_lengths=[int(x) for x in np.asarray(ro.lengths)],
+        )
+        reward_s[0] += time.perf_counter() - t  # one scoring thread at a time: no race
+        return np.asarray(r, np.float32).reshape(len(gids), -1), dict(info or {})
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rewards") if overlap_rewards else None
+    futures: list[Future] = []
+    try:
+        ro = _generate_chunked(
+            sampler,
+            prompts,
+            params,
+            group_size=group_size,
+            key=key,
+            chat_template=chat_template,
+            prompts_per_call=prompts_per_call,
+            on_chunk=(lambda start, r: futures.append(pool.submit(score, start, r)))
+            if pool is not None
+            else None,
+        )
+        t1 = time.perf_counter()
+        if pool is not None:
+            parts = [f.result() for f in futures]
+        else:
+            rows = types.SimpleNamespace(
+                group_ids=ro["group_ids"], texts=ro["texts"], lengths=ro["lengths"]
+            )
+            parts = [score(0, rows)]
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     t2 = time.perf_counter()
+    rewards = np.concatenate([r for r, _ in parts])
+    info: dict[str, Any] = {}
+    for _, part in parts:  # counts and times add up over chunks
+        for k, v in part.items():
+            num = isinstance(v, (int, float)) and isinstance(info.get(k, 0.0), (int, float))
+            info[k] = info.get(k, 0.0) + v if num else v
     width = prompt_width(
         max(_used_width(np.asarray(m)) for m in ro["prompt_mask"]), max_prompt_len, prompt_buckets
     )
@@ -207,13 +250,14 @@ def sample_and_score(
         "completion_ids": ro["completion_ids"].astype(np.int32),
         "completion_mask": ro["completion_mask"].astype(np.int32),
         "old_logp": ro["logprobs"].astype(np.float32),
-        "rewards": np.asarray(rewards, np.float32).reshape(len(ro["group_ids"]), -1),
+        "rewards": rewards,
         "group_ids": ro["group_ids"].astype(np.int32),
         "texts": list(ro["texts"]),
         "finish": list(ro["finish_reason"]),
         "sample_s": t1 - t0,
-        "reward_s": t2 - t1,
-        "reward_info": dict(info or {}),
+        "reward_s": reward_s[0],
+        "reward_wait_s": t2 - t1,
+        "reward_info": info,
         "sample_calls": ro["num_calls"],
     }
 
@@ -248,7 +292,7 @@ def collect_batch(
     """
     kept: list[tuple[dict, int]] = []  # (scored try, group index) with signal
     dropped: list[tuple[dict, int]] = []
-    tries, sample_s, reward_s, sample_calls = 0, 0.0, 0.0, 0
+    tries, sample_s, reward_s, reward_wait_s, sample_calls = 0, 0.0, 0.0, 0.0, 0
     reward_info: dict[str, float] = {}
     scored_groups = 0
     while True:
@@ -259,6 +303,7 @@ def collect_batch(
         tries += 1
         sample_s += out["sample_s"]
         reward_s += out["reward_s"]
+        reward_wait_s += out["reward_wait_s"]
         sample_calls += out["sample_calls"]
         for k, v in out["reward_info"].items():  # runner's per-reward times / failures
             if isinstance(v, (int, float)):
@@ -309,6 +354,7 @@ def collect_batch(
         "finish": finish,
         "sample_s": sample_s,
         "reward_s": reward_s,
+        "reward_wait_s": reward_wait_s,
         "tries": tries,
         "kept_groups": len(kept),
         "scored_groups": scored_groups,
