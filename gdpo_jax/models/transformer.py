@@ -282,6 +282,43 @@ def _attention(
     return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
 
 
+def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
+    """The kernel cfg.attention picks on `backend` (default: JAX's default backend).
+
+    "auto": cuDNN flash attention on GPU when the compute dtype is bf16/f16 (its
+    only dtypes), else the einsum path ("xla"). TPU keeps "xla" (no splash
+    kernel yet). "cudnn" off GPU or in f32 is an error naming the field.
+    """
+    backend = backend or jax.default_backend()
+    half = jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16)
+    if cfg.attention == "auto":
+        return "cudnn" if backend == "gpu" and half else "xla"
+    if cfg.attention == "cudnn" and (backend != "gpu" or not half):
+        raise ValueError(
+            f"model.attention='cudnn' needs a GPU and dtype bfloat16/float16 (backend "
+            f"{backend!r}, dtype {cfg.dtype!r}); set config.model.attention='auto' or 'xla'."
+        )
+    return cfg.attention
+
+
+def _dpa_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, implementation: str
+) -> jax.Array:
+    """`_attention` through jax.nn.dot_product_attention (q [B,T,Hq,Dh], k/v
+    [B,Hkv,S,Dh], allowed bool[B,T,S]); GQA is native there (no K/V repeat).
+
+    A query with no allowed key (a left-padding position) may attend to every
+    key here, so no kernel sees an empty row (NaN); its output differs from the
+    einsum path's (a plain mean of V) but is finite and never read: padding
+    positions are masked out of every real query and of the loss.
+    """
+    allowed = allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
+    k, v = k.astype(q.dtype).transpose(0, 2, 1, 3), v.astype(q.dtype).transpose(0, 2, 1, 3)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=allowed[:, None], implementation=implementation
+    )
+
+
 def _forward(
     params: dict,
     input_ids: jax.Array,
@@ -309,6 +346,9 @@ def _forward(
         key_mask = jax.lax.dynamic_update_slice(cache.mask, mask.astype(bool), (0, cache.index))
         q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
     allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
+    # read the cache in its stored layout with the einsum path.
+    kind = attention_kind(cfg) if T > 1 else "xla"
 
     def proj(h, w, b=None):
         y = jnp.einsum("btd,df->btf", h, w.astype(dt))
@@ -333,7 +373,11 @@ def _forward(
             kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
             vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
             k, v = kc[i], vc[i]
-        a = _attention(q, k, v, allowed, cfg).reshape(B, T, Hq * Dh)
+        if kind == "xla":
+            a = _attention(q, k, v, allowed, cfg)
+        else:
+            a = _dpa_attention(q, k, v, allowed, "cudnn" if kind == "cudnn" else "xla")
+        a = a.reshape(B, T, Hq * Dh)
         x = _batch_constraint(x + proj(a, lp["o_proj"]))
         h = _rms_norm(x, lp["mlp_norm"], eps)
         f = jax.nn.silu(proj(h, lp["gate_proj"])) * proj(h, lp["up_proj"])

@@ -63,6 +63,9 @@ def base_config() -> mlc.ConfigDict:
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
     c.model.remat = False
+    # Multi-token attention kernel: auto (cuDNN flash on GPU in bf16/f16, else xla) |
+    # xla (einsum path) | dpa (jax.nn.dot_product_attention, XLA) | cudnn.
+    c.model.attention = "auto"
 
     c.task = mlc.ConfigDict()
     c.task.name = "toolcall"  # toolcall | math | code | arithmetic
@@ -330,6 +333,16 @@ def validate_config(
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", _SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
+    _choice(cfg, "model.attention", ("auto", "xla", "dpa", "cudnn"))
+    if cfg.model.attention == "cudnn":
+        import jax
+
+        if jax.default_backend() != "gpu" or cfg.model.dtype not in ("bfloat16", "float16"):
+            raise ConfigError(
+                f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
+                f"(backend {jax.default_backend()!r}, dtype {cfg.model.dtype!r}); set "
+                "--config.model.attention=auto."
+            )
     _choice(cfg, "rewards.executor", ("thread", "process"))
     _choice(cfg, "distributed.initialize", ("auto", "always", "never"))
     if a.group_size < 2:
