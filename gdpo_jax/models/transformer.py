@@ -56,7 +56,8 @@ _NEG = float(np.finfo(np.float32).min)
 @flax.struct.dataclass
 class KVCache:
     """Decode cache. k, v: f[L,B,Hkv,S,Dh]; mask: bool[B,S] (slot holds a real
-    token); index: i32[] next slot to write. A pytree: jit/donate friendly.
+    token); index: i32[] next slot to write, or i32[B] one per row (one-token
+    steps only: continuous batching, rows at different steps). A pytree.
 
     Heads before slots so each (row, kv head) is one contiguous [S,Dh] matrix:
     the attention dots read the cache as it lies (no per-step transpose copy).
@@ -195,7 +196,7 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = jnp.cumsum(mask, axis=1) - 1
             if cache is not None:
-                before = jnp.arange(cache.mask.shape[1])[None, :] < cache.index
+                before = jnp.arange(cache.mask.shape[1])[None, :] < cache.index.reshape(-1, 1)
                 positions = positions + jnp.sum(cache.mask & before, axis=1, keepdims=True)
             positions = jnp.maximum(positions, 0)
         args = (self.param_arrays(), input_ids, mask, positions.astype(jnp.int32), cache)
@@ -339,13 +340,23 @@ def _forward(
         jnp.take(_constrain(params["embed"], ("tensor", None)), ids, axis=0).astype(dt)
     )
     cos, sin = rope_cos_sin(positions, cfg)
+    per_row = cache is not None and cache.index.ndim == 1
     if cache is None:
         key_mask = mask.astype(bool)
         q_slot, k_slot = jnp.arange(T), jnp.arange(T)
+    elif per_row:  # row b writes its one token at slot index[b]
+        if T != 1:
+            raise ValueError(f"a per-row cache index takes one token per step, got T={T}.")
+        k_slot = jnp.arange(cache.mask.shape[1])
+        here = k_slot[None, :] == cache.index[:, None]
+        key_mask = jnp.where(here, mask.astype(bool), cache.mask)
     else:
         key_mask = jax.lax.dynamic_update_slice(cache.mask, mask.astype(bool), (0, cache.index))
         q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
-    allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    if per_row:
+        allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
+    else:
+        allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
     # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
     # read the cache in its stored layout with the einsum path.
     kind = attention_kind(cfg) if T > 1 else "xla"
@@ -369,9 +380,14 @@ def _forward(
             # Write only the T new slots of layer i into the carried stacked
             # cache (in place: the carry is donated loop state), then read the
             # layer's [B,Hkv,S,Dh] slice in its stored layout.
-            start = (i, 0, 0, cache.index, 0)
-            kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
-            vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
+            if per_row:  # scatter row b's token into slot index[b] (in place)
+                rows = jnp.arange(B)
+                kc = kc.at[i, rows, :, cache.index].set(k[:, :, 0].astype(kc.dtype))
+                vc = vc.at[i, rows, :, cache.index].set(v[:, :, 0].astype(vc.dtype))
+            else:
+                start = (i, 0, 0, cache.index, 0)
+                kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
+                vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
             k, v = kc[i], vc[i]
         if kind == "xla":
             a = _attention(q, k, v, allowed, cfg)

@@ -148,6 +148,10 @@ class Sampler:
       eos_token_ids: override; default = model cfg EOS ids + tokenizer.eos_token_id.
       decode_chunks: decode phases with a growing KV cache (see decode.py);
         None = one per 32 new tokens, at most 4.
+      continuous_slots: > 0: continuous batching with this many decode slots
+        (`continuous.py`: a finished row's slot takes the next waiting row);
+        single device only (mesh=None). 0 = static batch (every row decodes
+        until the call's longest row ends).
     """
 
     def __init__(
@@ -159,6 +163,7 @@ class Sampler:
         prompt_buckets: Sequence[int] = DEFAULT_BUCKETS,
         eos_token_ids: Sequence[int] | None = None,
         decode_chunks: int | None = None,
+        continuous_slots: int = 0,
     ):
         if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
             raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
@@ -181,6 +186,12 @@ class Sampler:
         if decode_chunks is not None and int(decode_chunks) < 1:
             raise ValueError(f"decode_chunks={decode_chunks} must be >= 1 (or None for auto).")
         self.decode_chunks = decode_chunks
+        if continuous_slots < 0 or (continuous_slots and mesh is not None):
+            raise ValueError(
+                f"continuous_slots={continuous_slots}: continuous batching needs "
+                "continuous_slots >= 1 and mesh=None (single device); use 0 otherwise."
+            )
+        self.continuous_slots = int(continuous_slots)
         self._fns: dict[tuple, Any] = {}
         self.num_traces = 0  # jit traces so far (a compile-once check for tests)
 
@@ -351,6 +362,8 @@ class Sampler:
             decode_steps=int(out["steps"]),
             batch_rows=n_local_pad * nblocks,
             generated_tokens=int(lengths.sum()),
+            # Row-steps the decode computed (useful or not): steps x decode rows.
+            decoded_tokens=int(out.get("lane_steps", int(out["steps"]) * n_local_pad * nblocks)),
             compiled=self.num_traces > traces,
             row_offset=lo,
             prompt_offset=block * u_max,
@@ -385,7 +398,13 @@ class Sampler:
             pad_id=self.pad_id,
         )
         graphdef = nnx.graphdef(self.model)
-        cache_key = (graphdef, spec)
+        cache_key = (graphdef, spec, self.continuous_slots)
+        if cache_key not in self._fns and self.continuous_slots:
+            from gdpo_jax.sampling.continuous import make_continuous_generate_fn
+
+            self._fns[cache_key] = make_continuous_generate_fn(
+                graphdef, spec, self.continuous_slots, self._on_trace
+            )
         if cache_key not in self._fns:
             self._fns[cache_key] = decode.make_generate_fn(
                 graphdef, spec, self.mesh, self._on_trace
