@@ -10,12 +10,12 @@ of the call). This benchmark draws completion lengths from a log-normal
     static batch, and of continuous batching with the same number of slots
     (a slot that finishes takes the next waiting row: decode steps = the
     makespan of the greedy slot schedule), and the useful fraction of each;
-  * seconds: one decode step of the batch is timed on the real Sampler (tiny
-    random Llama of bench_sampler, EOS off, every row runs max_new_tokens;
-    best of interleaved repeats), and useful tokens/s = useful / (steps x
-    step seconds). For continuous batching this is a projection from the
-    measured step time (refill cost not included: the prompt caches are
-    prefilled once per call already; a refill copies one prompt's cache row).
+  * seconds, measured (greedy, interleaved, best of repeats) on the real
+    Sampler with each row ended at its drawn length (max_new_tokens_per_row):
+    static calls of `slots` rows (rows_per_call = slots) vs one continuous-
+    batching call with `slots` lanes (Sampler(continuous_slots=slots)), with
+    useful tokens/s (sum of lengths / s) and decoded tokens/s (row-steps / s),
+    and whether the greedy rows are identical.
 
   python -m benchmarks.bench_longtail [--quick] [--out runs/bench/longtail.json]
 """
@@ -80,8 +80,11 @@ def waste_table(lengths: np.ndarray, slots: int) -> dict[str, float]:
     }
 
 
-def _step_seconds(slots: int, max_new: int, repeats: int) -> tuple[float, float]:
-    """(seconds per decode step of `slots` rows, compile seconds) on the real Sampler."""
+def _measured(lengths: np.ndarray, slots: int, max_new: int, repeats: int) -> dict:
+    """Real Sampler runs (tiny random Llama of bench_sampler, greedy, EOS off, each
+    row ended at its drawn length by max_new_tokens_per_row), interleaved:
+    static calls of `slots` rows (sampling.rows_per_call = slots: the same KV
+    cache rows) vs one continuous-batching call with `slots` lanes."""
     from benchmarks.bench_sampler import HF_CONFIG, PROMPT_LEN, _write_checkpoint
     from gdpo_jax.models import load_pretrained
     from gdpo_jax.sampling import Sampler, SamplingParams
@@ -89,38 +92,66 @@ def _step_seconds(slots: int, max_new: int, repeats: int) -> tuple[float, float]
     with tempfile.TemporaryDirectory() as tmp:
         _write_checkpoint(tmp)
         model, _ = load_pretrained(tmp)
-    sampler = Sampler(model, None, eos_token_ids=())
-    prompts = np.random.default_rng(0).integers(6, HF_CONFIG["vocab_size"], (slots, PROMPT_LEN))
+    rows = len(lengths)
+    prompts = np.random.default_rng(0).integers(6, HF_CONFIG["vocab_size"], (rows, PROMPT_LEN))
+    prompts = [list(p) for p in prompts]
     params = SamplingParams(max_new_tokens=max_new, greedy=True)
-    t0 = time.perf_counter()
-    sampler.generate([list(p) for p in prompts], params, key=jax.random.key(0))
-    compile_s = time.perf_counter() - t0
-    best = float("inf")
-    for i in range(repeats):
+    static = Sampler(model, None, eos_token_ids=())
+    cont = Sampler(model, None, eos_token_ids=(), continuous_slots=slots)
+
+    def run_static() -> dict:
+        toks, decoded, out = [], 0, []
+        for i in range(0, rows, slots):
+            ro = static.generate(
+                prompts[i : i + slots],
+                params,
+                key=jax.random.key(0),
+                max_new_tokens_per_row=lengths[i : i + slots],
+            )
+            decoded += ro.info["decoded_tokens"]
+            toks.append(ro.completion_ids)
+            out.append(ro.lengths)
+        return {"decoded": decoded, "tokens": np.concatenate(toks), "lengths": np.concatenate(out)}
+
+    def run_cont() -> dict:
+        ro = cont.generate(prompts, params, key=jax.random.key(0), max_new_tokens_per_row=lengths)
+        return {
+            "decoded": ro.info["decoded_tokens"],
+            "tokens": ro.completion_ids,
+            "lengths": ro.lengths,
+        }
+
+    res, compile_s = {}, {}
+    for name, fn in (("static", run_static), ("continuous", run_cont)):
         t0 = time.perf_counter()
-        ro = sampler.generate([list(p) for p in prompts], params, key=jax.random.key(i))
-        best = min(best, time.perf_counter() - t0)
-        assert int(ro.info["decode_steps"]) == max_new
-    return best / max_new, compile_s
+        res[name] = fn()  # compiles
+        compile_s[name] = round(time.perf_counter() - t0, 2)
+    same = bool(np.array_equal(res["static"]["tokens"], res["continuous"]["tokens"]))
+    best = {"static": float("inf"), "continuous": float("inf")}
+    for _ in range(repeats):  # interleaved: both see the same machine load
+        for name, fn in (("static", run_static), ("continuous", run_cont)):
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    useful = int(lengths.sum())
+    out = {"greedy_rows_identical": same, "useful_tokens": useful}
+    for name in best:
+        out[name] = {
+            "best_s": round(best[name], 3),
+            "first_call_s": compile_s[name],
+            "decoded_tokens": int(res[name]["decoded"]),
+            "useful_tokens_per_s": round(useful / best[name], 1),
+            "decoded_tokens_per_s": round(res[name]["decoded"] / best[name], 1),
+        }
+    out["useful_throughput_ratio"] = round(best["static"] / best["continuous"], 2)
+    return out
 
 
 def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dict:
-    slots = 32 if quick else 64
+    slots = 16 if quick else 64
     max_new = 128 if quick else 512
     rows = slots * 8
     lengths = longtail_lengths(rows, median=median, sigma=sigma, cap=max_new)
-    counts = waste_table(lengths, slots)
-    step_s, compile_s = _step_seconds(slots, max_new, repeats=2 if quick else 3)
-    useful = counts["useful_tokens"]
-    timing = {
-        "step_s": round(step_s, 6),
-        "compile_s": round(compile_s, 2),
-        "static_decoded_tokens_per_s": round(slots / step_s, 1),
-        "static_useful_tokens_per_s": round(useful / (counts["static_steps"] * step_s), 1),
-        "continuous_useful_tokens_per_s_projected": round(
-            useful / (counts["continuous_steps"] * step_s), 1
-        ),
-    }
     return {
         "benchmark": "longtail",
         "quick": quick,
@@ -133,8 +164,8 @@ def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dic
             "p90": int(np.percentile(lengths, 90)),
             "at_cap_frac": round(float((lengths == max_new).mean()), 4),
         },
-        "counts": counts,
-        "timing": timing,
+        "counts": waste_table(lengths, slots),
+        "measured": _measured(lengths, slots, max_new, repeats=2 if quick else 3),
     }
 
 
@@ -146,7 +177,7 @@ def main() -> None:
     parser.add_argument("--sigma", type=float, default=1.0)
     args = parser.parse_args()
     result = run(quick=args.quick, median=args.median, sigma=args.sigma)
-    for k in ("lengths", "counts", "timing"):
+    for k in ("lengths", "counts", "measured"):
         print(k, result[k])
     print(f"wrote {common.write_json(args.out, result)}")
 

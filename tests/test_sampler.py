@@ -488,3 +488,32 @@ def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots)
 def test_continuous_batching_needs_single_device(model, tok):
     with pytest.raises(ValueError, match="continuous_slots=-1"):
         Sampler(model, tok, continuous_slots=-1)
+
+
+def test_per_row_budgets_static_and_continuous(model, tok):
+    """max_new_tokens_per_row ends rows at their budget ("length") in both decoders."""
+    prompts = [[6 + i, 7 + i] for i in range(4)]
+    params = SamplingParams(max_new_tokens=M, greedy=True)
+    limits = [1, M, 3, 2, 5, 1, M, 4]
+    full = Sampler(model, tok, eos_token_ids=()).generate(
+        prompts, params, num_generations=2, key=jax.random.key(0)
+    )
+    for slots in (0, 3):
+        s = Sampler(model, tok, eos_token_ids=(), continuous_slots=slots)
+        ro = s.generate(
+            prompts, params, num_generations=2, key=jax.random.key(0), max_new_tokens_per_row=limits
+        )
+        np.testing.assert_array_equal(ro.lengths, limits)
+        assert set(ro.finish_reason) == {"length"}
+        for r, n in enumerate(limits):
+            np.testing.assert_array_equal(ro.completion_ids[r, :n], full.completion_ids[r, :n])
+        if slots:
+            assert ro.info["decoded_tokens"] < ro.info["generated_tokens"] + 3 * M
+    with pytest.raises(ValueError, match="max_new_tokens_per_row needs 8 values"):
+        s.generate(
+            prompts,
+            params,
+            num_generations=2,
+            key=jax.random.key(0),
+            max_new_tokens_per_row=[M + 1] * 8,
+        )

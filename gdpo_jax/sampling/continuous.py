@@ -57,6 +57,7 @@ def make_continuous_generate_fn(
         eos_ids,
         stop_ids,
         stop_seqs,
+        row_limit,
     ) -> dict[str, jax.Array]:
         if on_trace is not None:
             on_trace()
@@ -81,7 +82,6 @@ def make_continuous_generate_fn(
         cache0 = model.init_cache(lanes, plen + m_new)
         top_p_arg = top_p if spec.use_top_p else None
         win = max(int(stop_seqs.shape[1]), 1)
-        lane_ids = jnp.arange(lanes)
 
         def refill(c):
             free = c["row"] < 0
@@ -89,10 +89,24 @@ def make_continuous_generate_fn(
             cand = c["next"] + rank
             take = free & (cand < n_active)
             u = row_prompt[jnp.clip(cand, 0, n_rows - 1)]
-            dst = jnp.where(take, lane_ids, lanes)  # out of range = dropped
             cache = c["cache"]
-            k = cache.k.at[:, dst, :, :plen].set(pcache.k[:, u], mode="drop")
-            v = cache.v.at[:, dst, :, :plen].set(pcache.v[:, u], mode="drop")
+
+            # Only the refilled lanes' slots [0, P) are written (in-place slice
+            # updates, one lane per iteration): an all-lane gather + scatter, or
+            # a cond that rewrites every lane, measured 1.4-1.7x slower per step.
+            n_take = jnp.sum(take.astype(jnp.int32))
+            order = jnp.nonzero(take, size=lanes, fill_value=0)[0]
+
+            def copy_prompt(j, kv):
+                b = order[j]
+
+                def put(x, px):
+                    new = jax.lax.dynamic_slice_in_dim(px, u[b], 1, axis=1).astype(x.dtype)
+                    return jax.lax.dynamic_update_slice(x, new, (0, b, 0, 0, 0))
+
+                return put(kv[0], pcache.k), put(kv[1], pcache.v)
+
+            k, v = jax.lax.fori_loop(0, n_take, copy_prompt, (cache.k, cache.v))
             fresh = jnp.concatenate(
                 [prompt_mask[u].astype(bool), jnp.zeros((lanes, m_new), bool)], axis=1
             )
@@ -109,7 +123,7 @@ def make_continuous_generate_fn(
             )
 
         def body(c):
-            c = jax.lax.cond(jnp.any((c["row"] < 0)) & (c["next"] < n_active), refill, lambda c: c, c)
+            c = refill(c)  # no-op lanes cost nothing: the copy loop runs n_take times
             live = c["row"] >= 0
             row, t = jnp.maximum(c["row"], 0), c["t"]
             keys = jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(row, t)
@@ -127,7 +141,7 @@ def make_continuous_generate_fn(
                 is_stop = is_stop | jnp.isin(tok, stop_ids)
             out_row = jnp.where(live, c["row"], n_rows)  # row n_rows: a dump row
             code = jnp.where(is_eos, FINISH_EOS, jnp.where(is_stop, FINISH_STOP, FINISH_LENGTH))
-            ended = live & (is_eos | is_stop | (t + 1 >= m_new))
+            ended = live & (is_eos | is_stop | (t + 1 >= row_limit[row]))
             new = dict(
                 c,
                 tokens=c["tokens"].at[out_row, t].set(tok),

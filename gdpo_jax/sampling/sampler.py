@@ -186,12 +186,16 @@ class Sampler:
         if decode_chunks is not None and int(decode_chunks) < 1:
             raise ValueError(f"decode_chunks={decode_chunks} must be >= 1 (or None for auto).")
         self.decode_chunks = decode_chunks
-        if continuous_slots < 0 or (continuous_slots and mesh is not None):
+        one_device = mesh is None or mesh.devices.size == 1
+        if continuous_slots < 0 or (continuous_slots and not one_device):
             raise ValueError(
                 f"continuous_slots={continuous_slots}: continuous batching needs "
-                "continuous_slots >= 1 and mesh=None (single device); use 0 otherwise."
+                "continuous_slots >= 1 and a single device (mesh=None or of 1 device); "
+                "use 0 otherwise."
             )
         self.continuous_slots = int(continuous_slots)
+        if self.continuous_slots:
+            self.mesh = None  # one device: the plain (unsharded) call path
         self._fns: dict[tuple, Any] = {}
         self.num_traces = 0  # jit traces so far (a compile-once check for tests)
 
@@ -247,6 +251,7 @@ class Sampler:
         num_generations: int = 1,
         key: jax.Array,
         chat_template: bool = True,
+        max_new_tokens_per_row: Sequence[int] | None = None,
     ) -> Rollouts:
         """Samples ``num_generations`` completions for every prompt (rows grouped:
         row r answers prompt r // G). Deterministic given key (and the mesh-
@@ -260,6 +265,9 @@ class Sampler:
         concatenated prompts when every process passes the same count.
         ``info["row_offset"]`` / ``info["prompt_offset"]``: where this process's
         rows / prompts sit in the global batch.
+        max_new_tokens_per_row: optional budget of each of the len(prompts) * G
+        rows (<= params.max_new_tokens); a row reaching it finishes "length"
+        (e.g. to benchmark a given length distribution).
         """
         g = int(num_generations)
         if g < 1:
@@ -315,6 +323,7 @@ class Sampler:
             np.asarray(self.eos_token_ids, np.int32).reshape(-1),
             np.asarray(params.stop_token_ids, np.int32).reshape(-1),
             self._stop_sequences(params.stop_strings),
+            self._row_limit(max_new_tokens_per_row, n, n_local_pad, params.max_new_tokens),
         )
         traces = self.num_traces
         lo = block * n_local_pad
@@ -325,7 +334,7 @@ class Sampler:
         else:
             args = tuple(
                 hostio.to_global_rows(a, self.mesh, axes, nblocks)
-                if i in (2, 3)
+                if i in (2, 3, 11)
                 else hostio.replicate_key(a, self.mesh)
                 if i == 4
                 else hostio.to_global_replicated(a, self.mesh)
@@ -410,6 +419,20 @@ class Sampler:
                 graphdef, spec, self.mesh, self._on_trace
             )
         return self._fns[cache_key]
+
+    @staticmethod
+    def _row_limit(limits: Sequence[int] | None, n: int, rows: int, m: int) -> np.ndarray:
+        """i32[rows]: each row's token budget (padding rows and default: m)."""
+        out = np.full((rows,), m, np.int32)
+        if limits is not None:
+            lim = np.asarray(limits, np.int64).reshape(-1)
+            if lim.shape[0] != n or (lim < 1).any() or (lim > m).any():
+                raise ValueError(
+                    f"max_new_tokens_per_row needs {n} values in [1, max_new_tokens={m}]; "
+                    f"got {lim.shape[0]} in [{lim.min(initial=0)}, {lim.max(initial=0)}]."
+                )
+            out[:n] = lim
+        return out
 
     def _on_trace(self) -> None:
         self.num_traces += 1

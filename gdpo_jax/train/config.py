@@ -141,6 +141,10 @@ def base_config() -> mlc.ConfigDict:
     # Global rows (prompts x G) per Sampler.generate call; 0 = the whole rollout
     # batch at once. Bounds the KV cache of one decode at paper scale.
     c.sampling.rows_per_call = 0
+    # > 0: continuous batching with this many decode slots per sampler call (a row
+    # that finishes hands its slot to a waiting row); single device only. Greedy
+    # rows equal the static decode's; sampled rows use a per-row key stream.
+    c.sampling.continuous_slots = 0
 
     c.eval = mlc.ConfigDict()
     c.eval.greedy = True
@@ -434,6 +438,18 @@ def validate_config(
             f"config.sampling.rows_per_call={rpc} must be 0 (one call) or a multiple of "
             f"algo.group_size={a.group_size} whose prompt count divides algo.num_prompts="
             f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={example}."
+        )
+    slots = int(cfg.sampling.get("continuous_slots", 0))
+    if cfg.mesh.num_devices or num_devices is not None:
+        n_dev = cfg.mesh.num_devices or num_devices
+    else:
+        import jax
+
+        n_dev = jax.device_count()
+    if slots < 0 or (slots and n_dev != 1):
+        raise ConfigError(
+            f"config.sampling.continuous_slots={slots} needs a single device (mesh of "
+            f"{n_dev}); set --config.mesh.num_devices=1 or --config.sampling.continuous_slots=0."
         )
     if cfg.sampling.temperature <= 0:
         raise ConfigError(

@@ -78,6 +78,7 @@ class Trainer:
             self.tokenizer,
             mesh=self.mesh,
             prompt_buckets=self.prompt_buckets,
+            continuous_slots=int(cfg.sampling.get("continuous_slots", 0)),
         )
         s = cfg.sampling
         self.sampling_params = SamplingParams(
