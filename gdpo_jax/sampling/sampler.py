@@ -194,8 +194,12 @@ class Sampler:
                 "use 0 otherwise."
             )
         self.continuous_slots = int(continuous_slots)
+        self._one_device = None
         if self.continuous_slots:
-            self.mesh = None  # one device: the plain (unsharded) call path
+            # One device: the plain (unsharded) call path; weights typed on a
+            # 1-device (Explicit) mesh are re-placed as plain device arrays.
+            self._one_device = None if mesh is None else mesh.devices.flat[0]
+            self.mesh = None
         self._fns: dict[tuple, Any] = {}
         self.num_traces = 0  # jit traces so far (a compile-once check for tests)
 
@@ -312,6 +316,8 @@ class Sampler:
 
         fn = self._get_fn(params)
         state = nnx.state(self.model)
+        if self._one_device is not None:
+            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(self._one_device))
         args = (
             ids_g,
             mask_g,
