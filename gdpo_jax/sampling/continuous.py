@@ -126,13 +126,21 @@ def make_continuous_generate_fn(
             c = refill(c)  # no-op lanes cost nothing: the copy loop runs n_take times
             live = c["row"] >= 0
             row, t = jnp.maximum(c["row"], 0), c["t"]
-            keys = jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(row, t)
-            tok, lp = jax.vmap(
-                lambda lg, k: sample_tokens(
-                    lg[None], k, temperature, top_p_arg, top_k=spec.top_k, greedy=spec.greedy
+            if spec.greedy:  # no randomness: one batched call, no per-row keys
+                tok, lp = sample_tokens(
+                    c["logits"], key, temperature, top_p_arg, top_k=spec.top_k, greedy=True
                 )
-            )(c["logits"], keys)
-            tok, lp = tok[:, 0].astype(jnp.int32), lp[:, 0]
+            else:
+                keys = jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(
+                    row, t
+                )
+                tok, lp = jax.vmap(
+                    lambda lg, k: sample_tokens(
+                        lg[None], k, temperature, top_p_arg, top_k=spec.top_k, greedy=False
+                    )
+                )(c["logits"], keys)
+                tok, lp = tok[:, 0], lp[:, 0]
+            tok = tok.astype(jnp.int32)
             tok = jnp.where(live, tok, spec.pad_id)
             window = jnp.concatenate([c["window"][:, 1:], tok[:, None]], axis=1)
             is_eos = jnp.isin(tok, eos_ids) if eos_ids.shape[0] else jnp.zeros_like(live)
