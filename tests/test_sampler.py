@@ -517,3 +517,20 @@ def test_per_row_budgets_static_and_continuous(model, tok):
             key=jax.random.key(0),
             max_new_tokens_per_row=[M + 1] * 8,
         )
+
+
+def test_continuous_sampled_rows_do_not_depend_on_the_slot_count(model, tok):
+    """Sampled rows draw with fold_in(fold_in(key, row), t): the same rows with
+    2 or 5 slots (different schedules), and a different key gives other rows."""
+    prompts = [[6 + i, 9 + i] for i in range(5)]
+    params = SamplingParams(max_new_tokens=M, temperature=1.0)
+    eos = (int(np.argmax(np.bincount(np.arange(50) % 7))) + 6,)
+    outs = [
+        Sampler(model, tok, eos_token_ids=eos, continuous_slots=s).generate(
+            prompts, params, num_generations=2, key=jax.random.key(k)
+        )
+        for s, k in ((2, 1), (5, 1), (5, 2))
+    ]
+    np.testing.assert_array_equal(outs[0].completion_ids, outs[1].completion_ids)
+    np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)
+    assert not np.array_equal(outs[1].completion_ids, outs[2].completion_ids)
