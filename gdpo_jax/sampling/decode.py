@@ -174,6 +174,7 @@ def make_generate_fn(
             on_trace()
         n_prompts, plen = prompt_ids.shape
         batch = row_prompt.shape[0]
+        row_limit = place(row_limit)  # laid out like the other per-row loop state
         model = nnx.merge(graphdef, state)
         # Prefill each distinct prompt once (G-fold fewer tokens than the rows),
         # then hand every row a copy of its prompt's cache and last logits.

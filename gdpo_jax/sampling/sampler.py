@@ -340,7 +340,7 @@ class Sampler:
         else:
             args = tuple(
                 hostio.to_global_rows(a, self.mesh, axes, nblocks)
-                if i in (2, 3, 11)
+                if i in (2, 3, 10)  # row_prompt, active, row_limit
                 else hostio.replicate_key(a, self.mesh)
                 if i == 4
                 else hostio.to_global_replicated(a, self.mesh)
