@@ -83,6 +83,22 @@ def test_valid_configs_pass():
             lambda c: setattr(c.sampling, "rows_per_call", 12),
             r"sampling\.rows_per_call=12 .*divides algo\.num_prompts=4.*rows_per_call=8\b",
         ),
+        (
+            lambda c: setattr(c.sampling, "continuous_slots", 4),
+            r"sampling\.continuous_slots=4 needs a single device \(mesh of 8\)",
+        ),
+        (
+            lambda c: setattr(c.model, "attention", "cudnn"),
+            r"model\.attention='cudnn' needs a GPU.*attention=auto",
+        ),
+        (
+            lambda c: setattr(c.sampling, "prompt_buckets", (4, 6)),
+            r"sampling\.prompt_buckets=\(4, 6\) must .*end at sampling\.max_prompt_len=8",
+        ),
+        (
+            lambda c: setattr(c.sampling, "prompt_buckets", (4, 4, 8)),
+            r"sampling\.prompt_buckets=\(4, 4, 8\) must ascend strictly",
+        ),
     ],
 )
 def test_bad_config_names_field(mutate, pattern):

@@ -267,3 +267,67 @@ def test_create_model_unsharded_init():
     assert 0.015 < q.std() < 0.025  # HF initializer_range
     np.testing.assert_array_equal(np.asarray(model.final_norm.get_value(), np.float32), 1.0)
     assert cfg.num_params() == sum(x.size for x in jax.tree.leaves(nnx.state(model)))
+
+
+# ------------------------------------------------------- attention kernels
+def test_attention_kind_by_backend_and_config():
+    from gdpo_jax.models.transformer import attention_kind
+
+    f32, bf16 = ModelConfig.tiny(), ModelConfig.tiny(dtype="bfloat16")
+    assert attention_kind(f32, "cpu") == "xla" and attention_kind(bf16, "tpu") == "xla"
+    assert attention_kind(bf16, "gpu") == "cudnn" and attention_kind(f32, "gpu") == "xla"
+    assert attention_kind(dataclasses.replace(f32, attention="dpa"), "cpu") == "dpa"
+    with pytest.raises(ValueError, match="model.attention='cudnn' needs a GPU"):
+        attention_kind(dataclasses.replace(bf16, attention="cudnn"), "cpu")
+    with pytest.raises(ValueError, match="attention='flash' is not one of"):
+        ModelConfig.tiny(attention="flash")
+
+
+def test_dot_product_attention_equals_einsum_path():
+    """jax.nn.dot_product_attention (XLA kernel) == the grouped einsum path:
+    GQA, causal + left padding, fully masked (padding) query rows included."""
+    from gdpo_jax.models.transformer import _attention, _dpa_attention
+
+    cfg = ModelConfig.tiny(num_heads=4, num_kv_heads=2, head_dim=16)
+    rs = np.random.RandomState(0)
+    B, T, S = 3, 5, 7
+    q = jnp.asarray(rs.randn(B, T, 4, 16), jnp.float32)
+    k, v = (jnp.asarray(rs.randn(B, 2, S, 16), jnp.float32) for _ in range(2))
+    key_ok = np.arange(S)[None] >= np.array([0, 3, 6])[:, None]
+    allowed = jnp.asarray((np.arange(S)[None] <= np.arange(T)[:, None] + 2)[None] & key_ok[:, None])
+    seen = np.asarray(allowed).any(-1)  # [B, T]
+    assert not seen.all()  # some (padding) query rows see no key
+    want = np.asarray(_attention(q, k, v, allowed, cfg))
+    got = np.asarray(_dpa_attention(q, k, v, allowed, "xla"))
+    np.testing.assert_allclose(got[seen], want[seen], rtol=1e-5, atol=1e-6)
+    assert np.isfinite(got).all()  # padding rows: finite, never NaN
+
+
+def test_model_with_dpa_attention_matches_einsum(models):
+    """Training forward, gradients and prefill-then-decode through the cache:
+    attention="dpa" equals the einsum path (f32, CPU)."""
+    base = models["qwen2"]
+    dpa = nnx.merge(
+        nnx.graphdef(_random_model(dataclasses.replace(base.cfg, attention="dpa"))),
+        nnx.state(base),
+    )
+    assert dpa.cfg.attention == "dpa"
+    ids, mask = _batch()
+    valid = np.asarray(mask, bool)
+    a, b = np.asarray(_fwd(base, ids, mask)), np.asarray(_fwd(dpa, ids, mask))
+    np.testing.assert_allclose(b[valid], a[valid], rtol=1e-5, atol=2e-5)
+    assert np.isfinite(b).all()
+    loss = lambda m: jnp.sum(m(ids, mask) ** 2 * mask[..., None])  # noqa: E731
+    for x, y in zip(
+        jax.tree.leaves(jax.jit(nnx.grad(loss))(base)),
+        jax.tree.leaves(jax.jit(nnx.grad(loss))(dpa)),
+    ):
+        x, y = np.asarray(x), np.asarray(y)
+        assert np.abs(x - y).max() <= 1e-5 * np.abs(x).max() + 1e-7
+    step = jax.jit(lambda m, x, k, c: m(x, k, cache=c))
+    outs = []
+    for m in (base, dpa):
+        logits, cache = step(m, ids[:, :6], mask[:, :6], m.init_cache(4, 9))  # prefill 6
+        nxt, _ = step(m, ids[:, 6:7], mask[:, 6:7], cache)  # one decode step
+        outs.append(np.concatenate([np.asarray(logits), np.asarray(nxt)], 1))
+    np.testing.assert_allclose(outs[1][valid[:, :7]], outs[0][valid[:, :7]], rtol=1e-5, atol=2e-5)

@@ -454,3 +454,83 @@ def test_sampler_logprobs_equal_trainer_logprobs(tok, param_dtype, dtype):
         )
         got = np.asarray(fn(nnx.state(model), batch))
         np.testing.assert_allclose(ro.logprobs[m], got[m], atol=1e-4, rtol=0, err_msg=str(chunk))
+
+
+@pytest.mark.parametrize("slots", [1, 3, 5])
+def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots):
+    """Finished rows hand their slot to waiting rows: greedy tokens, log-probs,
+    lengths and finish reasons equal the static decode's, row for row; fewer
+    row-steps are decoded than the static batch's steps x rows."""
+    prompts = [[6 + (7 * i + j) % 40 for j in range(1 + i % 5)] for i in range(7)]
+    params = SamplingParams(max_new_tokens=M, greedy=True)
+    probe = Sampler(model, tok, eos_token_ids=()).generate(
+        prompts, params, num_generations=2, key=jax.random.key(0)
+    )
+    # An EOS id that ends some rows early and leaves others to run to "length".
+    cands = [int(t) for t in np.unique(probe.completion_ids[:, 1 : M - 2])]
+    counts = [int(np.any(probe.completion_ids[:, : M - 1] == t, axis=1).sum()) for t in cands]
+    eos = (cands[int(np.argmax([c if c < len(probe) else -1 for c in counts]))],)
+    static = Sampler(model, tok, eos_token_ids=eos)
+    cont = Sampler(model, tok, eos_token_ids=eos, continuous_slots=slots)
+    a = static.generate(prompts, params, num_generations=2, key=jax.random.key(0))
+    b = cont.generate(prompts, params, num_generations=2, key=jax.random.key(0))
+    assert len(set(a.lengths.tolist())) > 1 and "length" in a.finish_reason
+    np.testing.assert_array_equal(b.completion_ids, a.completion_ids)
+    np.testing.assert_array_equal(b.lengths, a.lengths)
+    assert b.finish_reason == a.finish_reason
+    np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+    assert b.info["generated_tokens"] == a.info["generated_tokens"]
+    assert b.info["decoded_tokens"] <= a.info["decode_steps"] * len(a) or slots > len(a)
+    if slots == 1:  # one slot runs the rows back to back: nothing wasted
+        assert b.info["decoded_tokens"] == b.info["generated_tokens"]
+
+
+def test_continuous_batching_needs_single_device(model, tok):
+    with pytest.raises(ValueError, match="continuous_slots=-1"):
+        Sampler(model, tok, continuous_slots=-1)
+
+
+def test_per_row_budgets_static_and_continuous(model, tok):
+    """max_new_tokens_per_row ends rows at their budget ("length") in both decoders."""
+    prompts = [[6 + i, 7 + i] for i in range(4)]
+    params = SamplingParams(max_new_tokens=M, greedy=True)
+    limits = [1, M, 3, 2, 5, 1, M, 4]
+    full = Sampler(model, tok, eos_token_ids=()).generate(
+        prompts, params, num_generations=2, key=jax.random.key(0)
+    )
+    for slots in (0, 3):
+        s = Sampler(model, tok, eos_token_ids=(), continuous_slots=slots)
+        ro = s.generate(
+            prompts, params, num_generations=2, key=jax.random.key(0), max_new_tokens_per_row=limits
+        )
+        np.testing.assert_array_equal(ro.lengths, limits)
+        assert set(ro.finish_reason) == {"length"}
+        for r, n in enumerate(limits):
+            np.testing.assert_array_equal(ro.completion_ids[r, :n], full.completion_ids[r, :n])
+        if slots:
+            assert ro.info["decoded_tokens"] < ro.info["generated_tokens"] + 3 * M
+    with pytest.raises(ValueError, match="max_new_tokens_per_row needs 8 values"):
+        s.generate(
+            prompts,
+            params,
+            num_generations=2,
+            key=jax.random.key(0),
+            max_new_tokens_per_row=[M + 1] * 8,
+        )
+
+
+def test_continuous_sampled_rows_do_not_depend_on_the_slot_count(model, tok):
+    """Sampled rows draw with fold_in(fold_in(key, row), t): the same rows with
+    2 or 5 slots (different schedules), and a different key gives other rows."""
+    prompts = [[6 + i, 9 + i] for i in range(5)]
+    params = SamplingParams(max_new_tokens=M, temperature=1.0)
+    eos = (int(np.argmax(np.bincount(np.arange(50) % 7))) + 6,)
+    outs = [
+        Sampler(model, tok, eos_token_ids=eos, continuous_slots=s).generate(
+            prompts, params, num_generations=2, key=jax.random.key(k)
+        )
+        for s, k in ((2, 1), (5, 1), (5, 2))
+    ]
+    np.testing.assert_array_equal(outs[0].completion_ids, outs[1].completion_ids)
+    np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)
+    assert not np.array_equal(outs[1].completion_ids, outs[2].completion_ids)

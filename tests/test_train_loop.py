@@ -160,3 +160,21 @@ def test_only_checkpoint_damaged_stops_the_run(uninterrupted, tmp_path):
     with pytest.raises(DamagedCheckpointError, match=r"step 4 at .*checkpoints/4"):
         Trainer(_resume_cfg(wd))
     assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["4"]
+
+
+def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path):
+    """The perf options together (continuous-batching sampler, chunked calls with
+    rewards overlapped, recompute-old-log-probs fused into the step): a run
+    trains, and logs the prompt width, compile count and overlap timings."""
+    cfg = tiny_config(str(tmp_path / "perf"))
+    cfg.sampling.continuous_slots = 4
+    cfg.sampling.rows_per_call = 8
+    cfg.algo.old_logprobs = "recompute"
+    cfg.train.num_steps = 2
+    cfg.checkpoint.every = 0
+    train(cfg)
+    recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
+    last = recs[2]  # keyed by step
+    assert math.isfinite(last["loss"]) and last["data/prompt_width"] == 8
+    assert last["perf/step_compiles"] == 1 and last["time/reward_wait_s"] >= 0
+    assert "time/reward_overlap_s" in last

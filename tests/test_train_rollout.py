@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 import types
 
 import jax
 import numpy as np
+import pytest
 
 from gdpo_jax.data.stream import PromptStream
 from gdpo_jax.train.rollout import collect_batch, group_has_signal, rollout_metrics
@@ -177,3 +179,137 @@ def test_groups_with_signal_matches_numpy_reference():
                 group_has_signal(r[g * G : (g + 1) * G], decoupled=decoupled, weights=w)
                 for g in range(P)
             ] == want
+
+
+def test_row_stats_give_the_mask_metrics_with_o_n_bytes():
+    """Metrics gather per-row lengths across processes, not [N, C] masks."""
+    from gdpo_jax.train.rollout import row_stats
+
+    r = np.random.default_rng(0)
+    n, c, p = 32, 50, 40
+    lengths = r.integers(0, c + 1, n)
+    arrays = {
+        "rewards": r.normal(size=(n, 2)).astype(np.float32),
+        "valid": r.random(n) > 0.2,
+        "completion_mask": (np.arange(c)[None] < lengths[:, None]).astype(np.int32),
+        "prompt_mask": (np.arange(p)[None] >= r.integers(0, p, n)[:, None]).astype(np.int32),
+    }
+    finish = ["length" if x == c else "eos" for x in lengths]
+    stats = row_stats(arrays, finish)
+    assert all(v.shape[0] == n and v.ndim <= 2 for v in stats.values())
+    np.testing.assert_array_equal(stats["completion_len"], lengths)
+    np.testing.assert_array_equal(stats["prompt_len"], arrays["prompt_mask"].sum(1))
+    sent = sum(v.nbytes for v in stats.values())
+    masks = arrays["completion_mask"].nbytes + arrays["prompt_mask"].nbytes
+    assert sent * 10 < masks
+    fin = ["length" if t else "eos" for t in stats["truncated"]]
+    assert rollout_metrics(stats, fin, ["a", "b"], None) == rollout_metrics(
+        arrays, finish, ["a", "b"], None
+    )
+
+
+class WidthSampler(FakeSampler):
+    """Prompt "s<k>" has k % 7 + 1 tokens, left padded to the chunk's widest."""
+
+    def generate(self, prompts, params, *, num_generations, key, chat_template):
+        ro = super().generate(
+            prompts, params, num_generations=num_generations, key=key, chat_template=chat_template
+        )
+        lens = np.repeat([int(p[1:]) % 7 + 1 for p in prompts], num_generations)
+        w = int(lens.max())
+        ro.prompt_mask = (np.arange(w)[None] >= (w - lens)[:, None]).astype(np.int32)
+        ro.prompt_ids = np.where(ro.prompt_mask > 0, 5, 0).astype(np.int32)
+        return ro
+
+
+def test_prompt_buckets_pad_to_the_widest_prompts_bucket():
+    from gdpo_jax.sampling.sampler import default_prompt_buckets
+    from gdpo_jax.train.rollout import prompt_width, sample_and_score
+
+    assert default_prompt_buckets(2048) == (256, 512, 1024, 2048)
+    assert default_prompt_buckets(128) == (16, 32, 64, 128) and default_prompt_buckets(8) == (8,)
+    assert prompt_width(3, 16, (2, 4, 16)) == 4 and prompt_width(3, 16) == 16
+    kw = dict(
+        sampler=WidthSampler(),
+        runner=fake_runner,
+        params=None,
+        group_size=G,
+        key=jax.random.key(0),
+        max_prompt_len=16,
+        pad_id=0,
+    )
+    recs = [{"prompt": f"s{k}"} for k in (0, 1, 2)]  # 1..3 tokens
+    full = sample_and_score(recs, **kw)
+    short = sample_and_score(recs, prompt_buckets=(2, 4, 16), prompts_per_call=1, **kw)
+    assert full["prompt_ids"].shape[1] == 16 and short["prompt_ids"].shape[1] == 4
+    for k in ("prompt_ids", "prompt_mask"):  # same tokens, less left padding
+        np.testing.assert_array_equal(full[k][:, -4:], short[k])
+        assert not full[k][:, :-4].any()
+    # Dynamic sampling joins tries of different widths at the widest one.
+    stream = PromptStream([{"prompt": f"s{k}"} for k in range(40)], seed=0)
+    kw.update(group_size=G, key=jax.random.key(0))
+    arrays, info = collect_batch(
+        stream, num_prompts=4, dynamic=True, max_tries=4, prompt_buckets=(2, 4, 8, 16), **kw
+    )
+    m = arrays["prompt_mask"]
+    assert info["tries"] > 1 and m.shape[1] in (2, 4, 8)  # 7 tokens at most -> never 16
+    assert m.shape[1] >= prompt_width(int(m.sum(1).max()), 16, (2, 4, 8, 16))
+    np.testing.assert_array_equal(arrays["prompt_ids"] > 0, m > 0)
+
+
+class SlowSampler(FakeSampler):
+    def generate(self, prompts, params, **kw):
+        time.sleep(0.15)
+        return super().generate(prompts, params, **kw)
+
+
+def slow_runner(prompts, completions, examples, **kw):
+    time.sleep(0.02 * len(completions))
+    return fake_runner(prompts, completions, examples, **kw)
+
+
+def test_rewards_overlap_with_the_next_chunk_and_equal_sequential_scoring():
+    from gdpo_jax.train.rollout import sample_and_score
+
+    records = [{"prompt": f"s{k}"} for k in range(6)]
+    kw = dict(
+        sampler=SlowSampler(),
+        runner=slow_runner,
+        params=None,
+        group_size=G,
+        key=jax.random.key(0),
+        max_prompt_len=5,
+        pad_id=0,
+        prompts_per_call=2,
+    )
+    seq = sample_and_score(records, overlap_rewards=False, **kw)
+    ovl = sample_and_score(records, overlap_rewards=True, **kw)
+    for k in ("rewards", "prompt_ids", "completion_ids", "old_logp", "group_ids"):
+        np.testing.assert_array_equal(seq[k], ovl[k], err_msg=k)
+    assert seq["texts"] == ovl["texts"] and ovl["sample_calls"] == 3
+    # Sequential: all 12 rows scored after the last chunk (~0.24 s waited).
+    # Overlapped: chunks 1-2 are scored during later decodes; only the last
+    # chunk's 4 rows (~0.08 s) are waited for.
+    assert seq["reward_wait_s"] >= 0.9 * seq["reward_s"] >= 0.2
+    assert ovl["reward_s"] >= 0.2 and ovl["reward_wait_s"] < 0.6 * ovl["reward_s"]
+
+
+def test_reward_errors_in_the_background_reach_the_caller():
+    from gdpo_jax.train.rollout import sample_and_score
+
+    def bad_runner(prompts, completions, examples, **kw):
+        raise RuntimeError("reward exploded")
+
+    with pytest.raises(RuntimeError, match="reward exploded"):
+        sample_and_score(
+            [{"prompt": f"s{k}"} for k in range(4)],
+            sampler=FakeSampler(),
+            runner=bad_runner,
+            params=None,
+            group_size=G,
+            key=jax.random.key(0),
+            max_prompt_len=5,
+            pad_id=0,
+            prompts_per_call=2,
+            overlap_rewards=True,
+        )

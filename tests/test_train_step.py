@@ -285,3 +285,69 @@ def test_bnpo_per_micro_batch_and_dr_grpo_without_padding_rows(aggregation, micr
     else:
         whole = reference_loss(params0, graphdef, jb, ja, sc) * jnp.sum(jb["valid"]) / N
     assert abs(float(whole) - float(ref_l)) > 1e-4 * abs(float(ref_l))
+
+
+@pytest.mark.parametrize("micro,beta", [(1, 0.0), (2, 0.04)])
+def test_old_logp_in_step_equals_two_pass_recompute(micro, beta):
+    """One update per batch: old = stop_gradient(logp) in the step (one forward)
+    gives the same params and metrics as a separate pre-update log-prob pass."""
+    batch = make_batch(5, with_ref=beta > 0)
+    outs = []
+    for fused in (False, True):
+        sc = StepConfig(
+            num_groups=NUM_GROUPS,
+            num_microbatches=micro,
+            beta=beta,
+            entropy_coef=0.01,
+            old_logp_in_step=fused,
+        )
+        _, state, step = _sgd_step(sc, create_model(CFG, seed=2))
+        b = distributed.to_global(batch, None)
+        if fused:
+            assert "old_logp" not in step.batch_keys
+            b["old_logp"] = jnp.full_like(b["old_logp"], 123.0)  # ignored
+        else:
+            b["old_logp"] = step.logprobs(state.params, b)  # the separate pass
+        new_state, metrics = step(state, b)
+        outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
+    (p2, m2), (p1, m1) = outs
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p2, p1)
+    assert set(m1) == set(m2)
+    for k in m1:
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+    assert float(m1["ratio_max"]) == 1.0 and float(m1["clip_frac"]) == 0.0
+
+
+def test_old_logp_in_step_only_when_one_update_and_no_kl_in_reward():
+    from gdpo_jax.train.step import old_logp_in_step
+
+    assert old_logp_in_step("recompute", updates_per_step=1, kl_in_reward=0.0)
+    assert not old_logp_in_step("sampler", updates_per_step=1, kl_in_reward=0.0)
+    assert not old_logp_in_step("recompute", updates_per_step=2, kl_in_reward=0.0)
+    assert not old_logp_in_step("recompute", updates_per_step=1, kl_in_reward=0.01)
+    sc = StepConfig(num_groups=NUM_GROUPS, num_minibatches=2, old_logp_in_step=True)
+    with pytest.raises(ValueError, match="updates_per_step == 1"):
+        _sgd_step(sc, create_model(CFG, seed=0))
+
+
+def test_step_compiles_once_per_prompt_bucket_and_padding_changes_nothing():
+    """A wider prompt bucket (more left padding) gives the same update; the step
+    compiles once per width, not once per call."""
+    batch = make_batch(6)
+    wide = dict(batch)
+    for k in ("prompt_ids", "prompt_mask"):
+        wide[k] = np.pad(batch[k], ((0, 0), (3, 0)))  # P = 5 -> bucket 8
+    sc = StepConfig(num_groups=NUM_GROUPS, num_microbatches=2)
+    outs = []
+    _, state0, step = _sgd_step(sc, create_model(CFG, seed=3))
+    params0 = jax.tree.map(np.asarray, state0.params)
+    for b in (batch, wide, batch, wide):
+        _, state, _ = _sgd_step(sc, create_model(CFG, seed=3))
+        new_state, metrics = step(state, distributed.to_global(b, None))
+        outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
+    assert step.compile_count() == 2
+    (p5, m5), (p8, m8) = outs[:2]
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, p5, params0)))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p5, p8)
+    for k in m5:
+        np.testing.assert_allclose(float(m5[k]), float(m8[k]), rtol=1e-6, atol=1e-7, err_msg=k)

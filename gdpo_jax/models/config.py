@@ -18,6 +18,9 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
+ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn")
+
+
 def canonical_dtype(dtype: Any, field: str = "dtype") -> str:
     """A dtype as users write it ("bfloat16", jnp.bfloat16, np.float32, np.dtype) -> its name.
 
@@ -83,6 +86,11 @@ class ModelConfig:
     param_dtype: storage dtype of the parameters; dtype: compute dtype of
       activations. Logits are always float32.
     remat: rematerialize each layer in the backward pass (jax.checkpoint).
+    attention: kernel of multi-token attention (training forward, prefill):
+      "auto" (cuDNN flash attention on GPU in bf16/f16, else "xla"), "xla" (the
+      grouped einsum path), "dpa" (jax.nn.dot_product_attention, XLA kernel)
+      or "cudnn" (jax.nn.dot_product_attention, cuDNN; GPU, bf16/f16 only).
+      One-token decode steps always use the einsum path.
     """
 
     model_type: str = "llama"
@@ -106,8 +114,14 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(
+                f"attention={self.attention!r} is not one of {ATTENTION_KINDS}; "
+                "set config.model.attention to one of them."
+            )
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"model_type={self.model_type!r} is not supported; supported: "

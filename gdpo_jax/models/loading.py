@@ -184,13 +184,16 @@ def load_hf_dir(
     mesh: jax.sharding.Mesh | None = None,
     remat: bool = False,
     tokenizer: bool = True,
+    attention: str = "auto",
 ) -> tuple[Transformer, Any]:
     """Load a local HF checkpoint dir (config.json + safetensors [+ tokenizer])."""
     if not os.path.exists(os.path.join(path, "config.json")):
         raise FileNotFoundError(
             f"{path!r} has no config.json; expected a Hugging Face checkpoint directory."
         )
-    cfg = ModelConfig.from_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
+    cfg = ModelConfig.from_hf(
+        path, dtype=dtype, param_dtype=param_dtype, remat=remat, attention=attention
+    )
     reader = SafetensorsDir(path)
     check_checkpoint(reader, cfg, path)
     fetch = lambda name, tr: reader[name].T if tr else reader[name]  # noqa: E731
@@ -223,6 +226,7 @@ def load_pretrained(
     param_dtype: DTypeLike = "float32",
     mesh: jax.sharding.Mesh | None = None,
     remat: bool = False,
+    attention: str = "auto",
 ) -> tuple[Transformer, Any]:
     """(model, tokenizer) from a local HF dir, a .gguf file, or a known offline name.
 
@@ -232,7 +236,7 @@ def load_pretrained(
     """
     from gdpo_jax.models import gguf
 
-    kw = dict(dtype=dtype, param_dtype=param_dtype, mesh=mesh, remat=remat)
+    kw = dict(dtype=dtype, param_dtype=param_dtype, mesh=mesh, remat=remat, attention=attention)
     key = path_or_name.lower()
     if key in gguf.KNOWN_MODELS or path_or_name.endswith(".gguf"):
         hf_dir = gguf.converted_hf_dir(path_or_name)

@@ -56,7 +56,8 @@ _NEG = float(np.finfo(np.float32).min)
 @flax.struct.dataclass
 class KVCache:
     """Decode cache. k, v: f[L,B,Hkv,S,Dh]; mask: bool[B,S] (slot holds a real
-    token); index: i32[] next slot to write. A pytree: jit/donate friendly.
+    token); index: i32[] next slot to write, or i32[B] one per row (one-token
+    steps only: continuous batching, rows at different steps). A pytree.
 
     Heads before slots so each (row, kv head) is one contiguous [S,Dh] matrix:
     the attention dots read the cache as it lies (no per-step transpose copy).
@@ -195,7 +196,7 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = jnp.cumsum(mask, axis=1) - 1
             if cache is not None:
-                before = jnp.arange(cache.mask.shape[1])[None, :] < cache.index
+                before = jnp.arange(cache.mask.shape[1])[None, :] < cache.index.reshape(-1, 1)
                 positions = positions + jnp.sum(cache.mask & before, axis=1, keepdims=True)
             positions = jnp.maximum(positions, 0)
         args = (self.param_arrays(), input_ids, mask, positions.astype(jnp.int32), cache)
@@ -282,6 +283,43 @@ def _attention(
     return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
 
 
+def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
+    """The kernel cfg.attention picks on `backend` (default: JAX's default backend).
+
+    "auto": cuDNN flash attention on GPU when the compute dtype is bf16/f16 (its
+    only dtypes), else the einsum path ("xla"). TPU keeps "xla" (no splash
+    kernel yet). "cudnn" off GPU or in f32 is an error naming the field.
+    """
+    backend = backend or jax.default_backend()
+    half = jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16)
+    if cfg.attention == "auto":
+        return "cudnn" if backend == "gpu" and half else "xla"
+    if cfg.attention == "cudnn" and (backend != "gpu" or not half):
+        raise ValueError(
+            f"model.attention='cudnn' needs a GPU and dtype bfloat16/float16 (backend "
+            f"{backend!r}, dtype {cfg.dtype!r}); set config.model.attention='auto' or 'xla'."
+        )
+    return cfg.attention
+
+
+def _dpa_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, implementation: str
+) -> jax.Array:
+    """`_attention` through jax.nn.dot_product_attention (q [B,T,Hq,Dh], k/v
+    [B,Hkv,S,Dh], allowed bool[B,T,S]); GQA is native there (no K/V repeat).
+
+    A query with no allowed key (a left-padding position) may attend to every
+    key here, so no kernel sees an empty row (NaN); its output differs from the
+    einsum path's (a plain mean of V) but is finite and never read: padding
+    positions are masked out of every real query and of the loss.
+    """
+    allowed = allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
+    k, v = k.astype(q.dtype).transpose(0, 2, 1, 3), v.astype(q.dtype).transpose(0, 2, 1, 3)
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=allowed[:, None], implementation=implementation
+    )
+
+
 def _forward(
     params: dict,
     input_ids: jax.Array,
@@ -302,13 +340,26 @@ def _forward(
         jnp.take(_constrain(params["embed"], ("tensor", None)), ids, axis=0).astype(dt)
     )
     cos, sin = rope_cos_sin(positions, cfg)
+    per_row = cache is not None and cache.index.ndim == 1
     if cache is None:
         key_mask = mask.astype(bool)
         q_slot, k_slot = jnp.arange(T), jnp.arange(T)
+    elif per_row:  # row b writes its one token at slot index[b]
+        if T != 1:
+            raise ValueError(f"a per-row cache index takes one token per step, got T={T}.")
+        k_slot = jnp.arange(cache.mask.shape[1])
+        here = k_slot[None, :] == cache.index[:, None]
+        key_mask = jnp.where(here, mask.astype(bool), cache.mask)
     else:
         key_mask = jax.lax.dynamic_update_slice(cache.mask, mask.astype(bool), (0, cache.index))
         q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
-    allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    if per_row:
+        allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
+    else:
+        allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
+    # read the cache in its stored layout with the einsum path.
+    kind = attention_kind(cfg) if T > 1 else "xla"
 
     def proj(h, w, b=None):
         y = jnp.einsum("btd,df->btf", h, w.astype(dt))
@@ -329,11 +380,20 @@ def _forward(
             # Write only the T new slots of layer i into the carried stacked
             # cache (in place: the carry is donated loop state), then read the
             # layer's [B,Hkv,S,Dh] slice in its stored layout.
-            start = (i, 0, 0, cache.index, 0)
-            kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
-            vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
+            if per_row:  # scatter row b's token into slot index[b] (in place)
+                rows = jnp.arange(B)
+                kc = kc.at[i, rows, :, cache.index].set(k[:, :, 0].astype(kc.dtype))
+                vc = vc.at[i, rows, :, cache.index].set(v[:, :, 0].astype(vc.dtype))
+            else:
+                start = (i, 0, 0, cache.index, 0)
+                kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
+                vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
             k, v = kc[i], vc[i]
-        a = _attention(q, k, v, allowed, cfg).reshape(B, T, Hq * Dh)
+        if kind == "xla":
+            a = _attention(q, k, v, allowed, cfg)
+        else:
+            a = _dpa_attention(q, k, v, allowed, "cudnn" if kind == "cudnn" else "xla")
+        a = a.reshape(B, T, Hq * Dh)
         x = _batch_constraint(x + proj(a, lp["o_proj"]))
         h = _rms_norm(x, lp["mlp_norm"], eps)
         f = jax.nn.silu(proj(h, lp["gate_proj"])) * proj(h, lp["up_proj"])

@@ -99,6 +99,8 @@ def make_generate_fn(
       temperature f32[], top_p f32[]: traced, changing them does not recompile.
       eos_ids i32[E], stop_ids i32[S1]: finish with "eos" / "stop".
       stop_seqs i32[S2, L]: right-aligned token sequences, -1 padded on the left.
+      row_limit i32[B]: per-row token budget (<= M); a row reaching it ends
+        with finish "length".
 
     Returns a dict: tokens i32[B, M], logprobs f32[B, M] (tempered, unfiltered),
     finish i32[B] (0 length, 1 eos, 2 stop), lengths i32[B] (tokens incl. the
@@ -166,11 +168,13 @@ def make_generate_fn(
         eos_ids,
         stop_ids,
         stop_seqs,
+        row_limit,
     ) -> dict[str, jax.Array]:
         if on_trace is not None:
             on_trace()
         n_prompts, plen = prompt_ids.shape
         batch = row_prompt.shape[0]
+        row_limit = place(row_limit)  # laid out like the other per-row loop state
         model = nnx.merge(graphdef, state)
         # Prefill each distinct prompt once (G-fold fewer tokens than the rows),
         # then hand every row a copy of its prompt's cache and last logits.
@@ -212,13 +216,14 @@ def make_generate_fn(
             if stop_ids.shape[0]:
                 is_stop = is_stop | jnp.isin(tok, stop_ids)
             fin = live & (is_eos | is_stop)
+            fin_any = fin | (live & (c["lengths"] + 1 >= row_limit))  # per-row budget
             new = dict(
                 t=t + 1,
                 tokens=jax.lax.dynamic_update_slice(c["tokens"], tok[:, None], (0, t)),
                 logprobs=jax.lax.dynamic_update_slice(c["logprobs"], lp[:, None], (0, t)),
                 finish=jnp.where(fin, jnp.where(is_eos, FINISH_EOS, FINISH_STOP), c["finish"]),
                 lengths=c["lengths"] + live.astype(jnp.int32),
-                done=c["done"] | fin,
+                done=c["done"] | fin_any,
                 window=window,
             )
             # Feed the token back (finished rows too: static shapes; their output is unused).

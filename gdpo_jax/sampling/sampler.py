@@ -123,6 +123,19 @@ def bucket_length(n: int, buckets: Sequence[int]) -> int:
     return -(-n // top) * top
 
 
+def default_prompt_buckets(max_len: int, *, count: int = 4, smallest: int = 16) -> tuple[int, ...]:
+    """`count` widths halving down from `max_len` (none below `smallest`), ascending.
+
+    2048 -> (256, 512, 1024, 2048); 128 -> (16, 32, 64, 128); 8 -> (8,).
+    A prompt pays at most 2x its length (or `smallest`) and a trainer
+    compiles at most `count` step / decode programs for prompt widths.
+    """
+    out = [int(max_len)]
+    while len(out) < count and out[-1] // 2 >= smallest:
+        out.append(out[-1] // 2)
+    return tuple(sorted(out))
+
+
 class Sampler:
     """Generates G completions per prompt with the model's current weights.
 
@@ -135,6 +148,10 @@ class Sampler:
       eos_token_ids: override; default = model cfg EOS ids + tokenizer.eos_token_id.
       decode_chunks: decode phases with a growing KV cache (see decode.py);
         None = one per 32 new tokens, at most 4.
+      continuous_slots: > 0: continuous batching with this many decode slots
+        (`continuous.py`: a finished row's slot takes the next waiting row);
+        single device only (mesh=None). 0 = static batch (every row decodes
+        until the call's longest row ends).
     """
 
     def __init__(
@@ -146,6 +163,7 @@ class Sampler:
         prompt_buckets: Sequence[int] = DEFAULT_BUCKETS,
         eos_token_ids: Sequence[int] | None = None,
         decode_chunks: int | None = None,
+        continuous_slots: int = 0,
     ):
         if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
             raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
@@ -168,6 +186,20 @@ class Sampler:
         if decode_chunks is not None and int(decode_chunks) < 1:
             raise ValueError(f"decode_chunks={decode_chunks} must be >= 1 (or None for auto).")
         self.decode_chunks = decode_chunks
+        one_device = mesh is None or mesh.devices.size == 1
+        if continuous_slots < 0 or (continuous_slots and not one_device):
+            raise ValueError(
+                f"continuous_slots={continuous_slots}: continuous batching needs "
+                "continuous_slots >= 1 and a single device (mesh=None or of 1 device); "
+                "use 0 otherwise."
+            )
+        self.continuous_slots = int(continuous_slots)
+        self._one_device = None
+        if self.continuous_slots:
+            # One device: the plain (unsharded) call path; weights typed on a
+            # 1-device (Explicit) mesh are re-placed as plain device arrays.
+            self._one_device = None if mesh is None else mesh.devices.flat[0]
+            self.mesh = None
         self._fns: dict[tuple, Any] = {}
         self.num_traces = 0  # jit traces so far (a compile-once check for tests)
 
@@ -223,6 +255,7 @@ class Sampler:
         num_generations: int = 1,
         key: jax.Array,
         chat_template: bool = True,
+        max_new_tokens_per_row: Sequence[int] | None = None,
     ) -> Rollouts:
         """Samples ``num_generations`` completions for every prompt (rows grouped:
         row r answers prompt r // G). Deterministic given key (and the mesh-
@@ -236,6 +269,9 @@ class Sampler:
         concatenated prompts when every process passes the same count.
         ``info["row_offset"]`` / ``info["prompt_offset"]``: where this process's
         rows / prompts sit in the global batch.
+        max_new_tokens_per_row: optional budget of each of the len(prompts) * G
+        rows (<= params.max_new_tokens); a row reaching it finishes "length"
+        (e.g. to benchmark a given length distribution).
         """
         g = int(num_generations)
         if g < 1:
@@ -280,6 +316,8 @@ class Sampler:
 
         fn = self._get_fn(params)
         state = nnx.state(self.model)
+        if self._one_device is not None:
+            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(self._one_device))
         args = (
             ids_g,
             mask_g,
@@ -291,6 +329,7 @@ class Sampler:
             np.asarray(self.eos_token_ids, np.int32).reshape(-1),
             np.asarray(params.stop_token_ids, np.int32).reshape(-1),
             self._stop_sequences(params.stop_strings),
+            self._row_limit(max_new_tokens_per_row, n, n_local_pad, params.max_new_tokens),
         )
         traces = self.num_traces
         lo = block * n_local_pad
@@ -301,7 +340,7 @@ class Sampler:
         else:
             args = tuple(
                 hostio.to_global_rows(a, self.mesh, axes, nblocks)
-                if i in (2, 3)
+                if i in (2, 3, 10)  # row_prompt, active, row_limit
                 else hostio.replicate_key(a, self.mesh)
                 if i == 4
                 else hostio.to_global_replicated(a, self.mesh)
@@ -338,6 +377,8 @@ class Sampler:
             decode_steps=int(out["steps"]),
             batch_rows=n_local_pad * nblocks,
             generated_tokens=int(lengths.sum()),
+            # Row-steps the decode computed (useful or not): steps x decode rows.
+            decoded_tokens=int(out.get("lane_steps", int(out["steps"]) * n_local_pad * nblocks)),
             compiled=self.num_traces > traces,
             row_offset=lo,
             prompt_offset=block * u_max,
@@ -372,12 +413,32 @@ class Sampler:
             pad_id=self.pad_id,
         )
         graphdef = nnx.graphdef(self.model)
-        cache_key = (graphdef, spec)
+        cache_key = (graphdef, spec, self.continuous_slots)
+        if cache_key not in self._fns and self.continuous_slots:
+            from gdpo_jax.sampling.continuous import make_continuous_generate_fn
+
+            self._fns[cache_key] = make_continuous_generate_fn(
+                graphdef, spec, self.continuous_slots, self._on_trace
+            )
         if cache_key not in self._fns:
             self._fns[cache_key] = decode.make_generate_fn(
                 graphdef, spec, self.mesh, self._on_trace
             )
         return self._fns[cache_key]
+
+    @staticmethod
+    def _row_limit(limits: Sequence[int] | None, n: int, rows: int, m: int) -> np.ndarray:
+        """i32[rows]: each row's token budget (padding rows and default: m)."""
+        out = np.full((rows,), m, np.int32)
+        if limits is not None:
+            lim = np.asarray(limits, np.int64).reshape(-1)
+            if lim.shape[0] != n or (lim < 1).any() or (lim > m).any():
+                raise ValueError(
+                    f"max_new_tokens_per_row needs {n} values in [1, max_new_tokens={m}]; "
+                    f"got {lim.shape[0]} in [{lim.min(initial=0)}, {lim.max(initial=0)}]."
+                )
+            out[:n] = lim
+        return out
 
     def _on_trace(self) -> None:
         self.num_traces += 1

@@ -48,7 +48,12 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
         from gdpo_jax.models import load_pretrained
 
         model, tokenizer = load_pretrained(
-            m.name, dtype=m.dtype, param_dtype=m.param_dtype, mesh=mesh, remat=m.remat
+            m.name,
+            dtype=m.dtype,
+            param_dtype=m.param_dtype,
+            mesh=mesh,
+            remat=m.remat,
+            attention=m.get("attention", "auto"),
         )
         if tokenizer is None and m.tokenizer:
             tokenizer = build_tokenizer(m.tokenizer)
@@ -71,6 +76,7 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
     ):
         if getattr(tokenizer, attr, None) is not None:
             overrides.setdefault(field, int(getattr(tokenizer, attr)))
+    overrides.setdefault("attention", m.get("attention", "auto"))
     mc = ModelConfig.tiny(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, **overrides)
     if mc.vocab_size < len(tokenizer):
         raise ValueError(

@@ -41,6 +41,7 @@ RESUMABLE_FIELDS = (
     "rewards.executor",
     "rewards.executors",
     "rewards.chunk_size",
+    "rewards.overlap",
     "rewards.sandbox.",
 )
 _SCHEDULES = ("cosine", "constant", "linear")
@@ -64,6 +65,9 @@ def base_config() -> mlc.ConfigDict:
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
     c.model.remat = False
+    # Multi-token attention kernel: auto (cuDNN flash on GPU in bf16/f16, else xla) |
+    # xla (einsum path) | dpa (jax.nn.dot_product_attention, XLA) | cudnn.
+    c.model.attention = "auto"
 
     c.task = mlc.ConfigDict()
     c.task.name = "toolcall"  # toolcall | math | code | arithmetic
@@ -90,6 +94,9 @@ def base_config() -> mlc.ConfigDict:
     c.rewards.executors = ()  # () or one "" / "thread" / "process" per name (overrides executor)
     c.rewards.chunk_size = 0  # completions per task; 0 = ceil(rows / num_workers)
     c.rewards.timeout_s = 30.0
+    # Score each sampler chunk (sampling.rows_per_call) on a background thread while
+    # the next chunk decodes; same rewards as scoring after the last chunk.
+    c.rewards.overlap = True
     # The code rewards' sandbox (gdpo_jax.rewards.sandbox): isolation mode and
     # whether "auto" may fall back to the weak modes (setuid, rlimits: the
     # generated code reaches the network); naming a mode is an opt-in too.
@@ -124,6 +131,10 @@ def base_config() -> mlc.ConfigDict:
 
     c.sampling = mlc.ConfigDict()
     c.sampling.max_prompt_len = 128
+    # Prompt widths (ascending, the last = max_prompt_len) that a batch's prompts are
+    # left padded to, in the sampler and the step: the widest prompt's bucket. () =
+    # automatic: max_prompt_len and up to 3 halvings (>= 16): 2048 -> 256..2048.
+    c.sampling.prompt_buckets = ()
     c.sampling.max_new_tokens = 64
     c.sampling.temperature = 1.0
     c.sampling.top_k = 0
@@ -132,6 +143,10 @@ def base_config() -> mlc.ConfigDict:
     # Global rows (prompts x G) per Sampler.generate call; 0 = the whole rollout
     # batch at once. Bounds the KV cache of one decode at paper scale.
     c.sampling.rows_per_call = 0
+    # > 0: continuous batching with this many decode slots per sampler call (a row
+    # that finishes hands its slot to a waiting row); single device only. Greedy
+    # rows equal the static decode's; sampled rows use a per-row key stream.
+    c.sampling.continuous_slots = 0
 
     c.eval = mlc.ConfigDict()
     c.eval.greedy = True
@@ -271,6 +286,30 @@ def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None
             raise ConfigError(f"config.rewards.sandbox: {e}") from None
 
 
+def prompt_buckets(cfg: mlc.ConfigDict) -> tuple[int, ...]:
+    """The run's prompt widths (config.sampling.prompt_buckets, () = automatic).
+
+    Raises ConfigError unless they ascend strictly and end at max_prompt_len.
+    """
+    from gdpo_jax.sampling.sampler import default_prompt_buckets
+
+    s = cfg.sampling
+    given = tuple(int(b) for b in s.get("prompt_buckets", ()))
+    if not given:
+        return default_prompt_buckets(s.max_prompt_len)
+    if (
+        any(b >= c for b, c in zip(given, given[1:]))
+        or given[0] < 1
+        or given[-1] != s.max_prompt_len
+    ):
+        raise ConfigError(
+            f"config.sampling.prompt_buckets={given} must ascend strictly from >= 1 and end at "
+            f"sampling.max_prompt_len={s.max_prompt_len}, e.g. "
+            f"--config.sampling.prompt_buckets='({s.max_prompt_len // 2}, {s.max_prompt_len})'."
+        )
+    return given
+
+
 def validate_config(
     cfg: mlc.ConfigDict,
     *,
@@ -299,6 +338,16 @@ def validate_config(
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", _SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
+    _choice(cfg, "model.attention", ("auto", "xla", "dpa", "cudnn"))
+    if cfg.model.attention == "cudnn":
+        import jax
+
+        if jax.default_backend() != "gpu" or cfg.model.dtype not in ("bfloat16", "float16"):
+            raise ConfigError(
+                f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
+                f"(backend {jax.default_backend()!r}, dtype {cfg.model.dtype!r}); set "
+                "--config.model.attention=auto."
+            )
     _choice(cfg, "rewards.executor", ("thread", "process"))
     _choice(cfg, "distributed.initialize", ("auto", "always", "never"))
     if a.group_size < 2:
@@ -383,6 +432,7 @@ def validate_config(
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
     check_context_length(cfg)
+    prompt_buckets(cfg)
     rpc = int(cfg.sampling.get("rows_per_call", 0))
     if rpc < 0 or (rpc and (rpc % a.group_size or a.num_prompts % (rpc // a.group_size))):
         example = a.group_size * _divisor(a.num_prompts, max(rpc // a.group_size, 1))
@@ -390,6 +440,18 @@ def validate_config(
             f"config.sampling.rows_per_call={rpc} must be 0 (one call) or a multiple of "
             f"algo.group_size={a.group_size} whose prompt count divides algo.num_prompts="
             f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={example}."
+        )
+    slots = int(cfg.sampling.get("continuous_slots", 0))
+    if cfg.mesh.num_devices or num_devices is not None:
+        n_dev = cfg.mesh.num_devices or num_devices
+    else:
+        import jax
+
+        n_dev = jax.device_count()
+    if slots < 0 or (slots and n_dev != 1):
+        raise ConfigError(
+            f"config.sampling.continuous_slots={slots} needs a single device (mesh of "
+            f"{n_dev}); set --config.mesh.num_devices=1 or --config.sampling.continuous_slots=0."
         )
     if cfg.sampling.temperature <= 0:
         raise ConfigError(

@@ -27,6 +27,7 @@ from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import (
     check_context_length,
+    prompt_buckets,
     reward_runner,
     reward_specs,
     validate_config,
@@ -65,6 +66,8 @@ class Trainer:
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
         )
         self.step_cfg = StepConfig.from_config(cfg)
+        # Prompt widths of the sampler and the step (one step compilation each).
+        self.prompt_buckets = prompt_buckets(cfg)
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         # validate_config cannot read a GGUF name's position table before loading it.
         check_context_length(cfg, self.model.cfg.max_position_embeddings)
@@ -74,7 +77,8 @@ class Trainer:
             self.model,
             self.tokenizer,
             mesh=self.mesh,
-            prompt_buckets=(cfg.sampling.max_prompt_len,),
+            prompt_buckets=self.prompt_buckets,
+            continuous_slots=int(cfg.sampling.get("continuous_slots", 0)),
         )
         s = cfg.sampling
         self.sampling_params = SamplingParams(
@@ -180,9 +184,11 @@ class Trainer:
             runner=self.runner,
             params=self.sampling_params,
             max_prompt_len=cfg.sampling.max_prompt_len,
+            prompt_buckets=self.prompt_buckets,
             pad_id=self.sampler.pad_id,
             chat_template=cfg.task.chat_template,
             prompts_per_call=self.prompts_per_call,
+            overlap_rewards=bool(cfg.rewards.get("overlap", True)),
         )
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -191,7 +197,7 @@ class Trainer:
         arrays, info = self._collect(step)
         t1 = time.perf_counter()
         batch = distributed.to_global(arrays, self.mesh)
-        if self.cfg.algo.old_logprobs == "recompute":
+        if self.cfg.algo.old_logprobs == "recompute" and not self.step_cfg.old_logp_in_step:
             batch["old_logp"] = self.step.logprobs(self.state.params, batch)
         if self.ref_params is not None:
             batch["ref_logp"] = self.step.logprobs(self.ref_params, batch)
@@ -200,20 +206,22 @@ class Trainer:
         metrics = {k: _host_float(v) for k, v in dev_metrics.items()}
         t2 = time.perf_counter()
 
-        rows = _gather_rows(
-            {k: arrays[k] for k in ("rewards", "completion_mask", "valid", "prompt_mask")}
-            | {"truncated": np.asarray([f == "length" for f in info["finish"]])}
-        )
+        # Per-row lengths cross processes, not the [N, C] / [N, P] masks.
+        rows = _gather_rows(rollout.row_stats(arrays, info["finish"]))
         finish = ["length" if t else "eos" for t in rows["truncated"]]
         metrics.update(rollout.rollout_metrics(rows, finish, self.reward_names, self.weights))
-        tokens = float(
-            ((rows["completion_mask"].sum(1) + rows["prompt_mask"].sum(1)) * rows["valid"]).sum()
-        )
+        tokens = float(((rows["completion_len"] + rows["prompt_len"]) * rows["valid"]).sum())
         metrics.update(
             {
                 "time/sample_s": info["sample_s"],
                 "time/reward_s": info["reward_s"],
+                # Reward time not hidden behind the next chunk's decode (overlap).
+                "time/reward_wait_s": info["reward_wait_s"],
+                "time/reward_overlap_s": max(info["reward_s"] - info["reward_wait_s"], 0.0),
                 "data/sample_calls": info["sample_calls"],
+                # The bucketed prompt width of this batch, and step programs so far.
+                "data/prompt_width": arrays["prompt_ids"].shape[1],
+                "perf/step_compiles": self.step.compile_count(),
                 "time/step_s": t2 - t1,
                 "time/iter_s": t2 - t0,
                 "perf/tokens_per_s": tokens / max(t2 - t0, 1e-9),
@@ -233,7 +241,13 @@ class Trainer:
             for k, v in info["reward_info"].items()
             if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/"))
         }
-        host.update({"time/sample_s": info["sample_s"], "time/reward_s": info["reward_s"]})
+        host.update(
+            {
+                "time/sample_s": info["sample_s"],
+                "time/reward_s": info["reward_s"],
+                "time/reward_wait_s": info["reward_wait_s"],
+            }
+        )
         if jax.process_count() > 1:
             # Failures anywhere are counted (summed); times are the slowest host's.
             host = distributed.reduce_processes(host, max_prefixes=("time/", "reward_time/"))
@@ -270,6 +284,7 @@ class Trainer:
                 group_size=k,
                 key=jax.random.fold_in(key, i),
                 max_prompt_len=cfg.sampling.max_prompt_len,
+                prompt_buckets=self.prompt_buckets,
                 pad_id=self.sampler.pad_id,
                 chat_template=cfg.task.chat_template,
             )

@@ -14,12 +14,15 @@ statistics), so the step compiles once.
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
 import numpy as np
 
+from gdpo_jax import multihost
 from gdpo_jax.core.advantages import per_reward_group_spread
 from gdpo_jax.data.stream import PromptStream
 from gdpo_jax.train import distributed
@@ -72,12 +75,31 @@ def group_has_signal(
     )
 
 
-def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
-    if x.shape[1] > width:
+def _used_width(mask: np.ndarray) -> int:
+    """Columns from the first nonzero one of any row of a left-padded mask [N, P]."""
+    cols = np.flatnonzero(np.asarray(mask).any(axis=0))
+    return int(mask.shape[1] - cols[0]) if cols.size else 1
+
+
+def prompt_width(longest: int, max_prompt_len: int, buckets: Sequence[int] = ()) -> int:
+    """The batch's prompt width: the smallest bucket >= longest (max_prompt_len
+    without buckets). Few widths = few compilations of the step."""
+    if longest > max_prompt_len:
         raise ValueError(
-            f"a prompt of {x.shape[1]} tokens exceeds sampling.max_prompt_len={width}; raise "
-            "--config.sampling.max_prompt_len or drop long prompts from the data."
+            f"a prompt of {longest} tokens exceeds sampling.max_prompt_len={max_prompt_len}; "
+            "raise --config.sampling.max_prompt_len or drop long prompts from the data."
         )
+    for b in buckets:
+        if longest <= b:
+            return int(b)
+    return int(max_prompt_len)
+
+
+def _pad_left(x: np.ndarray, width: int, value: int) -> np.ndarray:
+    """Left pads x [N, P] to [N, width]; a wider x loses its leftmost columns,
+    which callers guarantee are padding (width >= `_used_width` of the mask)."""
+    if x.shape[1] >= width:
+        return np.ascontiguousarray(x[:, x.shape[1] - width :])
     out = np.full((x.shape[0], width), value, x.dtype)
     out[:, width - x.shape[1] :] = x
     return out
@@ -92,8 +114,12 @@ def _generate_chunked(
     key: jax.Array,
     chat_template: bool,
     prompts_per_call: int,
+    on_chunk: Callable[[int, Any], None] | None = None,
 ) -> dict[str, Any]:
     """Sampler.generate over consecutive chunks of `prompts_per_call` prompts.
+
+    on_chunk(start, rollouts): called after each chunk is generated, before
+    the next one starts (the reward overlap hook of `sample_and_score`).
 
     Bounds the rows one decode holds (KV cache [L, rows, Hkv, S, Dh]) so a
     paper-size rollout batch (e.g. 8192 rows x 8000 tokens) fits. One chunk
@@ -115,6 +141,8 @@ def _generate_chunked(
             part, params, num_generations=group_size, key=k, chat_template=chat_template
         )
         outs.append((start, ro))
+        if on_chunk is not None:
+            on_chunk(start, ro)
     cat = lambda f: np.concatenate([np.asarray(getattr(ro, f)) for _, ro in outs])  # noqa: E731
     return {
         "prompt_ids": [ro.prompt_ids for _, ro in outs],
@@ -142,59 +170,94 @@ def sample_and_score(
     pad_id: int,
     chat_template: bool = True,
     prompts_per_call: int = 0,
+    prompt_buckets: Sequence[int] = (),
+    overlap_rewards: bool = False,
 ) -> dict[str, Any]:
     """Generates G completions for each record and scores them. Host NumPy out.
 
     prompts_per_call: this process's prompts per Sampler.generate call (0 =
-    all in one call); the rewards are scored once for all rows.
-    Returns a dict with the batch arrays (rows = len(records) * G, prompts
-    left padded to max_prompt_len), "texts", "finish", "sample_s", "reward_s",
-    "reward_info", "sample_calls".
+    all in one call).
+    overlap_rewards: score each chunk's rows on a background thread while the
+    next chunk generates (slow rewards hide behind decoding); the runner is
+    per row, so the rewards equal scoring all rows at once after the last
+    chunk (overlap_rewards=False, or a single chunk).
+    prompt_buckets: prompt widths (ascending); the prompts are left padded to
+    the bucket of the widest chunk. () = always max_prompt_len.
+    Returns a dict with the batch arrays (rows = len(records) * G), "texts",
+    "finish", "sample_s" (generation), "reward_s" (summed runner calls),
+    "reward_wait_s" (reward time not hidden behind generation), "reward_info",
+    "sample_calls".
     """
     t0 = time.perf_counter()
     prompts = [r["prompt"] for r in records]
-    ro = _generate_chunked(
-        sampler,
-        prompts,
-        params,
-        group_size=group_size,
-        key=key,
-        chat_template=chat_template,
-        prompts_per_call=prompts_per_call,
-    )
-    t1 = time.perf_counter()
-    rows_prompts = [prompts[i] for i in ro["group_ids"]]
-    examples = [records[i] for i in ro["group_ids"]]
-    rewards, info = runner(
-        rows_prompts,
-        list(ro["texts"]),
-        examples,
-        completion_lengths=[int(x) for x in ro["lengths"]],
-    )
+    reward_s = [0.0]
+
+    def score(start: int, ro: Any) -> tuple[np.ndarray, dict]:
+        t = time.perf_counter()
+        gids = start + np.asarray(ro.group_ids)
+        r, info = runner(
+            [prompts[i] for i in gids],
+            list(ro.texts),
+            [records[i] for i in gids],
+            completion_lengths=[int(x) for x in np.asarray(ro.lengths)],
+        )
+        reward_s[0] += time.perf_counter() - t  # one scoring thread at a time: no race
+        return np.asarray(r, np.float32).reshape(len(gids), -1), dict(info or {})
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="rewards") if overlap_rewards else None
+    futures: list[Future] = []
+    try:
+        ro = _generate_chunked(
+            sampler,
+            prompts,
+            params,
+            group_size=group_size,
+            key=key,
+            chat_template=chat_template,
+            prompts_per_call=prompts_per_call,
+            on_chunk=(lambda start, r: futures.append(pool.submit(score, start, r)))
+            if pool is not None
+            else None,
+        )
+        t1 = time.perf_counter()
+        if pool is not None:
+            parts = [f.result() for f in futures]
+        else:
+            rows = types.SimpleNamespace(
+                group_ids=ro["group_ids"], texts=ro["texts"], lengths=ro["lengths"]
+            )
+            parts = [score(0, rows)]
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
     t2 = time.perf_counter()
+    rewards = np.concatenate([r for r, _ in parts])
+    info: dict[str, Any] = {}
+    for _, part in parts:  # counts and times add up over chunks
+        for k, v in part.items():
+            num = isinstance(v, (int, float)) and isinstance(info.get(k, 0.0), (int, float))
+            info[k] = info.get(k, 0.0) + v if num else v
+    width = prompt_width(
+        max(_used_width(np.asarray(m)) for m in ro["prompt_mask"]), max_prompt_len, prompt_buckets
+    )
     return {
         "prompt_ids": np.concatenate(
-            [
-                _pad_left(np.asarray(x).astype(np.int32), max_prompt_len, pad_id)
-                for x in ro["prompt_ids"]
-            ]
+            [_pad_left(np.asarray(x).astype(np.int32), width, pad_id) for x in ro["prompt_ids"]]
         ),
         "prompt_mask": np.concatenate(
-            [
-                _pad_left(np.asarray(x).astype(np.int32), max_prompt_len, 0)
-                for x in ro["prompt_mask"]
-            ]
+            [_pad_left(np.asarray(x).astype(np.int32), width, 0) for x in ro["prompt_mask"]]
         ),
         "completion_ids": ro["completion_ids"].astype(np.int32),
         "completion_mask": ro["completion_mask"].astype(np.int32),
         "old_logp": ro["logprobs"].astype(np.float32),
-        "rewards": np.asarray(rewards, np.float32).reshape(len(ro["group_ids"]), -1),
+        "rewards": rewards,
         "group_ids": ro["group_ids"].astype(np.int32),
         "texts": list(ro["texts"]),
         "finish": list(ro["finish_reason"]),
         "sample_s": t1 - t0,
-        "reward_s": t2 - t1,
-        "reward_info": dict(info or {}),
+        "reward_s": reward_s[0],
+        "reward_wait_s": t2 - t1,
+        "reward_info": info,
         "sample_calls": ro["num_calls"],
     }
 
@@ -229,7 +292,7 @@ def collect_batch(
     """
     kept: list[tuple[dict, int]] = []  # (scored try, group index) with signal
     dropped: list[tuple[dict, int]] = []
-    tries, sample_s, reward_s, sample_calls = 0, 0.0, 0.0, 0
+    tries, sample_s, reward_s, reward_wait_s, sample_calls = 0, 0.0, 0.0, 0.0, 0
     reward_info: dict[str, float] = {}
     scored_groups = 0
     while True:
@@ -240,6 +303,7 @@ def collect_batch(
         tries += 1
         sample_s += out["sample_s"]
         reward_s += out["reward_s"]
+        reward_wait_s += out["reward_wait_s"]
         sample_calls += out["sample_calls"]
         for k, v in out["reward_info"].items():  # runner's per-reward times / failures
             if isinstance(v, (int, float)):
@@ -263,12 +327,19 @@ def collect_batch(
     valid_groups = len(chosen)
     chosen += dropped[: num_prompts - len(chosen)]
 
+    # One prompt width for the batch: the widest chosen try's, the same on every
+    # process (the step's global arrays need one shape).
+    width = max(out["prompt_ids"].shape[1] for out, _ in chosen)
+    if jax.process_count() > 1:
+        width = int(multihost.allgather(np.asarray(width, np.int64)).max())
+    pads = {"prompt_ids": kw.get("pad_id", 0), "prompt_mask": 0}
     batch: dict[str, Any] = {k: [] for k in _ARRAYS}
     texts, finish = [], []
     for out, g in chosen:
         rows = slice(g * group_size, (g + 1) * group_size)
         for k in _ARRAYS:
-            batch[k].append(out[k][rows])
+            x = out[k][rows]
+            batch[k].append(_pad_left(x, width, pads[k]) if k in pads else x)
         texts += out["texts"][rows]
         finish += out["finish"][rows]
     arrays = {k: np.concatenate(v, axis=0) for k, v in batch.items()}
@@ -283,6 +354,7 @@ def collect_batch(
         "finish": finish,
         "sample_s": sample_s,
         "reward_s": reward_s,
+        "reward_wait_s": reward_wait_s,
         "tries": tries,
         "kept_groups": len(kept),
         "scored_groups": scored_groups,
@@ -293,13 +365,33 @@ def collect_batch(
     return arrays, info
 
 
+def row_stats(arrays: dict[str, np.ndarray], finish: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per-row facts the metrics need, [N] each: rewards f32[N, K], valid bool[N],
+    completion_len / prompt_len i32[N], truncated bool[N].
+
+    What processes exchange for metrics: O(N) values, not the [N, C] / [N, P]
+    masks (at paper shapes 8192 x 8000 int32 masks are 262 MB a step).
+    """
+    return {
+        "rewards": np.asarray(arrays["rewards"], np.float32),
+        "valid": np.asarray(arrays["valid"], bool),
+        "completion_len": np.asarray(arrays["completion_mask"]).sum(1).astype(np.int32),
+        "prompt_len": np.asarray(arrays["prompt_mask"]).sum(1).astype(np.int32),
+        "truncated": np.asarray([f == "length" for f in finish], bool).reshape(-1),
+    }
+
+
 def rollout_metrics(
     arrays: dict[str, np.ndarray],
     finish: Sequence[str],
     reward_names: Sequence[str],
     weights: Sequence[float] | None,
 ) -> dict[str, float]:
-    """Reward mean/std per reward (NaN excluded), weighted total, lengths, truncation."""
+    """Reward mean/std per reward (NaN excluded), weighted total, lengths, truncation.
+
+    arrays: rewards, valid and either completion_len i32[N] (see `row_stats`)
+    or completion_mask i32[N, C].
+    """
     valid = arrays["valid"].astype(bool)
     r = arrays["rewards"][valid].astype(np.float64)
     out: dict[str, float] = {}
@@ -311,7 +403,10 @@ def rollout_metrics(
         out[f"reward/{name}/std"] = float(col[ok].std()) if ok.any() else float("nan")
         out[f"reward/{name}/nan_frac"] = float(1 - ok.mean()) if col.size else 0.0
     out["reward/total"] = float((np.nan_to_num(r[:, : len(w)]) @ w).mean()) if r.size else 0.0
-    lengths = arrays["completion_mask"].sum(1)[valid]
+    if "completion_len" in arrays:
+        lengths = np.asarray(arrays["completion_len"])[valid]
+    else:
+        lengths = arrays["completion_mask"].sum(1)[valid]
     out["len/mean"] = float(lengths.mean()) if lengths.size else 0.0
     out["len/max"] = float(lengths.max()) if lengths.size else 0.0
     fin = np.asarray(finish)[valid] if len(finish) else np.asarray([])

@@ -80,6 +80,9 @@ class StepConfig:
     num_epochs: int = 1
     temperature: float = 1.0
     logprob_chunk_size: int = 0
+    # True: the old log-probs are stop_gradient(the step's own log-probs), no
+    # separate forward pass and no "old_logp" batch key (see old_logp_in_step).
+    old_logp_in_step: bool = False
 
     @property
     def needs_ref(self) -> bool:
@@ -112,7 +115,25 @@ class StepConfig:
             num_epochs=a.num_epochs,
             temperature=cfg.sampling.temperature,
             logprob_chunk_size=a.logprob_chunk_size,
+            old_logp_in_step=old_logp_in_step(
+                a.old_logprobs,
+                updates_per_step=a.num_epochs * a.num_minibatches,
+                kl_in_reward=a.kl_in_reward,
+            ),
         )
+
+
+def old_logp_in_step(old_logprobs: str, *, updates_per_step: int, kl_in_reward: float) -> bool:
+    """Whether recomputed old log-probs can come from the step's own forward pass.
+
+    With one optimizer update per rollout batch every micro-batch sees the
+    parameters that sampled-then-recompute would read, so the old log-probs
+    equal stop_gradient(logp) of the loss's forward (TRL does the same): the
+    separate pre-update forward pass is pure waste. Not with several updates
+    (later updates need the pre-update values), and not with kl_in_reward > 0
+    (its penalty enters the advantages, before any gradient is taken).
+    """
+    return old_logprobs == "recompute" and updates_per_step == 1 and kl_in_reward == 0
 
 
 # --------------------------------------------------------------------------- #
@@ -219,10 +240,8 @@ def train_step(
         penalty=penalty,
     )
 
-    data = {
-        k: batch[k]
-        for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "old_logp")
-    }
+    keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+    data = {k: batch[k] for k in keys + (() if cfg.old_logp_in_step else ("old_logp",))}
     data["loss_mask"], data["adv"], data["valid"] = mask, adv, batch["valid"]
     use_ref = cfg.beta > 0
     if use_ref:
@@ -238,9 +257,11 @@ def train_step(
         )
         if cfg.entropy_coef == 0:
             ent = jax.lax.stop_gradient(ent)  # metric only
+        # One update per batch: the pre-update policy is these very params.
+        old = jax.lax.stop_gradient(logp) if cfg.old_logp_in_step else mb["old_logp"]
         loss_sum, denom, metrics = policy_loss(
             logp,
-            mb["old_logp"],
+            old,
             mb["adv"],
             mb["loss_mask"],
             clip_low=cfg.clip_low,
@@ -373,7 +394,14 @@ class CompiledStep:
         batch_keys: tuple[str, ...] | None = None,
     ):
         self.cfg, self.mesh = cfg, mesh
-        keys = tuple(batch_keys or BATCH_KEYS + (("ref_logp",) if cfg.needs_ref else ()))
+        if cfg.old_logp_in_step and (cfg.kl_in_reward > 0 or cfg.updates_per_step != 1):
+            raise ValueError(
+                f"StepConfig(old_logp_in_step=True) needs updates_per_step == 1 (got "
+                f"{cfg.updates_per_step}) and kl_in_reward == 0 (got {cfg.kl_in_reward}): "
+                "otherwise the old log-probs must be computed before the update."
+            )
+        base = tuple(k for k in BATCH_KEYS if not (cfg.old_logp_in_step and k == "old_logp"))
+        keys = tuple(batch_keys or base + (("ref_logp",) if cfg.needs_ref else ()))
         self.batch_keys = keys
         step = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule, cfg=cfg)
         lp = functools.partial(logprob_fn, graphdef=graphdef, cfg=cfg)

@@ -1,0 +1,208 @@
+"""Continuous batching: a fixed set of decode slots that finished rows hand over.
+
+The static decode (`decode.py`) runs every row of a call until the longest
+ends: with long-tailed lengths (most answers short, a few at the cap) most
+decoded tokens are padding. Here B slots (lanes) decode at once; when a lane's
+row finishes, the next waiting row takes the lane at the next step, inside
+the same compiled ``while_loop`` (static shapes throughout):
+
+  * every distinct prompt is prefilled once up front into a prompt cache
+    [L, U, Hkv, P, Dh] with its last logits [U, V];
+  * a refill copies the row's prompt cache into slots [0, P) of the lane's
+    cache [L, B, Hkv, P + M, Dh], masks slots P.. out, and restarts the lane's
+    step counter; the lane's t-th token goes to slot P + t (a per-row cache
+    index, `KVCache.index` i32[B]) at position prompt_len + t;
+  * rows are taken in order (row r before r + 1); outputs are scattered to
+    their row, so the result has the static decode's layout [N, M].
+
+Greedy rows equal the static decode's row for row (same prompt logits, same
+per-row maths; tests/test_sampler.py checks it). Sampled rows draw with
+``fold_in(fold_in(key, row), t)``: a row's randomness does not depend on
+which lane or step it ran in (it differs from the static decode's stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gdpo_jax.models.transformer import KVCache
+from gdpo_jax.sampling.decode import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, DecodeSpec
+from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
+
+
+def make_continuous_generate_fn(
+    graphdef: nnx.GraphDef,
+    spec: DecodeSpec,
+    slots: int,
+    on_trace: Callable[[], None] | None = None,
+) -> Callable[..., dict[str, jax.Array]]:
+    """Jitted ``generate`` with `decode.make_generate_fn`'s arguments and outputs
+    (single device), decoding with `slots` lanes; also returns "row_steps"
+    (lane-steps that produced a token) and "lane_steps" (steps x slots)."""
+    m_new = spec.max_new_tokens
+
+    def generate(
+        state,
+        prompt_ids,
+        prompt_mask,
+        row_prompt,
+        active,
+        key,
+        temperature,
+        top_p,
+        eos_ids,
+        stop_ids,
+        stop_seqs,
+        row_limit,
+    ) -> dict[str, jax.Array]:
+        if on_trace is not None:
+            on_trace()
+        model = nnx.merge(graphdef, state)
+        n_prompts, plen = prompt_ids.shape
+        n_rows = row_prompt.shape[0]
+        lanes = min(int(slots), n_rows)
+        n_active = jnp.sum(active.astype(jnp.int32))  # active rows come first
+        prompt_mask = prompt_mask.astype(jnp.int32)
+        positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+        hidden, pcache = model(
+            prompt_ids,
+            prompt_mask,
+            positions=positions,
+            cache=model.init_cache(n_prompts, plen),
+            return_hidden=True,
+        )
+        from gdpo_jax.core.logprobs import unembed_logits
+
+        p_logits = unembed_logits(hidden[:, -1], model.unembed_matrix()).astype(jnp.float32)
+        p_len = jnp.sum(prompt_mask, axis=1)
+        cache0 = model.init_cache(lanes, plen + m_new)
+        top_p_arg = top_p if spec.use_top_p else None
+        win = max(int(stop_seqs.shape[1]), 1)
+
+        def refill(c):
+            free = c["row"] < 0
+            rank = jnp.cumsum(free.astype(jnp.int32)) - 1
+            cand = c["next"] + rank
+            take = free & (cand < n_active)
+            u = row_prompt[jnp.clip(cand, 0, n_rows - 1)]
+            cache = c["cache"]
+
+            # Only the refilled lanes' slots [0, P) are written (in-place slice
+            # updates, one lane per iteration): an all-lane gather + scatter, or
+            # a cond that rewrites every lane, measured 1.4-1.7x slower per step.
+            n_take = jnp.sum(take.astype(jnp.int32))
+            order = jnp.nonzero(take, size=lanes, fill_value=0)[0]
+
+            def copy_prompt(j, kv):
+                b = order[j]
+
+                def put(x, px):
+                    new = jax.lax.dynamic_slice_in_dim(px, u[b], 1, axis=1).astype(x.dtype)
+                    return jax.lax.dynamic_update_slice(x, new, (0, b, 0, 0, 0))
+
+                return put(kv[0], pcache.k), put(kv[1], pcache.v)
+
+            k, v = jax.lax.fori_loop(0, n_take, copy_prompt, (cache.k, cache.v))
+            fresh = jnp.concatenate(
+                [prompt_mask[u].astype(bool), jnp.zeros((lanes, m_new), bool)], axis=1
+            )
+            mask = jnp.where(take[:, None], fresh, cache.mask)
+            return dict(
+                c,
+                row=jnp.where(take, cand, c["row"]),
+                t=jnp.where(take, 0, c["t"]),
+                plen=jnp.where(take, p_len[u], c["plen"]),
+                logits=jnp.where(take[:, None], p_logits[u], c["logits"]),
+                window=jnp.where(take[:, None], -2, c["window"]),
+                next=c["next"] + jnp.sum(take.astype(jnp.int32)),
+                cache=KVCache(k=k, v=v, mask=mask, index=cache.index),
+            )
+
+        def body(c):
+            c = refill(c)  # no-op lanes cost nothing: the copy loop runs n_take times
+            live = c["row"] >= 0
+            row, t = jnp.maximum(c["row"], 0), c["t"]
+            if spec.greedy:  # no randomness: one batched call, no per-row keys
+                tok, lp = sample_tokens(
+                    c["logits"], key, temperature, top_p_arg, top_k=spec.top_k, greedy=True
+                )
+            else:
+                keys = jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(
+                    row, t
+                )
+                tok, lp = jax.vmap(
+                    lambda lg, k: sample_tokens(
+                        lg[None], k, temperature, top_p_arg, top_k=spec.top_k, greedy=False
+                    )
+                )(c["logits"], keys)
+                tok, lp = tok[:, 0], lp[:, 0]
+            tok = tok.astype(jnp.int32)
+            tok = jnp.where(live, tok, spec.pad_id)
+            window = jnp.concatenate([c["window"][:, 1:], tok[:, None]], axis=1)
+            is_eos = jnp.isin(tok, eos_ids) if eos_ids.shape[0] else jnp.zeros_like(live)
+            is_stop = stop_sequence_hit(window, stop_seqs)
+            if stop_ids.shape[0]:
+                is_stop = is_stop | jnp.isin(tok, stop_ids)
+            out_row = jnp.where(live, c["row"], n_rows)  # row n_rows: a dump row
+            code = jnp.where(is_eos, FINISH_EOS, jnp.where(is_stop, FINISH_STOP, FINISH_LENGTH))
+            ended = live & (is_eos | is_stop | (t + 1 >= row_limit[row]))
+            new = dict(
+                c,
+                tokens=c["tokens"].at[out_row, t].set(tok),
+                logprobs=c["logprobs"].at[out_row, t].set(jnp.where(live, lp, 0.0)),
+                lengths=c["lengths"].at[out_row].set(t + 1),
+                finish=c["finish"].at[out_row].set(code),
+                window=window,
+                steps=c["steps"] + 1,
+                row_steps=c["row_steps"] + jnp.sum(live.astype(jnp.int32)),
+            )
+            cache = c["cache"]
+            slot = jnp.minimum(plen + t, plen + m_new - 1)
+            cache = KVCache(k=cache.k, v=cache.v, mask=cache.mask, index=slot)
+            logits, cache = model(
+                tok[:, None],
+                live.astype(jnp.int32)[:, None],
+                positions=(c["plen"] + t)[:, None],
+                cache=cache,
+            )
+            new["logits"] = logits[:, -1].astype(jnp.float32)
+            new["cache"] = cache
+            new["t"] = jnp.where(live, t + 1, t)
+            new["row"] = jnp.where(ended, -1, c["row"])
+            return new
+
+        init = dict(
+            row=jnp.full((lanes,), -1, jnp.int32),
+            t=jnp.zeros((lanes,), jnp.int32),
+            plen=jnp.zeros((lanes,), jnp.int32),
+            logits=jnp.zeros((lanes, p_logits.shape[-1]), jnp.float32),
+            window=jnp.full((lanes, win), -2, jnp.int32),
+            next=jnp.zeros((), jnp.int32),
+            steps=jnp.zeros((), jnp.int32),
+            row_steps=jnp.zeros((), jnp.int32),
+            tokens=jnp.full((n_rows + 1, m_new), spec.pad_id, jnp.int32),
+            logprobs=jnp.zeros((n_rows + 1, m_new), jnp.float32),
+            lengths=jnp.zeros((n_rows + 1,), jnp.int32),
+            finish=jnp.full((n_rows + 1,), FINISH_LENGTH, jnp.int32),
+            cache=KVCache(
+                k=cache0.k, v=cache0.v, mask=cache0.mask, index=jnp.zeros((lanes,), jnp.int32)
+            ),
+        )
+        out = jax.lax.while_loop(
+            lambda c: (c["next"] < n_active) | jnp.any(c["row"] >= 0), body, init
+        )
+        return dict(
+            tokens=out["tokens"][:n_rows],
+            logprobs=out["logprobs"][:n_rows],
+            finish=out["finish"][:n_rows],
+            lengths=out["lengths"][:n_rows],
+            steps=out["steps"],
+            row_steps=out["row_steps"],
+            lane_steps=out["steps"] * lanes,
+        )
+
+    return jax.jit(generate)
