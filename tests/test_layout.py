@@ -37,7 +37,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("tasks", ("gdpo_jax.tasks",)),
     # config, the mesh helpers it validates against (a re-export of the leaf) and
     # the workdir/path helpers (local or URL) it checks inputs with.
-    ("train.base", ("gdpo_jax.train.config", "gdpo_jax.train.mesh", "gdpo_jax.train.paths")),
+    (
+        "train.base",
+        (
+            "gdpo_jax.train.config",
+            "gdpo_jax.train.schema",
+            "gdpo_jax.train.reward_setup",
+            "gdpo_jax.train.mesh",
+            "gdpo_jax.train.paths",
+        ),
+    ),
     (
         "train.parts",
         (

@@ -1,217 +1,43 @@
-"""The run configuration: schema (`base_config`), validation, fingerprint.
+"""The run configuration: validation (`validate_config`) before any work starts.
 
-Every experiment config (configs/*.py) starts from `base_config()` and
-overrides fields, so the command line can override any of them with
-`--config.a.b=value` (absl `config_flags`, locked: a typo is an error).
-"Off" is spelled 0 / "" rather than None, so that every field has a type the
-command line can parse.
+The schema (`base_config`) and the resume fingerprint live in
+`gdpo_jax.train.schema`, the reward wiring (`reward_specs`, `reward_runner`) in
+`gdpo_jax.train.reward_setup`; both are re-exported here, the public home of
+the config API. Every error is a ConfigError naming the field and the fix.
 """
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import json
 import math
 import os
-from typing import Any
 
 import ml_collections as mlc
 
-from gdpo_jax.errors import ConfigError  # noqa: F401 - re-exported: public name
-
-# Fields that may change between a checkpoint and the run resuming from it:
-# they do not change what a step computes, only how long / how often.
-RESUMABLE_FIELDS = (
-    "workdir",
-    "train.num_steps",
-    "train.stop_after_step",
-    "train.log_every",
-    "train.eval_every",
-    "train.eval_num_examples",
-    "train.progress_bar",
-    "checkpoint.",
-    "distributed.",
-    "train.tensorboard",
-    "benchmark.",
-    # Memory, not maths: lowered to fit a decode after an OOM (changes later rollouts' keys).
-    "sampling.rows_per_call",
-    # How rewards are computed, not what they are.
-    "rewards.num_workers",
-    "rewards.executor",
-    "rewards.executors",
-    "rewards.chunk_size",
-    "rewards.overlap",
-    "rewards.sandbox.",
+from gdpo_jax.errors import ConfigError
+from gdpo_jax.train.reward_setup import (  # noqa: F401 - public names, re-exported
+    _check_reward_kwargs,
+    _check_rewards,
+    import_modules,
+    reward_runner,
+    reward_specs,
 )
+from gdpo_jax.train.schema import (  # noqa: F401 - public names, re-exported
+    RESUMABLE_FIELDS,
+    _choice,
+    _flatten,
+    _get,
+    _resumable,
+    _suggest,
+    base_config,
+    config_diff,
+    config_to_dict,
+    fingerprint,
+)
+
 _SCHEDULES = ("cosine", "constant", "linear")
 _OLD_LOGPROBS = ("sampler", "recompute")
 _ON_ERROR = ("raise", "nan")
-
-
-def base_config() -> mlc.ConfigDict:
-    """Every field a run reads, with defaults. Experiment configs override these."""
-    c = mlc.ConfigDict()
-    c.seed = 0
-    c.workdir = ""
-    # Modules imported first (by validate_config, so by the CLI and train(), and by
-    # every reward worker process): where custom rewards / tasks / tokenizers register.
-    c.imports = ()
-
-    c.model = mlc.ConfigDict()
-    c.model.name = ""  # load_pretrained(name) (HF dir or registered name); "" = random init
-    c.model.tiny = mlc.ConfigDict()  # ModelConfig.tiny(**model.tiny) overrides, when name == ""
-    c.model.tokenizer = ""  # tokenizer for a random-init model (gdpo_jax.data.tokenizer_registry)
-    c.model.dtype = "float32"  # compute dtype
-    c.model.param_dtype = "float32"
-    c.model.remat = False
-    # Multi-token attention kernel: auto (cuDNN flash on GPU in bf16/f16, else xla) |
-    # xla (einsum path) | dpa (jax.nn.dot_product_attention, XLA) | cudnn.
-    c.model.attention = "auto"
-
-    c.task = mlc.ConfigDict()
-    c.task.name = "toolcall"  # toolcall | math | code | arithmetic
-    c.task.source = "synthetic"  # "synthetic" or a file / glob / directory the task loader reads
-    c.task.eval_source = ""  # held-out data; "" = split "test" of a `source` dir (file: no eval)
-    c.task.seed = 0  # synthetic data seed (independent of the run's seed)
-    c.task.num_train = 2048  # synthetic only
-    c.task.num_eval = 64
-    c.task.kwargs = mlc.ConfigDict()  # synthetic generator keyword arguments
-    c.task.eval_kwargs = mlc.ConfigDict()  # the task's evaluate() keyword arguments
-    c.task.chat_template = True
-
-    c.rewards = mlc.ConfigDict()
-    c.rewards.names = ("toolcall_format", "toolcall_correctness")
-    c.rewards.weights = ()  # () = all ones; else one weight per name
-    c.rewards.conditions = ()  # () or one "other_reward_name" / "" per name (paper eq. 8)
-    c.rewards.thresholds = ()  # () or one threshold per name (used with conditions)
-    c.rewards.kwargs = mlc.ConfigDict()  # reward name -> dict of keyword args
-    c.rewards.on_error = (
-        "raise"  # "raise": stop with the reward's name and sample; "nan": score NaN
-    )
-    c.rewards.num_workers = 4
-    c.rewards.executor = "thread"  # "process" for CPU-bound rewards (sympy, parsing): no GIL
-    c.rewards.executors = ()  # () or one "" / "thread" / "process" per name (overrides executor)
-    c.rewards.chunk_size = 0  # completions per task; 0 = ceil(rows / num_workers)
-    c.rewards.timeout_s = 30.0
-    # Score each sampler chunk (sampling.rows_per_call) on a background thread while
-    # the next chunk decodes; same rewards as scoring after the last chunk.
-    c.rewards.overlap = True
-    # The code rewards' sandbox (gdpo_jax.rewards.sandbox): isolation mode and
-    # whether "auto" may fall back to the weak modes (setuid, rlimits: the
-    # generated code reaches the network); naming a mode is an opt-in too.
-    c.rewards.sandbox = mlc.ConfigDict()
-    c.rewards.sandbox.isolation = "auto"  # auto | namespaces | userns | setuid | rlimits
-    c.rewards.sandbox.allow_weak = False
-
-    c.algo = mlc.ConfigDict()
-    c.algo.estimator = "gdpo"  # grpo | grpo_no_std | gdpo | gdpo_no_bn
-    c.algo.eps = 1e-4
-    c.algo.batch_norm = "sample"  # sample (TRL patch) | token (verl patch)
-    c.algo.group_size = 4  # G generations per prompt
-    c.algo.num_prompts = 8  # prompts per rollout batch (global, all hosts)
-    c.algo.clip_low = 0.2
-    c.algo.clip_high = 0.2
-    c.algo.dual_clip = 0.0  # 0 = off; verl's clip_ratio_c (e.g. 3.0)
-    c.algo.beta = 0.0  # KL-in-loss coefficient; 0 skips the reference model entirely
-    c.algo.kl_estimator = "k3"  # k1 | k3 | mse
-    # KL coefficient in the reward (paper's tool calling GRPO: 0.001): a per-sequence
-    # penalty -coef * KL added after GDPO's per-reward normalization (not a reward column).
-    c.algo.kl_in_reward = 0.0
-    c.algo.entropy_coef = 0.0
-    c.algo.aggregation = "grpo"  # grpo | bnpo | dapo | dr_grpo
-    c.algo.max_len = 0  # dr_grpo's constant; 0 = sampling.max_new_tokens
-    c.algo.num_minibatches = 1  # optimizer updates per rollout batch and epoch
-    c.algo.num_epochs = 1
-    c.algo.num_microbatches = 1  # gradient accumulation steps per update
-    c.algo.old_logprobs = "sampler"  # sampler | recompute
-    c.algo.dynamic_sampling = False  # drop groups with no spread (per reward under GDPO), refill
-    c.algo.dynamic_sampling_max_tries = 4
-    c.algo.logprob_chunk_size = 0  # >0: chunked log-softmax, never [B, T, V] at once
-
-    c.sampling = mlc.ConfigDict()
-    c.sampling.max_prompt_len = 128
-    # Prompt widths (ascending, the last = max_prompt_len) that a batch's prompts are
-    # left padded to, in the sampler and the step: the widest prompt's bucket. () =
-    # automatic: max_prompt_len and up to 3 halvings (>= 16): 2048 -> 256..2048.
-    c.sampling.prompt_buckets = ()
-    c.sampling.max_new_tokens = 64
-    c.sampling.temperature = 1.0
-    c.sampling.top_k = 0
-    c.sampling.top_p = 1.0
-    c.sampling.stop_strings = ()
-    # Global rows (prompts x G) per Sampler.generate call; 0 = the whole rollout
-    # batch at once. Bounds the KV cache of one decode at paper scale.
-    c.sampling.rows_per_call = 0
-    # > 0: continuous batching with this many decode slots per sampler call (a row
-    # that finishes hands its slot to a waiting row); single device only. Greedy
-    # rows equal the static decode's; sampled rows use a per-row key stream.
-    c.sampling.continuous_slots = 0
-
-    c.eval = mlc.ConfigDict()
-    c.eval.greedy = True
-    c.eval.num_samples = 1
-    c.eval.temperature = 0.6
-    c.eval.top_p = 0.95
-
-    c.optim = mlc.ConfigDict()
-    c.optim.lr = 1e-6
-    c.optim.schedule = "constant"  # cosine | constant | linear (after warmup)
-    c.optim.warmup_steps = 0
-    c.optim.min_lr_ratio = 0.0
-    c.optim.weight_decay = 0.0
-    c.optim.b1 = 0.9
-    c.optim.b2 = 0.999
-    c.optim.eps = 1e-8
-    c.optim.max_grad_norm = 1.0  # 0 = no clipping
-
-    c.mesh = mlc.ConfigDict()
-    c.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); -1 = the remaining devices
-    c.mesh.axis_types = "explicit"
-    c.mesh.num_devices = 0  # 0 = every device; n = the first n (tests, benchmarks)
-
-    c.train = mlc.ConfigDict()
-    c.train.num_steps = 100
-    c.train.stop_after_step = 0  # >0: exit after this step (as if killed); resume continues
-    c.train.log_every = 1
-    c.train.eval_every = 0  # 0 = no periodic eval
-    c.train.eval_num_examples = 0  # 0 = the whole held-out split
-    c.train.progress_bar = True
-    c.train.tensorboard = True
-
-    c.checkpoint = mlc.ConfigDict()
-    c.checkpoint.every = 0  # 0 = no checkpoints
-    c.checkpoint.keep = 3
-    c.checkpoint.async_save = True
-    c.checkpoint.allow_config_change = False
-
-    c.distributed = mlc.ConfigDict()
-    c.distributed.initialize = "auto"  # auto | always | never
-    c.distributed.coordinator_address = ""
-    c.distributed.num_processes = 0
-    c.distributed.process_id = -1
-    return c
-
-
-def _suggest(name: str, choices: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-def _choice(cfg: mlc.ConfigDict, path: str, choices: tuple[str, ...]) -> None:
-    value = _get(cfg, path)
-    if value not in choices:
-        raise ConfigError(
-            f"config.{path}={value!r} is not one of {choices}.{_suggest(str(value), choices)} "
-            f"Set --config.{path}=<one of them>."
-        )
-
-
-def _get(cfg: mlc.ConfigDict, path: str) -> Any:
-    node: Any = cfg
-    for part in path.split("."):
-        node = node[part]
-    return node
 
 
 def _estimators() -> tuple[str, ...]:
@@ -229,61 +55,6 @@ def _losses() -> tuple[tuple[str, ...], tuple[str, ...]]:
 def _divisor(n: int, near: int) -> int:
     """The largest divisor of n that is <= near (at least 1)."""
     return max(d for d in range(1, max(min(n, near), 1) + 1) if n % d == 0)
-
-
-def import_modules(cfg: mlc.ConfigDict) -> None:
-    """Imports config.imports (custom rewards, tasks, tokenizers register on import)."""
-    import importlib
-
-    mods = cfg.get("imports", ())
-    if isinstance(mods, str) or not all(isinstance(m, str) and m for m in mods):
-        raise ConfigError(
-            f"config.imports={mods!r} must be a tuple of module names, e.g. "
-            "--config.imports='(\"my_pkg.rewards\",)'."
-        )
-    for m in mods:
-        try:
-            importlib.import_module(m)
-        except Exception as e:
-            raise ConfigError(
-                f"config.imports: importing {m!r} failed ({type(e).__name__}: {e}); "
-                "is it installed or on PYTHONPATH?"
-            ) from e
-
-
-def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None) -> None:
-    """Reward names resolve (registered, or an import path) and the sandbox is usable."""
-    from gdpo_jax.rewards import get_reward, list_rewards
-    from gdpo_jax.rewards.registry import _REGISTRY
-
-    fns = {}
-    for n in names:
-        if known is not None and n in known:  # the caller vouches for it
-            fns[n] = _REGISTRY.get(n)
-            continue
-        try:
-            fns[n] = get_reward(n)
-        except ImportError as e:
-            raise ConfigError(f"config.rewards.names: {e}") from e
-        except KeyError:
-            try:
-                known = list(known if known is not None else list_rewards())
-            except ImportError as e:
-                raise ConfigError(f"config.rewards.names: {e}") from e
-            raise ConfigError(
-                f"config.rewards.names: unknown reward {n!r}.{_suggest(n, tuple(known))} "
-                f"Registered rewards: {sorted(known)}; or name one by import path "
-                "'pkg.module:function' (or list its module in config.imports)."
-            ) from None
-    sb = cfg.rewards.get("sandbox", None)
-    if sb is not None and any(getattr(f, "uses_sandbox", False) for f in fns.values()):
-        from gdpo_jax.rewards import sandbox
-
-        _choice(cfg, "rewards.sandbox.isolation", ("auto",) + sandbox.MODES)
-        try:
-            sandbox.isolation(sb.isolation, bool(sb.allow_weak))
-        except RuntimeError as e:
-            raise ConfigError(f"config.rewards.sandbox: {e}") from None
 
 
 def prompt_buckets(cfg: mlc.ConfigDict) -> tuple[int, ...]:
@@ -539,105 +310,3 @@ def check_context_length(cfg: mlc.ConfigDict, max_positions: int | None = None) 
             f"{s.max_prompt_len + s.max_new_tokens} exceeds the model's "
             f"max_position_embeddings={max_positions}; lower one of them."
         )
-
-
-def _check_reward_kwargs(cfg: mlc.ConfigDict, name: str) -> None:
-    """A misspelled reward kwarg would be accepted and silently ignored by **kwargs."""
-    from gdpo_jax.rewards.registry import check_reward_kwargs
-
-    kw = cfg.rewards.kwargs[name]
-    kw = kw.to_dict() if isinstance(kw, mlc.ConfigDict) else dict(kw)
-    try:
-        check_reward_kwargs(name, kw)
-    except KeyError:  # not registered here (validated with an explicit known_rewards)
-        return
-    except ValueError as e:
-        raise ConfigError(f"config.rewards.kwargs.{name}: {e}.") from None
-
-
-def reward_specs(cfg: mlc.ConfigDict) -> list:
-    """The config's rewards as gdpo_jax.rewards.RewardSpec objects."""
-    from gdpo_jax.rewards import RewardSpec, get_reward
-
-    names = tuple(cfg.rewards.names)
-    weights = tuple(cfg.rewards.weights) or (1.0,) * len(names)
-    conditions = tuple(cfg.rewards.conditions) or ("",) * len(names)
-    thresholds = tuple(cfg.rewards.thresholds) or (1.0,) * len(names)
-    kwargs = cfg.rewards.kwargs.to_dict()
-    executors = tuple(cfg.rewards.get("executors", ())) or ("",) * len(names)
-    sb = cfg.rewards.get("sandbox", None)
-    sandbox_kw = {"isolation": sb.isolation, "allow_weak": bool(sb.allow_weak)} if sb else {}
-
-    def kw(n: str) -> dict:
-        # The sandbox settings reach the rewards that run it; the reward's own
-        # kwargs (config.rewards.kwargs) win.
-        try:
-            uses = bool(sandbox_kw) and getattr(get_reward(n), "uses_sandbox", False)
-        except (KeyError, ImportError):  # the RewardRunner reports these, by name
-            uses = False
-        return {**(sandbox_kw if uses else {}), **kwargs.get(n, {})}
-
-    return [
-        RewardSpec(
-            name=n,
-            weight=float(w),
-            condition=c or None,
-            threshold=float(t),
-            kwargs=kw(n),
-            executor=e or None,
-        )
-        for n, w, c, t, e in zip(names, weights, conditions, thresholds, executors)
-    ]
-
-
-def reward_runner(cfg: mlc.ConfigDict, specs: list | None = None):
-    """The config's gdpo_jax.rewards.RewardRunner (pools, deadline, error policy)."""
-    from gdpo_jax.rewards import RewardRunner
-
-    r = cfg.rewards
-    return RewardRunner(
-        specs if specs is not None else reward_specs(cfg),
-        num_workers=r.num_workers,
-        timeout_s=r.timeout_s,
-        on_error=r.on_error,
-        executor=r.get("executor", "thread"),
-        chunk_size=int(r.get("chunk_size", 0)) or None,
-        imports=tuple(cfg.get("imports", ())),
-    )
-
-
-def config_to_dict(cfg: mlc.ConfigDict) -> dict:
-    """Plain JSON-able dict (tuples become lists) of a ConfigDict."""
-    return json.loads(cfg.to_json())
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def _resumable(path: str) -> bool:
-    return any(path == f or (f.endswith(".") and path.startswith(f)) for f in RESUMABLE_FIELDS)
-
-
-def fingerprint(cfg: mlc.ConfigDict | dict) -> str:
-    """Hash of the fields that must match for a checkpoint to be resumed."""
-    d = cfg if isinstance(cfg, dict) else config_to_dict(cfg)
-    items = {k: v for k, v in _flatten(d).items() if not _resumable(k)}
-    return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def config_diff(saved: dict, current: mlc.ConfigDict | dict) -> list[str]:
-    """Fields (dotted) whose values differ and that a resume does not allow to differ."""
-    cur = current if isinstance(current, dict) else config_to_dict(current)
-    a, b = _flatten(saved), _flatten(cur)
-    # A field added to base_config after the checkpoint was written is absent
-    # from it; the run then used what is now that field's default.
-    defaults = _flatten(config_to_dict(base_config()))
-    a.update({k: defaults[k] for k in set(b) - set(a) if k in defaults})
-    return sorted(k for k in set(a) | set(b) if not _resumable(k) and a.get(k) != b.get(k))

@@ -1,0 +1,128 @@
+"""The config's rewards: custom imports, name and kwargs checks, RewardSpecs, the runner."""
+
+from __future__ import annotations
+
+import ml_collections as mlc
+
+from gdpo_jax.errors import ConfigError
+from gdpo_jax.train.schema import _choice, _suggest
+
+
+def import_modules(cfg: mlc.ConfigDict) -> None:
+    """Imports config.imports (custom rewards, tasks, tokenizers register on import)."""
+    import importlib
+
+    mods = cfg.get("imports", ())
+    if isinstance(mods, str) or not all(isinstance(m, str) and m for m in mods):
+        raise ConfigError(
+            f"config.imports={mods!r} must be a tuple of module names, e.g. "
+            "--config.imports='(\"my_pkg.rewards\",)'."
+        )
+    for m in mods:
+        try:
+            importlib.import_module(m)
+        except Exception as e:
+            raise ConfigError(
+                f"config.imports: importing {m!r} failed ({type(e).__name__}: {e}); "
+                "is it installed or on PYTHONPATH?"
+            ) from e
+
+
+def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None) -> None:
+    """Reward names resolve (registered, or an import path) and the sandbox is usable."""
+    from gdpo_jax.rewards import get_reward, list_rewards
+    from gdpo_jax.rewards.registry import _REGISTRY
+
+    fns = {}
+    for n in names:
+        if known is not None and n in known:  # the caller vouches for it
+            fns[n] = _REGISTRY.get(n)
+            continue
+        try:
+            fns[n] = get_reward(n)
+        except ImportError as e:
+            raise ConfigError(f"config.rewards.names: {e}") from e
+        except KeyError:
+            try:
+                known = list(known if known is not None else list_rewards())
+            except ImportError as e:
+                raise ConfigError(f"config.rewards.names: {e}") from e
+            raise ConfigError(
+                f"config.rewards.names: unknown reward {n!r}.{_suggest(n, tuple(known))} "
+                f"Registered rewards: {sorted(known)}; or name one by import path "
+                "'pkg.module:function' (or list its module in config.imports)."
+            ) from None
+    sb = cfg.rewards.get("sandbox", None)
+    if sb is not None and any(getattr(f, "uses_sandbox", False) for f in fns.values()):
+        from gdpo_jax.rewards import sandbox
+
+        _choice(cfg, "rewards.sandbox.isolation", ("auto",) + sandbox.MODES)
+        try:
+            sandbox.isolation(sb.isolation, bool(sb.allow_weak))
+        except RuntimeError as e:
+            raise ConfigError(f"config.rewards.sandbox: {e}") from None
+
+
+def _check_reward_kwargs(cfg: mlc.ConfigDict, name: str) -> None:
+    """A misspelled reward kwarg would be accepted and silently ignored by **kwargs."""
+    from gdpo_jax.rewards.registry import check_reward_kwargs
+
+    kw = cfg.rewards.kwargs[name]
+    kw = kw.to_dict() if isinstance(kw, mlc.ConfigDict) else dict(kw)
+    try:
+        check_reward_kwargs(name, kw)
+    except KeyError:  # not registered here (validated with an explicit known_rewards)
+        return
+    except ValueError as e:
+        raise ConfigError(f"config.rewards.kwargs.{name}: {e}.") from None
+
+
+def reward_specs(cfg: mlc.ConfigDict) -> list:
+    """The config's rewards as gdpo_jax.rewards.RewardSpec objects."""
+    from gdpo_jax.rewards import RewardSpec, get_reward
+
+    names = tuple(cfg.rewards.names)
+    weights = tuple(cfg.rewards.weights) or (1.0,) * len(names)
+    conditions = tuple(cfg.rewards.conditions) or ("",) * len(names)
+    thresholds = tuple(cfg.rewards.thresholds) or (1.0,) * len(names)
+    kwargs = cfg.rewards.kwargs.to_dict()
+    executors = tuple(cfg.rewards.get("executors", ())) or ("",) * len(names)
+    sb = cfg.rewards.get("sandbox", None)
+    sandbox_kw = {"isolation": sb.isolation, "allow_weak": bool(sb.allow_weak)} if sb else {}
+
+    def kw(n: str) -> dict:
+        # The sandbox settings reach the rewards that run it; the reward's own
+        # kwargs (config.rewards.kwargs) win.
+        try:
+            uses = bool(sandbox_kw) and getattr(get_reward(n), "uses_sandbox", False)
+        except (KeyError, ImportError):  # the RewardRunner reports these, by name
+            uses = False
+        return {**(sandbox_kw if uses else {}), **kwargs.get(n, {})}
+
+    return [
+        RewardSpec(
+            name=n,
+            weight=float(w),
+            condition=c or None,
+            threshold=float(t),
+            kwargs=kw(n),
+            executor=e or None,
+        )
+        for n, w, c, t, e in zip(names, weights, conditions, thresholds, executors)
+    ]
+
+
+def reward_runner(cfg: mlc.ConfigDict, specs: list | None = None):
+    """The config's gdpo_jax.rewards.RewardRunner (pools, deadline, error policy)."""
+    from gdpo_jax.rewards import RewardRunner
+
+    r = cfg.rewards
+    return RewardRunner(
+        specs if specs is not None else reward_specs(cfg),
+        num_workers=r.num_workers,
+        timeout_s=r.timeout_s,
+        on_error=r.on_error,
+        executor=r.get("executor", "thread"),
+        chunk_size=int(r.get("chunk_size", 0)) or None,
+        imports=tuple(cfg.get("imports", ())),
+    )
