@@ -204,7 +204,7 @@ def test_arg_forms():
 
 def test_cli_loads_config_arg_and_overrides(tmp_path):
     """experiments.train parses `file.py:arg` plus --config.* overrides, validates,
-    and stops at the hub-id placeholder with load_pretrained's clear message."""
+    and stops at the hub-id placeholder with a one-line error before any build."""
     import subprocess
 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -224,9 +224,11 @@ def test_cli_loads_config_arg_and_overrides(tmp_path):
         text=True,
         timeout=300,
     )
-    assert out.returncode != 0
-    assert "'Qwen/Qwen3-4B-Instruct-2507' is neither a local checkpoint directory" in out.stderr
-    assert "Hub ids are not downloaded" in out.stderr
+    # Validated (arg, overrides), then stopped before any build at the model path, in one
+    # line naming the field and how to fetch the checkpoint (exit 2: a config mistake).
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "config.model.name='Qwen/Qwen3-4B-Instruct-2507' is not a directory" in out.stderr
+    assert "hf download" in out.stderr
 
 
 # --------------------------------------------------------------------------- #
