@@ -48,6 +48,7 @@ def tiny_config(**algo):
     c = base_config()
     c.workdir = "/tmp/unused"
     c.task.name = "toy_toolcall"
+    c.model.tokenizer = "toy_words"  # a random-init model names its tokenizer (validation)
     c.rewards.names = ("toy_format", "toy_correct")
     c.model.tiny.update(
         dict(

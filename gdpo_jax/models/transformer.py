@@ -18,11 +18,11 @@ from typing import Any
 import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.logprobs import unembed_logits
+from gdpo_jax.models.attention import _attention, _dpa_attention, attention_kind
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.rope import apply_rope, rope_cos_sin
 from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
@@ -50,7 +50,6 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "up_proj": (None, "fsdp", "tensor"),  # [L, D, F]
     "down_proj": (None, "tensor", "fsdp"),  # [L, F, D]
 }
-_NEG = float(np.finfo(np.float32).min)
 
 
 @flax.struct.dataclass
@@ -257,67 +256,6 @@ def _constrain(x: jax.Array, axes: tuple) -> jax.Array:
 def _batch_constraint(x: jax.Array) -> jax.Array:
     """Pin activations' batch dim to (data, fsdp)."""
     return _constrain(x, (BATCH_AXES,))
-
-
-def _attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig
-) -> jax.Array:
-    """q f[B,T,Hq,Dh], k/v f[B,Hkv,S,Dh], allowed bool[B,T,S] -> f[B,T,Hq,Dh].
-
-    GQA without repeating K/V: q is grouped [B,Hkv,G*T,Dh] so both dots are
-    plain batched matmuls over (b, kv head) with k/v in their stored layout.
-    """
-    B, T, Hq, Dh = q.shape
-    Hkv = cfg.num_kv_heads
-    G = Hq // Hkv
-    # [B,T,Hkv,G,Dh] -> [B,Hkv,G,T,Dh] (small: only the T new tokens move).
-    q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
-    s = jnp.einsum("bkqd,bksd->bkqs", q, k.astype(q.dtype), preferred_element_type=jnp.float32) * (
-        Dh**-0.5
-    )
-    s = s.reshape(B, Hkv, G, T, -1)
-    # Finite fill: fully masked rows (left padding) give uniform weights, not NaN.
-    s = jnp.where(allowed[:, None, None], s, _NEG)
-    p = jax.nn.softmax(s, axis=-1).astype(q.dtype).reshape(B, Hkv, G * T, -1)
-    o = jnp.einsum("bkqs,bksd->bkqd", p, v.astype(q.dtype))
-    return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
-
-
-def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
-    """The kernel cfg.attention picks on `backend` (default: JAX's default backend).
-
-    "auto": cuDNN flash attention on GPU when the compute dtype is bf16/f16 (its
-    only dtypes), else the einsum path ("xla"). TPU keeps "xla" (no splash
-    kernel yet). "cudnn" off GPU or in f32 is an error naming the field.
-    """
-    backend = backend or jax.default_backend()
-    half = jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16)
-    if cfg.attention == "auto":
-        return "cudnn" if backend == "gpu" and half else "xla"
-    if cfg.attention == "cudnn" and (backend != "gpu" or not half):
-        raise ValueError(
-            f"model.attention='cudnn' needs a GPU and dtype bfloat16/float16 (backend "
-            f"{backend!r}, dtype {cfg.dtype!r}); set config.model.attention='auto' or 'xla'."
-        )
-    return cfg.attention
-
-
-def _dpa_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, implementation: str
-) -> jax.Array:
-    """`_attention` through jax.nn.dot_product_attention (q [B,T,Hq,Dh], k/v
-    [B,Hkv,S,Dh], allowed bool[B,T,S]); GQA is native there (no K/V repeat).
-
-    A query with no allowed key (a left-padding position) may attend to every
-    key here, so no kernel sees an empty row (NaN); its output differs from the
-    einsum path's (a plain mean of V) but is finite and never read: padding
-    positions are masked out of every real query and of the loss.
-    """
-    allowed = allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
-    k, v = k.astype(q.dtype).transpose(0, 2, 1, 3), v.astype(q.dtype).transpose(0, 2, 1, 3)
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=allowed[:, None], implementation=implementation
-    )
 
 
 def _forward(

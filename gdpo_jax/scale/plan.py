@@ -4,8 +4,9 @@
     plan["fits"], plan["peak_gib"], plan["peak_program"], plan["programs"]["step"]
 
 For the target's abstract devices (targets.py) and the config's own mesh,
-shapes and shardings, with abstract params (never materialized), it lowers
-and compiles the programs a training run executes:
+shapes and shardings, with abstract params (never materialized; lowering.py
+builds the abstract inputs and lowerings), it compiles the programs a training
+run executes:
 
   step          the fused RL step (CompiledStep): advantages, all updates
   logprob       the log-prob pass (CompiledStep.logprobs), run for the old
@@ -35,12 +36,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections as mlc
 from flax import nnx
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.scale import flops as flops_lib
 from gdpo_jax.scale.arch import PlanError, model_config
+from gdpo_jax.scale.lowering import _abstract_state, _batch, _generate_lowering
 from gdpo_jax.scale.report import format_plan
 from gdpo_jax.scale.targets import GIB, Target, target_devices
 from gdpo_jax.train import mesh as mesh_lib
@@ -77,12 +76,9 @@ _CACHE: dict[tuple, dict] = {}
 
 
 # --------------------------------------------------------------------------- #
-# Abstract inputs.
+# Memory accounting: bytes per device, compile and measure. (The abstract inputs
+# and the lowerings are in lowering.py.)
 # --------------------------------------------------------------------------- #
-def _sds(shape: tuple[int, ...], dtype: Any, sharding: Any) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding)
-
-
 def per_device_bytes(tree: Any) -> int:
     """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
     total = 0
@@ -92,78 +88,6 @@ def per_device_bytes(tree: Any) -> int:
     return int(total)
 
 
-def _abstract_state(cfg, mc: ModelConfig, mesh):
-    """(graphdef, TrainState of ShapeDtypeStructs, its shardings, model-state SDS, tx, schedule)."""
-    from gdpo_jax.models.sharding import abstract_model, get_param_shardings
-    from gdpo_jax.train import state as state_lib
-    from gdpo_jax.train.state import TrainState
-    from gdpo_jax.train.step import StepConfig
-
-    model = abstract_model(mc)
-    shard = get_param_shardings(model, mesh)
-    full = jax.tree.map(
-        lambda v, s: _sds(v.shape, v.dtype, s),
-        nnx.state(model),
-        shard,
-    )
-    graphdef, _ = nnx.split(model, nnx.Param)  # the model holds only nnx.Param (as the run)
-    params = full
-    sc = StepConfig.from_config(cfg)
-    tx, schedule = state_lib.make_optimizer(
-        cfg.optim,
-        total_updates=cfg.train.num_steps * sc.updates_per_step,
-        updates_per_step=sc.updates_per_step,
-    )
-    with jax.set_mesh(mesh):
-        opt = jax.eval_shape(tx.init, params)
-    rep = NamedSharding(mesh, P())
-    # Explicit axes carry each moment's sharding in its type; Auto ones do not:
-    # moments shaped like a param are placed like it (what jit(tx.init) does).
-    by_shape = {(x.shape, str(x.dtype)): x.sharding for x in jax.tree.leaves(params)}
-    opt = jax.tree.map(
-        lambda x: _sds(
-            x.shape,
-            x.dtype,
-            x.sharding
-            if isinstance(x.sharding, NamedSharding) and x.sharding.mesh.shape == mesh.shape
-            else by_shape.get((x.shape, str(x.dtype)), rep),
-        ),
-        opt,
-    )
-    state = TrainState(step=_sds((), jnp.int32, rep), params=params, opt_state=opt)
-    shardings = jax.tree.map(lambda x: x.sharding, state)
-    return graphdef, state, shardings, full, tx, schedule, sc, model
-
-
-def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
-    a, s = cfg.algo, cfg.sampling
-    n, p, c, k = (
-        a.num_prompts * a.group_size,
-        s.max_prompt_len,
-        s.max_new_tokens,
-        len(cfg.rewards.names),
-    )
-    spec = {
-        "prompt_ids": ((n, p), jnp.int32),
-        "prompt_mask": ((n, p), jnp.int32),
-        "completion_ids": ((n, c), jnp.int32),
-        "completion_mask": ((n, c), jnp.int32),
-        "old_logp": ((n, c), jnp.float32),
-        "rewards": ((n, k), jnp.float32),
-        "group_ids": ((n,), jnp.int32),
-        "valid": ((n,), jnp.bool_),
-    }
-    if needs_ref:
-        spec["ref_logp"] = ((n, c), jnp.float32)
-    return {
-        name: _sds(shape, dt, mesh_lib.batch_sharding(mesh, len(shape)))
-        for name, (shape, dt) in spec.items()
-    }
-
-
-# --------------------------------------------------------------------------- #
-# Compile and measure.
-# --------------------------------------------------------------------------- #
 # libtpu's two ways of saying "over HBM": "Used 120.5G of 95.74G hbm" and "the total
 # memory required for HLO temporaries (30.31G) exceeds available HBM (15.75G)".
 _OOM = (
@@ -232,47 +156,6 @@ def _flat(d: dict, pre: str = "") -> dict:
     for k, v in d.items():
         out.update(_flat(v, f"{pre}{k}.") if isinstance(v, dict) else {f"{pre}{k}": v})
     return out
-
-
-def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
-    from gdpo_jax.sampling import decode
-
-    s, g = cfg.sampling, cfg.algo.group_size
-    m = int(s.max_new_tokens)
-    n = max(1, min(min(4, -(-m // 32)), m))  # Sampler's default decode phases
-    chunks = tuple(m // n + (i < m % n) for i in range(n))
-    spec = decode.DecodeSpec(
-        max_new_tokens=m,
-        chunks=chunks,
-        top_k=int(s.top_k),
-        use_top_p=s.top_p < 1.0,
-        greedy=False,
-        pad_id=0,
-    )
-    fn = decode.make_generate_fn(graphdef_full, spec, mesh)
-    rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
-    shards = mesh_lib.batch_axis_size(mesh)
-    b = -(-rows // shards) * shards
-    key = jax.eval_shape(lambda: jax.random.key(0))
-    args = (
-        model_state,
-        _sds((rows // g, s.max_prompt_len), jnp.int32, rep),
-        _sds((rows // g, s.max_prompt_len), jnp.int32, rep),
-        _sds((b,), jnp.int32, rows_sh),
-        _sds((b,), jnp.bool_, rows_sh),
-        _sds((), key.dtype, rep),
-        _sds((), jnp.float32, rep),
-        _sds((), jnp.float32, rep),
-        _sds((1,), jnp.int32, rep),
-        _sds((0,), jnp.int32, rep),
-        _sds((0, 1), jnp.int32, rep),
-    )
-
-    def lower():
-        with jax.set_mesh(mesh):
-            return fn.lower(*args)
-
-    return lower, b
 
 
 def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = None) -> dict:

@@ -1,0 +1,278 @@
+"""compare_estimators' runs: the presets (SIZES), the configs (warm start, one RL run
+per (estimator, seed)), their validation before anything trains (`prepare`), and
+running them one after another in this process (`run_comparison`). The command
+line is in compare_estimators, the report in compare_report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from experiments.compare_report import TABLE, report
+from gdpo_jax.train import cli
+from gdpo_jax.train.config import ConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ESTIMATORS = ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn")
+# Presets: config option (configs/*.py arg), default estimators and seeds, and
+# overrides applied before the command line's (RL runs, SFT warm start).
+SIZES: dict[str, dict[str, Any]] = {
+    "quick": {
+        "quick": True,
+        "estimators": ("grpo", "gdpo"),
+        "seeds": 1,
+        "rl": (),
+        "sft": (),
+    },
+    "small": {
+        "quick": False,
+        "estimators": ("grpo", "gdpo"),
+        "seeds": 2,
+        # Half the warm start (format ~0.7 learned, values not copied yet) leaves
+        # RL a format reward to climb within 30 steps.
+        "rl": (
+            ("train.num_steps", "30"),
+            ("train.eval_every", "10"),
+            ("train.eval_num_examples", "32"),
+        ),
+        "sft": (("sft.num_steps", "100"),),
+    },
+    "full": {"quick": False, "estimators": ESTIMATORS, "seeds": 5, "rl": (), "sft": ()},
+}
+Overrides = Sequence[tuple[str, str]]
+log = logging.getLogger("gdpo_jax.compare")
+
+
+def config_path(name: str) -> str:
+    """configs/<name>.py of the project (installed package, or the repository's)."""
+    return os.path.join(cli.configs_dir() or os.path.join(ROOT, "configs"), f"{name}.py")
+
+
+def load_config(path: str, arg: str = "") -> Any:
+    """`get_config(arg)` of a configs/*.py file (unlocked: the caller overrides fields)."""
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if root not in sys.path:  # config files import each other as `configs.<name>`
+        sys.path.insert(0, root)
+    spec = importlib.util.spec_from_file_location(f"_cfg_{os.path.basename(path)[:-3]}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def enable_compilation_cache(path: str) -> None:
+    """XLA persistent cache: identical programs (the sampler, eval) compile once over all runs."""
+    import jax
+
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+# --------------------------------------------------------------- running
+def sft_config(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = ()) -> Any:
+    """configs/sft_<task>.py with the warm start's settings and `overrides` (validated)."""
+    from gdpo_jax.train.sft import validate_sft_config
+
+    cfg = load_config(config_path(f"sft_{task}"), "runlocal" if quick else "")
+    cfg.workdir = sft_dir
+    cfg.train.progress_bar = False
+    cfg.sft.evaluate = not quick  # the RL runs evaluate the warm start at step 0 anyway
+    cli.apply_overrides(cfg, overrides, "--sft_config")
+    validate_sft_config(cfg)
+    return cfg
+
+
+def warm_start(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = ()) -> str:
+    """HF dir of the SFT policy; trains it (configs/sft_<task>.py) when missing."""
+    hf = os.path.join(sft_dir, "hf")
+    if os.path.exists(os.path.join(hf, "config.json")):
+        return hf
+    from gdpo_jax.train import logs
+    from gdpo_jax.train.sft import run_sft
+
+    cfg = sft_config(task, sft_dir, quick=quick, overrides=overrides)
+    logs.save_config(cfg)
+    log.info("training the warm start into %s", sft_dir)
+    return run_sft(cfg)["hf_dir"]
+
+
+def run_config(
+    task: str,
+    *,
+    estimator: str,
+    seed: int,
+    workdir: str,
+    model: str,
+    quick: bool,
+    overrides: Overrides | dict[str, str] | None = None,
+    variant: str = "",
+) -> Any:
+    """The shared replica config with only estimator, seed and workdir set per run.
+
+    variant: extra option(s) of configs/replica_<task>.py (e.g. "plain" for math).
+    overrides: (dotted field, command-line string) pairs, typed like the field;
+      a bad one raises ConfigError naming `--config.<field>`.
+    """
+    arg = ",".join(x for x in ("quick" if quick else "", variant) if x)
+    cfg = load_config(config_path(f"replica_{task}"), arg)
+    if isinstance(overrides, dict):
+        overrides = list(overrides.items())
+    cli.apply_overrides(cfg, overrides or (), "--config")
+    cfg.model.name, cfg.workdir = model, workdir
+    cfg.algo.estimator, cfg.seed = estimator, int(seed)
+    return cfg
+
+
+def run_one(cfg: Any) -> dict[str, Any]:
+    """Step-0 held-out eval + the RL run; writes run_info.json when finished.
+
+    A run killed earlier resumes from its last checkpoint (the Trainer does
+    this) and keeps its step-0 eval: evaluating again would score the resumed
+    weights, not the warm start.
+    """
+    from gdpo_jax.train.loop import Trainer
+    from gdpo_jax.train.metrics import MetricsWriter
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    trainer = Trainer(cfg)
+    t_build = time.perf_counter() - t0
+    resumed_from = trainer.start_step
+    if resumed_from == 0:
+        with MetricsWriter(cfg.workdir, tensorboard=False, progress_bar=False) as w:
+            w.write(0, trainer.evaluate())
+    else:
+        log.info("%s: resuming from step %d", cfg.workdir, resumed_from)
+    t_eval0 = time.perf_counter() - t0 - t_build
+    final = trainer.run()
+    info = {
+        "estimator": cfg.algo.estimator,
+        "seed": cfg.seed,
+        "done": True,
+        "seconds": time.perf_counter() - t0,
+        "build_s": t_build,
+        "eval0_s": t_eval0,
+        # CPU seconds of this process (all threads): close to the wall time on an
+        # idle machine, and unaffected by other jobs sharing the cores.
+        "cpu_s": time.process_time() - c0,
+        "num_steps": cfg.train.num_steps,
+        "resumed_from": resumed_from,
+        "final": final,
+    }
+    if cfg.train.stop_after_step and cfg.train.stop_after_step < cfg.train.num_steps:
+        info["done"] = False  # stopped on purpose: not finished, the next call resumes it
+        return info
+    with open(os.path.join(cfg.workdir, "run_info.json"), "w") as f:
+        json.dump(info, f, indent=2, allow_nan=True)
+    # Finished: the comparison needs the metrics, not the resume state.
+    shutil.rmtree(os.path.join(cfg.workdir, "checkpoints"), ignore_errors=True)
+    return info
+
+
+def prepare(
+    task: str,
+    *,
+    out_dir: str,
+    estimators: Sequence[str],
+    seeds: Sequence[int],
+    quick: bool,
+    sft_dir: str,
+    overrides: Overrides | dict[str, str] | None,
+    sft_overrides: Overrides,
+    variant: str,
+) -> tuple[str, dict[tuple[str, int], Any]]:
+    """Every config of the comparison, validated before anything trains.
+
+    Returns (the warm start's directory, (estimator, seed) -> RL config). Raises
+    ConfigError on the first bad flag, override or field.
+    """
+    from gdpo_jax.train.config import validate_config
+
+    if task not in TABLE:
+        raise ConfigError(f"--task={task!r}; choose one of {sorted(TABLE)}.")
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown:
+        raise ConfigError(f"--estimators: unknown {unknown}; choose from {ESTIMATORS}.")
+    if "://" in out_dir:
+        raise ConfigError(f"--out_dir={out_dir!r}: the comparison needs a local directory.")
+    sft_dir = sft_dir or os.path.join(out_dir, "sft")
+    model = os.path.join(sft_dir, "hf")
+    if not os.path.exists(os.path.join(model, "config.json")):
+        sft_config(task, sft_dir, quick=quick, overrides=sft_overrides)  # validates
+    configs = {}
+    for seed in seeds:
+        for est in estimators:
+            try:
+                cfg = run_config(
+                    task,
+                    estimator=est,
+                    seed=seed,
+                    workdir=os.path.join(out_dir, "runs", est, f"seed{seed}"),
+                    model=model,
+                    quick=quick,
+                    overrides=overrides,
+                    variant=variant,
+                )
+            except ConfigError:
+                raise
+            except ValueError as e:  # the config file's own options (variant)
+                raise ConfigError(f"--variant={variant!r}: {e}") from None
+            validate_config(cfg)
+            configs[(est, seed)] = cfg
+    return model, configs
+
+
+def run_comparison(
+    task: str,
+    *,
+    out_dir: str,
+    estimators: Sequence[str] = ESTIMATORS,
+    seeds: Sequence[int] = range(5),
+    quick: bool = False,
+    sft_dir: str = "",
+    force: bool = False,
+    overrides: Overrides | dict[str, str] | None = None,
+    sft_overrides: Overrides = (),
+    window: int = 5,
+    variant: str = "",
+) -> dict[str, Any]:
+    """Validate everything -> warm start -> every (estimator, seed) run -> plots and table."""
+    t0 = time.perf_counter()
+    _, configs = prepare(
+        task,
+        out_dir=out_dir,
+        estimators=estimators,
+        seeds=seeds,
+        quick=quick,
+        sft_dir=sft_dir,
+        overrides=overrides,
+        sft_overrides=sft_overrides,
+        variant=variant,
+    )
+    warm_start(task, sft_dir or os.path.join(out_dir, "sft"), quick=quick, overrides=sft_overrides)
+    # Seed-major order: stopped early, the finished seeds still cover every estimator.
+    for seed in seeds:
+        for est in estimators:
+            cfg = configs[(est, seed)]
+            workdir = cfg.workdir
+            if os.path.exists(os.path.join(workdir, "run_info.json")) and not force:
+                log.info("%s seed %d: done already, skipped", est, seed)
+                continue
+            if force and os.path.isdir(workdir):
+                shutil.rmtree(workdir)
+            # An unfinished run (killed) resumes from its last checkpoint in run_one.
+            info = run_one(cfg)
+            log.info("%s seed %d: %.0f s", est, seed, info["seconds"])
+    table = report(task, out_dir, estimators, seeds, window=window)
+    table["total_seconds"] = time.perf_counter() - t0
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(table, f, indent=2, allow_nan=True)
+    return table

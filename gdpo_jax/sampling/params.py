@@ -1,0 +1,121 @@
+"""What a generate call takes and returns, host side: `SamplingParams` (validated,
+hashable), `Rollouts` (the NumPy result), finish-reason names, and the prompt
+length buckets (`bucket_length`, `default_prompt_buckets`) that bound how many
+prefill / decode programs compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from gdpo_jax.sampling import decode
+
+FINISH_NAMES = {
+    decode.FINISH_LENGTH: "length",
+    decode.FINISH_EOS: "eos",
+    decode.FINISH_STOP: "stop",
+}
+DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. Changing temperature / top_p value does not recompile;
+    max_new_tokens, top_k, greedy, and whether top-p is on (top_p < 1) do.
+
+    max_new_tokens: completion width C (the output is always [N, C]).
+    temperature: > 0; divides the logits (also for the log-probs when greedy).
+    top_k: keep the k most likely tokens; 0 = off.
+    top_p: nucleus mass in (0, 1]; 1.0 = off.
+    greedy: argmax decoding (temperature / top-k / top-p ignored for the choice).
+    stop_token_ids: extra ids that end a row with finish reason "stop".
+    stop_strings: end a row with "stop" at the first occurrence in its text.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Lists from configs would make the params unhashable.
+        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+        if isinstance(self.stop_strings, str):
+            object.__setattr__(self, "stop_strings", (self.stop_strings,))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        if int(self.max_new_tokens) < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1.")
+        if not self.temperature > 0:
+            raise ValueError(
+                f"SamplingParams.temperature={self.temperature} must be > 0 "
+                "(use greedy=True for argmax decoding)."
+            )
+        if int(self.top_k) < 0:
+            raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 disables it).")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(
+                f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1 disables it)."
+            )
+        if any(not s for s in self.stop_strings):
+            raise ValueError("SamplingParams.stop_strings must not contain empty strings.")
+
+
+@dataclasses.dataclass
+class Rollouts:
+    """Host-side (NumPy) result of one generate call; N = len(prompts) * G rows.
+
+    prompt_ids i32[N, P], prompt_mask i32[N, P]: left padded to the bucket P.
+    completion_ids i32[N, C]: C = max_new_tokens, pad id after the end.
+    completion_mask i32[N, C]: 1 up to and including the EOS / stop token.
+    logprobs f32[N, C]: log_softmax(logits / T)[token] (tempered, before
+      top-k/top-p), 0 where the mask is 0.
+    lengths i32[N]: completion_mask.sum(1).
+    finish_reason: "eos" | "stop" | "length" per row.
+    group_ids, prompt_index i32[N]: r // G (the prompt a row answers).
+    texts: decoded completions (special tokens skipped; a stop string is kept).
+    info: timing and shape facts (seconds, prompt_bucket, decode_steps, ...).
+    """
+
+    prompt_ids: np.ndarray
+    prompt_mask: np.ndarray
+    completion_ids: np.ndarray
+    completion_mask: np.ndarray
+    logprobs: np.ndarray
+    lengths: np.ndarray
+    finish_reason: list[str]
+    group_ids: np.ndarray
+    prompt_index: np.ndarray
+    texts: list[str]
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.completion_ids.shape[0])
+
+
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+    """Smallest bucket >= n; beyond the largest, the next multiple of it."""
+    for b in buckets:
+        if n <= b:
+            return int(b)
+    top = int(buckets[-1])
+    return -(-n // top) * top
+
+
+def default_prompt_buckets(max_len: int, *, count: int = 4, smallest: int = 16) -> tuple[int, ...]:
+    """`count` widths halving down from `max_len` (none below `smallest`), ascending.
+
+    2048 -> (256, 512, 1024, 2048); 128 -> (16, 32, 64, 128); 8 -> (8,).
+    A prompt pays at most 2x its length (or `smallest`) and a trainer
+    compiles at most `count` step / decode programs for prompt widths.
+    """
+    out = [int(max_len)]
+    while len(out) < count and out[-1] // 2 >= smallest:
+        out.append(out[-1] // 2)
+    return tuple(sorted(out))
