@@ -83,8 +83,26 @@ SIZES: dict[str, dict[str, Any]] = {
     },
     "full": {"quick": False, "estimators": ESTIMATORS, "seeds": 5, "rl": (), "sft": ()},
 }
+# Studies (issue 16): their own RL / SFT config files (sft None: RL from a random
+# init, no warm start), default estimators and seeds; `--study=<name>` makes the
+# study name the report's key (compare_report.TABLE, PREDICTIONS).
+STUDY_ESTIMATORS = ("grpo", "grpo_no_std", "gdpo")
+STUDIES: dict[str, dict[str, Any]] = {
+    "format_cold": {"task": "toolcall", "rl": "study_format_cold", "sft": "sft_format_cold"},
+    "three_binary": {"task": "three_binary", "rl": "study_three_binary", "sft": None},
+}
 Overrides = Sequence[tuple[str, str]]
 log = logging.getLogger("gdpo_jax.compare")
+
+
+def rl_config_name(task: str) -> str:
+    """configs/<name>.py of the RL runs: a study's own, else replica_<task>."""
+    return STUDIES[task]["rl"] if task in STUDIES else f"replica_{task}"
+
+
+def sft_config_name(task: str) -> str | None:
+    """configs/<name>.py of the warm start (None: the study starts from a random init)."""
+    return STUDIES[task]["sft"] if task in STUDIES else f"sft_{task}"
 
 
 def config_path(name: str) -> str:
@@ -119,7 +137,7 @@ def sft_config(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = (
     """configs/sft_<task>.py with the warm start's settings and `overrides` (validated)."""
     from gdpo_jax.train.sft import validate_sft_config
 
-    cfg = load_config(config_path(f"sft_{task}"), "runlocal" if quick else "")
+    cfg = load_config(config_path(sft_config_name(task)), "runlocal" if quick else "")
     cfg.workdir = sft_dir
     cfg.train.progress_bar = False
     cfg.sft.evaluate = not quick  # the RL runs evaluate the warm start at step 0 anyway
@@ -130,6 +148,8 @@ def sft_config(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = (
 
 def warm_start(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = ()) -> str:
     """HF dir of the SFT policy; trains it (configs/sft_<task>.py) when missing."""
+    if sft_config_name(task) is None:
+        return ""  # RL from a random init
     hf = os.path.join(sft_dir, "hf")
     if os.path.exists(os.path.join(hf, "config.json")):
         return hf
@@ -160,11 +180,13 @@ def run_config(
       a bad one raises ConfigError naming `--config.<field>`.
     """
     arg = ",".join(x for x in ("quick" if quick else "", variant) if x)
-    cfg = load_config(config_path(f"replica_{task}"), arg)
+    cfg = load_config(config_path(rl_config_name(task)), arg)
     if isinstance(overrides, dict):
         overrides = list(overrides.items())
     cli.apply_overrides(cfg, overrides or (), "--config")
-    cfg.model.name, cfg.workdir = model, workdir
+    if model:  # "" keeps the config's own model (a random-init study)
+        cfg.model.name = model
+    cfg.workdir = workdir
     cfg.algo.estimator, cfg.seed = estimator, int(seed)
     return cfg
 
@@ -241,8 +263,8 @@ def prepare(
     if "://" in out_dir:
         raise ConfigError(f"--out_dir={out_dir!r}: the comparison needs a local directory.")
     sft_dir = sft_dir or os.path.join(out_dir, "sft")
-    model = os.path.join(sft_dir, "hf")
-    if not os.path.exists(os.path.join(model, "config.json")):
+    model = os.path.join(sft_dir, "hf") if sft_config_name(task) else ""
+    if model and not os.path.exists(os.path.join(model, "config.json")):
         sft_config(task, sft_dir, quick=quick, overrides=sft_overrides)  # validates
     configs = {}
     for seed in seeds:
@@ -317,7 +339,16 @@ def run_comparison(
 
 # ------------------------------------------------------------------ CLI
 def define_flags() -> None:
-    flags.DEFINE_enum("task", "toolcall", sorted(TABLE), "Which replica.")
+    flags.DEFINE_enum("task", "toolcall", sorted(set(TABLE) - set(STUDIES)), "Which replica.")
+    flags.DEFINE_enum(
+        "study",
+        None,
+        sorted(STUDIES),
+        "A study of issue 16 instead of --task: its own configs (configs/study_<name>.py), "
+        f"estimators {','.join(STUDY_ESTIMATORS)}, 10 seeds, out_dir runs/study/<name>, "
+        "paired bootstrap CIs, AUCs, share diagnostic and prediction verdicts. "
+        "With --size=quick: CI size; other sizes keep the study's defaults.",
+    )
     flags.DEFINE_enum(
         "size",
         "full",
@@ -365,9 +396,17 @@ def main(argv: list[str]) -> None:
     size = "quick" if F.quick else F.size
     preset = SIZES[size]
     quick = preset["quick"]
-    base = os.path.join("runs", "replica" if size == "full" else f"replica_{size}")
-    out_dir = F.out_dir or os.path.join(base, F.task + (f"_{F.variant}" if F.variant else ""))
-    sft_dir = F.sft_dir or (os.path.join(base, F.task, "sft") if F.variant else "")
+    task = F.task
+    if F.study:  # the study's own defaults; only --size=quick changes them
+        task = F.study
+        preset = dict(preset, rl=(), sft=())
+        if not quick:
+            preset.update(estimators=STUDY_ESTIMATORS, seeds=10)
+        base = os.path.join("runs", "study_quick" if quick else "study")
+    else:
+        base = os.path.join("runs", "replica" if size == "full" else f"replica_{size}")
+    out_dir = F.out_dir or os.path.join(base, task + (f"_{F.variant}" if F.variant else ""))
+    sft_dir = F.sft_dir or (os.path.join(base, task, "sft") if F.variant else "")
     estimators = F.estimators if F.estimators is not None else list(preset["estimators"])
     seeds = list(range(F.seeds if F.seeds is not None else preset["seeds"]))
     window = 1 if quick else F.window
@@ -380,7 +419,7 @@ def main(argv: list[str]) -> None:
     overrides = [*preset["rl"], *sets, *_OVERRIDES["config"]]
     sft_overrides = [*preset["sft"], *_OVERRIDES["sft_config"]]
     if F.report_only:
-        table = report(F.task, out_dir, estimators, seeds, window=window)
+        table = report(task, out_dir, estimators, seeds, window=window)
         path = os.path.join(out_dir, "results.json")
         if os.path.exists(path):  # keep the measured total time of the run that made them
             table["total_seconds"] = _read_json(path).get("total_seconds")
@@ -398,7 +437,7 @@ def main(argv: list[str]) -> None:
             variant=F.variant,
         )
         try:
-            prepare(F.task, **kw)  # every mistake, before the warm start trains
+            prepare(task, **kw)  # every mistake, before the warm start trains
         except ConfigError as e:
             cli.fail(e)
         enable_compilation_cache(
@@ -406,13 +445,13 @@ def main(argv: list[str]) -> None:
         )
         log.info(
             "%s, size %s: %s x %d seeds into %s",
-            F.task,
+            task,
             size,
             ", ".join(estimators),
             len(seeds),
             out_dir,
         )
-        table = run_comparison(F.task, force=F.force, window=window, **kw)
+        table = run_comparison(task, force=F.force, window=window, **kw)
     print(markdown(table))
     print(f"plots: {table['plots']}")
     print(f"results: {os.path.join(out_dir, 'results.md')}")

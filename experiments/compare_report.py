@@ -31,6 +31,13 @@ TABLE = {
         ("eval/mean_length", "length (tokens)"),
     ],
 }
+TABLE["format_cold"] = TABLE["toolcall"]
+TABLE["three_binary"] = [
+    ("eval/three_correct", "correct (rarest)"),
+    ("eval/three_short", "short"),
+    ("eval/three_marker", "marker"),
+    ("eval/all", "all three"),
+]
 
 
 def load_runs(
