@@ -32,6 +32,7 @@ TABLE = {
     ],
 }
 TABLE["format_cold"] = TABLE["toolcall"]
+STUDY_TASKS = ("format_cold", "three_binary")  # get study_report's section
 TABLE["three_binary"] = [
     ("eval/three_correct", "correct (rarest)"),
     ("eval/three_short", "short"),
@@ -163,6 +164,11 @@ def report(
         "plots": plots,
         "timing": timing,
     }
+    if task in STUDY_TASKS:
+        from experiments.study_report import study_section
+
+        table["study"] = study_section(task, runs, metrics, plots_dir, window=window)
+        plots += table["study"]["plots"]
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(table))
     return table
@@ -202,4 +208,9 @@ def markdown(table: dict[str, Any]) -> str:
                 for m in metrics
             ]
             lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if table.get("study"):
+        from experiments.study_report import study_markdown
+
+        text += study_markdown(table["study"])
+    return text
