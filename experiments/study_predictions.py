@@ -64,6 +64,45 @@ PREDICTIONS: dict[str, list[dict[str, Any]]] = {
             "margin": -0.5,
         },
     ],
+    # The same statements at toy size (format {0,1} + correctness [-3,3] from a random init).
+    "format_cold_toy": [
+        {
+            "id": "F1",
+            "text": "GDPO's held-out format after the last step exceeds GRPO's",
+            "terms": _diff("final:eval/format", "gdpo", "grpo"),
+        },
+        {
+            "id": "F2",
+            "text": "GDPO learns the format faster: AUC of the training format reward above GRPO's",
+            "terms": _diff("train_auc:toy_format", "gdpo", "grpo"),
+        },
+        {
+            "id": "F3a",
+            "text": "GRPO's training format AUC exceeds GRPO w/o std's",
+            "terms": _diff("train_auc:toy_format", "grpo", "grpo_no_std"),
+        },
+        {
+            "id": "F3b",
+            "text": "GDPO's training format AUC exceeds GRPO w/o std's",
+            "terms": _diff("train_auc:toy_format", "gdpo", "grpo_no_std"),
+        },
+        {
+            "id": "F3",
+            "text": "GRPO w/o std learns the format slowest (F3a and F3b)",
+            "all_of": ["F3a", "F3b"],
+        },
+        {
+            "id": "F4",
+            "text": "the format reward's share of the advantage is higher under GDPO than GRPO",
+            "terms": _diff("share:toy_format", "gdpo", "grpo"),
+        },
+        {
+            "id": "F5",
+            "text": "GDPO costs no more than 0.5 held-out correctness ([-3, 3]) against GRPO",
+            "terms": _diff("final:eval/toy_correct_pm3", "gdpo", "grpo"),
+            "margin": -0.5,
+        },
+    ],
     "three_binary": [
         {
             "id": "T0a",
