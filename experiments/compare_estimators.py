@@ -6,6 +6,14 @@ r"""GRPO vs GDPO (and ablations) from one SFT warm start: the CPU replica of the
     python -m experiments.compare_estimators --size=quick       # CI: seconds, learns nothing
     python -m experiments.compare_estimators --config.train.num_steps=40 \
         --config.rewards.weights='(1.0,2.0)' --sft_config.sft.num_steps=300
+    python -m experiments.compare_estimators --study=format_cold    # issue 16: 3 x 10 seeds
+    python -m experiments.compare_estimators --study=three_binary --size=quick
+
+Studies (--study, STUDIES): their own configs (configs/study_<name>.py, and
+the warm start's, or none: RL from a random init), grpo / grpo_no_std / gdpo
+x 10 seeds, into runs/study/<name>; the report adds the share diagnostic,
+AUCs, paired differences with 95 % bootstrap CIs and a verdict for each
+prediction of experiments/study_predictions.py (experiments/study_report.py).
 
 1. Warm start: `<out_dir>/sft/hf`, trained with configs/sft_<task>.py (plus the
    --sft_config.* overrides) if absent.
@@ -90,6 +98,7 @@ STUDY_ESTIMATORS = ("grpo", "grpo_no_std", "gdpo")
 STUDIES: dict[str, dict[str, Any]] = {
     "format_cold": {"task": "toolcall", "rl": "study_format_cold", "sft": "sft_format_cold"},
     "three_binary": {"task": "three_binary", "rl": "study_three_binary", "sft": None},
+    "format_cold_toy": {"task": "toy_toolcall", "rl": "study_format_cold_toy", "sft": None},
 }
 Overrides = Sequence[tuple[str, str]]
 log = logging.getLogger("gdpo_jax.compare")

@@ -32,7 +32,13 @@ TABLE = {
     ],
 }
 TABLE["format_cold"] = TABLE["toolcall"]
-STUDY_TASKS = ("format_cold", "three_binary")  # get study_report's section
+TABLE["format_cold_toy"] = [
+    ("eval/toy_correct_pm3", "correctness [-3,3]"),
+    ("eval/format", "format"),
+    ("eval/exact", "exact"),
+    ("eval/len_mean", "length (tokens)"),
+]
+STUDY_TASKS = ("format_cold", "three_binary", "format_cold_toy")  # get study_report's section
 TABLE["three_binary"] = [
     ("eval/three_correct", "correct (rarest)"),
     ("eval/three_short", "short"),

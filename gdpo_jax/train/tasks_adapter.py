@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from gdpo_jax.tasks import three_binary  # noqa: F401  (registers three_binary)
+from gdpo_jax.tasks import format_cold_toy, three_binary  # noqa: F401  (registers them)
 from gdpo_jax.train import toy_task  # noqa: F401  (registers toy_toolcall)
 from gdpo_jax.train.build import TaskData, register_task
 
