@@ -261,7 +261,7 @@ def test_study_run_configs_differ_only_in_estimator_and_seed():
     assert sft.sft.format_noise == 0.8  # most targets lack the tag structure
 
 
-@pytest.mark.parametrize("study", ["three_binary", "format_cold"])
+@pytest.mark.parametrize("study", ["three_binary", "format_cold", "format_cold_toy"])
 def test_quick_study_writes_shares_cis_and_verdicts(tmp_path, study):
     out = tmp_path / study
     ests = ["grpo", "gdpo"]
