@@ -60,6 +60,12 @@ from experiments.compare_report import (  # noqa: F401
     report,
     warm_start_values,
 )
+from experiments.studies import (  # noqa: F401  (re-exported)
+    STUDIES,
+    STUDY_ESTIMATORS,
+    rl_config_name,
+    sft_config_name,
+)
 from gdpo_jax.train import cli
 from gdpo_jax.train.config import ConfigError
 from gdpo_jax.train.plots import COLORS, LABELS, band, curve, plot  # noqa: F401  (re-exported)
@@ -91,27 +97,8 @@ SIZES: dict[str, dict[str, Any]] = {
     },
     "full": {"quick": False, "estimators": ESTIMATORS, "seeds": 5, "rl": (), "sft": ()},
 }
-# Studies (issue 16): their own RL / SFT config files (sft None: RL from a random
-# init, no warm start), default estimators and seeds; `--study=<name>` makes the
-# study name the report's key (compare_report.TABLE, PREDICTIONS).
-STUDY_ESTIMATORS = ("grpo", "grpo_no_std", "gdpo")
-STUDIES: dict[str, dict[str, Any]] = {
-    "format_cold": {"task": "toolcall", "rl": "study_format_cold", "sft": "sft_format_cold"},
-    "three_binary": {"task": "three_binary", "rl": "study_three_binary", "sft": None},
-    "format_cold_toy": {"task": "toy_toolcall", "rl": "study_format_cold_toy", "sft": None},
-}
 Overrides = Sequence[tuple[str, str]]
 log = logging.getLogger("gdpo_jax.compare")
-
-
-def rl_config_name(task: str) -> str:
-    """configs/<name>.py of the RL runs: a study's own, else replica_<task>."""
-    return STUDIES[task]["rl"] if task in STUDIES else f"replica_{task}"
-
-
-def sft_config_name(task: str) -> str | None:
-    """configs/<name>.py of the warm start (None: the study starts from a random init)."""
-    return STUDIES[task]["sft"] if task in STUDIES else f"sft_{task}"
 
 
 def config_path(name: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.studies import STUDIES
 from gdpo_jax.train.plots import LABELS, eval_plot_name, plot
 
 # Held-out metrics of the table: (key in metrics.jsonl, label), per task.
@@ -38,7 +39,7 @@ TABLE["format_cold_toy"] = [
     ("eval/exact", "exact"),
     ("eval/len_mean", "length (tokens)"),
 ]
-STUDY_TASKS = ("format_cold", "three_binary", "format_cold_toy")  # get study_report's section
+STUDY_TASKS = tuple(STUDIES)  # these get study_report's section
 TABLE["three_binary"] = [
     ("eval/three_correct", "correct (rarest)"),
     ("eval/three_short", "short"),
