@@ -6,6 +6,14 @@ r"""GRPO vs GDPO (and ablations) from one SFT warm start: the CPU replica of the
     python -m experiments.compare_estimators --size=quick       # CI: seconds, learns nothing
     python -m experiments.compare_estimators --config.train.num_steps=40 \
         --config.rewards.weights='(1.0,2.0)' --sft_config.sft.num_steps=300
+    python -m experiments.compare_estimators --study=format_cold    # issue 16: 3 x 10 seeds
+    python -m experiments.compare_estimators --study=three_binary --size=quick
+
+Studies (--study, STUDIES): their own configs (configs/study_<name>.py, and
+the warm start's, or none: RL from a random init), grpo / grpo_no_std / gdpo
+x 10 seeds, into runs/study/<name>; the report adds the share diagnostic,
+AUCs, paired differences with 95 % bootstrap CIs and a verdict for each
+prediction of experiments/study_predictions.py (experiments/study_report.py).
 
 1. Warm start: `<out_dir>/sft/hf`, trained with configs/sft_<task>.py (plus the
    --sft_config.* overrides) if absent.
@@ -64,6 +72,12 @@ from experiments.compare_runs import (  # noqa: F401
     sft_config,
     warm_start,
 )
+from experiments.studies import (  # noqa: F401  (re-exported)
+    STUDIES,
+    STUDY_ESTIMATORS,
+    rl_config_name,
+    sft_config_name,
+)
 from gdpo_jax.train import cli
 from gdpo_jax.train.config import ConfigError
 from gdpo_jax.train.plots import COLORS, LABELS, band, curve, plot  # noqa: F401  (re-exported)
@@ -71,7 +85,16 @@ from gdpo_jax.train.plots import COLORS, LABELS, band, curve, plot  # noqa: F401
 
 # ------------------------------------------------------------------ CLI
 def define_flags() -> None:
-    flags.DEFINE_enum("task", "toolcall", sorted(TABLE), "Which replica.")
+    flags.DEFINE_enum("task", "toolcall", sorted(set(TABLE) - set(STUDIES)), "Which replica.")
+    flags.DEFINE_enum(
+        "study",
+        None,
+        sorted(STUDIES),
+        "A study of issue 16 instead of --task: its own configs (configs/study_<name>.py), "
+        f"estimators {','.join(STUDY_ESTIMATORS)}, 10 seeds, out_dir runs/study/<name>, "
+        "paired bootstrap CIs, AUCs, share diagnostic and prediction verdicts. "
+        "With --size=quick: CI size; other sizes keep the study's defaults.",
+    )
     flags.DEFINE_enum(
         "size",
         "full",
@@ -119,9 +142,17 @@ def main(argv: list[str]) -> None:
     size = "quick" if F.quick else F.size
     preset = SIZES[size]
     quick = preset["quick"]
-    base = os.path.join("runs", "replica" if size == "full" else f"replica_{size}")
-    out_dir = F.out_dir or os.path.join(base, F.task + (f"_{F.variant}" if F.variant else ""))
-    sft_dir = F.sft_dir or (os.path.join(base, F.task, "sft") if F.variant else "")
+    task = F.task
+    if F.study:  # the study's own defaults; only --size=quick changes them
+        task = F.study
+        preset = dict(preset, rl=(), sft=())
+        if not quick:
+            preset.update(estimators=STUDY_ESTIMATORS, seeds=10)
+        base = os.path.join("runs", "study_quick" if quick else "study")
+    else:
+        base = os.path.join("runs", "replica" if size == "full" else f"replica_{size}")
+    out_dir = F.out_dir or os.path.join(base, task + (f"_{F.variant}" if F.variant else ""))
+    sft_dir = F.sft_dir or (os.path.join(base, task, "sft") if F.variant else "")
     estimators = F.estimators if F.estimators is not None else list(preset["estimators"])
     seeds = list(range(F.seeds if F.seeds is not None else preset["seeds"]))
     window = 1 if quick else F.window
@@ -134,7 +165,7 @@ def main(argv: list[str]) -> None:
     overrides = [*preset["rl"], *sets, *_OVERRIDES["config"]]
     sft_overrides = [*preset["sft"], *_OVERRIDES["sft_config"]]
     if F.report_only:
-        table = report(F.task, out_dir, estimators, seeds, window=window)
+        table = report(task, out_dir, estimators, seeds, window=window)
         path = os.path.join(out_dir, "results.json")
         if os.path.exists(path):  # keep the measured total time of the run that made them
             table["total_seconds"] = _read_json(path).get("total_seconds")
@@ -152,7 +183,7 @@ def main(argv: list[str]) -> None:
             variant=F.variant,
         )
         try:
-            prepare(F.task, **kw)  # every mistake, before the warm start trains
+            prepare(task, **kw)  # every mistake, before the warm start trains
         except ConfigError as e:
             cli.fail(e)
         enable_compilation_cache(
@@ -160,13 +191,13 @@ def main(argv: list[str]) -> None:
         )
         log.info(
             "%s, size %s: %s x %d seeds into %s",
-            F.task,
+            task,
             size,
             ", ".join(estimators),
             len(seeds),
             out_dir,
         )
-        table = run_comparison(F.task, force=F.force, window=window, **kw)
+        table = run_comparison(task, force=F.force, window=window, **kw)
     print(markdown(table))
     print(f"plots: {table['plots']}")
     print(f"results: {os.path.join(out_dir, 'results.md')}")

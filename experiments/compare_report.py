@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.studies import STUDIES
 from gdpo_jax.train.plots import LABELS, eval_plot_name, plot
 
 # Held-out metrics of the table: (key in metrics.jsonl, label), per task.
@@ -31,6 +32,20 @@ TABLE = {
         ("eval/mean_length", "length (tokens)"),
     ],
 }
+TABLE["format_cold"] = TABLE["toolcall"]
+TABLE["format_cold_toy"] = [
+    ("eval/toy_correct_pm3", "correctness [-3,3]"),
+    ("eval/format", "format"),
+    ("eval/exact", "exact"),
+    ("eval/len_mean", "length (tokens)"),
+]
+STUDY_TASKS = tuple(STUDIES)  # these get study_report's section
+TABLE["three_binary"] = [
+    ("eval/three_correct", "correct (rarest)"),
+    ("eval/three_short", "short"),
+    ("eval/three_marker", "marker"),
+    ("eval/all", "all three"),
+]
 
 
 def load_runs(
@@ -156,6 +171,11 @@ def report(
         "plots": plots,
         "timing": timing,
     }
+    if task in STUDY_TASKS:
+        from experiments.study_report import study_section
+
+        table["study"] = study_section(task, runs, metrics, plots_dir, window=window)
+        plots += table["study"]["plots"]
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(markdown(table))
     return table
@@ -195,4 +215,9 @@ def markdown(table: dict[str, Any]) -> str:
                 for m in metrics
             ]
             lines.append(f"| {LABELS.get(name, name)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    if table.get("study"):
+        from experiments.study_report import study_markdown
+
+        text += study_markdown(table["study"])
+    return text

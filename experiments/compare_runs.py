@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from experiments.compare_report import TABLE, report
+from experiments.studies import rl_config_name, sft_config_name
 from gdpo_jax.train import cli
 from gdpo_jax.train.config import ConfigError
 
@@ -82,7 +83,7 @@ def sft_config(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = (
     """configs/sft_<task>.py with the warm start's settings and `overrides` (validated)."""
     from gdpo_jax.train.sft import validate_sft_config
 
-    cfg = load_config(config_path(f"sft_{task}"), "runlocal" if quick else "")
+    cfg = load_config(config_path(sft_config_name(task)), "runlocal" if quick else "")
     cfg.workdir = sft_dir
     cfg.train.progress_bar = False
     cfg.sft.evaluate = not quick  # the RL runs evaluate the warm start at step 0 anyway
@@ -93,6 +94,8 @@ def sft_config(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = (
 
 def warm_start(task: str, sft_dir: str, *, quick: bool, overrides: Overrides = ()) -> str:
     """HF dir of the SFT policy; trains it (configs/sft_<task>.py) when missing."""
+    if sft_config_name(task) is None:
+        return ""  # RL from a random init
     hf = os.path.join(sft_dir, "hf")
     if os.path.exists(os.path.join(hf, "config.json")):
         return hf
@@ -123,11 +126,13 @@ def run_config(
       a bad one raises ConfigError naming `--config.<field>`.
     """
     arg = ",".join(x for x in ("quick" if quick else "", variant) if x)
-    cfg = load_config(config_path(f"replica_{task}"), arg)
+    cfg = load_config(config_path(rl_config_name(task)), arg)
     if isinstance(overrides, dict):
         overrides = list(overrides.items())
     cli.apply_overrides(cfg, overrides or (), "--config")
-    cfg.model.name, cfg.workdir = model, workdir
+    if model:  # "" keeps the config's own model (a random-init study)
+        cfg.model.name = model
+    cfg.workdir = workdir
     cfg.algo.estimator, cfg.seed = estimator, int(seed)
     return cfg
 
@@ -204,8 +209,8 @@ def prepare(
     if "://" in out_dir:
         raise ConfigError(f"--out_dir={out_dir!r}: the comparison needs a local directory.")
     sft_dir = sft_dir or os.path.join(out_dir, "sft")
-    model = os.path.join(sft_dir, "hf")
-    if not os.path.exists(os.path.join(model, "config.json")):
+    model = os.path.join(sft_dir, "hf") if sft_config_name(task) else ""
+    if model and not os.path.exists(os.path.join(model, "config.json")):
         sft_config(task, sft_dir, quick=quick, overrides=sft_overrides)  # validates
     configs = {}
     for seed in seeds:

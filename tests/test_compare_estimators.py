@@ -202,3 +202,85 @@ def test_warm_start_row_counts_each_seed_once(tmp_path):
     assert row["mean"] == pytest.approx(0.4)
     assert row["std"] == pytest.approx(np.std([0.1, 0.4, 0.7], ddof=1))
     assert table["rows"]["gdpo"]["eval/pass@1"]["mean"] == pytest.approx(0.45)
+
+
+# ------------------------------------------------------------ studies (issue 16)
+def test_auc_bootstrap_paired_and_verdicts_by_hand():
+    from experiments import compare_stats as cs
+
+    # Trapezoid / step range: (0.1+0.3)/2*10 + (0.3+0.5)/2*10 = 6 over 20 steps -> 0.3.
+    assert cs.auc([0, 10, 20], [0.1, 0.3, 0.5]) == pytest.approx(0.3)
+    assert cs.auc([20, 0, 10], [0.5, 0.1, float("nan")]) == pytest.approx(0.3)  # sorted, NaN out
+    assert cs.auc([5], [0.7]) == 0.7 and math.isnan(cs.auc([], []))
+    lo, hi = cs.bootstrap_ci([1.0, 1.0, 1.0])
+    assert lo == hi == 1.0
+    lo, hi = cs.bootstrap_ci([0.0, 1.0, 2.0, 3.0, 4.0])
+    assert 0.0 <= lo < 2.0 < hi <= 4.0
+    # Reference: the same percentile bootstrap written out with NumPy.
+    rng = np.random.default_rng(0)
+    v = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
+    means = v[rng.integers(0, 5, size=(10000, 5))].mean(1)
+    assert (lo, hi) == pytest.approx(tuple(np.quantile(means, [0.025, 0.975])))
+    d = cs.paired({0: 1.0, 1: 2.0, 2: 5.0}, {0: 0.5, 1: 2.5, 3: 9.0})
+    assert d["seeds"] == [0, 1] and d["values"] == [0.5, -0.5] and d["mean"] == 0.0
+    assert cs.verdict({"n": 3, "ci_lo": 0.1, "ci_hi": 0.4}) == "held"
+    assert cs.verdict({"n": 3, "ci_lo": -0.4, "ci_hi": -0.1}) == "did not hold"
+    assert cs.verdict({"n": 3, "ci_lo": -0.1, "ci_hi": 0.4}) == "inconclusive"
+    values = {"a": {"q": {0: 1.0, 1: 2.0}}, "b": {"q": {0: 0.0, 1: 0.5}}}
+    preds = [
+        {"id": "P1", "text": "a > b", "terms": [(1.0, "a", "q"), (-1.0, "b", "q")]},
+        {
+            "id": "P2",
+            "text": "a > b + 2",
+            "terms": [(1.0, "a", "q"), (-1.0, "b", "q")],
+            "margin": 2,
+        },
+        {"id": "P3", "text": "both", "all_of": ["P1", "P2"]},
+    ]
+    got = {p["id"]: p for p in cs.judge(values, preds)}
+    assert got["P1"]["verdict"] == "held" and got["P1"]["mean"] == pytest.approx(1.25)
+    assert got["P2"]["verdict"] == "did not hold" and got["P3"]["verdict"] == "did not hold"
+
+
+def test_study_run_configs_differ_only_in_estimator_and_seed():
+    from gdpo_jax.train.config import config_to_dict, validate_config
+
+    for study in ce.STUDIES:
+        a = ce.run_config(study, estimator="grpo", seed=0, workdir="/w", model="", quick=False)
+        b = ce.run_config(study, estimator="gdpo", seed=7, workdir="/w", model="", quick=False)
+        da, db = config_to_dict(a), config_to_dict(b)
+        assert sorted(k for k in da if da[k] != db[k]) == ["algo", "seed"]
+        assert {k for k in da["algo"] if da["algo"][k] != db["algo"][k]} == {"estimator"}
+        validate_config(a, num_devices=1)
+    three = ce.run_config(
+        "three_binary", estimator="gdpo", seed=0, workdir="/w", model="", quick=False
+    )
+    assert three.algo.group_size == 8 and len(three.rewards.names) == 3
+    assert ce.sft_config_name("three_binary") is None
+    sft = ce.sft_config("format_cold", "/tmp/sft", quick=False)
+    assert sft.sft.format_noise == 0.8  # most targets lack the tag structure
+
+
+@pytest.mark.parametrize("study", ["three_binary", "format_cold", "format_cold_toy"])
+def test_quick_study_writes_shares_cis_and_verdicts(tmp_path, study):
+    out = tmp_path / study
+    ests = ["grpo", "gdpo"]
+    table = ce.run_comparison(study, out_dir=str(out), estimators=ests, seeds=[0], quick=True)
+    from gdpo_jax.train.metrics import read_jsonl
+
+    sec = table["study"]
+    recs = read_jsonl(str(out / "runs" / "gdpo" / "seed0" / "metrics.jsonl"))
+    for name in sec["rewards"]:
+        v = recs[1][f"adv/share/{name}"]
+        assert 0.0 <= v <= 1.0, (name, v)
+        assert (out / "plots" / f"share_{name}.png").read_bytes()[:8] == PNG_MAGIC
+    pair = sec["stats"]["paired"]["gdpo-grpo"]
+    q = f"train_auc:{sec['rewards'][0]}"
+    assert pair[q]["n"] == 1 and pair[q]["ci_lo"] == pair[q]["ci_hi"] == pair[q]["mean"]
+    ids = [p["id"] for p in sec["predictions"]]
+    assert ids and all(p["verdict"] for p in sec["predictions"])
+    assert any("no runs" in p["verdict"] for p in sec["predictions"])  # grpo_no_std not run
+    md = (out / "results.md").read_text()
+    assert "## Predictions" in md and "95 % bootstrap CI" in md
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["study"]["predictions"][0]["id"] == ids[0]

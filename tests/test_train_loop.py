@@ -43,6 +43,8 @@ def test_loop_writes_metrics(uninterrupted):
         "adv/mean",
         "adv/std",
         "adv/distinct_per_group",
+        "adv/share/test_has_w10",
+        "adv/share/test_short",
         "clip_frac",
         "kl",
         "entropy",

@@ -20,6 +20,7 @@ from gdpo_jax.models.sharding import create_model
 from gdpo_jax.train import distributed
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.step import CompiledStep, StepConfig
+from tests.test_diagnostics import np_shares
 
 CFG = ModelConfig.tiny(
     vocab_size=64,
@@ -187,6 +188,10 @@ def test_step_equals_unfused_reference(
     # Advantage statistics come from the same advantages as the NumPy loops.
     np.testing.assert_allclose(float(metrics["adv/mean"]), adv.mean(), atol=1e-5)
     np.testing.assert_allclose(float(metrics["adv/std"]), adv.std(), rtol=1e-4, atol=1e-5)
+    # The share diagnostic, logged per reward column from the step's own advantages.
+    want = np_shares(batch["rewards"], adv, batch["group_ids"], batch["valid"])
+    for k in range(batch["rewards"].shape[1]):
+        np.testing.assert_allclose(float(metrics[f"adv/share/{k}"]), want[k], atol=1e-4)
     assert int(new_state.step) == 1
 
 

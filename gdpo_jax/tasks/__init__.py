@@ -20,7 +20,12 @@ from typing import Any
 from gdpo_jax.tasks.registry import TASKS, TaskData, TaskLoader, get_task, register_task
 
 # The modules whose import registers the built-in trainer tasks.
-BUILTIN_TASK_MODULES = ("gdpo_jax.tasks.sources", "gdpo_jax.tasks.toy")
+BUILTIN_TASK_MODULES = (
+    "gdpo_jax.tasks.sources",
+    "gdpo_jax.tasks.toy",
+    "gdpo_jax.tasks.three_binary",
+    "gdpo_jax.tasks.format_cold_toy",
+)
 
 
 def _load_builtin_tasks() -> None:
@@ -32,6 +37,12 @@ def _load_builtin_tasks() -> None:
 
         mod = BUILTIN_TASK_MODULES[1]
         import gdpo_jax.tasks.toy  # noqa: F401  (toy_toolcall)
+
+        mod = BUILTIN_TASK_MODULES[2]
+        import gdpo_jax.tasks.three_binary  # noqa: F401  (three_binary)
+
+        mod = BUILTIN_TASK_MODULES[3]
+        import gdpo_jax.tasks.format_cold_toy  # noqa: F401  (toy_correct_pm3 reward)
     except Exception as e:
         raise ImportError(
             f"importing the built-in tasks ({mod}) failed: {type(e).__name__}: {e}"

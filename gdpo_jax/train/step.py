@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
+from gdpo_jax.core.diagnostics import reward_shares
 from gdpo_jax.core.logprobs import (
     chunked_token_logprobs,
     token_entropy,
@@ -268,6 +269,15 @@ def train_step(
             ),
         }
     )
+    # Which reward the advantage follows (core/diagnostics.py): one scalar per reward.
+    shares = reward_shares(
+        rewards, adv, batch["group_ids"], num_groups=cfg.num_groups, valid=batch["valid"]
+    )
+    names = cfg.reward_names or tuple(str(k) for k in range(rewards.shape[1]))
+    if len(names) != rewards.shape[1]:
+        names = tuple(str(k) for k in range(rewards.shape[1]))
+    for k, name in enumerate(names):
+        metrics[f"adv/share/{name}"] = shares[k]
     if cfg.kl_in_reward > 0:
         metrics["kl_in_reward"] = (
             jnp.sum(sequence_kl(batch["old_logp"], batch["ref_logp"], mask)) / n_valid

@@ -46,6 +46,8 @@ class StepConfig:
     num_epochs: int = 1
     temperature: float = 1.0
     logprob_chunk_size: int = 0
+    # Names for the per-reward metrics (adv/share/<name>); None: the column index.
+    reward_names: tuple[str, ...] | None = None
     # True: the old log-probs are stop_gradient(the step's own log-probs), no
     # separate forward pass and no "old_logp" batch key (see old_logp_in_step).
     old_logp_in_step: bool = False
@@ -81,6 +83,7 @@ class StepConfig:
             num_epochs=a.num_epochs,
             temperature=cfg.sampling.temperature,
             logprob_chunk_size=a.logprob_chunk_size,
+            reward_names=tuple(str(n) for n in cfg.rewards.names) or None,
             old_logp_in_step=old_logp_in_step(
                 a.old_logprobs,
                 updates_per_step=a.num_epochs * a.num_minibatches,

@@ -1,0 +1,224 @@
+"""Statistics of an estimator study: AUC, paired differences with bootstrap CIs, verdicts.
+
+Pure NumPy on the per-seed records that compare_report loads
+(estimator -> seed -> step -> metrics). Same seed = same warm start, prompt
+order and sampling key for every estimator, so differences are paired by
+seed; the 95 % CI of the mean paired difference is a percentile bootstrap
+over seeds (resampling seeds with replacement, a fixed RNG seed, so the
+report is reproducible).
+
+    from experiments.compare_stats import auc, bootstrap_ci
+    auc([0, 10, 20], [0.1, 0.3, 0.5])       # 0.3: the curve's mean height
+    bootstrap_ci([0.1, 0.2, -0.05, 0.15])    # (lo, hi) of the mean
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+Runs = dict[str, dict[int, dict[int, dict]]]
+
+
+def auc(steps: Sequence[float], values: Sequence[float]) -> float:
+    """Normalised area under a learning curve: trapezoid area / step range.
+
+    The mean height of the curve over the steps it covers, in the metric's own
+    units (so it reads like the metric). NaN entries are dropped; one point
+    gives that value; none gives NaN.
+    """
+    s = np.asarray(steps, np.float64)
+    v = np.asarray(values, np.float64)
+    ok = np.isfinite(s) & np.isfinite(v)
+    s, v = s[ok], v[ok]
+    if not s.size:
+        return math.nan
+    order = np.argsort(s)
+    s, v = s[order], v[order]
+    if s.size == 1 or s[-1] == s[0]:
+        return float(v.mean())
+    area = float(np.sum((v[1:] + v[:-1]) * np.diff(s)) / 2.0)
+    return area / float(s[-1] - s[0])
+
+
+def bootstrap_ci(
+    values: Sequence[float], *, level: float = 0.95, n_boot: int = 10000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of the mean of `values` (non-finite ones dropped).
+
+    Returns (nan, nan) for no values; (v, v) for one.
+    """
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], np.float64)
+    if not v.size:
+        return math.nan, math.nan
+    if v.size == 1:
+        return float(v[0]), float(v[0])
+    rng = np.random.default_rng(seed)
+    means = v[rng.integers(0, v.size, size=(n_boot, v.size))].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+    """Mean of a[seed] - b[seed] over the seeds both have, with its 95 % bootstrap CI."""
+    common = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
+    d = [float(a[s] - b[s]) for s in common]
+    lo, hi = bootstrap_ci(d)
+    return {
+        "n": len(d),
+        "mean": float(np.mean(d)) if d else math.nan,
+        "ci_lo": lo,
+        "ci_hi": hi,
+        "seeds": common,
+        "values": d,
+    }
+
+
+def verdict(diff: dict[str, Any], direction: int = 1) -> str:
+    """'held': CI of direction * diff above 0; 'did not hold': below 0; else 'inconclusive'."""
+    if not diff.get("n"):
+        return "inconclusive (no runs)"
+    lo, hi = diff["ci_lo"] * direction, diff["ci_hi"] * direction
+    lo, hi = min(lo, hi), max(lo, hi)
+    if lo > 0:
+        return "held"
+    if hi < 0:
+        return "did not hold"
+    return "inconclusive"
+
+
+def per_seed(runs: Runs, est: str, fn) -> dict[int, float]:
+    """seed -> fn(step -> record) for one estimator's runs."""
+    return {seed: float(fn(recs)) for seed, recs in runs.get(est, {}).items()}
+
+
+def curve_auc(recs: dict[int, dict], key: str, *, min_step: int = 0) -> float:
+    """AUC of `key` over the steps of one run that log it (steps >= min_step)."""
+    pts = [(s, r[key]) for s, r in sorted(recs.items()) if key in r and s >= min_step]
+    return auc([p[0] for p in pts], [p[1] for p in pts])
+
+
+def final_value(recs: dict[int, dict], key: str) -> float:
+    """The value of `key` at the last step that logs it (NaN if none)."""
+    steps = [s for s, r in recs.items() if key in r]
+    return float(recs[max(steps)][key]) if steps else math.nan
+
+
+def mean_over_steps(recs: dict[int, dict], key: str, *, first: int = 0, last: int = 0) -> float:
+    """Mean of `key` over the steps in [first, last] (last 0 = all) that log it."""
+    v = [
+        r[key]
+        for s, r in recs.items()
+        if key in r and s >= first and (not last or s <= last) and math.isfinite(r[key])
+    ]
+    return float(np.mean(v)) if v else math.nan
+
+
+def summarise(values: dict[int, float]) -> dict[str, Any]:
+    """Median, IQR and mean over seeds of a seed -> value dict."""
+    v = np.asarray([x for x in values.values() if math.isfinite(x)], np.float64)
+    if not v.size:
+        return {"n": 0}
+    q25, med, q75 = np.percentile(v, [25, 50, 75])
+    return {
+        "n": int(v.size),
+        "mean": float(v.mean()),
+        "median": float(med),
+        "q25": float(q25),
+        "q75": float(q75),
+    }
+
+
+def study_stats(
+    runs: Runs,
+    *,
+    eval_keys: Sequence[str],
+    reward_names: Sequence[str],
+    pairs: Sequence[tuple[str, str]],
+    early_steps: int = 10,
+) -> dict[str, Any]:
+    """Per estimator and per pair (a, b): finals, AUCs and share diagnostics, paired by seed.
+
+    Quantities per run (seed):
+      init:<key>        held-out `key` at step 0 (before RL);
+      final:<key>       held-out `key` after the last step;
+      auc:<key>         normalised AUC of held-out `key` over its eval steps (0 = warm start);
+      train_auc:<name>  normalised AUC of the training reward/<name>/mean curve;
+      share:<name>      mean of adv/share/<name> over all steps;
+      share_early:<name> the same over steps 1..early_steps (the start, where it matters).
+    Returns {"per_estimator": {est: {quantity: summary}},
+             "paired": {"a-b": {quantity: paired diff}}, "quantities": [...]}.
+    """
+    fns = {}
+    for k in eval_keys:
+        fns[f"init:{k}"] = lambda r, k=k: r.get(0, {}).get(k, math.nan)
+        fns[f"final:{k}"] = lambda r, k=k: final_value(r, k)
+        fns[f"auc:{k}"] = lambda r, k=k: curve_auc(r, k)
+    for n in reward_names:
+        fns[f"train_auc:{n}"] = lambda r, n=n: curve_auc(r, f"reward/{n}/mean", min_step=1)
+        fns[f"share:{n}"] = lambda r, n=n: mean_over_steps(r, f"adv/share/{n}", first=1)
+        fns[f"share_early:{n}"] = lambda r, n=n: mean_over_steps(
+            r, f"adv/share/{n}", first=1, last=early_steps
+        )
+    values = {est: {q: per_seed(runs, est, fn) for q, fn in fns.items()} for est in runs}
+    out: dict[str, Any] = {"quantities": list(fns), "per_estimator": {}, "paired": {}}
+    for est, qs in values.items():
+        out["per_estimator"][est] = {q: summarise(v) for q, v in qs.items()}
+    for a, b in pairs:
+        if a in values and b in values:
+            out["paired"][f"{a}-{b}"] = {q: paired(values[a][q], values[b][q]) for q in fns}
+    out["values"] = values
+    return out
+
+
+def contrast(values: dict[str, dict[str, dict[int, float]]], terms) -> dict[str, Any]:
+    """Per seed sum_i coef_i * values[est_i][quantity_i][seed], its mean and 95 % CI.
+
+    terms: [(coef, estimator, quantity)]; seeds missing from any term are left out.
+    """
+    seeds: set[int] | None = None
+    for _, est, q in terms:
+        have = {s for s, v in values.get(est, {}).get(q, {}).items() if math.isfinite(v)}
+        seeds = have if seeds is None else seeds & have
+    seeds = sorted(seeds or ())
+    d = [sum(c * values[est][q][s] for c, est, q in terms) for s in seeds]
+    lo, hi = bootstrap_ci(d)
+    return {
+        "n": len(d),
+        "mean": float(np.mean(d)) if d else math.nan,
+        "ci_lo": lo,
+        "ci_hi": hi,
+        "seeds": seeds,
+        "values": [float(x) for x in d],
+    }
+
+
+def judge(values: dict[str, dict[str, dict[int, float]]], predictions) -> list[dict[str, Any]]:
+    """Each prediction's contrast and verdict: 'held' when its 95 % CI lies above `margin`.
+
+    predictions: [{"id", "text", "terms": [(coef, est, quantity)], "margin": float}]; a
+    prediction with "all_of": [ids] holds when all of those held, fails when any failed.
+    """
+    out, by_id = [], {}
+    for p in predictions:
+        if "all_of" in p:
+            parts = [by_id[i]["verdict"] for i in p["all_of"] if i in by_id]
+            if parts and all(v == "held" for v in parts):
+                v = "held"
+            elif any(v == "did not hold" for v in parts):
+                v = "did not hold"
+            else:
+                v = "inconclusive"
+            res = {"id": p["id"], "text": p["text"], "verdict": v, "all_of": p["all_of"]}
+        else:
+            c = contrast(values, p["terms"])
+            shifted = dict(c, ci_lo=c["ci_lo"] - p.get("margin", 0.0))
+            shifted["ci_hi"] = c["ci_hi"] - p.get("margin", 0.0)
+            res = dict(p, **c, verdict=verdict(shifted))
+        by_id[p["id"]] = res
+        out.append(res)
+    return out

@@ -1,0 +1,101 @@
+"""Live diagnostics of the learning signal: which reward the advantage follows.
+
+``reward_shares`` answers "does this estimator let a reward drown?" from the
+same arrays the step already has (rewards [N, K], group ids, advantages), for
+any estimator, inside the compiled step.
+
+Definition (within-group squared correlation). For reward k let
+``c_k,ij = r_k,ij - mean_j r_k,i.`` (centred within its group over the rows
+where reward k is scorable) and ``a_ij = A_ij - mean_j A_i.`` (the advantage
+centred within its group). Then
+
+    share_k = (sum_ij a_ij c_k,ij)^2 / (sum_ij a_ij^2 * sum_ij c_k,ij^2)
+
+over all valid rows of the (global) batch: the fraction of the advantage's
+within-group variance that reward k's within-group variation explains on its
+own (R^2 of regressing a on c_k). Why this choice:
+
+* it needs no knowledge of the estimator, so GRPO, GRPO w/o std and GDPO are
+  measured with one ruler;
+* it is invariant to the scale and offset of reward k and of A: a {0, 1}
+  format reward and a [-3, 3] correctness reward are compared on equal terms,
+  and GDPO's batch whitening does not change it;
+* the policy gradient moves reward k's expectation in proportion to
+  ``sum a * c_k``; the squared correlation is that covariance normalised;
+* when the rewards are uncorrelated within groups and A is a linear
+  combination of them (GDPO exactly; GRPO within one group), the shares add
+  up to 1 (Pythagoras); correlated rewards can add up to more, and per-group
+  scales (GRPO's 1/std_i, NaN holes) to less. Centring A within its group
+  removes GDPO's batch-mean shift, which no reward explains.
+
+Hand-worked cases (tests/test_diagnostics.py): a reward constant in every
+group has share 0; with two independent rewards, GRPO on the sum gives the
+[-3, 3] reward ~0.9+ and the {0, 1} reward the rest, GDPO gives both ~0.5.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from gdpo_jax.core import segment as seg
+from gdpo_jax.core.advantages import (
+    _check_group_ids,
+    _check_num_groups,
+    _check_valid,
+    _group_normalize,
+    _row_mask,
+)
+
+__all__ = ["reward_shares"]
+
+
+def reward_shares(
+    rewards: jax.Array,
+    adv: jax.Array,
+    group_ids: jax.Array,
+    *,
+    num_groups: int,
+    valid: jax.Array | None = None,
+) -> jax.Array:
+    """Share of the advantage's within-group variance explained by each reward.
+
+    Args:
+      rewards: f32[N, K] raw rewards (NaN or +/-inf = unscorable: that entry
+        is left out of reward k's group mean and contributes 0).
+      adv: f32[N] final advantages (any estimator).
+      group_ids: i32[N]; ids outside [0, num_groups) count as invalid.
+      num_groups: static number of groups.
+      valid: bool[N] rows that take part (default all).
+    Returns:
+      f32[K] in [0, 1]; 0 for a reward with no within-group spread, or when the
+      advantage is 0 everywhere (never NaN).
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    adv = jnp.asarray(adv, jnp.float32)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be rank 2, [N, K]; got shape {tuple(rewards.shape)}.")
+    n = rewards.shape[0]
+    if adv.shape != (n,):
+        raise ValueError(f"adv must have shape [N] = ({n},); got {tuple(adv.shape)}.")
+    num_groups = _check_num_groups(num_groups)
+    group_ids = _check_group_ids(group_ids, n)
+    valid = _check_valid(valid, n)
+    rows = seg.explicit_rows(rewards)
+    group_ids, valid = seg.match_rows(group_ids, rows), seg.match_rows(valid, rows)
+    adv = seg.match_rows(adv, rows)
+    row_ok = _row_mask(group_ids, valid, num_groups)
+    ids = jnp.where(row_ok, group_ids, 0)
+    scorable = row_ok[:, None] & jnp.isfinite(rewards)
+    # Centre only (scale=False): groups with < 2 scorable rows give 0.
+    c = _group_normalize(rewards, scorable, ids, num_groups, eps=0.0, scale=False, rows=rows)
+    a_ok = row_ok[:, None] & jnp.isfinite(adv)[:, None]
+    a = _group_normalize(adv[:, None], a_ok, ids, num_groups, eps=0.0, scale=False, rows=rows)
+    cov = jnp.sum(a * c, axis=0)
+    saa = jnp.sum(a * a)
+    scc = jnp.sum(c * c, axis=0)
+    denom = saa * scc
+    # Relative floor: float residue of a constant reward must not divide by ~0.
+    ok = denom > 1e-12 * jnp.maximum(saa, 1.0) * jnp.maximum(scc, 1.0)
+    share = jnp.where(ok, cov * cov / jnp.where(ok, denom, 1.0), 0.0)
+    return jnp.clip(share, 0.0, 1.0)
