@@ -39,13 +39,11 @@ import jax
 import jax.numpy as jnp
 
 from gdpo_jax.core import segment as seg
-from gdpo_jax.core.advantages import (
-    _check_group_ids,
-    _check_num_groups,
-    _check_valid,
-    _group_normalize,
-    _row_mask,
-)
+from gdpo_jax.core.advantages import _group_normalize
+from gdpo_jax.core.rows import check_group_ids as _check_group_ids
+from gdpo_jax.core.rows import check_num_groups as _check_num_groups
+from gdpo_jax.core.rows import check_valid as _check_valid
+from gdpo_jax.core.rows import row_mask as _row_mask
 
 __all__ = ["reward_shares"]
 

@@ -126,6 +126,7 @@ def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
         _sds((1,), jnp.int32, rep),
         _sds((0,), jnp.int32, rep),
         _sds((0, 1), jnp.int32, rep),
+        _sds((b,), jnp.int32, rows_sh),  # row_limit: per-row token budgets
     )
 
     def lower():
