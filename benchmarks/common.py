@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -41,6 +42,22 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def _cpu_isa() -> str:
+    """The widest x86 vector extension the CPU reports (avx512 / avx2 / ...), else ''."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    for isa, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx")):
+                        if flag in flags:
+                            return isa
+                    return ""
+    except OSError:
+        pass
+    return ""
 
 
 def _memory_gib() -> float | None:
@@ -79,6 +96,7 @@ def machine_info() -> dict[str, Any]:
     devices = jax.devices()
     return {
         "cpu_model": _cpu_model(),
+        "cpu_isa": _cpu_isa(),
         "cpu_count": os.cpu_count(),
         "cpu_usable": usable,
         "memory_gib": _memory_gib(),
@@ -90,7 +108,20 @@ def machine_info() -> dict[str, Any]:
         "device_count": len(devices),
         "process_count": jax.process_count(),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
     }
+
+
+def machine_kind(info: Mapping[str, Any]) -> str:
+    """File-name slug of a machine kind: CPU model, its widest vector ISA (the same
+    model name covers CPUs of different generations in VMs) and usable cores, plus
+    the accelerator when the backend is not the CPU, e.g. 'amd-epyc-avx512-2c' or
+    'intel-xeon-platinum-8481c-avx512-16c-gpu-nvidia-h100-80gb-hbm3-x1'."""
+    text = f"{info['cpu_model']} {info.get('cpu_isa', '')} {info['cpu_usable']}c"
+    if info.get("backend", "cpu") != "cpu":
+        text += f" {info['backend']} {info['device_kind']} x{info['device_count']}"
+    text = re.sub(r"\((r|tm)\)|\bcpu\b|@.*?ghz|\bprocessor\b", " ", text.lower())
+    return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
 
 
 def describe_machine(info: Mapping[str, Any]) -> str:

@@ -1,6 +1,7 @@
 """Run every benchmark of the project and write one JSON + one markdown table.
 
     python -m benchmarks.run_all [--quick] [--out_dir runs/bench] [--only bench_model,bench_rl]
+    python -m benchmarks.run_all --summary_only --out_dir docs/benchmarks
 
 Each benchmark is a module ``benchmarks/<name>.py`` exposing
 ``run(quick: bool) -> dict``: advantages, model forward/backward, sampler vs
@@ -11,9 +12,12 @@ others still run. By default each benchmark runs in its own Python process
 hard crash cannot change another's numbers.
 
 Writes ``<out_dir>/latest.json`` and ``<out_dir>/latest.md`` (and a
-time-stamped copy of the JSON), both with the machine description and a
-matmul peak measured in the same run: compare figures across machines as
-ratios to that peak, not as absolute numbers.
+time-stamped copy of the JSON under ``history/``), both with the machine
+description and a matmul peak measured in the same run: compare figures across
+machines as ratios to that peak, not as absolute numbers. A full run also
+writes ``<out_dir>/machines/<kind>.{json,md}`` (the latest full run per machine
+kind: CPU model, vector ISA, cores, accelerator) and ``<out_dir>/summary.md``,
+one row of headline ratios per machine kind and their range over kinds.
 """
 
 from __future__ import annotations
@@ -223,12 +227,113 @@ def report_to_markdown(report: Mapping[str, Any]) -> str:
 
 
 def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
-    """Writes latest.json, latest.md and bench-<timestamp>.json; returns (json, md) paths."""
+    """Writes latest.json, latest.md, history/bench-<timestamp>.json, this machine kind's
+    machines/<kind>.{json,md} (a full run replaces the kind's previous one; a
+    quick run never does) and summary.md over every machines/*.json.
+    Returns the (json, md) paths of this run."""
     stamp = report["created"].replace(":", "").replace("-", "")
-    common.write_json(os.path.join(out_dir, f"bench-{stamp}.json"), report)
+    common.write_json(os.path.join(out_dir, "history", f"bench-{stamp}.json"), report)
     js = common.write_json(os.path.join(out_dir, "latest.json"), report)
     md = common.write_text(os.path.join(out_dir, "latest.md"), report_to_markdown(report))
+    if not report["quick"]:
+        kind = common.machine_kind(report["machine"])
+        mdir = os.path.join(out_dir, "machines")
+        common.write_json(os.path.join(mdir, f"{kind}.json"), report)
+        common.write_text(os.path.join(mdir, f"{kind}.md"), report_to_markdown(report))
+        common.write_text(os.path.join(out_dir, "summary.md"), summary_markdown(mdir))
     return js, md
+
+
+# --------------------------------------------------------------------------- #
+# One row per machine kind: the headline ratios (ours / reference, > 1 = ours faster)
+# --------------------------------------------------------------------------- #
+def headline(report: Mapping[str, Any]) -> dict[str, Any]:
+    """The ratios README and docs quote, from one run's report (None where a
+    benchmark did not run or failed)."""
+    b = report["benchmarks"]
+
+    def res(name: str) -> Any:
+        rec = b.get(name, {})
+        return rec.get("result") if rec.get("status") == "ok" else None
+
+    row: dict[str, Any] = {
+        "machine": common.machine_kind(report["machine"]),
+        "cpu": report["machine"]["cpu_model"],
+        "cores": report["machine"]["cpu_usable"],
+        "run": report["created"][:10],
+    }
+    rl = res("bench_rl")
+    for beta in ("0.0", "0.04"):
+        r = rl["results"].get(f"beta={beta}") if rl else None
+        row[f"rl_iter_b{beta}"] = r["speedup_iter"] if r else None
+        row[f"rl_step_b{beta}"] = r["speedup_step"] if r else None
+    sampler = res("bench_sampler")
+    for mode in ("greedy", "sampled"):
+        r = [x for x in (sampler or {}).get("results", []) if x.get("mode") == mode]
+        row[f"sampler_{mode}"] = r[0]["speedup"] if r else None
+    adv = res("bench_advantages")
+    r = [x for x in (adv or {}).get("results", []) if x.get("estimator") == "gdpo"]
+    row["advantages_gdpo"] = r[0]["speedup"] if r else None
+    return row
+
+
+HEADLINE_COLUMNS = {
+    "rl_iter_b0.0": "RL iteration vs TRL, beta 0",
+    "rl_iter_b0.04": "RL iteration vs TRL, beta 0.04",
+    "rl_step_b0.0": "step vs TRL's, beta 0",
+    "rl_step_b0.04": "step vs TRL's, beta 0.04",
+    "sampler_greedy": "sampler vs generate(), greedy",
+    "sampler_sampled": "sampler vs generate(), sampled",
+    "advantages_gdpo": "GDPO advantages vs NumPy",
+}
+
+
+def summary_rows(machines_dir: str) -> list[dict[str, Any]]:
+    """headline() of every machines/<kind>.json, sorted by kind."""
+    rows = []
+    if os.path.isdir(machines_dir):
+        for name in sorted(os.listdir(machines_dir)):
+            if name.endswith(".json"):
+                with open(os.path.join(machines_dir, name)) as f:
+                    rows.append(headline(json.load(f)))
+    return rows
+
+
+def ratio_range(rows: Sequence[Mapping[str, Any]], key: str) -> tuple[float, float] | None:
+    """(min, max) of one headline ratio over machine kinds (None: never measured)."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return (min(vals), max(vals)) if vals else None
+
+
+def summary_markdown(machines_dir: str) -> str:
+    """summary.md: one row per machine kind, then the range of each ratio over kinds."""
+    rows = summary_rows(machines_dir)
+    lines = [
+        "# Benchmark ratios per machine kind",
+        "",
+        "Written by `python -m benchmarks.run_all` from `machines/*.json` (one full run per "
+        "machine kind, the latest). Ratios are the reference's seconds over ours: above 1, "
+        "ours is faster. Details per machine: `machines/<kind>.md`.",
+        "",
+    ]
+    table = [
+        {"machine": r["machine"], "CPU": r["cpu"], "cores": r["cores"], "run": r["run"]}
+        | {label: _fmt_ratio(r[k]) for k, label in HEADLINE_COLUMNS.items()}
+        for r in rows
+    ]
+    lines += [common.markdown_table(table), "", "Range over machine kinds:", ""]
+    rng = [
+        {"ratio": label, "min": _fmt_ratio(mm[0]), "max": _fmt_ratio(mm[1]), "machines": n}
+        for k, label in HEADLINE_COLUMNS.items()
+        if (mm := ratio_range(rows, k)) is not None
+        for n in [sum(r[k] is not None for r in rows)]
+    ]
+    lines += [common.markdown_table(rng), ""]
+    return "\n".join(lines)
+
+
+def _fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -242,12 +347,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run every benchmark in this process (faster start, less isolation)",
     )
     p.add_argument("--timeout_s", type=float, default=0.0, help="per benchmark; 0 = none")
+    p.add_argument(
+        "--summary_only",
+        action="store_true",
+        help="only rewrite <out_dir>/summary.md from <out_dir>/machines/*.json",
+    )
     p.add_argument("--_child", default="", help=argparse.SUPPRESS)
     p.add_argument("--_child_out", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args._child:  # one isolated benchmark; the parent reads the file
         common.write_json(args._child_out, _run_inline(args._child, args.quick))
+        return 0
+    if args.summary_only:
+        path = os.path.join(args.out_dir, "summary.md")
+        common.write_text(path, summary_markdown(os.path.join(args.out_dir, "machines")))
+        print(f"wrote {path}")
         return 0
     names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
     report = run_benchmarks(
@@ -262,4 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # huge pages for XLA:CPU buffers (gdpo_jax/hostenv.py)
     sys.exit(main())

@@ -205,6 +205,9 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console script `gdpo-compare`."""
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # before JAX starts: huge pages for XLA:CPU buffers
     import sys
 
     argv, found = cli.split_overrides(sys.argv, tuple(_OVERRIDES))

@@ -76,6 +76,9 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console script `gdpo-train`."""
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # before JAX starts: huge pages for XLA:CPU buffers
     # Defined here, not at import: importing several entry points in one process is fine.
     config_flags.DEFINE_config_file(
         "config", None, "Path to a configs/*.py file.", lock_config=True

@@ -133,7 +133,7 @@ def test_run_all_records_ok_error_and_missing(fake_benchmarks, isolate, tmp_path
     )
     text = pathlib.Path(md).read_text()
     assert "| nbh_fakebench.boom | error |" in text and "## nbh_fakebench.ok" in text
-    assert len(list((tmp_path / "bench").glob("bench-*.json"))) == 1
+    assert len(list((tmp_path / "bench" / "history").glob("bench-*.json"))) == 1
 
 
 def test_run_all_main_writes_latest_with_peak(fake_benchmarks, tmp_path, monkeypatch, capsys):
@@ -155,3 +155,85 @@ def test_run_all_main_writes_latest_with_peak(fake_benchmarks, tmp_path, monkeyp
     assert (
         run_all.main(["--no_isolate", "--out_dir", str(out), "--only", "nbh_fakebench.boom"]) == 1
     )
+
+
+# ---------------------------------------------------------- one table per machine kind
+def _fake_report(cpu: str, cores: int, iter0: float, sampler_greedy: float) -> dict:
+    """A full-run report shaped like run_all's, with hand-set ratios."""
+    rl = {
+        f"beta={b}": {"speedup_iter": iter0 + d, "speedup_step": 1.0 + d}
+        for b, d in (("0.0", 0.0), ("0.04", 0.1))
+    }
+    return {
+        "created": "2026-11-23T08:00:00Z",
+        "command": "python -m benchmarks.run_all",
+        "quick": False,
+        "machine": {"cpu_model": cpu, "cpu_usable": cores, "backend": "cpu"},
+        "benchmarks": {
+            "bench_rl": {"status": "ok", "result": {"results": rl}},
+            "bench_sampler": {
+                "status": "ok",
+                "result": {
+                    "results": [
+                        {"mode": "greedy", "speedup": sampler_greedy},
+                        {"mode": "sampled", "speedup": sampler_greedy + 0.5},
+                    ]
+                },
+            },
+            "bench_advantages": {"status": "error", "error": "boom"},
+        },
+    }
+
+
+def test_machine_kind_slugs():
+    assert common.machine_kind({"cpu_model": "AMD EPYC", "cpu_usable": 2}) == "amd-epyc-2c"
+    xeon = {"cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz", "cpu_usable": 2, "backend": "cpu"}
+    assert common.machine_kind(xeon) == "intel-xeon-2c"
+    assert common.machine_kind(dict(xeon, cpu_isa="avx512")) == "intel-xeon-avx512-2c"
+    gpu = dict(xeon, backend="gpu", device_kind="NVIDIA H100", device_count=1)
+    assert common.machine_kind(gpu) == "intel-xeon-2c-gpu-nvidia-h100-x1"
+
+
+def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_all, "report_to_markdown", lambda r: "stub")
+    out = tmp_path / "bench"
+    run_all.write_report(_fake_report("AMD EPYC", 2, 1.7, 2.1), str(out))
+    run_all.write_report(_fake_report("Intel(R) Xeon(R) CPU @ 2.20GHz", 2, 0.8, 1.3), str(out))
+    # A later full run of a kind replaces its row; a quick run never does.
+    run_all.write_report(_fake_report("AMD EPYC", 2, 1.5, 2.0), str(out))
+    run_all.write_report(dict(_fake_report("AMD EPYC", 2, 9.0, 9.0), quick=True), str(out))
+    assert sorted(p.name for p in (out / "machines").glob("*.json")) == [
+        "amd-epyc-2c.json",
+        "intel-xeon-2c.json",
+    ]
+    rows = run_all.summary_rows(str(out / "machines"))
+    assert [r["machine"] for r in rows] == ["amd-epyc-2c", "intel-xeon-2c"]
+    assert rows[0]["rl_iter_b0.0"] == 1.5 and rows[1]["rl_iter_b0.04"] == pytest.approx(0.9)
+    assert rows[0]["advantages_gdpo"] is None  # the benchmark failed there
+    assert run_all.ratio_range(rows, "rl_iter_b0.0") == (0.8, 1.5)
+    assert run_all.ratio_range(rows, "sampler_sampled") == (1.8, 2.5)
+    assert run_all.ratio_range(rows, "advantages_gdpo") is None
+    text = (out / "summary.md").read_text()
+    assert "| amd-epyc-2c | AMD EPYC | 2 |" in text
+    assert "| RL iteration vs TRL, beta 0 | 0.80x | 1.50x | 2 |" in text
+
+
+def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
+    import gzip
+
+    from benchmarks import profile_step
+
+    d = tmp_path / "plugins" / "profile" / "2026_11_23"
+    d.mkdir(parents=True)
+    events = [
+        {"ph": "X", "name": "ynn_fusion.3", "dur": 3000},
+        {"ph": "X", "name": "ynn_fusion", "dur": 1000},
+        {"ph": "X", "name": "copy_bitcast_fusion.7", "dur": 2000},
+        {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 99000},  # a frame: skipped
+        {"ph": "X", "name": "$model.py:38 t", "dur": 99000},
+        {"ph": "i", "name": "ynn_fusion.9", "dur": 5000},  # not a duration event
+    ]
+    with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    got = profile_step.op_breakdown(str(tmp_path), steps=2)
+    assert got == {"ynn_fusion": 2.0, "copy_bitcast_fusion": 1.0}

@@ -303,3 +303,55 @@ def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.Mon
         n for n in quoted if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d]|\.\d)", section)
     ]
     assert not missing, f"README.md quotes {missing}, not in docs/scale.md's plan table"
+
+
+# ------------------------------------------------------- benchmark tables per machine kind
+def test_benchmark_summary_is_the_committed_machine_runs() -> None:
+    # docs/benchmarks/summary.md is generated from docs/benchmarks/machines/*.json.
+    from benchmarks import run_all
+
+    bench = ROOT / "docs" / "benchmarks"
+    want = run_all.summary_markdown(str(bench / "machines"))
+    assert (bench / "summary.md").read_text(encoding="utf-8") == want, (
+        "docs/benchmarks/summary.md differs from docs/benchmarks/machines/*.json; regenerate "
+        "it with `python -m benchmarks.run_all --summary_only --out_dir docs/benchmarks`"
+    )
+    assert len(list((bench / "machines").glob("*.json"))) >= 1
+
+
+def test_readme_speed_ratios_are_the_ranges_over_machine_kinds() -> None:
+    # README states each speed ratio as its range over the committed machine kinds
+    # (never one machine's best): every "a-bx" / "ax" on the speed line must be a
+    # (min, max) pair of the summary's range table, and the line must link it.
+    from benchmarks import run_all
+
+    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
+    ranges = {
+        (f"{mm[0]:.2f}", f"{mm[1]:.2f}")
+        for k in run_all.HEADLINE_COLUMNS
+        if (mm := run_all.ratio_range(rows, k)) is not None
+    }
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = [
+        ln
+        for ln in text.split("## Measured so far", 1)[1].split("\n## ", 1)[0].split("\n- ")
+        if "docs/benchmarks/summary.md" in ln
+    ]
+    assert lines, "README.md 'Measured so far' must link docs/benchmarks/summary.md"
+    quoted = re.findall(r"(\d+\.\d\d)(?:-(\d+\.\d\d))?x", " ".join(lines))
+    assert quoted, "README's speed line quotes no ratio"
+    bad = [q for q in quoted if (q[0], q[1] or q[0]) not in ranges]
+    assert not bad, f"README quotes {bad}; the summary's ranges are {sorted(ranges)}"
+
+
+def test_step_profile_table_is_the_committed_run() -> None:
+    import json
+
+    from benchmarks import profile_step
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "profile_step.json").read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert profile_step.table_markdown(res) in doc, (
+        "docs/benchmarks.md's step profile table differs from docs/benchmarks/profile_step.json"
+        " (python -m benchmarks.profile_step --trace --out docs/benchmarks/profile_step.json)"
+    )

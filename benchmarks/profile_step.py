@@ -1,0 +1,204 @@
+r"""Where the RL step's time goes on XLA:CPU: bench_rl's step under variants.
+
+The step of benchmarks/bench_rl.py (3M Llama, 64 rows x 73 tokens, GDPO,
+beta 0) is timed alone (one jitted call, no sampling), for each variant of
+micro-batch count x glibc's huge-page malloc tunable (gdpo_jax/hostenv.py),
+each in a fresh process. Per variant: median / best seconds of 6 steps,
+minor page faults per step (fresh 4 KiB pages the kernel zero-fills), and,
+with --trace, the share of the step per kind of XLA:CPU operation, from a
+jax.profiler trace (ynn_fusion = YNNPACK matmuls, copy_* = layout copies such
+as the transposes before weight-gradient matmuls, wrapped_broadcast = zero
+fills of scan buffers, dynamic-update-slice / dynamic-slice = the layer
+scan's stacking and slicing).
+
+    python -m benchmarks.profile_step [--microbatches 1,4] [--trace] \
+        [--out runs/bench/profile_step.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks import common
+
+STEPS = 6
+
+
+def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
+    """Runs in the variant's own process: build bench_rl's trainer, time the step."""
+    import resource
+
+    import jax
+
+    from benchmarks import bench_rl as B
+    from gdpo_jax.rewards import register_reward
+    from gdpo_jax.tasks import TaskData
+    from gdpo_jax.train import distributed
+    from gdpo_jax.train.config import base_config
+    from gdpo_jax.train.loop import Trainer
+
+    for fn in B.REWARDS:
+        register_reward(f"bench_{fn.__name__}")(fn)
+    c = base_config()
+    c.workdir = tempfile.mkdtemp(prefix="profile_step_")
+    c.model.name = B.make_checkpoint(tempfile.mkdtemp(prefix="profile_ckpt_"))
+    c.task.name, c.task.chat_template = "toolcall", False
+    c.rewards.names = tuple(f"bench_{fn.__name__}" for fn in B.REWARDS)
+    c.rewards.num_workers = 1
+    c.algo.estimator, c.algo.beta, c.algo.kl_estimator = "gdpo", beta, "k3"
+    c.algo.group_size, c.algo.num_prompts = B.GENERATIONS, B.PROMPTS
+    c.algo.aggregation, c.algo.num_microbatches = "grpo", microbatches
+    c.sampling.max_new_tokens, c.sampling.max_prompt_len = B.NEW_TOKENS, B.PROMPT_WORDS + 1
+    c.mesh.num_devices, c.train.num_steps, c.train.progress_bar = 1, 10, False
+    trainer = Trainer(c, task=TaskData(train=[{"prompt": p} for p in B.prompts(64)], eval=[]))
+    arrays, _ = trainer._collect(0)
+    batch = distributed.to_global(arrays, trainer.mesh)
+    if trainer.ref_params is not None:
+        batch["ref_logp"] = trainer.step.logprobs(trainer.ref_params, batch)
+
+    def one() -> float:
+        t0 = time.perf_counter()
+        trainer.state, m = trainer.step(trainer.state, batch)
+        jax.block_until_ready(m)
+        return time.perf_counter() - t0
+
+    one(), one()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    times = [one() for _ in range(STEPS)]
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / STEPS
+    out: dict[str, Any] = {
+        "median_s": statistics.median(times),
+        "best_s": min(times),
+        "minor_faults_per_step": faults,
+    }
+    if trace_dir:
+        jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
+        for _ in range(2):
+            one()
+        jax.profiler.stop_trace()
+        out["op_ms_per_step"] = op_breakdown(trace_dir, steps=2)
+    trainer.runner.close()
+    return out
+
+
+def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
+    """Milliseconds per step by XLA:CPU operation kind (fusion name without its
+    numeric suffix), the `top` largest, from the trace's perfetto JSON."""
+    path = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "perfetto_trace.json.gz"))
+    with gzip.open(path[0]) as f:
+        events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    total: collections.Counter = collections.Counter()
+    for e in events:
+        name = e.get("name", "")
+        # Executor, Python and loop frames nest the operations: skip them.
+        if e.get("ph") != "X" or name.startswith(("ThunkExecutor", "$", "while", "Slinky")):
+            continue
+        if name.startswith(("PjitFunction", "np.asarray")):
+            continue
+        total[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0) / 1e3 / steps
+    return {k: round(v, 1) for k, v in total.most_common(top)}
+
+
+def run_variant(microbatches: int, tunable: bool, beta: float, trace: bool) -> dict[str, Any]:
+    """One variant in a fresh process (the tunable only acts from process start)."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env["GDPO_JAX_NO_RELAUNCH"] = "1"
+    if tunable:
+        from gdpo_jax.hostenv import cpu_tunables_env
+
+        env = cpu_tunables_env(env)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        cmd = [sys.executable, "-m", "benchmarks.profile_step", "--_child", out]
+        cmd += ["--microbatches", str(microbatches), "--beta", str(beta)]
+        if trace:
+            cmd += ["--_trace_dir", os.path.join(tmp, "trace")]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"variant failed:\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            res = json.load(f)
+    return {"microbatches": microbatches, "hugetlb": tunable, **res}
+
+
+def run(quick: bool = False, microbatches: tuple[int, ...] = (1, 4), trace: bool = False) -> dict:
+    """Every (micro-batches, tunable) variant; a JSON-able dict."""
+    rows = [
+        run_variant(m, tunable, 0.0, trace)
+        for m in (microbatches[:1] if quick else microbatches)
+        for tunable in (False, True)
+    ]
+    return {"benchmark": "profile_step", "steps_timed": STEPS, "results": rows}
+
+
+def table_markdown(res: dict) -> str:
+    """The markdown table of a run (docs/benchmarks.md shows the committed run's)."""
+    kinds: list[str] = []
+    for r in res["results"]:
+        kinds += [k for k in r.get("op_ms_per_step", {}) if k not in kinds][:4]
+    kinds = kinds[:5]
+    head = ["micro-batches", "huge pages", "step s (median)", "minor faults / step"]
+    lines = ["| " + " | ".join(head + [f"{k} ms" for k in kinds]) + " |"]
+    lines.append("|" + "---|" * (len(head) + len(kinds)))
+    for r in res["results"]:
+        ops = r.get("op_ms_per_step", {})
+        cells = [
+            str(r["microbatches"]),
+            "yes" if r["hugetlb"] else "no",
+            f"{r['median_s']:.3f}",
+            f"{r['minor_faults_per_step']:,.0f}",
+        ] + [f"{ops[k]:.0f}" if k in ops else "-" for k in kinds]
+        lines.append("| " + " | ".join(cells) + " |")
+    m = res.get("machine", {})
+    if m:
+        lines.append(
+            f"\n{m.get('cpu_model')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; "
+            f"{res['steps_timed']} timed steps per variant; operation columns: the largest "
+            "kinds, ms per step from the trace (the trace slows a step a little)."
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--microbatches", default="1,4")
+    ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--trace", action="store_true", help="add the per-operation breakdown")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default="runs/bench/profile_step.json")
+    ap.add_argument("--_child", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_trace_dir", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a._child:
+        res = _child(int(a.microbatches), a.beta, a._trace_dir)
+        with open(a._child, "w") as f:
+            json.dump(res, f)
+        return
+    mbs = tuple(int(x) for x in a.microbatches.split(","))
+    res = run(a.quick, mbs, a.trace)
+    res["machine"] = common.machine_info()
+    cols = ["microbatches", "hugetlb", "median_s", "best_s", "minor_faults_per_step"]
+    print(common.text_table([{k: r[k] for k in cols} for r in res["results"]]))
+    for r in res["results"]:
+        if "op_ms_per_step" in r:
+            ops = ", ".join(f"{k} {v}" for k, v in r["op_ms_per_step"].items())
+            print(f"mb={r['microbatches']} hugetlb={r['hugetlb']}: ms/step {ops}")
+    print(table_markdown(res))
+    print(f"wrote {common.write_json(a.out, res)}")
+
+
+if __name__ == "__main__":
+    main()

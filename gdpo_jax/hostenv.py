@@ -1,0 +1,77 @@
+"""Host process environment for fast XLA:CPU steps: huge pages for XLA's buffers.
+
+Why: every execution of a compiled program on the CPU backend allocates its
+temporary buffers afresh (one allocation per program, tens to hundreds of MB
+for a training step), and glibc serves allocations that large with a fresh
+``mmap``. The kernel then zero-fills every 4 KiB page on first touch: the
+benchmark RL step (docs/benchmarks.md) took ~150,000 minor page faults per
+step, a tenth of its time. With glibc's ``glibc.malloc.hugetlb=1`` tunable,
+malloc asks for transparent huge pages (``madvise``), and the same step takes
+~300 faults.
+
+A glibc tunable is read once, when the process starts, so it cannot be set
+from Python for the running process: :func:`relaunch_with_cpu_tunables`
+re-executes the current command line (same PID, same arguments, same
+standard streams) with the tunable added to ``GLIBC_TUNABLES``. The CLIs
+(``gdpo-train``, ``gdpo-sft``, ``gdpo-compare``) and the benchmarks call it
+first thing; a notebook or script sets the variable itself before starting
+Python: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python ...``.
+
+Nothing happens (and nothing is re-executed) when the tunable is already set,
+when ``GDPO_JAX_NO_RELAUNCH=1``, off Linux, inside pytest or IPython (a
+re-exec would restart the whole session), or when JAX has already started a
+backend (a re-exec would then lose work). Numerics are unchanged: only where
+the memory comes from differs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["HUGETLB_TUNABLE", "NO_RELAUNCH_ENV", "cpu_tunables_env", "relaunch_with_cpu_tunables"]
+
+HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
+NO_RELAUNCH_ENV = "GDPO_JAX_NO_RELAUNCH"
+
+
+def cpu_tunables_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of `env` (default os.environ) with the huge-page tunable added to
+    GLIBC_TUNABLES (kept as is when it already names glibc.malloc.hugetlb)."""
+    out = dict(os.environ if env is None else env)
+    current = out.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc.hugetlb" not in current:
+        out["GLIBC_TUNABLES"] = f"{current}:{HUGETLB_TUNABLE}" if current else HUGETLB_TUNABLE
+    return out
+
+
+def _backend_started() -> bool:
+    jax_mod = sys.modules.get("jax._src.xla_bridge")
+    return bool(jax_mod is not None and getattr(jax_mod, "_backends", None))
+
+
+def relaunch_with_cpu_tunables() -> None:
+    """Re-executes this process with huge pages for malloc, unless that is done,
+    disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside pytest / IPython, or too
+    late (a JAX backend is up).
+
+    Returns only when no re-exec happens; otherwise the process image is
+    replaced (os.execve: same PID, same argv, same open stdin/stdout/stderr).
+    """
+    if sys.platform != "linux" or os.environ.get(NO_RELAUNCH_ENV, "") not in ("", "0"):
+        return
+    if "glibc.malloc.hugetlb" in os.environ.get("GLIBC_TUNABLES", "") or _backend_started():
+        return
+    if "pytest" in sys.modules or "IPython" in sys.modules:
+        return
+    env = cpu_tunables_env()
+    # Loop guard: the child sees the tunable set and returns above; should the
+    # variable be dropped on the way, NO_RELAUNCH stops a second re-exec.
+    env[NO_RELAUNCH_ENV] = "1"
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable, *sys.argv])
+    os.execve(sys.executable, [sys.executable, *argv[1:]], env)

@@ -1,0 +1,100 @@
+"""gdpo_jax/hostenv.py: the CLIs' re-exec with glibc's huge-page malloc tunable.
+
+Each case runs a fresh interpreter (a re-exec replaces the process), checks what
+the re-executed process sees, and that the tunable really changes XLA:CPU's page
+faults (the reason it exists).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+PROBE = (
+    "import json, os, sys\n"
+    "from gdpo_jax.hostenv import relaunch_with_cpu_tunables\n"
+    "{before}\n"
+    "relaunch_with_cpu_tunables()\n"
+    "print(json.dumps({{'tunables': os.environ.get('GLIBC_TUNABLES'), 'argv': sys.argv[1:],"
+    " 'pid': os.getpid()}}))\n"
+)
+
+
+def _probe(env_extra: dict[str, str], before: str = "", drop=("GLIBC_TUNABLES",)) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in drop and k != "GDPO_JAX_NO_RELAUNCH"}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **env_extra)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(before=before), "--flag=1", "two words"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert len(lines) == 1, out.stdout  # the re-exec prints once, not twice
+    return json.loads(lines[0])
+
+
+def test_relaunch_adds_the_tunable_and_keeps_the_command_line():
+    got = _probe({})
+    assert got["tunables"] == "glibc.malloc.hugetlb=1"
+    assert got["argv"] == ["--flag=1", "two words"]
+
+
+def test_relaunch_keeps_existing_tunables():
+    got = _probe({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, drop=())
+    assert got["tunables"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+
+
+@pytest.mark.parametrize(
+    "env_extra, before",
+    [
+        ({"GDPO_JAX_NO_RELAUNCH": "1"}, ""),  # opted out
+        ({}, "import jax; jax.devices()"),  # too late: a backend is up
+    ],
+)
+def test_no_relaunch_when_disabled_or_too_late(env_extra, before):
+    assert _probe(env_extra, before)["tunables"] is None
+
+
+_FAULTS = (
+    "import resource, jax, jax.numpy as jnp\n"
+    "f = jax.jit(lambda x: (jnp.outer(x, x) * 2.0).sum(axis=0))\n"  # a 256 MB temporary
+    "x = jnp.ones((8192,), jnp.float32); f(x).block_until_ready()\n"
+    "r0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+    "for _ in range(3): f(x).block_until_ready()\n"
+    "print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 3)\n"
+)
+
+
+def _thp_available() -> bool:
+    try:
+        mode = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in mode
+
+
+@pytest.mark.skipif(not _thp_available(), reason="transparent huge pages are off here")
+def test_tunable_cuts_xla_cpu_page_faults():
+    def faults(tunables: str | None) -> float:
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        env.update(JAX_PLATFORMS="cpu", GDPO_JAX_NO_RELAUNCH="1")
+        if tunables:
+            env["GLIBC_TUNABLES"] = tunables
+        out = subprocess.run(
+            [sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return float(out.stdout.strip().splitlines()[-1])
+
+    plain, huge = faults(None), faults("glibc.malloc.hugetlb=1")
+    # 4 KiB pages: tens of thousands of faults per call; 2 MiB pages: hundreds.
+    assert plain > 10 * max(huge, 1.0), (plain, huge)
