@@ -283,6 +283,33 @@ def test_attention_kind_by_backend_and_config():
         ModelConfig.tiny(attention="flash")
 
 
+def test_target_backend_picks_the_kernels_of_the_platform_being_planned():
+    # The planner lowers a GPU run's programs on a CPU host: inside target_backend
+    # the kernel choice (and config validation) follows the target, not the host.
+    from gdpo_jax.models.attention import attention_kind, effective_backend, target_backend
+    from gdpo_jax.train.config import ConfigError, base_config, validate_config
+
+    bf16 = ModelConfig.tiny(dtype="bfloat16")
+    host = jax.default_backend()
+    assert attention_kind(bf16) == ("cudnn" if host == "gpu" else "xla")
+    with target_backend("cuda"):
+        assert effective_backend() == "gpu" and attention_kind(bf16) == "cudnn"
+        with target_backend("tpu"):  # nested: the innermost wins
+            assert attention_kind(bf16) == "xla"
+        assert attention_kind(bf16) == "cudnn"
+    assert effective_backend() == host
+    c = base_config()
+    c.workdir, c.model.dtype, c.model.attention = "/tmp/x", "bfloat16", "cudnn"
+    if host != "gpu":
+        with pytest.raises(ConfigError, match="needs a GPU"):
+            validate_config(c, num_devices=1)
+    with target_backend("cuda"):
+        try:
+            validate_config(c, num_devices=1)
+        except ConfigError as e:  # only the attention check may not fire here
+            assert "attention" not in str(e), e
+
+
 def test_dot_product_attention_equals_einsum_path():
     """jax.nn.dot_product_attention (XLA kernel) == the grouped einsum path:
     GQA, causal + left padding, fully masked (padding) query rows included."""

@@ -243,6 +243,35 @@ def test_tiny_plan_on_gpu():
     assert plan["usable_gib"] == pytest.approx(84942979072 / 2**30 - 4)
 
 
+def test_model_attention_reaches_the_planned_model():
+    from gdpo_jax.scale.arch import model_config
+
+    c = tiny_config()
+    c.model.attention = "dpa"
+    assert model_config(c).attention == "dpa"  # was silently "auto"
+
+
+@needs_cuda
+def test_gpu_plan_uses_the_gpu_kernel_choice():
+    # Kernels follow the target: "auto" in bf16 on a GPU is cuDNN flash attention;
+    # without cuDNN on the planning host it is planned with the XLA kernel and says so.
+    from gdpo_jax.scale.plan import PlanError, _cudnn_on_host, make_plan
+
+    target = targets_lib.parse_target("cuda:1x1x2:h100")
+    c = tiny_config()
+    c.model.dtype = "bfloat16"
+    plan = make_plan(c, target)
+    if _cudnn_on_host():
+        assert plan["attention"] == "cudnn"
+    else:
+        assert plan["attention"] == "xla" and "cuDNN" in plan["attention_note"]
+        c.model.attention = "cudnn"
+        with pytest.raises(PlanError, match="nvidia-cudnn-cu12"):
+            make_plan(c, target)
+    c.model.attention = "dpa"  # jax.nn.dot_product_attention's XLA kernel, for the GPU
+    assert make_plan(c, target)["attention"] == "dpa"
+
+
 # ------------------------------------------------------------------------ CLI
 def test_cli_unknown_topology_exits_with_the_names():
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")

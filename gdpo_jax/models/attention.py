@@ -8,6 +8,9 @@ allowed bool[B,T,S] (query t may read key s) -> f[B,T,Hq,Dh].
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,14 +45,36 @@ def _attention(
     return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
 
 
+# The platform programs are being built for, when it is not the one running them:
+# the ahead-of-time planner lowers GPU / TPU programs on a CPU host (target_backend).
+_TARGET_BACKEND: list[str] = []
+
+
+@contextlib.contextmanager
+def target_backend(platform: str) -> Iterator[None]:
+    """Within this block, kernels are chosen for `platform` ("gpu"/"cuda", "tpu", "cpu")
+    instead of JAX's default backend: the planner lowers a GPU run's programs with
+    the kernels a GPU run would use."""
+    _TARGET_BACKEND.append("gpu" if platform in ("cuda", "rocm") else platform)
+    try:
+        yield
+    finally:
+        _TARGET_BACKEND.pop()
+
+
+def effective_backend() -> str:
+    """The backend kernels are chosen for: the innermost target_backend, else JAX's."""
+    return _TARGET_BACKEND[-1] if _TARGET_BACKEND else jax.default_backend()
+
+
 def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
-    """The kernel cfg.attention picks on `backend` (default: JAX's default backend).
+    """The kernel cfg.attention picks on `backend` (default: effective_backend()).
 
     "auto": cuDNN flash attention on GPU when the compute dtype is bf16/f16 (its
     only dtypes), else the einsum path ("xla"). TPU keeps "xla" (no splash
     kernel yet). "cudnn" off GPU or in f32 is an error naming the field.
     """
-    backend = backend or jax.default_backend()
+    backend = backend or effective_backend()
     half = jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16)
     if cfg.attention == "auto":
         return "cudnn" if backend == "gpu" and half else "xla"

@@ -32,7 +32,12 @@ def model_config(cfg: mlc.ConfigDict) -> ModelConfig:
     checkpoint dir (only config.json is read), or "" (random init; model.tiny).
     """
     m = cfg.model
-    kw = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=bool(m.remat))
+    kw = dict(
+        dtype=m.dtype,
+        param_dtype=m.param_dtype,
+        remat=bool(m.remat),
+        attention=str(m.get("attention", "auto")),
+    )
     models = paper_models()
     spec = models.get(m.name) or next((s for s in models.values() if s.hf_id == m.name), None)
     if spec is not None:

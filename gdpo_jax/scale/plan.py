@@ -26,6 +26,7 @@ refuse, so the total is compared with the card minus GPU_RUNTIME_RESERVE_BYTES.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import re
@@ -37,6 +38,8 @@ import jax.numpy as jnp
 import ml_collections as mlc
 from flax import nnx
 
+from gdpo_jax.models.attention import attention_kind
+from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.scale import flops as flops_lib
 from gdpo_jax.scale.arch import PlanError, model_config
 from gdpo_jax.scale.lowering import _abstract_state, _batch, _generate_lowering
@@ -159,7 +162,52 @@ def _flat(d: dict, pre: str = "") -> dict:
 
 
 def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = None) -> dict:
-    """The plan of `cfg` on `target` (see the module docstring). Validates the config first."""
+    """The plan of `cfg` on `target` (see the module docstring). Validates the config first.
+
+    Kernels are chosen for the target's platform, not the CPU host's (e.g.
+    model.attention="auto" lowers cuDNN flash attention for a GPU target in bf16,
+    as a run on that GPU would).
+    """
+    from gdpo_jax.models.attention import target_backend
+
+    with target_backend(target.platform):
+        return _make_plan(cfg, target, devices=devices)
+
+
+def _cudnn_on_host() -> bool:
+    """Whether cuDNN can be loaded here (lowering its attention kernel needs it)."""
+    try:
+        from jax._src.cudnn.fused_attention_stablehlo import check_cudnn_version
+
+        check_cudnn_version()
+        return True
+    except Exception:  # noqa: BLE001 - not installed / no CUDA plugin: any failure means no
+        return False
+
+
+def _attention_for_host(mc: ModelConfig, requested: str) -> tuple[ModelConfig, str]:
+    """The model config to lower (inside target_backend) and a note for the plan.
+
+    A GPU target in bf16 runs cuDNN flash attention (model.attention="auto"); lowering
+    it needs cuDNN on the planning host. Without it, "auto" is planned with the XLA
+    kernel and the plan says so; an explicit "cudnn" is an error naming the fix.
+    """
+    kind = attention_kind(mc)
+    if kind != "cudnn" or _cudnn_on_host():
+        return mc, f"attention kernel: {kind}"
+    if requested == "cudnn":
+        raise PlanError(
+            "config.model.attention='cudnn': lowering cuDNN flash attention needs cuDNN on "
+            "this host (pip install nvidia-cudnn-cu12); or plan --config.model.attention=auto."
+        )
+    note = (
+        "attention kernel: xla (a bf16 run on this GPU uses cuDNN flash attention, which is "
+        "not installed on this host: its temporaries are planned for the XLA kernel)"
+    )
+    return dataclasses.replace(mc, attention="xla"), note
+
+
+def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = None) -> dict:
     from gdpo_jax.train.config import validate_config
     from gdpo_jax.train.step import CompiledStep
 
@@ -168,7 +216,7 @@ def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = Non
         cfg.workdir = cfg.workdir or "/tmp/gdpo_plan"  # never written; validation wants one
         cfg.mesh.num_devices = 0
     validate_config(cfg, num_devices=target.num_devices)
-    mc = model_config(cfg)
+    mc, attention_note = _attention_for_host(model_config(cfg), cfg.model.attention)
     devices = devices if devices is not None else target_devices(target)
     mesh = mesh_lib.make_mesh(
         tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
@@ -281,6 +329,8 @@ def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = Non
         "num_devices": target.num_devices,
         "mesh": dict(mesh.shape),
         "model": cfg.model.name or "random-init (model.tiny)",
+        "attention": mc.attention if mc.attention != "auto" else attention_kind(mc),
+        "attention_note": attention_note,
         "num_params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(state.params))),
         "device_memory_gib": target.chip.memory_bytes / GIB,
         "usable_gib": limit / GIB,

@@ -33,4 +33,6 @@ def format_plan(plan: dict) -> str:
         )
         + ")"
     )
+    if plan.get("attention_note"):
+        lines.append(plan["attention_note"])
     return "\n".join(lines)

@@ -111,12 +111,14 @@ def validate_config(
     _choice(cfg, "rewards.on_error", _ON_ERROR)
     _choice(cfg, "model.attention", ("auto", "xla", "dpa", "cudnn"))
     if cfg.model.attention == "cudnn":
-        import jax
+        # The backend the programs are built for (the planner's target, else JAX's).
+        from gdpo_jax.models.attention import effective_backend
 
-        if jax.default_backend() != "gpu" or cfg.model.dtype not in ("bfloat16", "float16"):
+        backend = effective_backend()
+        if backend != "gpu" or cfg.model.dtype not in ("bfloat16", "float16"):
             raise ConfigError(
                 f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
-                f"(backend {jax.default_backend()!r}, dtype {cfg.model.dtype!r}); set "
+                f"(backend {backend!r}, dtype {cfg.model.dtype!r}); set "
                 "--config.model.attention=auto."
             )
     _choice(cfg, "rewards.executor", ("thread", "process"))
