@@ -324,10 +324,20 @@ def test_dot_product_attention_equals_einsum_path():
     allowed = jnp.asarray((np.arange(S)[None] <= np.arange(T)[:, None] + 2)[None] & key_ok[:, None])
     seen = np.asarray(allowed).any(-1)  # [B, T]
     assert not seen.all()  # some (padding) query rows see no key
-    want = np.asarray(_attention(q, k, v, allowed, cfg))
-    got = np.asarray(_dpa_attention(q, k, v, allowed, "xla"))
+    kt = k.swapaxes(-1, -2)  # the cache's key layout [B, Hkv, Dh, S]
+    want = np.asarray(_attention(q, kt, v, allowed, cfg))
+    got = np.asarray(_dpa_attention(q, kt, v, allowed, "xla"))
     np.testing.assert_allclose(got[seen], want[seen], rtol=1e-5, atol=1e-6)
     assert np.isfinite(got).all()  # padding rows: finite, never NaN
+    # NumPy reference (GQA: query head h reads kv head h // 2) for the seen rows.
+    qn, kn, vn, an = (np.asarray(a, np.float64) for a in (q, k, v, allowed))
+    kv_of = np.arange(4) // 2
+    s = np.einsum("bthd,bhsd->bhts", qn, kn[:, kv_of]) / 4.0
+    s = np.where(an[:, None] > 0, s, -1e30)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = p / p.sum(-1, keepdims=True)
+    ref = np.einsum("bhts,bhsd->bthd", p, vn[:, kv_of])
+    np.testing.assert_allclose(want[seen], ref[seen], rtol=1e-5, atol=1e-6)
 
 
 def test_model_with_dpa_attention_matches_einsum(models):

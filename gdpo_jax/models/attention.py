@@ -2,8 +2,9 @@
 jax.nn.dot_product_attention ("dpa" / cuDNN flash), and the dispatch between them
 (`attention_kind`, from config.model.attention and the backend).
 
-Shapes: q f[B,T,Hq,Dh]; k, v f[B,Hkv,S,Dh] (the KV cache's stored layout);
-allowed bool[B,T,S] (query t may read key s) -> f[B,T,Hq,Dh].
+Shapes: q f[B,T,Hq,Dh]; kt f[B,Hkv,Dh,S] (keys transposed) and v f[B,Hkv,S,Dh],
+the KV cache's stored layouts (see KVCache); allowed bool[B,T,S] (query t may
+read key s) -> f[B,T,Hq,Dh].
 """
 
 from __future__ import annotations
@@ -22,19 +23,21 @@ _NEG = float(np.finfo(np.float32).min)
 
 
 def _attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig
+    q: jax.Array, kt: jax.Array, v: jax.Array, allowed: jax.Array, cfg: ModelConfig
 ) -> jax.Array:
-    """q f[B,T,Hq,Dh], k/v f[B,Hkv,S,Dh], allowed bool[B,T,S] -> f[B,T,Hq,Dh].
+    """q f[B,T,Hq,Dh], kt f[B,Hkv,Dh,S], v f[B,Hkv,S,Dh], allowed bool[B,T,S]
+    -> f[B,T,Hq,Dh].
 
     GQA without repeating K/V: q is grouped [B,Hkv,G*T,Dh] so both dots are
-    plain batched matmuls over (b, kv head) with k/v in their stored layout.
+    plain batched matmuls over (b, kv head) whose right operand is the cache
+    as stored, in [contracted, free] order (q @ kt, p @ v).
     """
     B, T, Hq, Dh = q.shape
     Hkv = cfg.num_kv_heads
     G = Hq // Hkv
     # [B,T,Hkv,G,Dh] -> [B,Hkv,G,T,Dh] (small: only the T new tokens move).
     q = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4).reshape(B, Hkv, G * T, Dh)
-    s = jnp.einsum("bkqd,bksd->bkqs", q, k.astype(q.dtype), preferred_element_type=jnp.float32) * (
+    s = jnp.einsum("bkqd,bkds->bkqs", q, kt.astype(q.dtype), preferred_element_type=jnp.float32) * (
         Dh**-0.5
     )
     s = s.reshape(B, Hkv, G, T, -1)
@@ -87,10 +90,11 @@ def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
 
 
 def _dpa_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, implementation: str
+    q: jax.Array, kt: jax.Array, v: jax.Array, allowed: jax.Array, implementation: str
 ) -> jax.Array:
-    """`_attention` through jax.nn.dot_product_attention (q [B,T,Hq,Dh], k/v
-    [B,Hkv,S,Dh], allowed bool[B,T,S]); GQA is native there (no K/V repeat).
+    """`_attention` through jax.nn.dot_product_attention (q [B,T,Hq,Dh], kt
+    [B,Hkv,Dh,S], v [B,Hkv,S,Dh], allowed bool[B,T,S]); GQA is native there (no
+    K/V repeat).
 
     A query with no allowed key (a left-padding position) may attend to every
     key here, so no kernel sees an empty row (NaN); its output differs from the
@@ -98,7 +102,7 @@ def _dpa_attention(
     positions are masked out of every real query and of the loss.
     """
     allowed = allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
-    k, v = k.astype(q.dtype).transpose(0, 2, 1, 3), v.astype(q.dtype).transpose(0, 2, 1, 3)
+    k, v = kt.astype(q.dtype).transpose(0, 3, 1, 2), v.astype(q.dtype).transpose(0, 2, 1, 3)
     return jax.nn.dot_product_attention(
         q, k, v, mask=allowed[:, None], implementation=implementation
     )

@@ -54,12 +54,16 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
 
 @flax.struct.dataclass
 class KVCache:
-    """Decode cache. k, v: f[L,B,Hkv,S,Dh]; mask: bool[B,S] (slot holds a real
-    token); index: i32[] next slot to write, or i32[B] one per row (one-token
-    steps only: continuous batching, rows at different steps). A pytree.
+    """Decode cache. k: f[L,B,Hkv,Dh,S] (keys transposed: slots last); v:
+    f[L,B,Hkv,S,Dh]; mask: bool[B,S] (slot holds a real token); index: i32[] next
+    slot to write, or i32[B] one per row (one-token steps only: continuous
+    batching, rows at different steps). A pytree.
 
-    Heads before slots so each (row, kv head) is one contiguous [S,Dh] matrix:
-    the attention dots read the cache as it lies (no per-step transpose copy).
+    Heads before slots so each (row, kv head) is one contiguous matrix, each in
+    the order its attention dot contracts it (q @ k[Dh,S], p @ v[S,Dh]): the dots
+    read the cache as it lies, as a plain [contracted, free] right operand.
+    XLA:CPU's YNNPACK dots run a transposed right operand about 3x slower (64
+    rows x 160 slots: 0.30 vs 0.11 ms; docs/benchmarks.md, the sampler).
     """
 
     k: jax.Array
@@ -152,6 +156,7 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         dt = jnp.dtype(dtype or cfg.dtype)
         shape = (cfg.num_layers, batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+        k_shape = shape[:3] + (cfg.head_dim, max_len)  # keys transposed (see KVCache)
         mesh = _concrete_mesh(self.embed.get_value())
         if mesh is None:
             kv_sh = mask_sh = idx_sh = None
@@ -161,7 +166,7 @@ class Transformer(nnx.Module):
             mask_sh = jax.NamedSharding(mesh, P(kv_spec[1], None))
             idx_sh = jax.NamedSharding(mesh, P())
         return KVCache(
-            k=jnp.zeros(shape, dt, device=kv_sh),
+            k=jnp.zeros(k_shape, dt, device=kv_sh),
             v=jnp.zeros(shape, dt, device=kv_sh),
             mask=jnp.zeros((batch, max_len), bool, device=mask_sh),
             index=jnp.zeros((), jnp.int32, device=idx_sh),
@@ -313,19 +318,23 @@ def _forward(
         if cfg.qk_norm:
             q, k = _rms_norm(q, lp["q_norm"], eps), _rms_norm(k, lp["k_norm"], eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B,Hkv,T,Dh]
+        # The cache's layouts (see KVCache): k [B,Hkv,Dh,T], v [B,Hkv,T,Dh].
+        k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         if kc is not None:
             # Write only the T new slots of layer i into the carried stacked
             # cache (in place: the carry is donated loop state), then read the
-            # layer's [B,Hkv,S,Dh] slice in its stored layout.
+            # layer's slices in their stored layouts.
             if per_row:  # scatter row b's token into slot index[b] (in place)
                 rows = jnp.arange(B)
-                kc = kc.at[i, rows, :, cache.index].set(k[:, :, 0].astype(kc.dtype))
+                kc = kc.at[i, rows, :, :, cache.index].set(k[..., 0].astype(kc.dtype))
                 vc = vc.at[i, rows, :, cache.index].set(v[:, :, 0].astype(vc.dtype))
             else:
-                start = (i, 0, 0, cache.index, 0)
-                kc = jax.lax.dynamic_update_slice(kc, k[None].astype(kc.dtype), start)
-                vc = jax.lax.dynamic_update_slice(vc, v[None].astype(vc.dtype), start)
+                kc = jax.lax.dynamic_update_slice(
+                    kc, k[None].astype(kc.dtype), (i, 0, 0, 0, cache.index)
+                )
+                vc = jax.lax.dynamic_update_slice(
+                    vc, v[None].astype(vc.dtype), (i, 0, 0, cache.index, 0)
+                )
             k, v = kc[i], vc[i]
         if kind == "xla":
             a = _attention(q, k, v, allowed, cfg)

@@ -7,11 +7,12 @@ row finishes, the next waiting row takes the lane at the next step, inside
 the same compiled ``while_loop`` (static shapes throughout):
 
   * every distinct prompt is prefilled once up front into a prompt cache
-    [L, U, Hkv, P, Dh] with its last logits [U, V];
+    (U rows, P slots) with its last logits [U, V];
   * a refill copies the row's prompt cache into slots [0, P) of the lane's
-    cache [L, B, Hkv, P + M, Dh], masks slots P.. out, and restarts the lane's
-    step counter; the lane's t-th token goes to slot P + t (a per-row cache
-    index, `KVCache.index` i32[B]) at position prompt_len + t;
+    cache (P + M slots; k [L, B, Hkv, Dh, S], v [L, B, Hkv, S, Dh]), masks
+    slots P.. out, and restarts the lane's step counter; the lane's t-th token
+    goes to slot P + t (a per-row cache index, `KVCache.index` i32[B]) at
+    position prompt_len + t;
   * rows are taken in order (row r before r + 1); outputs are scattered to
     their row, so the result has the static decode's layout [N, M].
 

@@ -34,6 +34,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.logprobs import unembed_logits
+from gdpo_jax.models.transformer import KVCache
 from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
 from gdpo_jax.sharding import BATCH_AXES, batch_axes, constrain, is_explicit
 from gdpo_jax.sharding import batch_axis_size as batch_shards
@@ -112,8 +113,8 @@ def make_generate_fn(
         return constrain(x, mesh, _spec(x, mesh, batch_dim, heads_dim))
 
     def place_cache_leaf(x: jax.Array) -> jax.Array:
-        # KVCache leaves: k/v [L, B, Hkv, S, Dh] (heads over "tensor", as the
-        # model's own init_cache lays them out), mask [B, S], index [].
+        # KVCache leaves: k [L,B,Hkv,Dh,S], v [L,B,Hkv,S,Dh] (heads over
+        # "tensor", as the model's own init_cache lays them out), mask [B,S], index [].
         if x.ndim == 0:
             return x
         return place(x, 1, 2) if x.ndim == 5 else place(x)
@@ -148,13 +149,14 @@ def make_generate_fn(
         cache = jax.tree.map(place_cache_leaf, cache)
         return place(logits.astype(jnp.float32)), cache
 
-    def grow(x: jax.Array, slots: int) -> jax.Array:
-        if x.ndim == 0:
-            return x
-        dim = 3 if x.ndim == 5 else 1  # the slot axis (k/v [L,B,Hkv,S,Dh], mask [B,S])
-        pad = [(0, 0)] * x.ndim
-        pad[dim] = (0, slots - x.shape[dim])
-        return place_cache_leaf(jnp.pad(x, pad))
+    def grow(cache: KVCache, slots: int) -> KVCache:
+        def pad(x: jax.Array, dim: int) -> jax.Array:
+            widths = [(0, 0)] * x.ndim
+            widths[dim] = (0, slots - x.shape[dim])
+            return place_cache_leaf(jnp.pad(x, widths))
+
+        # The slot axes: k [L,B,Hkv,Dh,S], v [L,B,Hkv,S,Dh], mask [B,S].
+        return cache.replace(k=pad(cache.k, 4), v=pad(cache.v, 3), mask=pad(cache.mask, 1))
 
     def generate(
         state,
@@ -248,7 +250,7 @@ def make_generate_fn(
         out = init
         for j, end in enumerate(ends):
             if j:  # next phase: a longer cache (one copy), empty slots masked out
-                out["cache"] = jax.tree.map(lambda x, end=end: grow(x, plen + end), out["cache"])
+                out["cache"] = grow(out["cache"], plen + end)
             out = jax.lax.while_loop(
                 lambda c, end=end: (c["t"] < end) & ~jnp.all(c["done"]), body, out
             )

@@ -62,7 +62,7 @@ def _generate_chunked(
     on_chunk(start, rollouts): called after each chunk is generated, before
     the next one starts (the reward overlap hook of `sample_and_score`).
 
-    Bounds the rows one decode holds (KV cache [L, rows, Hkv, S, Dh]) so a
+    Bounds the rows one decode holds (KV cache: k and v, L x rows x Hkv x S x Dh each) so a
     paper-size rollout batch (e.g. 8192 rows x 8000 tokens) fits. One chunk
     (prompts_per_call 0 or >= len(prompts)) is a single call with `key`, so
     results equal an unchunked run; with several chunks, chunk c uses fold_in(key, c). With
