@@ -3,13 +3,18 @@ r"""Where the RL step's time goes on XLA:CPU: bench_rl's step under variants.
 The step of benchmarks/bench_rl.py (3M Llama, 64 rows x 73 tokens, GDPO,
 beta 0) is timed alone (one jitted call, no sampling), for each variant of
 micro-batch count x glibc's huge-page malloc tunable (gdpo_jax/hostenv.py),
-each in a fresh process. Per variant: median / best seconds of 6 steps,
+each in a fresh process. Per variant: median / best seconds of 12 steps,
 minor page faults per step (fresh 4 KiB pages the kernel zero-fills), and,
 with --trace, the share of the step per kind of XLA:CPU operation, from a
 jax.profiler trace (ynn_fusion = YNNPACK matmuls, copy_* = layout copies such
 as the transposes before weight-gradient matmuls, wrapped_broadcast = zero
 fills of scan buffers, dynamic-update-slice / dynamic-slice = the layer
 scan's stacking and slicing).
+
+Then, per micro-batch count (with the tunable), one process builds the step
+twice, with autodiff's own weight gradients and with gdpo_jax/core/dense.py's
+(xᵀ materialized before each dW = xᵀ dY), and times the two alternately:
+machine noise between processes is larger than the difference.
 
     python -m benchmarks.profile_step [--microbatches 1,4] [--trace] \
         [--out runs/bench/profile_step.json]
@@ -33,15 +38,12 @@ from typing import Any
 
 from benchmarks import common
 
-STEPS = 6
+STEPS = 12
+AB_STEPS = 12
 
 
-def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
-    """Runs in the variant's own process: build bench_rl's trainer, time the step."""
-    import resource
-
-    import jax
-
+def _trainer(microbatches: int, beta: float) -> tuple[Any, dict]:
+    """bench_rl's trainer (1 device) and one collected batch, ready for `trainer.step`."""
     from benchmarks import bench_rl as B
     from gdpo_jax.rewards import register_reward
     from gdpo_jax.tasks import TaskData
@@ -67,16 +69,28 @@ def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
     batch = distributed.to_global(arrays, trainer.mesh)
     if trainer.ref_params is not None:
         batch["ref_logp"] = trainer.step.logprobs(trainer.ref_params, batch)
+    return trainer, batch
 
-    def one() -> float:
-        t0 = time.perf_counter()
-        trainer.state, m = trainer.step(trainer.state, batch)
-        jax.block_until_ready(m)
-        return time.perf_counter() - t0
 
-    one(), one()
+def _step_seconds(trainer: Any, batch: dict) -> float:
+    import jax
+
+    t0 = time.perf_counter()
+    trainer.state, m = trainer.step(trainer.state, batch)
+    jax.block_until_ready(m)
+    return time.perf_counter() - t0
+
+
+def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
+    """Runs in the variant's own process: build bench_rl's trainer, time the step."""
+    import resource
+
+    import jax
+
+    trainer, batch = _trainer(microbatches, beta)
+    _step_seconds(trainer, batch), _step_seconds(trainer, batch)
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    times = [one() for _ in range(STEPS)]
+    times = [_step_seconds(trainer, batch) for _ in range(STEPS)]
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / STEPS
     out: dict[str, Any] = {
         "median_s": statistics.median(times),
@@ -86,11 +100,38 @@ def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
     if trace_dir:
         jax.profiler.start_trace(trace_dir, create_perfetto_trace=True)
         for _ in range(2):
-            one()
+            _step_seconds(trainer, batch)
         jax.profiler.stop_trace()
         out["op_ms_per_step"] = op_breakdown(trace_dir, steps=2)
     trainer.runner.close()
     return out
+
+
+def _child_weight_grad_ab(microbatches: int, beta: float) -> dict[str, Any]:
+    """One process, two steps (autodiff's weight gradients, core.dense's), timed
+    alternately. The step traces on its first call, so each trainer's first call
+    happens while its lowering is in place."""
+    from gdpo_jax.core import dense as dense_mod
+
+    ours = dense_mod._dense_cpu
+    dense_mod._dense_cpu = dense_mod._einsum  # autodiff's gradient of the plain einsum
+    plain = _trainer(microbatches, beta)
+    _step_seconds(*plain), _step_seconds(*plain)
+    dense_mod._dense_cpu = ours
+    dense = _trainer(microbatches, beta)
+    _step_seconds(*dense), _step_seconds(*dense)
+    t_plain, t_dense = [], []
+    for _ in range(AB_STEPS):
+        t_plain.append(_step_seconds(*plain))
+        t_dense.append(_step_seconds(*dense))
+    for trainer, _ in (plain, dense):
+        trainer.runner.close()
+    return {
+        "autodiff_median_s": statistics.median(t_plain),
+        "dense_median_s": statistics.median(t_dense),
+        "autodiff_best_s": min(t_plain),
+        "dense_best_s": min(t_dense),
+    }
 
 
 def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
@@ -112,8 +153,11 @@ def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
     return {k: round(v, 1) for k, v in total.most_common(top)}
 
 
-def run_variant(microbatches: int, tunable: bool, beta: float, trace: bool) -> dict[str, Any]:
-    """One variant in a fresh process (the tunable only acts from process start)."""
+def run_variant(
+    microbatches: int, tunable: bool, beta: float, trace: bool, ab: bool = False
+) -> dict[str, Any]:
+    """One variant in a fresh process (the tunable only acts from process start);
+    `ab`: the weight-gradient comparison (_child_weight_grad_ab) instead."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env["GDPO_JAX_NO_RELAUNCH"] = "1"
     if tunable:
@@ -124,6 +168,8 @@ def run_variant(microbatches: int, tunable: bool, beta: float, trace: bool) -> d
         out = os.path.join(tmp, "r.json")
         cmd = [sys.executable, "-m", "benchmarks.profile_step", "--_child", out]
         cmd += ["--microbatches", str(microbatches), "--beta", str(beta)]
+        if ab:
+            cmd += ["--_ab"]
         if trace:
             cmd += ["--_trace_dir", os.path.join(tmp, "trace")]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -136,12 +182,18 @@ def run_variant(microbatches: int, tunable: bool, beta: float, trace: bool) -> d
 
 def run(quick: bool = False, microbatches: tuple[int, ...] = (1, 4), trace: bool = False) -> dict:
     """Every (micro-batches, tunable) variant; a JSON-able dict."""
-    rows = [
-        run_variant(m, tunable, 0.0, trace)
-        for m in (microbatches[:1] if quick else microbatches)
-        for tunable in (False, True)
-    ]
-    return {"benchmark": "profile_step", "steps_timed": STEPS, "results": rows}
+    mbs = microbatches[:1] if quick else microbatches
+    rows = [run_variant(m, tunable, 0.0, trace) for m in mbs for tunable in (False, True)]
+    ab = [run_variant(m, True, 0.0, False, ab=True) for m in mbs]
+    for r in ab:
+        r["speedup"] = r["autodiff_median_s"] / r["dense_median_s"]
+    return {
+        "benchmark": "profile_step",
+        "steps_timed": STEPS,
+        "results": rows,
+        "ab_steps_timed": AB_STEPS,
+        "weight_grad_ab": ab,
+    }
 
 
 def table_markdown(res: dict) -> str:
@@ -172,6 +224,25 @@ def table_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def ab_table_markdown(res: dict) -> str:
+    """The weight-gradient comparison's markdown table (docs/benchmarks.md)."""
+    lines = [
+        "| micro-batches | autodiff's weight gradient: step s (median) "
+        "| core.dense's: step s (median) | speed-up |",
+        "|---|---|---|---|",
+    ]
+    for r in res.get("weight_grad_ab", []):
+        lines.append(
+            f"| {r['microbatches']} | {r['autodiff_median_s']:.3f} | {r['dense_median_s']:.3f} "
+            f"| {r['speedup']:.2f}x |"
+        )
+    lines.append(
+        f"\nHuge pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
+        "in one process per row."
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--microbatches", default="1,4")
@@ -181,9 +252,13 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench/profile_step.json")
     ap.add_argument("--_child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_trace_dir", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--_ab", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._child:
-        res = _child(int(a.microbatches), a.beta, a._trace_dir)
+        if a._ab:
+            res = _child_weight_grad_ab(int(a.microbatches), a.beta)
+        else:
+            res = _child(int(a.microbatches), a.beta, a._trace_dir)
         with open(a._child, "w") as f:
             json.dump(res, f)
         return
@@ -197,6 +272,7 @@ def main() -> None:
             ops = ", ".join(f"{k} {v}" for k, v in r["op_ms_per_step"].items())
             print(f"mb={r['microbatches']} hugetlb={r['hugetlb']}: ms/step {ops}")
     print(table_markdown(res))
+    print(ab_table_markdown(res))
     print(f"wrote {common.write_json(a.out, res)}")
 
 

@@ -351,7 +351,23 @@ def test_step_profile_table_is_the_committed_run() -> None:
 
     res = json.loads((ROOT / "docs" / "benchmarks" / "profile_step.json").read_text())
     doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    assert profile_step.table_markdown(res) in doc, (
-        "docs/benchmarks.md's step profile table differs from docs/benchmarks/profile_step.json"
-        " (python -m benchmarks.profile_step --trace --out docs/benchmarks/profile_step.json)"
+    for table in (profile_step.table_markdown(res), profile_step.ab_table_markdown(res)):
+        assert table in doc, (
+            "docs/benchmarks.md's step profile tables differ from "
+            "docs/benchmarks/profile_step.json"
+            " (python -m benchmarks.profile_step --trace --out docs/benchmarks/profile_step.json)"
+        )
+
+
+def test_kernel_layout_table_is_the_committed_run() -> None:
+    import json
+
+    from benchmarks import profile_kernels
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "profile_kernels.json").read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert profile_kernels.table_markdown(res) in doc, (
+        "docs/benchmarks.md's kernel layout table differs from "
+        "docs/benchmarks/profile_kernels.json"
+        " (python -m benchmarks.profile_kernels --out docs/benchmarks/profile_kernels.json)"
     )

@@ -28,7 +28,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "gdpo_jax"
 # (layer, module prefixes), lowest layer first. A module belongs to the layer of
 # its longest matching prefix.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("leaf", ("gdpo_jax.sharding", "gdpo_jax.multihost", "gdpo_jax.errors", "gdpo_jax.hostenv")),
+    (
+        "leaf",
+        (
+            "gdpo_jax.sharding",
+            "gdpo_jax.multihost",
+            "gdpo_jax.errors",
+            "gdpo_jax.hostenv",
+            "gdpo_jax.backend",
+        ),
+    ),
     ("core", ("gdpo_jax.core",)),
     ("models", ("gdpo_jax.models",)),
     ("sampling", ("gdpo_jax.sampling",)),

@@ -15,6 +15,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from gdpo_jax.core.dense import dense
+
 __all__ = ["chunked_token_logprobs", "token_entropy", "token_logprobs", "unembed_logits"]
 
 
@@ -28,9 +30,7 @@ def unembed_logits(hidden: jax.Array, unembed: jax.Array) -> jax.Array:
     the other gave sampler and trainer log-probs ~1e-2 apart, so the first
     update's ratio was not 1 under ``old_logprobs="sampler"``.
     """
-    return jnp.einsum(
-        "...d,dv->...v", hidden, unembed.astype(hidden.dtype), preferred_element_type=jnp.float32
-    )
+    return dense(hidden, unembed.astype(hidden.dtype), preferred_element_type=jnp.float32)
 
 
 def _check_temperature(temperature: float) -> None:

@@ -9,14 +9,16 @@ read key s) -> f[B,T,Hq,Dh].
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gdpo_jax.backend import effective_backend, target_backend
 from gdpo_jax.models.config import ModelConfig
+
+# target_backend / effective_backend live in the leaf gdpo_jax.backend (core uses
+# them too); re-exported here for existing imports.
+__all__ = ["attention_kind", "effective_backend", "target_backend"]
 
 # Finite "minus infinity" for masked scores (see _attention: no NaN on empty rows).
 _NEG = float(np.finfo(np.float32).min)
@@ -46,28 +48,6 @@ def _attention(
     p = jax.nn.softmax(s, axis=-1).astype(q.dtype).reshape(B, Hkv, G * T, -1)
     o = jnp.einsum("bkqs,bksd->bkqd", p, v.astype(q.dtype))
     return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
-
-
-# The platform programs are being built for, when it is not the one running them:
-# the ahead-of-time planner lowers GPU / TPU programs on a CPU host (target_backend).
-_TARGET_BACKEND: list[str] = []
-
-
-@contextlib.contextmanager
-def target_backend(platform: str) -> Iterator[None]:
-    """Within this block, kernels are chosen for `platform` ("gpu"/"cuda", "tpu", "cpu")
-    instead of JAX's default backend: the planner lowers a GPU run's programs with
-    the kernels a GPU run would use."""
-    _TARGET_BACKEND.append("gpu" if platform in ("cuda", "rocm") else platform)
-    try:
-        yield
-    finally:
-        _TARGET_BACKEND.pop()
-
-
-def effective_backend() -> str:
-    """The backend kernels are chosen for: the innermost target_backend, else JAX's."""
-    return _TARGET_BACKEND[-1] if _TARGET_BACKEND else jax.default_backend()
 
 
 def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:

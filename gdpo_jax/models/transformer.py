@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax.core.dense import dense
 from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.models.attention import _attention, _dpa_attention, attention_kind
 from gdpo_jax.models.config import ModelConfig
@@ -305,7 +306,7 @@ def _forward(
     kind = attention_kind(cfg) if T > 1 else "xla"
 
     def proj(h, w, b=None):
-        y = jnp.einsum("btd,df->btf", h, w.astype(dt))
+        y = dense(h, w.astype(dt))
         return y if b is None else y + b.astype(dt)
 
     def layer(carry, xs):

@@ -168,7 +168,7 @@ def make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = Non
     model.attention="auto" lowers cuDNN flash attention for a GPU target in bf16,
     as a run on that GPU would).
     """
-    from gdpo_jax.models.attention import target_backend
+    from gdpo_jax.backend import target_backend
 
     with target_backend(target.platform):
         return _make_plan(cfg, target, devices=devices)

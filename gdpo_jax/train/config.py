@@ -112,7 +112,7 @@ def validate_config(
     _choice(cfg, "model.attention", ("auto", "xla", "dpa", "cudnn"))
     if cfg.model.attention == "cudnn":
         # The backend the programs are built for (the planner's target, else JAX's).
-        from gdpo_jax.models.attention import effective_backend
+        from gdpo_jax.backend import effective_backend
 
         backend = effective_backend()
         if backend != "gpu" or cfg.model.dtype not in ("bfloat16", "float16"):
