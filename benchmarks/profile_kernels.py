@@ -90,15 +90,18 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 def table_markdown(res: dict) -> str:
     """The markdown table of a run (docs/benchmarks.md shows the committed run's)."""
-    lines = [
-        "| product | layout before | ms | layout now | ms | speed-up |",
-        "|---|---|---|---|---|---|",
+    rows = [
+        {
+            "product": r["product"],
+            "layout before": r["reference"],
+            "ms before": f"{r['reference_ms']:.3f}",
+            "layout now": r["ours"],
+            "ms now": f"{r['ours_ms']:.3f}",
+            "speed-up": f"{r['speedup']:.2f}x",
+        }
+        for r in res["rows"]
     ]
-    for r in res["rows"]:
-        lines.append(
-            f"| {r['product']} | {r['reference']} | {r['reference_ms']:.3f} | {r['ours']} "
-            f"| {r['ours_ms']:.3f} | {r['speedup']:.2f}x |"
-        )
+    lines = [common.markdown_table(rows)]
     m = res.get("machine", {})
     lines.append(
         f"\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} cores; "

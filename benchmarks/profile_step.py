@@ -226,16 +226,16 @@ def table_markdown(res: dict) -> str:
 
 def ab_table_markdown(res: dict) -> str:
     """The weight-gradient comparison's markdown table (docs/benchmarks.md)."""
-    lines = [
-        "| micro-batches | autodiff's weight gradient: step s (median) "
-        "| core.dense's: step s (median) | speed-up |",
-        "|---|---|---|---|",
+    rows = [
+        {
+            "micro-batches": r["microbatches"],
+            "autodiff's weight gradient: step s (median)": f"{r['autodiff_median_s']:.3f}",
+            "core.dense's: step s (median)": f"{r['dense_median_s']:.3f}",
+            "speed-up": f"{r['speedup']:.2f}x",
+        }
+        for r in res.get("weight_grad_ab", [])
     ]
-    for r in res.get("weight_grad_ab", []):
-        lines.append(
-            f"| {r['microbatches']} | {r['autodiff_median_s']:.3f} | {r['dense_median_s']:.3f} "
-            f"| {r['speedup']:.2f}x |"
-        )
+    lines = [common.markdown_table(rows)]
     lines.append(
         f"\nHuge pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
         "in one process per row."

@@ -6,8 +6,9 @@ autodiff's on CPU only: the weight gradient ``dW = xᵀ @ dY`` contracts the
 rows of both operands, and XLA:CPU lowers that to a copy of ``x`` plus its
 generic (non-YNNPACK) dot. Transposing ``x`` explicitly first (kept apart by an
 optimization barrier, so XLA cannot fold the transpose back into the dot)
-turns it into a plain ``[D, N] @ [N, F]`` product that YNNPACK runs fast:
-``bench_rl``'s step went from 0.69-0.89 s to 0.58-0.63 s (docs/benchmarks.md).
+turns it into a plain ``[D, N] @ [N, F]`` product that YNNPACK runs fast
+(``bench_rl``'s step, both lowerings timed alternately: ``python -m
+benchmarks.profile_step``, its table in docs/benchmarks.md).
 GPU and TPU read a transposed operand natively, so there (and when the planner
 lowers for them, see gdpo_jax.backend) :func:`dense` is the plain einsum and
 autodiff's gradient. Values are the same maths either way (f32 sums in another

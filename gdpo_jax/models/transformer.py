@@ -13,7 +13,7 @@ and the outputs come back sharded over the batch axes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax
 import jax
@@ -63,9 +63,14 @@ class KVCache:
     Heads before slots so each (row, kv head) is one contiguous matrix, each in
     the order its attention dot contracts it (q @ k[Dh,S], p @ v[S,Dh]): the dots
     read the cache as it lies, as a plain [contracted, free] right operand.
-    XLA:CPU's YNNPACK dots run a transposed right operand about 3x slower (64
-    rows x 160 slots: 0.30 vs 0.11 ms; docs/benchmarks.md, the sampler).
+    XLA:CPU's YNNPACK dots run a transposed right operand 2-3x slower
+    (``python -m benchmarks.profile_kernels``, its table in docs/benchmarks.md).
     """
+
+    # The slot axis of each buffer (where the cache grows).
+    K_SLOT_AXIS: ClassVar[int] = 4
+    V_SLOT_AXIS: ClassVar[int] = 3
+    MASK_SLOT_AXIS: ClassVar[int] = 1
 
     k: jax.Array
     v: jax.Array

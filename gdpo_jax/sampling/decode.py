@@ -155,8 +155,11 @@ def make_generate_fn(
             widths[dim] = (0, slots - x.shape[dim])
             return place_cache_leaf(jnp.pad(x, widths))
 
-        # The slot axes: k [L,B,Hkv,Dh,S], v [L,B,Hkv,S,Dh], mask [B,S].
-        return cache.replace(k=pad(cache.k, 4), v=pad(cache.v, 3), mask=pad(cache.mask, 1))
+        return cache.replace(
+            k=pad(cache.k, KVCache.K_SLOT_AXIS),
+            v=pad(cache.v, KVCache.V_SLOT_AXIS),
+            mask=pad(cache.mask, KVCache.MASK_SLOT_AXIS),
+        )
 
     def generate(
         state,
