@@ -88,6 +88,10 @@ def test_valid_configs_pass():
             r"sampling\.continuous_slots=4 needs a single device \(mesh of 8\)",
         ),
         (
+            lambda c: setattr(c.sampling, "decode_layers", "unroll"),
+            r"sampling\.decode_layers='unroll' must be one of .*decode_layers=auto",
+        ),
+        (
             lambda c: setattr(c.model, "attention", "cudnn"),
             r"model\.attention='cudnn' needs a GPU.*attention=auto",
         ),

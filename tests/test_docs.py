@@ -371,3 +371,19 @@ def test_kernel_layout_table_is_the_committed_run() -> None:
         "docs/benchmarks/profile_kernels.json"
         " (python -m benchmarks.profile_kernels --out docs/benchmarks/profile_kernels.json)"
     )
+
+
+def test_decode_forms_table_is_the_committed_run() -> None:
+    import json
+
+    from benchmarks import profile_decode
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "profile_decode.json").read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert profile_decode.table_markdown(res) in doc, (
+        "docs/benchmarks.md's decode forms table differs from "
+        "docs/benchmarks/profile_decode.json"
+        " (python -m benchmarks.profile_decode --out docs/benchmarks/profile_decode.json)"
+    )
+    for m in res["models"].values():  # every form decoded the scan's tokens
+        assert all(f["tokens_equal_scan"] for f in m["forms"].values())

@@ -136,6 +136,48 @@ def test_kv_cache_decode_matches_full_forward(models, name):
     assert not np.asarray(cache.mask[:, 8:]).any()
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3"])
+def test_unstacked_cache_and_layer_params_equal_the_scan(models, name):
+    """Decode's unrolled forms (per-layer cache buffers, weights sliced once,
+    q/k/v and gate/up fused) give the stacked scan's logits and cache; the
+    qwen2 model covers the fused biases, qwen3 the q/k norms."""
+    model = models[name]
+    ids, mask = _batch()
+    step = jax.jit(lambda m, x, k, c, lp: m(x, k, cache=c, layer_params=lp))
+    _, cache = step(model, ids[:, :5], mask[:, :5], model.init_cache(4, 8), None)
+    per_layer = cache.unstacked()
+    assert not per_layer.is_stacked and len(per_layer.k) == model.cfg.num_layers
+    for i, (k, v) in enumerate(zip(per_layer.k, per_layer.v)):
+        np.testing.assert_array_equal(np.asarray(k), np.asarray(cache.k[i]))
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(cache.v[i]))
+    assert per_layer.unstacked() is per_layer
+    fused = model.layer_params(fuse=True)
+    assert "qkv_proj" in fused[0] and "q_proj" not in fused[0] and "gate_up_proj" in fused[0]
+    assert ("qkv_bias" in fused[0]) == model.cfg.attention_bias
+    np.testing.assert_array_equal(
+        np.asarray(fused[1]["qkv_proj"][:, -model.cfg.num_kv_heads * model.cfg.head_dim :]),
+        np.asarray(model.layers.v_proj.get_value()[1]),
+    )
+    variants = {
+        "stacked cache, per-layer weights": (cache, model.layer_params()),
+        "unstacked cache": (per_layer, None),
+        "unstacked cache, per-layer weights": (per_layer, model.layer_params()),
+        "unstacked cache, fused weights": (per_layer, fused),
+    }
+    ref_cache, refs = cache, []
+    for t in range(5, 8):  # the scan: reference
+        logits, ref_cache = step(model, ids[:, t : t + 1], mask[:, t : t + 1], ref_cache, None)
+        refs.append(np.asarray(logits))
+    for label, (c, lp) in variants.items():
+        for j, t in enumerate(range(5, 8)):
+            logits, c = step(model, ids[:, t : t + 1], mask[:, t : t + 1], c, lp)
+            np.testing.assert_allclose(np.asarray(logits), refs[j], atol=2e-5, err_msg=label)
+        assert c.is_stacked == label.startswith("stacked")
+        k = c.k if c.is_stacked else jnp.stack(c.k)
+        np.testing.assert_allclose(np.asarray(k), np.asarray(ref_cache.k), atol=2e-5)
+        np.testing.assert_array_equal(np.asarray(c.mask), np.asarray(ref_cache.mask))
+
+
 def test_left_padding_equals_unpadded(models):
     """A left-padded row gives the same logits as the same tokens unpadded."""
     model = models["llama"]

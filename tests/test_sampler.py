@@ -485,6 +485,37 @@ def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots)
         assert b.info["decoded_tokens"] == b.info["generated_tokens"]
 
 
+@pytest.mark.parametrize(
+    "layers,slots,greedy",
+    [("fused", 0, True), ("fused", 0, False), ("fused", 3, True), ("unrolled", 0, False)],
+)
+def test_unrolled_decode_equals_the_scan(model, tok, layers, slots, greedy):
+    """The decode loop's unrolled forms (per-layer cache buffers, weights sliced
+    once per call, optionally q/k/v and gate/up fused; decode.py's docstring)
+    give the stacked scan's rows, in the static and the continuous decoder."""
+    params = SamplingParams(max_new_tokens=M, greedy=greedy, temperature=1.0)
+    rows = {}
+    for form in ("scan", layers):
+        s = Sampler(model, tok, eos_token_ids=(), continuous_slots=slots, decode_layers=form)
+        rows[form] = s.generate(PROMPTS, params, num_generations=3, key=jax.random.key(4))
+        assert [spec.layers for _, spec, _ in s._fns] == [form]
+    np.testing.assert_array_equal(rows[layers].completion_ids, rows["scan"].completion_ids)
+    np.testing.assert_allclose(rows[layers].logprobs, rows["scan"].logprobs, atol=1e-5)
+
+
+def test_decode_layers_default_and_bad_value(model, tok):
+    from gdpo_jax.backend import target_backend
+    from gdpo_jax.sampling.decode import decode_layers_default
+
+    assert Sampler(model, tok).decode_layers == "fused"  # CPU, f32, one device
+    assert decode_layers_default("float32", one_device=False) == "unrolled"
+    assert decode_layers_default("bfloat16", True) == "scan"  # the trainer's bf16 roundings
+    with target_backend("cuda"):
+        assert decode_layers_default("float32", True) == "scan"
+    with pytest.raises(ValueError, match="decode_layers='unroll'"):
+        Sampler(model, tok, decode_layers="unroll")
+
+
 def test_continuous_batching_needs_single_device(model, tok):
     with pytest.raises(ValueError, match="continuous_slots=-1"):
         Sampler(model, tok, continuous_slots=-1)

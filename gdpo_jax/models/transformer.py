@@ -53,6 +53,14 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
 }
 
 
+# Weights concatenated on their output dim by Transformer.layer_params(fuse=True).
+_FUSED: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "qkv_bias": ("q_bias", "k_bias", "v_bias"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+
 @flax.struct.dataclass
 class KVCache:
     """Decode cache. k: f[L,B,Hkv,Dh,S] (keys transposed: slots last); v:
@@ -65,6 +73,12 @@ class KVCache:
     read the cache as it lies, as a plain [contracted, free] right operand.
     XLA:CPU's YNNPACK dots run a transposed right operand 2-3x slower
     (``python -m benchmarks.profile_kernels``, its table in docs/benchmarks.md).
+
+    Stacked (k, v one array each, a leading [L] axis) or unstacked (k, v tuples
+    of L per-layer arrays, ``unstacked()``): a forward over an unstacked cache
+    runs its layers unrolled, and every matmul reads its layer's buffer where it
+    lies. A stacked cache under the layer ``scan`` makes XLA:CPU copy each
+    layer's slice out first (and the weights' too): a third of a decode step.
     """
 
     # The slot axis of each buffer (where the cache grows).
@@ -72,10 +86,21 @@ class KVCache:
     V_SLOT_AXIS: ClassVar[int] = 3
     MASK_SLOT_AXIS: ClassVar[int] = 1
 
-    k: jax.Array
-    v: jax.Array
+    k: jax.Array | tuple[jax.Array, ...]
+    v: jax.Array | tuple[jax.Array, ...]
     mask: jax.Array
     index: jax.Array
+
+    @property
+    def is_stacked(self) -> bool:
+        return not isinstance(self.k, tuple)
+
+    def unstacked(self) -> KVCache:
+        """The same cache with k, v split into L per-layer arrays (one copy)."""
+        if not self.is_stacked:
+            return self
+        split = lambda a: tuple(a[i] for i in range(a.shape[0]))  # noqa: E731
+        return self.replace(k=split(self.k), v=split(self.v))
 
 
 def _param(
@@ -146,6 +171,28 @@ class Transformer(nnx.Module):
             out["lm_head"] = self.lm_head.get_value()
         return out
 
+    def layer_params(self, fuse: bool = False) -> tuple[dict[str, jax.Array], ...]:
+        """The L layers' weights as separate arrays ({name: array without the [L]
+        axis} per layer), for ``__call__(layer_params=...)``: sliced once, outside
+        a decode loop, so the loop's steps do not slice the stacked weights.
+
+        fuse: also concatenate q/k/v (and their biases) into "qkv_proj" f[D,
+        (Hq+2Hkv)*Dh] and gate/up into "gate_up_proj" f[D, 2F], so a step runs 4
+        weight matmuls per layer instead of 7 (the same products; a wider matmul
+        may block its f32 sums differently, ~1e-6).
+        For one device: under a mesh the concatenation would mix "tensor" shards.
+        """
+        layers = self.param_arrays()["layers"]
+        out = []
+        for i in range(self.cfg.num_layers):
+            lp = {k: v[i] for k, v in layers.items()}
+            if fuse:
+                for fused, names in _FUSED.items():
+                    if names[0] in lp:
+                        lp[fused] = jnp.concatenate([lp.pop(n) for n in names], axis=-1)
+            out.append(lp)
+        return tuple(out)
+
     def unembed_matrix(self) -> jax.Array:
         """f[D, V] output projection (embed.T when tied), in param dtype."""
         if self.lm_head is None:
@@ -187,6 +234,7 @@ class Transformer(nnx.Module):
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
         return_hidden: bool = False,
+        layer_params: tuple[dict[str, jax.Array], ...] | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
         """input_ids i32[B,T], attention_mask {0,1}[B,T] (left padding allowed).
 
@@ -195,6 +243,10 @@ class Transformer(nnx.Module):
         cache the T tokens go to slots [cache.index, cache.index+T) and attend
         to earlier valid slots; positions default to the count of valid tokens
         before each one (so left padding and decode steps line up).
+
+        An unstacked cache (``KVCache.unstacked``) runs the layers unrolled (see
+        KVCache); `layer_params` (from ``layer_params()``) then replaces the
+        stacked weights, so a decode loop slices them once, not every step.
         """
         cfg = self.cfg
         B, T = input_ids.shape
@@ -209,7 +261,10 @@ class Transformer(nnx.Module):
                 before = jnp.arange(cache.mask.shape[1])[None, :] < cache.index.reshape(-1, 1)
                 positions = positions + jnp.sum(cache.mask & before, axis=1, keepdims=True)
             positions = jnp.maximum(positions, 0)
-        args = (self.param_arrays(), input_ids, mask, positions.astype(jnp.int32), cache)
+        params = self.param_arrays()
+        if layer_params is not None:
+            params["layers"] = tuple(layer_params)
+        args = (params, input_ids, mask, positions.astype(jnp.int32), cache)
         fn = lambda *a: _forward(*a, cfg=cfg, return_hidden=return_hidden)  # noqa: E731
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:
@@ -224,6 +279,7 @@ class Transformer(nnx.Module):
                         positions=positions,
                         cache=cache,
                         return_hidden=return_hidden,
+                        layer_params=layer_params,
                     )
         if not mesh.empty and is_explicit(mesh):
             # Explicit axes would demand an out_sharding for every ambiguous
@@ -318,9 +374,14 @@ def _forward(
         x, kc, vc = carry
         lp, i = xs
         h = _rms_norm(x, lp["attn_norm"], eps)
-        q = proj(h, lp["q_proj"], lp.get("q_bias")).reshape(B, T, Hq, Dh)
-        k = proj(h, lp["k_proj"], lp.get("k_bias")).reshape(B, T, Hkv, Dh)
-        v = proj(h, lp["v_proj"], lp.get("v_bias")).reshape(B, T, Hkv, Dh)
+        if "qkv_proj" in lp:  # fused (Transformer.layer_params(fuse=True))
+            qkv = proj(h, lp["qkv_proj"], lp.get("qkv_bias"))
+            q, k, v = jnp.split(qkv, [Hq * Dh, (Hq + Hkv) * Dh], axis=-1)
+        else:
+            q = proj(h, lp["q_proj"], lp.get("q_bias"))
+            k = proj(h, lp["k_proj"], lp.get("k_bias"))
+            v = proj(h, lp["v_proj"], lp.get("v_bias"))
+        q, k, v = q.reshape(B, T, Hq, Dh), k.reshape(B, T, Hkv, Dh), v.reshape(B, T, Hkv, Dh)
         if cfg.qk_norm:
             q, k = _rms_norm(q, lp["q_norm"], eps), _rms_norm(k, lp["k_norm"], eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -349,16 +410,37 @@ def _forward(
         a = a.reshape(B, T, Hq * Dh)
         x = _batch_constraint(x + proj(a, lp["o_proj"]))
         h = _rms_norm(x, lp["mlp_norm"], eps)
-        f = jax.nn.silu(proj(h, lp["gate_proj"])) * proj(h, lp["up_proj"])
+        if "gate_up_proj" in lp:
+            gate, up = jnp.split(proj(h, lp["gate_up_proj"]), 2, axis=-1)
+        else:
+            gate, up = proj(h, lp["gate_proj"]), proj(h, lp["up_proj"])
+        f = jax.nn.silu(gate) * up
         x = _batch_constraint(x + proj(f, lp["down_proj"]))
         return (x, kc, vc), None
 
     if cfg.remat:
         layer = jax.checkpoint(layer, prevent_cse=False)
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
-    (x, kc, vc), _ = jax.lax.scan(
-        layer, (x, kc, vc), (params["layers"], jnp.arange(cfg.num_layers))
-    )
+    layers = params["layers"]
+    if isinstance(kc, tuple) or isinstance(layers, tuple):
+        # Unrolled (an unstacked cache, or weights given per layer): each layer
+        # reads its own buffers. A per-layer cache enters `layer` as a [1, ...]
+        # stack at index 0 (a bitcast, no copy).
+        if isinstance(layers, dict):
+            layers = tuple({k: v[i] for k, v in layers.items()} for i in range(cfg.num_layers))
+        per_layer_cache = isinstance(kc, tuple)
+        ks, vs = [], []
+        for i, lp in enumerate(layers):
+            if per_layer_cache:
+                (x, ki, vi), _ = layer((x, kc[i][None], vc[i][None]), (lp, 0))
+                ks.append(ki[0])
+                vs.append(vi[0])
+            else:
+                (x, kc, vc), _ = layer((x, kc, vc), (lp, i))
+        if per_layer_cache:
+            kc, vc = tuple(ks), tuple(vs)
+    else:
+        (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), (layers, jnp.arange(cfg.num_layers)))
     x = _rms_norm(x, params["final_norm"], eps)
     if return_hidden:
         out = x

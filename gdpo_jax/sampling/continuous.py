@@ -81,6 +81,10 @@ def make_continuous_generate_fn(
         p_logits = unembed_logits(hidden[:, -1], model.unembed_matrix()).astype(jnp.float32)
         p_len = jnp.sum(prompt_mask, axis=1)
         cache0 = model.init_cache(lanes, plen + m_new)
+        layer_params = None
+        if spec.layers != "scan":  # per-layer buffers and weights (decode.py's docstring)
+            cache0 = cache0.unstacked()
+            layer_params = model.layer_params(fuse=spec.layers == "fused")
         top_p_arg = top_p if spec.use_top_p else None
         win = max(int(stop_seqs.shape[1]), 1)
 
@@ -105,6 +109,16 @@ def make_continuous_generate_fn(
                     new = jax.lax.dynamic_slice_in_dim(px, u[b], 1, axis=1).astype(x.dtype)
                     return jax.lax.dynamic_update_slice(x, new, (0, b, 0, 0, 0))
 
+                if isinstance(kv[0], tuple):  # unstacked: lane b of each layer's buffer
+                    return tuple(
+                        tuple(
+                            jax.lax.dynamic_update_slice(
+                                x, px[i, u[b]][None].astype(x.dtype), (b, 0, 0, 0)
+                            )
+                            for i, x in enumerate(xs)
+                        )
+                        for xs, px in zip(kv, (pcache.k, pcache.v))
+                    )
                 return put(kv[0], pcache.k), put(kv[1], pcache.v)
 
             k, v = jax.lax.fori_loop(0, n_take, copy_prompt, (cache.k, cache.v))
@@ -169,6 +183,7 @@ def make_continuous_generate_fn(
                 live.astype(jnp.int32)[:, None],
                 positions=(c["plen"] + t)[:, None],
                 cache=cache,
+                layer_params=layer_params,
             )
             new["logits"] = logits[:, -1].astype(jnp.float32)
             new["cache"] = cache

@@ -18,7 +18,23 @@ Row-level semantics (B rows, prompt bucket P, M = max_new_tokens):
   * a row finishes on an EOS id (code 1), a stop token id or a stop token
     sequence (code 2), or after M tokens (code 0, "length"); finished rows emit
     ``pad_id`` with log-prob 0 and stop counting length;
-  * the loop exits as soon as every row has finished.
+  * the loop exits as soon as every row has finished;
+  * ``DecodeSpec.layers``: "scan" (the layers' ``scan`` over the stacked
+    cache and weights), "unrolled" (the loop carries an unstacked cache, one
+    buffer per layer, and the layers' weights sliced once per call; the layers
+    run unrolled) or "fused" (unrolled, with q/k/v and gate/up concatenated
+    once per call: 4 weight matmuls per layer instead of 7). The default
+    (`decode_layers_default`) is "fused" on CPU in f32 on one device,
+    "unrolled" on CPU in f32 under a mesh (concatenating would mix "tensor"
+    shards), else "scan". Under the stacked layer ``scan`` XLA:CPU
+    copies every layer's weight and cache slices out of the stacked arrays at
+    every step (a quarter of the compute in a trace of ``bench_sampler``'s
+    decode). Accelerators keep the scan (one layer compiled; their fusions
+    slice in place), and so does a bf16 model: XLA fuses the unrolled graph
+    differently and, with its excess-precision rewrites, skips bf16 roundings
+    that the trainer's scan makes, so the sampler's log-probs would drift from
+    the trainer's (by 0.02 in test_sampler_logprobs_equal_trainer_logprobs).
+    Prefill is one call and keeps the scan either way.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax.backend import effective_backend
 from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.models.transformer import KVCache
 from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
@@ -49,6 +66,8 @@ __all__ = [
     "batch_axes",
     "batch_shards",
     "make_generate_fn",
+    "DECODE_LAYERS",
+    "decode_layers_default",
 ]
 
 FINISH_LENGTH, FINISH_EOS, FINISH_STOP = 0, 1, 2
@@ -64,6 +83,18 @@ class DecodeSpec:
     use_top_p: bool
     greedy: bool
     pad_id: int
+    layers: str = "scan"  # one of DECODE_LAYERS (module docstring)
+
+
+DECODE_LAYERS = ("scan", "unrolled", "fused")
+
+
+def decode_layers_default(compute_dtype: Any, one_device: bool) -> str:
+    """``DecodeSpec.layers`` by default: unrolled on CPU in f32 (fused on one
+    device), else the scan (module docstring)."""
+    if effective_backend() != "cpu" or jnp.dtype(compute_dtype) != jnp.float32:
+        return "scan"
+    return "fused" if one_device else "unrolled"
 
 
 def _spec(
@@ -114,10 +145,13 @@ def make_generate_fn(
 
     def place_cache_leaf(x: jax.Array) -> jax.Array:
         # KVCache leaves: k [L,B,Hkv,Dh,S], v [L,B,Hkv,S,Dh] (heads over
-        # "tensor", as the model's own init_cache lays them out), mask [B,S], index [].
+        # "tensor", as the model's own init_cache lays them out), or per layer
+        # (unstacked) [B,Hkv,Dh,S] / [B,Hkv,S,Dh]; mask [B,S]; index [].
         if x.ndim == 0:
             return x
-        return place(x, 1, 2) if x.ndim == 5 else place(x)
+        if x.ndim == 5:
+            return place(x, 1, 2)
+        return place(x, 0, 1) if x.ndim == 4 else place(x)
 
     def gather_rows(x: jax.Array, idx: jax.Array, dim: int) -> jax.Array:
         fn = lambda x, i: jnp.take(x, i, axis=dim)  # noqa: E731
@@ -135,16 +169,18 @@ def make_generate_fn(
             fn = jax.sharding.auto_axes(fn, out_sharding=_spec(out, mesh, 0))
         return fn(h, w)
 
-    def forward(state, ids, mask, positions, cache, *, last_only: bool):
+    def forward(state, ids, mask, positions, cache, *, last_only: bool, layer_params=None):
         # Merge inside each (loop) trace: the module is a fresh view of `state`,
-        # so nothing crosses trace levels.
+        # so no module crosses trace levels (`layer_params`, plain arrays, may).
         model = nnx.merge(graphdef, state)
         if last_only:
             # Prefill: unembed only the last position (never [B, P, V] logits).
             hidden, cache = model(ids, mask, positions=positions, cache=cache, return_hidden=True)
             logits = unembed(hidden[:, -1], model.unembed_matrix())
         else:
-            logits, cache = model(ids, mask, positions=positions, cache=cache)
+            logits, cache = model(
+                ids, mask, positions=positions, cache=cache, layer_params=layer_params
+            )
             logits = logits[:, -1]
         cache = jax.tree.map(place_cache_leaf, cache)
         return place(logits.astype(jnp.float32)), cache
@@ -155,6 +191,12 @@ def make_generate_fn(
             widths[dim] = (0, slots - x.shape[dim])
             return place_cache_leaf(jnp.pad(x, widths))
 
+        if not cache.is_stacked:  # per-layer buffers: no [L] axis
+            return cache.replace(
+                k=tuple(pad(x, KVCache.K_SLOT_AXIS - 1) for x in cache.k),
+                v=tuple(pad(x, KVCache.V_SLOT_AXIS - 1) for x in cache.v),
+                mask=pad(cache.mask, KVCache.MASK_SLOT_AXIS),
+            )
         return cache.replace(
             k=pad(cache.k, KVCache.K_SLOT_AXIS),
             v=pad(cache.v, KVCache.V_SLOT_AXIS),
@@ -199,6 +241,10 @@ def make_generate_fn(
             ),
             cache,
         )
+        layer_params = None
+        if spec.layers != "scan":  # one copy of each per call, none per step
+            cache = jax.tree.map(place_cache_leaf, cache.unstacked())
+            layer_params = model.layer_params(fuse=spec.layers == "fused")
         top_p_arg = top_p if spec.use_top_p else None
         win = max(int(stop_seqs.shape[1]), 1)
 
@@ -235,7 +281,13 @@ def make_generate_fn(
             pos = (prompt_len + t)[:, None]
             ones = jnp.ones_like(tok)[:, None]
             new["logits"], new["cache"] = forward(
-                state, tok[:, None], ones, pos, c["cache"], last_only=False
+                state,
+                tok[:, None],
+                ones,
+                pos,
+                c["cache"],
+                last_only=False,
+                layer_params=layer_params,
             )
             return new
 

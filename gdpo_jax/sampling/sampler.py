@@ -59,6 +59,9 @@ class Sampler:
       eos_token_ids: override; default = model cfg EOS ids + tokenizer.eos_token_id.
       decode_chunks: decode phases with a growing KV cache (see decode.py);
         None = one per 32 new tokens, at most 4.
+      decode_layers: how the decode loop runs the layers (``DecodeSpec.layers``):
+        "scan", "unrolled", "fused", or "auto" (`decode.decode_layers_default`:
+        fused on CPU in f32, else the scan). Same tokens either way.
       continuous_slots: > 0: continuous batching with this many decode slots
         (`continuous.py`: a finished row's slot takes the next waiting row);
         single device only (mesh=None). 0 = static batch (every row decodes
@@ -75,6 +78,7 @@ class Sampler:
         eos_token_ids: Sequence[int] | None = None,
         decode_chunks: int | None = None,
         continuous_slots: int = 0,
+        decode_layers: str = "auto",
     ):
         if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
             raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
@@ -97,6 +101,10 @@ class Sampler:
         if decode_chunks is not None and int(decode_chunks) < 1:
             raise ValueError(f"decode_chunks={decode_chunks} must be >= 1 (or None for auto).")
         self.decode_chunks = decode_chunks
+        if decode_layers not in ("auto", *decode.DECODE_LAYERS):
+            raise ValueError(
+                f"decode_layers={decode_layers!r}: use 'auto' or one of {decode.DECODE_LAYERS}."
+            )
         one_device = mesh is None or mesh.devices.size == 1
         if continuous_slots < 0 or (continuous_slots and not one_device):
             raise ValueError(
@@ -111,6 +119,9 @@ class Sampler:
             # 1-device (Explicit) mesh are re-placed as plain device arrays.
             self._one_device = None if mesh is None else mesh.devices.flat[0]
             self.mesh = None
+        if decode_layers == "auto":
+            decode_layers = decode.decode_layers_default(model.cfg.dtype, one_device)
+        self.decode_layers = decode_layers
         self._fns: dict[tuple, Any] = {}
         self.num_traces = 0  # jit traces so far (a compile-once check for tests)
 
@@ -322,6 +333,7 @@ class Sampler:
             use_top_p=params.top_p < 1.0,
             greedy=bool(params.greedy),
             pad_id=self.pad_id,
+            layers=self.decode_layers,
         )
         graphdef = nnx.graphdef(self.model)
         cache_key = (graphdef, spec, self.continuous_slots)

@@ -79,6 +79,7 @@ class Trainer:
             mesh=self.mesh,
             prompt_buckets=self.prompt_buckets,
             continuous_slots=int(cfg.sampling.get("continuous_slots", 0)),
+            decode_layers=cfg.sampling.get("decode_layers", "auto"),
         )
         s = cfg.sampling
         self.sampling_params = SamplingParams(

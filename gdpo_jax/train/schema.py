@@ -142,6 +142,9 @@ def base_config() -> mlc.ConfigDict:
     # that finishes hands its slot to a waiting row); single device only. Greedy
     # rows equal the static decode's; sampled rows use a per-row key stream.
     c.sampling.continuous_slots = 0
+    # How the decode loop runs the layers: "auto" (fused on CPU in f32, else the
+    # scan), "scan", "unrolled" or "fused"; same tokens (docs/sampling.md).
+    c.sampling.decode_layers = "auto"
 
     c.eval = mlc.ConfigDict()
     c.eval.greedy = True

@@ -163,6 +163,7 @@ class SFT:
             self.tokenizer,
             mesh=self.mesh,
             prompt_buckets=(cfg.sampling.max_prompt_len,),
+            decode_layers=cfg.sampling.get("decode_layers", "auto"),
         )
         task = load_task(cfg)
         train = task.train[: cfg.sft.num_examples or None]
