@@ -78,7 +78,8 @@ class KVCache:
     of L per-layer arrays, ``unstacked()``): a forward over an unstacked cache
     runs its layers unrolled, and every matmul reads its layer's buffer where it
     lies. A stacked cache under the layer ``scan`` makes XLA:CPU copy each
-    layer's slice out first (and the weights' too): a third of a decode step.
+    layer's slice out first (and the weights' too) at every step
+    (``python -m benchmarks.profile_decode --trace``, its tables in docs/benchmarks.md).
     """
 
     # The slot axis of each buffer (where the cache grows).
@@ -182,10 +183,8 @@ class Transformer(nnx.Module):
         may block its f32 sums differently, ~1e-6).
         For one device: under a mesh the concatenation would mix "tensor" shards.
         """
-        layers = self.param_arrays()["layers"]
         out = []
-        for i in range(self.cfg.num_layers):
-            lp = {k: v[i] for k, v in layers.items()}
+        for lp in _split_layers(self.param_arrays()["layers"], self.cfg.num_layers):
             if fuse:
                 for fused, names in _FUSED.items():
                     if names[0] in lp:
@@ -292,6 +291,11 @@ class Transformer(nnx.Module):
             fn = jax.sharding.auto_axes(fn, out_sharding=out_sh)
         out = fn(*args)
         return out
+
+
+def _split_layers(layers: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], ...]:
+    """{name: f[L, ...]} -> L dicts {name: f[...]} (static slices)."""
+    return tuple({k: v[i] for k, v in layers.items()} for i in range(n))
 
 
 def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:
@@ -427,7 +431,7 @@ def _forward(
         # reads its own buffers. A per-layer cache enters `layer` as a [1, ...]
         # stack at index 0 (a bitcast, no copy).
         if isinstance(layers, dict):
-            layers = tuple({k: v[i] for k, v in layers.items()} for i in range(cfg.num_layers))
+            layers = _split_layers(layers, cfg.num_layers)
         per_layer_cache = isinstance(kc, tuple)
         ks, vs = [], []
         for i, lp in enumerate(layers):

@@ -226,11 +226,13 @@ def validate_config(
             f"config.sampling.continuous_slots={slots} needs a single device (mesh of "
             f"{n_dev}); set --config.mesh.num_devices=1 or --config.sampling.continuous_slots=0."
         )
+    from gdpo_jax.sampling.decode import DECODE_LAYERS
+
     layers = cfg.sampling.get("decode_layers", "auto")
-    if layers not in ("auto", "scan", "unrolled", "fused"):
+    if layers not in ("auto", *DECODE_LAYERS):
         raise ConfigError(
-            f"config.sampling.decode_layers={layers!r} must be one of 'auto', 'scan', "
-            "'unrolled', 'fused'; e.g. --config.sampling.decode_layers=auto."
+            f"config.sampling.decode_layers={layers!r} must be one of "
+            f"{('auto', *DECODE_LAYERS)}; e.g. --config.sampling.decode_layers=auto."
         )
     if cfg.sampling.temperature <= 0:
         raise ConfigError(
