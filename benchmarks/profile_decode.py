@@ -1,12 +1,15 @@
-r"""The decode loop's three forms of the layers, timed against each other in one process.
+r"""The decode loop's forms, timed against each other in one process.
 
 ``Sampler(decode_layers=...)`` (gdpo_jax/sampling/decode.py): "scan" runs the
 layers under one ``lax.scan`` over the stacked cache and weights; "unrolled"
 carries one cache buffer per layer and slices the weights once per call;
-"fused" also concatenates q/k/v and gate/up once per call. Each model's
-samplers are called in turn (interleaved, so all see the same machine load),
-greedy, every row decoding the full budget; tokens are checked equal to the
-scan's. Two models with random weights:
+"fused" also concatenates q/k/v and gate/up once per call. These three read
+each prompt's KV cache once for its G rows (``share_prompt_cache``, the
+default); "fused, prompt copied" is "fused" with a copy of the prompt's
+cache in every row (``share_prompt_cache=False``). Each model's samplers are
+called in turn (interleaved, so all see the same machine load), greedy,
+every row decoding the full budget; tokens are checked equal to the scan's.
+Two models with random weights:
 
 * bench_sampler's (hidden 256, 4 layers, vocab 2048): 8 prompts of 24 tokens
   x 8 generations, 128 new tokens;
@@ -34,7 +37,13 @@ import numpy as np
 
 from benchmarks import common
 
-FORMS = ("scan", "unrolled", "fused")
+# form -> Sampler keyword arguments
+FORMS: dict[str, dict[str, Any]] = {
+    "scan": dict(decode_layers="scan"),
+    "unrolled": dict(decode_layers="unrolled"),
+    "fused": dict(decode_layers="fused"),
+    "fused, prompt copied": dict(decode_layers="fused", share_prompt_cache=False),
+}
 MODELS = {
     "bench_sampler's model": dict(
         shape=dict(
@@ -91,7 +100,7 @@ def _profile_model(
     prompts = rng.integers(6, cfg.vocab_size, (spec["prompts"], spec["prompt_len"])).tolist()
     new = spec["new_tokens"] // (4 if quick else 1)
     params = SamplingParams(max_new_tokens=new, greedy=True)
-    samplers = {f: Sampler(model, None, eos_token_ids=(), decode_layers=f) for f in FORMS}
+    samplers = {f: Sampler(model, None, eos_token_ids=(), **kw) for f, kw in FORMS.items()}
     compile_s, tokens = {}, {}
 
     def call(form: str, i: int) -> Any:
@@ -161,7 +170,7 @@ def table_markdown(res: dict) -> str:
             rows.append(
                 {
                     "model (rows x new tokens)": f"{name} ({m['rows']} x {m['new_tokens']})",
-                    "layers form": form,
+                    "decode form": form,
                     "median s": f"{r['median_s']:.3f}",
                     "best s": f"{r['best_s']:.3f}",
                     "vs scan (median)": f"{scan['median_s'] / r['median_s']:.2f}x",

@@ -136,6 +136,85 @@ def test_kv_cache_decode_matches_full_forward(models, name):
     assert not np.asarray(cache.mask[:, 8:]).any()
 
 
+@pytest.mark.parametrize("T", [1, 2])
+def test_shared_prefix_attention_matches_numpy(T):
+    """_attention_shared_prefix against a NumPy reference: each row's prompt
+    slots copied in front of its own, one masked softmax (GQA: query head h
+    reads kv head h // G); left-padded prompts, a partly filled own cache."""
+    from gdpo_jax.models.attention import _attention_shared_prefix
+
+    cfg = ModelConfig.tiny()
+    Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    U, R, P, S = 3, 2, 5, 4
+    B = U * R
+    rs = np.random.RandomState(0)
+    q = rs.randn(B, T, Hq, Dh).astype(np.float32)
+    pk, pv = (rs.randn(U, Hkv, P, Dh).astype(np.float32) for _ in range(2))
+    k, v = (rs.randn(B, Hkv, S, Dh).astype(np.float32) for _ in range(2))
+    prefix_mask = np.arange(P)[None] >= np.array([0, 2, 4])[:, None]  # left padding
+    allowed = np.zeros((B, T, S), bool)
+    for t in range(T):
+        allowed[:, t, : 1 + t] = True  # own slots up to the query's
+    out = _attention_shared_prefix(
+        jnp.asarray(q),
+        jnp.asarray(pk.transpose(0, 1, 3, 2)),
+        jnp.asarray(pv),
+        jnp.asarray(prefix_mask),
+        jnp.asarray(k.transpose(0, 1, 3, 2)),
+        jnp.asarray(v),
+        jnp.asarray(allowed),
+        cfg,
+    )
+    ref = np.zeros_like(q)
+    for b in range(B):
+        u = b // R
+        for h in range(Hq):
+            kv = h // (Hq // Hkv)
+            keys = np.concatenate([pk[u, kv], k[b, kv]])  # [P+S, Dh]
+            vals = np.concatenate([pv[u, kv], v[b, kv]])
+            for t in range(T):
+                ok = np.concatenate([prefix_mask[u], allowed[b, t]])
+                s = keys @ q[b, t, h] / np.sqrt(Dh)
+                w = np.where(ok, np.exp(s - s[ok].max()), 0.0)
+                ref[b, t, h] = (w / w.sum()) @ vals
+    np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3"])
+def test_shared_prompt_cache_equals_per_row_copies(models, name):
+    """Decode steps over a prompt cache shared by its rows (KVCache.prefix_*,
+    stacked under the scan and unstacked) give the logits of the cache with
+    each row's copy of its prompt."""
+    model = models[name]
+    ids, mask = _batch(B=2, T=6)
+    R, P = 3, 4
+    step = jax.jit(lambda m, x, k, c, pos: m(x, k, positions=pos, cache=c))
+    _, prompts = step(model, ids[:, :P], mask[:, :P], model.init_cache(2, P), None)
+    rows_of = np.repeat(np.arange(2), R)
+    # Per-row copies: the prompt slots gathered to rows, 3 more empty slots.
+    copied = KVCache(
+        k=jnp.pad(prompts.k[:, rows_of], [(0, 0)] * 4 + [(0, 3)]),
+        v=jnp.pad(prompts.v[:, rows_of], [(0, 0)] * 3 + [(0, 3), (0, 0)]),
+        mask=jnp.pad(prompts.mask[rows_of], [(0, 0), (0, 3)]),
+        index=jnp.asarray(P, jnp.int32),
+    )
+    own = model.init_cache(2 * R, 3)
+    shared = own.replace(prefix_k=prompts.k, prefix_v=prompts.v, prefix_mask=prompts.mask)
+    pos0 = jnp.sum(mask[:, :P], axis=1)[rows_of, None]
+    tok = jnp.asarray(np.random.RandomState(1).randint(3, 200, (2 * R, 3)), jnp.int32)
+    one = jnp.ones((2 * R, 1), jnp.int32)
+    refs = []
+    for t in range(3):
+        logits, copied = step(model, tok[:, t : t + 1], one, copied, pos0 + t)
+        refs.append(np.asarray(logits))
+    for c in (shared, shared.unstacked()):
+        assert c.prefix_k is not None and (c.is_stacked == (c is shared))
+        for t in range(3):
+            logits, c = step(model, tok[:, t : t + 1], one, c, pos0 + t)
+            np.testing.assert_allclose(np.asarray(logits), refs[t], atol=2e-5)
+        assert int(c.index) == 3 and np.asarray(c.mask).all()
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3"])
 def test_unstacked_cache_and_layer_params_equal_the_scan(models, name):
     """Decode's unrolled forms (per-layer cache buffers, weights sliced once,

@@ -382,6 +382,21 @@ def test_sharded_equals_unsharded(sampler, tok):
     assert a.finish_reason == b.finish_reason and a.texts == b.texts
 
 
+def test_sharded_shared_prompt_cache_equals_unsharded_copies(tok):
+    """4 prompts x G=2 = 8 rows fill the 4 batch shards (no padding): the
+    prompts' cache is shared across a prompt's rows and sharded by prompt."""
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+    prompts = ["w6 w7 w8", "w9", "w10 w11 w12 w13", "w14 w15"]
+    params = SamplingParams(max_new_tokens=M, temperature=0.8)
+    sharded = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=())
+    plain = Sampler(_make_model(), tok, eos_token_ids=(), share_prompt_cache=False)
+    a = plain.generate(prompts, params, num_generations=2, key=jax.random.key(6))
+    b = sharded.generate(prompts, params, num_generations=2, key=jax.random.key(6))
+    assert [spec.group for _, spec, _ in sharded._fns] == [2]
+    np.testing.assert_array_equal(a.completion_ids, b.completion_ids)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
 def test_chunked_rollout_equals_one_call_greedy(sampler):
     # Greedy rows do not depend on the key, so chunking the sampler calls
     # (train.rollout, sampling.rows_per_call) must give the same batch, with each
@@ -501,6 +516,20 @@ def test_unrolled_decode_equals_the_scan(model, tok, layers, slots, greedy):
         assert [spec.layers for _, spec, _ in s._fns] == [form]
     np.testing.assert_array_equal(rows[layers].completion_ids, rows["scan"].completion_ids)
     np.testing.assert_allclose(rows[layers].logprobs, rows["scan"].logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("layers,greedy", [("scan", False), ("fused", True), ("fused", False)])
+def test_shared_prompt_cache_equals_per_row_copies(model, tok, layers, greedy):
+    """share_prompt_cache (DecodeSpec.group: each prompt's cache kept once for
+    its G rows) gives the rows of a per-row copy of the prompt's cache."""
+    params = SamplingParams(max_new_tokens=M, greedy=greedy, temperature=1.0)
+    rows = {}
+    for share in (False, True):
+        s = Sampler(model, tok, eos_token_ids=(), decode_layers=layers, share_prompt_cache=share)
+        rows[share] = s.generate(PROMPTS, params, num_generations=3, key=jax.random.key(4))
+        assert [spec.group for _, spec, _ in s._fns] == [3 if share else 0]
+    np.testing.assert_array_equal(rows[True].completion_ids, rows[False].completion_ids)
+    np.testing.assert_allclose(rows[True].logprobs, rows[False].logprobs, atol=1e-5)
 
 
 def test_decode_layers_default_and_bad_value(model, tok):

@@ -186,6 +186,30 @@ def test_flops_against_a_token_by_token_count():
     )
 
 
+def test_roofline_decode_reads_a_shared_prompt_once_per_group():
+    """Decode's memory time: every step reads the weights and each row's
+    cache, a shared prompt's slots once per prompt_share rows (hand-worked:
+    10 steps x (1000 B + 8 rows x 10 B x (100 / share + 10 / 2)) / 1000 B/s)."""
+    mc = ModelConfig.tiny()
+    base = dict(
+        rows=8,
+        prompts=2,
+        rows_per_call=8,
+        prompt_len=100,
+        new_tokens=10,
+        logprob_passes=0,
+        epochs=1,
+        remat=False,
+        micro_batches=1,
+        param_bytes=1000,
+        kv_bytes_per_token=10,
+    )
+    for share, want in ((1, 94.0), (4, 34.0)):
+        s = flops_lib.StepShape(**base, prompt_share=share)
+        got = flops_lib.roofline(mc, s, num_devices=1, peak_flops=1e30, hbm_bw=1000.0)
+        assert got["decode"] == pytest.approx(want) and got["bound"]["decode"] == "memory"
+
+
 # --------------------------------------------------------------- compile: TPU
 @needs_tpu
 def test_tiny_plan_on_tpu_bytes_per_device():
@@ -216,10 +240,13 @@ def test_oversized_sampler_does_not_fit_and_the_suggestion_does():
 
     # 131072 rows x (64 + 32) tokens of f32 KV (4 layers x 4 kv heads x 64 dims x k, v):
     # 8 KiB per token and row, 32768 rows per chip -> 24 GiB of cache on a 16 GiB v5e
-    # chip. 32 new tokens = one decode phase (one loop body to compile).
+    # chip. 32 new tokens = one decode phase (one loop body to compile). Each
+    # row holds a copy of its prompt's slots (a shared prompt cache would
+    # make it 8 + 32 tokens per row, and fit).
     cfg = tiny_config(num_prompts=16384, group_size=8, num_microbatches=256, old_logprobs="sampler")
     cfg.model.tiny.update(dict(num_layers=4, num_kv_heads=4, head_dim=64))
     cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens = 64, 32
+    cfg.sampling.share_prompt_cache = False
     target = targets_lib.parse_target("tpu:v5e:2x2")
     plan = make_plan(cfg, target)
     assert not plan["fits"] and not plan["programs"]["generate"]["fits"]

@@ -50,6 +50,66 @@ def _attention(
     return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
 
 
+def _attention_shared_prefix(
+    q: jax.Array,
+    pkt: jax.Array,
+    pv: jax.Array,
+    prefix_mask: jax.Array,
+    kt: jax.Array,
+    v: jax.Array,
+    allowed: jax.Array,
+    cfg: ModelConfig,
+) -> jax.Array:
+    """`_attention` over [a shared prompt's slots | the row's own slots].
+
+    q f[B,T,Hq,Dh]; the U prompts' cache pkt f[U,Hkv,Dh,P], pv f[U,Hkv,P,Dh],
+    prefix_mask bool[U,P]; the rows' own kt f[B,Hkv,Dh,S], v f[B,Hkv,S,Dh],
+    allowed bool[B,T,S] -> f[B,T,Hq,Dh]. Rows are prompt-major: row b reads
+    prompt b // (B // U), and every query may read all of its prompt's valid
+    slots (they precede its own).
+
+    The R = B // U rows of a prompt query its slots together, as one matmul
+    [R*G*T, Dh] @ [Dh, P] per (prompt, kv head): the prompt's cache is read
+    once per step instead of once per row. One softmax over the concatenated
+    scores keeps the maths of a per-row copy of the prompt (only the order of
+    the output's f32 sum differs: prompt part + own part).
+    """
+    B, T, Hq, Dh = q.shape
+    U, Hkv = pkt.shape[0], cfg.num_kv_heads
+    G, R = Hq // Hkv, B // U
+    scale = Dh**-0.5
+    qr = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4)  # [B,Hkv,G,T,Dh]
+    # Prompt part: a prompt's rows stacked into the matmul's M dim.
+    qp = qr.reshape(U, R, Hkv, G * T, Dh).transpose(0, 2, 1, 3, 4).reshape(U, Hkv, R * G * T, Dh)
+    sp = jnp.einsum("ukmd,ukds->ukms", qp, pkt.astype(q.dtype), preferred_element_type=jnp.float32)
+    sp = sp.reshape(U, Hkv, R, G, T, -1).transpose(0, 2, 1, 3, 4, 5).reshape(B, Hkv, G, T, -1)
+    row_prefix_mask = jnp.repeat(prefix_mask, R, axis=0, total_repeat_length=B)  # [B,P]
+    sp = jnp.where(row_prefix_mask[:, None, None, None], sp * scale, _NEG)
+    # Own part: as in _attention.
+    so = jnp.einsum(
+        "bkqd,bkds->bkqs",
+        qr.reshape(B, Hkv, G * T, Dh),
+        kt.astype(q.dtype),
+        preferred_element_type=jnp.float32,
+    )
+    so = jnp.where(allowed[:, None, None], so.reshape(B, Hkv, G, T, -1) * scale, _NEG)
+    n_prefix = sp.shape[-1]
+    p = jax.nn.softmax(jnp.concatenate([sp, so], axis=-1), axis=-1).astype(q.dtype)
+    pp = p[..., :n_prefix].reshape(U, R, Hkv, G * T, n_prefix).transpose(0, 2, 1, 3, 4)
+    po = p[..., n_prefix:].reshape(B, Hkv, G * T, -1)
+    # Both parts' sums in f32, rounded once (as one dot over all slots would be).
+    op = jnp.einsum(
+        "ukms,uksd->ukmd",
+        pp.reshape(U, Hkv, R * G * T, n_prefix),
+        pv.astype(q.dtype),
+        preferred_element_type=jnp.float32,
+    )
+    op = op.reshape(U, Hkv, R, G * T, Dh).transpose(0, 2, 1, 3, 4).reshape(B, Hkv, G * T, Dh)
+    oo = jnp.einsum("bkqs,bksd->bkqd", po, v.astype(q.dtype), preferred_element_type=jnp.float32)
+    o = (op + oo).astype(q.dtype)
+    return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
+
+
 def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
     """The kernel cfg.attention picks on `backend` (default: effective_backend()).
 

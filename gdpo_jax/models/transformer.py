@@ -23,7 +23,12 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.dense import dense
 from gdpo_jax.core.logprobs import unembed_logits
-from gdpo_jax.models.attention import _attention, _dpa_attention, attention_kind
+from gdpo_jax.models.attention import (
+    _attention,
+    _attention_shared_prefix,
+    _dpa_attention,
+    attention_kind,
+)
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.rope import apply_rope, rope_cos_sin
 from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
@@ -80,6 +85,14 @@ class KVCache:
     lies. A stacked cache under the layer ``scan`` makes XLA:CPU copy each
     layer's slice out first (and the weights' too) at every step
     (``python -m benchmarks.profile_decode --trace``, its tables in docs/benchmarks.md).
+
+    Shared prompt (optional ``prefix_*``): the U prompts' own cache, prefilled
+    once, that rows read instead of a per-row copy; rows are prompt-major, R =
+    B // U of them per prompt (row b answers prompt b // R), and k / v / mask
+    then hold only the rows' own (decoded) slots. prefix_k: f[L,U,Hkv,Dh,P] (or
+    L per-layer arrays), prefix_v: f[L,U,Hkv,P,Dh], prefix_mask: bool[U,P]. The
+    R rows of a prompt read its slots once per step, not R times, and the cache
+    holds them once (``DecodeSpec.group``, docs/sampling.md).
     """
 
     # The slot axis of each buffer (where the cache grows).
@@ -91,17 +104,26 @@ class KVCache:
     v: jax.Array | tuple[jax.Array, ...]
     mask: jax.Array
     index: jax.Array
+    prefix_k: jax.Array | tuple[jax.Array, ...] | None = None
+    prefix_v: jax.Array | tuple[jax.Array, ...] | None = None
+    prefix_mask: jax.Array | None = None
 
     @property
     def is_stacked(self) -> bool:
         return not isinstance(self.k, tuple)
 
     def unstacked(self) -> KVCache:
-        """The same cache with k, v split into L per-layer arrays (one copy)."""
+        """The same cache with k, v (and a shared prompt's) split into L
+        per-layer arrays (one copy)."""
         if not self.is_stacked:
             return self
-        split = lambda a: tuple(a[i] for i in range(a.shape[0]))  # noqa: E731
-        return self.replace(k=split(self.k), v=split(self.v))
+        split = lambda a: None if a is None else tuple(a[i] for i in range(a.shape[0]))  # noqa: E731
+        return self.replace(
+            k=split(self.k),
+            v=split(self.v),
+            prefix_k=split(self.prefix_k),
+            prefix_v=split(self.prefix_v),
+        )
 
 
 def _param(
@@ -356,6 +378,10 @@ def _forward(
     elif per_row:  # row b writes its one token at slot index[b]
         if T != 1:
             raise ValueError(f"a per-row cache index takes one token per step, got T={T}.")
+        if cache.prefix_k is not None:
+            raise ValueError(
+                "a per-row cache index cannot read a shared prompt (KVCache.prefix_*)."
+            )
         k_slot = jnp.arange(cache.mask.shape[1])
         here = k_slot[None, :] == cache.index[:, None]
         key_mask = jnp.where(here, mask.astype(bool), cache.mask)
@@ -376,7 +402,7 @@ def _forward(
 
     def layer(carry, xs):
         x, kc, vc = carry
-        lp, i = xs
+        lp, i, prefix = xs  # prefix: this layer's shared prompt (pk, pv), or None
         h = _rms_norm(x, lp["attn_norm"], eps)
         if "qkv_proj" in lp:  # fused (Transformer.layer_params(fuse=True))
             qkv = proj(h, lp["qkv_proj"], lp.get("qkv_bias"))
@@ -407,7 +433,9 @@ def _forward(
                     vc, v[None].astype(vc.dtype), (i, 0, 0, cache.index, 0)
                 )
             k, v = kc[i], vc[i]
-        if kind == "xla":
+        if prefix is not None:  # decode over a shared prompt (see KVCache)
+            a = _attention_shared_prefix(q, *prefix, cache.prefix_mask, k, v, allowed, cfg)
+        elif kind == "xla":
             a = _attention(q, k, v, allowed, cfg)
         else:
             a = _dpa_attention(q, k, v, allowed, "cudnn" if kind == "cudnn" else "xla")
@@ -425,6 +453,7 @@ def _forward(
     if cfg.remat:
         layer = jax.checkpoint(layer, prevent_cse=False)
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
+    pk, pv = (None, None) if cache is None else (cache.prefix_k, cache.prefix_v)
     layers = params["layers"]
     if isinstance(kc, tuple) or isinstance(layers, tuple):
         # Unrolled (an unstacked cache, or weights given per layer): each layer
@@ -435,16 +464,19 @@ def _forward(
         per_layer_cache = isinstance(kc, tuple)
         ks, vs = [], []
         for i, lp in enumerate(layers):
+            prefix = None if pk is None else (pk[i], pv[i])
             if per_layer_cache:
-                (x, ki, vi), _ = layer((x, kc[i][None], vc[i][None]), (lp, 0))
+                (x, ki, vi), _ = layer((x, kc[i][None], vc[i][None]), (lp, 0, prefix))
                 ks.append(ki[0])
                 vs.append(vi[0])
             else:
-                (x, kc, vc), _ = layer((x, kc, vc), (lp, i))
+                (x, kc, vc), _ = layer((x, kc, vc), (lp, i, prefix))
         if per_layer_cache:
             kc, vc = tuple(ks), tuple(vs)
     else:
-        (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), (layers, jnp.arange(cfg.num_layers)))
+        prefix = None if pk is None else (pk, pv)
+        xs = (layers, jnp.arange(cfg.num_layers), prefix)
+        (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), xs)
     x = _rms_norm(x, params["final_norm"], eps)
     if return_hidden:
         out = x
@@ -453,4 +485,4 @@ def _forward(
         out = unembed_logits(x, unembed)  # shared with the sampler and the trainer
     if cache is None:
         return out
-    return out, KVCache(k=kc, v=vc, mask=key_mask, index=cache.index + T)
+    return out, cache.replace(k=kc, v=vc, mask=key_mask, index=cache.index + T)

@@ -66,6 +66,10 @@ class Sampler:
         (`continuous.py`: a finished row's slot takes the next waiting row);
         single device only (mesh=None). 0 = static batch (every row decodes
         until the call's longest row ends).
+      share_prompt_cache: keep each prompt's KV cache once for its G rows
+        (``DecodeSpec.group``) instead of a copy per row, when every prompt
+        has its G rows and there are no batch-padding rows (else copies).
+        Same tokens; prompt KV memory and reads drop G-fold.
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class Sampler:
         decode_chunks: int | None = None,
         continuous_slots: int = 0,
         decode_layers: str = "auto",
+        share_prompt_cache: bool = True,
     ):
         if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
             raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
@@ -122,6 +127,7 @@ class Sampler:
         if decode_layers == "auto":
             decode_layers = decode.decode_layers_default(model.cfg.dtype, one_device)
         self.decode_layers = decode_layers
+        self.share_prompt_cache = bool(share_prompt_cache)
         self._fns: dict[tuple, Any] = {}
         self.num_traces = 0  # jit traces so far (a compile-once check for tests)
 
@@ -236,7 +242,9 @@ class Sampler:
         row_prompt = (block * u_max + local_row).astype(np.int32)
         active = np.arange(n_local_pad) < n
 
-        fn = self._get_fn(params)
+        # Shared prompt cache: every row block is whole groups of G rows.
+        share = self.share_prompt_cache and not self.continuous_slots and n_local_pad == u_max * g
+        fn = self._get_fn(params, group=g if share else 0)
         state = nnx.state(self.model)
         if self._one_device is not None:
             state = jax.device_put(state, jax.sharding.SingleDeviceSharding(self._one_device))
@@ -321,7 +329,7 @@ class Sampler:
         )
 
     # ------------------------------------------------------------- internals
-    def _get_fn(self, params: SamplingParams):
+    def _get_fn(self, params: SamplingParams, group: int = 0):
         m = int(params.max_new_tokens)
         n = self.decode_chunks or min(4, -(-m // 32))
         n = max(1, min(n, m))
@@ -334,6 +342,7 @@ class Sampler:
             greedy=bool(params.greedy),
             pad_id=self.pad_id,
             layers=self.decode_layers,
+            group=group,
         )
         graphdef = nnx.graphdef(self.model)
         cache_key = (graphdef, spec, self.continuous_slots)

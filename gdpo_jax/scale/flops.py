@@ -47,6 +47,7 @@ class StepShape:
     micro_batches: int  # per step: epochs * minibatches * microbatches
     param_bytes: int  # storage bytes of the whole model (all devices)
     kv_bytes_per_token: int  # one token of one row, all layers, k and v
+    prompt_share: int = 1  # rows reading one prompt's KV cache (G when shared)
 
 
 def _matmul_flops(mc: ModelConfig) -> float:
@@ -83,8 +84,14 @@ def roofline(
     compute = {k: fl[k] / (n * peak_flops) for k in ("prefill", "decode", "logprob", "train")}
     calls = -(-s.rows // s.rows_per_call)
     # Decode: every step of every call reads all weights (per device, gathered) and
-    # the call's KV cache shard (average context P + C / 2).
-    kv_step = s.rows_per_call / n * s.kv_bytes_per_token * (s.prompt_len + s.new_tokens / 2)
+    # the call's KV cache shard (average context P + C / 2; a prompt's slots once
+    # per prompt_share rows when its cache is shared).
+    kv_step = (
+        s.rows_per_call
+        / n
+        * s.kv_bytes_per_token
+        * (s.prompt_len / s.prompt_share + s.new_tokens / 2)
+    )
     decode_bytes = calls * s.new_tokens * (s.param_bytes + kv_step)
     passes = s.micro_batches * (3 + int(s.remat))  # weight reads of the training passes
     mem = {

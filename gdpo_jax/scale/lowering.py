@@ -9,6 +9,7 @@ call. `plan.make_plan` compiles these and accounts for the memory.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -109,10 +110,12 @@ def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
         greedy=False,
         pad_id=0,
     )
-    fn = decode.make_generate_fn(graphdef_full, spec, mesh)
     rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
     shards = mesh_lib.batch_axis_size(mesh)
     b = -(-rows // shards) * shards
+    if s.get("share_prompt_cache", True) and b == rows and rows % g == 0:  # as Sampler does
+        spec = dataclasses.replace(spec, group=g)
+    fn = decode.make_generate_fn(graphdef_full, spec, mesh)
     key = jax.eval_shape(lambda: jax.random.key(0))
     args = (
         model_state,
@@ -133,4 +136,4 @@ def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
         with jax.set_mesh(mesh):
             return fn.lower(*args)
 
-    return lower, b
+    return lower, b, spec.group

@@ -227,7 +227,10 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
     )
     rows = int(cfg.sampling.rows_per_call) or cfg.algo.num_prompts * cfg.algo.group_size
-    gen_lower, gen_rows = _generate_lowering(cfg, nnx.graphdef(model), full_state, mesh, rows)
+    gen_lower, gen_rows, share = _generate_lowering(
+        cfg, nnx.graphdef(model), full_state, mesh, rows
+    )
+    share = max(share, 1)  # rows reading one prompt's cache (sampling.share_prompt_cache)
 
     params_b = per_device_bytes(state.params)
     opt_b = per_device_bytes(state.opt_state)
@@ -237,10 +240,10 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     tp = dict(mesh.shape)["tensor"]
     kv_heads = mc.num_kv_heads // tp if mc.num_kv_heads % tp == 0 else mc.num_kv_heads
     kv_tok = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
-    kv_b = (
+    kv_b = int(
         (gen_rows // mesh_lib.batch_axis_size(mesh))
         * (2 * mc.num_layers * kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize)
-        * (cfg.sampling.max_prompt_len + cfg.sampling.max_new_tokens)
+        * (cfg.sampling.max_prompt_len / share + cfg.sampling.max_new_tokens)
     )
 
     # name -> (lowering, bytes resident beside it that are not its arguments, breakdown)
@@ -313,6 +316,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
             )
         ),
         kv_bytes_per_token=kv_tok,
+        prompt_share=share,
     )
     fl = flops_lib.step_flops(mc, shape)
     roof = flops_lib.roofline(

@@ -80,6 +80,7 @@ class Trainer:
             prompt_buckets=self.prompt_buckets,
             continuous_slots=int(cfg.sampling.get("continuous_slots", 0)),
             decode_layers=cfg.sampling.get("decode_layers", "auto"),
+            share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
         )
         s = cfg.sampling
         self.sampling_params = SamplingParams(

@@ -145,6 +145,9 @@ def base_config() -> mlc.ConfigDict:
     # How the decode loop runs the layers: "auto" (fused on CPU in f32, else the
     # scan), "scan", "unrolled" or "fused"; same tokens (docs/sampling.md).
     c.sampling.decode_layers = "auto"
+    # Keep each prompt's KV cache once for its G rows, not a copy per row
+    # (fewer cache reads and G-fold less prompt KV memory; same tokens).
+    c.sampling.share_prompt_cache = True
 
     c.eval = mlc.ConfigDict()
     c.eval.greedy = True

@@ -164,6 +164,7 @@ class SFT:
             mesh=self.mesh,
             prompt_buckets=(cfg.sampling.max_prompt_len,),
             decode_layers=cfg.sampling.get("decode_layers", "auto"),
+            share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
         )
         task = load_task(cfg)
         train = task.train[: cfg.sft.num_examples or None]
