@@ -76,6 +76,7 @@ __all__ = [
     "make_generate_fn",
     "DECODE_LAYERS",
     "decode_layers_default",
+    "shared_prompt_group",
 ]
 
 FINISH_LENGTH, FINISH_EOS, FINISH_STOP = 0, 1, 2
@@ -99,6 +100,13 @@ class DecodeSpec:
 
 
 DECODE_LAYERS = ("scan", "unrolled", "fused")
+
+
+def shared_prompt_group(enabled: bool, rows: int, prompts: int, group: int) -> int:
+    """``DecodeSpec.group`` of a call of `rows` rows for `prompts` prompts of
+    `group` rows each: `group` when the prompts' cache can be shared (every
+    prompt has its rows, no batch-padding rows), else 0 (per-row copies)."""
+    return group if enabled and rows == prompts * group else 0
 
 
 def decode_layers_default(compute_dtype: Any, one_device: bool) -> str:

@@ -242,9 +242,8 @@ class Sampler:
         row_prompt = (block * u_max + local_row).astype(np.int32)
         active = np.arange(n_local_pad) < n
 
-        # Shared prompt cache: every row block is whole groups of G rows.
-        share = self.share_prompt_cache and not self.continuous_slots and n_local_pad == u_max * g
-        fn = self._get_fn(params, group=g if share else 0)
+        share = self.share_prompt_cache and not self.continuous_slots
+        fn = self._get_fn(params, group=decode.shared_prompt_group(share, n_local_pad, u_max, g))
         state = nnx.state(self.model)
         if self._one_device is not None:
             state = jax.device_put(state, jax.sharding.SingleDeviceSharding(self._one_device))

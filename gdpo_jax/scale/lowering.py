@@ -113,8 +113,8 @@ def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
     rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
     shards = mesh_lib.batch_axis_size(mesh)
     b = -(-rows // shards) * shards
-    if s.get("share_prompt_cache", True) and b == rows and rows % g == 0:  # as Sampler does
-        spec = dataclasses.replace(spec, group=g)
+    group = decode.shared_prompt_group(s.get("share_prompt_cache", True), b, rows // g, g)
+    spec = dataclasses.replace(spec, group=group)
     fn = decode.make_generate_fn(graphdef_full, spec, mesh)
     key = jax.eval_shape(lambda: jax.random.key(0))
     args = (
