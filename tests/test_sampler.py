@@ -471,11 +471,12 @@ def test_sampler_logprobs_equal_trainer_logprobs(tok, param_dtype, dtype):
         np.testing.assert_allclose(ro.logprobs[m], got[m], atol=1e-4, rtol=0, err_msg=str(chunk))
 
 
-@pytest.mark.parametrize("slots", [1, 3, 5])
-def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots):
+@pytest.mark.parametrize("slots,chunks", [(1, None), (3, None), (5, None), (3, 4)])
+def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots, chunks):
     """Finished rows hand their slot to waiting rows: greedy tokens, log-probs,
     lengths and finish reasons equal the static decode's, row for row; fewer
-    row-steps are decoded than the static batch's steps x rows."""
+    row-steps are decoded than the static batch's steps x rows. chunks=4: the
+    cache grows in phases (ends 3, 6, 8, 10) while lanes are at different steps."""
     prompts = [[6 + (7 * i + j) % 40 for j in range(1 + i % 5)] for i in range(7)]
     params = SamplingParams(max_new_tokens=M, greedy=True)
     probe = Sampler(model, tok, eos_token_ids=()).generate(
@@ -486,7 +487,7 @@ def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots)
     counts = [int(np.any(probe.completion_ids[:, : M - 1] == t, axis=1).sum()) for t in cands]
     eos = (cands[int(np.argmax([c if c < len(probe) else -1 for c in counts]))],)
     static = Sampler(model, tok, eos_token_ids=eos)
-    cont = Sampler(model, tok, eos_token_ids=eos, continuous_slots=slots)
+    cont = Sampler(model, tok, eos_token_ids=eos, continuous_slots=slots, decode_chunks=chunks)
     a = static.generate(prompts, params, num_generations=2, key=jax.random.key(0))
     b = cont.generate(prompts, params, num_generations=2, key=jax.random.key(0))
     assert len(set(a.lengths.tolist())) > 1 and "length" in a.finish_reason
@@ -550,8 +551,10 @@ def test_continuous_batching_needs_single_device(model, tok):
         Sampler(model, tok, continuous_slots=-1)
 
 
-def test_per_row_budgets_static_and_continuous(model, tok):
-    """max_new_tokens_per_row ends rows at their budget ("length") in both decoders."""
+@pytest.mark.parametrize("chunks", [None, 4])
+def test_per_row_budgets_static_and_continuous(model, tok, chunks):
+    """max_new_tokens_per_row ends rows at their budget ("length") in both
+    decoders, with one cache or a cache growing in phases (chunks=4)."""
     prompts = [[6 + i, 7 + i] for i in range(4)]
     params = SamplingParams(max_new_tokens=M, greedy=True)
     limits = [1, M, 3, 2, 5, 1, M, 4]
@@ -559,7 +562,7 @@ def test_per_row_budgets_static_and_continuous(model, tok):
         prompts, params, num_generations=2, key=jax.random.key(0)
     )
     for slots in (0, 3):
-        s = Sampler(model, tok, eos_token_ids=(), continuous_slots=slots)
+        s = Sampler(model, tok, eos_token_ids=(), continuous_slots=slots, decode_chunks=chunks)
         ro = s.generate(
             prompts, params, num_generations=2, key=jax.random.key(0), max_new_tokens_per_row=limits
         )

@@ -9,10 +9,17 @@ the same compiled ``while_loop`` (static shapes throughout):
   * every distinct prompt is prefilled once up front into a prompt cache
     (U rows, P slots) with its last logits [U, V];
   * a refill copies the row's prompt cache into slots [0, P) of the lane's
-    cache (P + M slots; k [L, B, Hkv, Dh, S], v [L, B, Hkv, S, Dh]), masks
-    slots P.. out, and restarts the lane's step counter; the lane's t-th token
-    goes to slot P + t (a per-row cache index, `KVCache.index` i32[B]) at
-    position prompt_len + t;
+    cache (k [L, B, Hkv, Dh, S], v [L, B, Hkv, S, Dh]), masks slots P.. out,
+    and restarts the lane's step counter; the lane's t-th token goes to slot
+    P + t (a per-row cache index, `KVCache.index` i32[B]) at position
+    prompt_len + t;
+  * the cache grows in phases, as in the static decode (``DecodeSpec.chunks``,
+    ends E_0 < ... < E_{K-1} = M): phase j's cache has P + E_j slots, and
+    its loop runs until a live lane's counter reaches E_j; then the cache
+    grows by one copy. Early steps, and whole runs whose rows stay short, do
+    not attend over (read) slots no lane has reached (with a cap of 512 and
+    long-tailed lengths, a full-length cache made each step cost about 1.9x
+    a static step: docs/benchmarks.md, bench_longtail);
   * rows are taken in order (row r before r + 1); outputs are scattered to
     their row, so the result has the static decode's layout [N, M].
 
@@ -28,10 +35,17 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from gdpo_jax.models.transformer import KVCache
-from gdpo_jax.sampling.decode import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, DecodeSpec
+from gdpo_jax.sampling.decode import (
+    FINISH_EOS,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    DecodeSpec,
+    grow_cache,
+)
 from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
 
 
@@ -80,7 +94,8 @@ def make_continuous_generate_fn(
 
         p_logits = unembed_logits(hidden[:, -1], model.unembed_matrix()).astype(jnp.float32)
         p_len = jnp.sum(prompt_mask, axis=1)
-        cache0 = model.init_cache(lanes, plen + m_new)
+        ends = [int(e) for e in np.cumsum(spec.chunks)]  # phase j: P + ends[j] slots
+        cache0 = model.init_cache(lanes, plen + ends[0])
         layer_params = None
         if spec.layers != "scan":  # per-layer buffers and weights (decode.py's docstring)
             cache0 = cache0.unstacked()
@@ -122,8 +137,9 @@ def make_continuous_generate_fn(
                 return put(kv[0], pcache.k), put(kv[1], pcache.v)
 
             k, v = jax.lax.fori_loop(0, n_take, copy_prompt, (cache.k, cache.v))
+            own = cache.mask.shape[1] - plen  # this phase's decode slots
             fresh = jnp.concatenate(
-                [prompt_mask[u].astype(bool), jnp.zeros((lanes, m_new), bool)], axis=1
+                [prompt_mask[u].astype(bool), jnp.zeros((lanes, own), bool)], axis=1
             )
             mask = jnp.where(take[:, None], fresh, cache.mask)
             return dict(
@@ -176,7 +192,8 @@ def make_continuous_generate_fn(
                 row_steps=c["row_steps"] + jnp.sum(live.astype(jnp.int32)),
             )
             cache = c["cache"]
-            slot = jnp.minimum(plen + t, plen + m_new - 1)
+            # Live lanes fit (t < this phase's end); an idle lane's write is clamped.
+            slot = jnp.minimum(plen + t, cache.mask.shape[1] - 1)
             cache = KVCache(k=cache.k, v=cache.v, mask=cache.mask, index=slot)
             logits, cache = model(
                 tok[:, None],
@@ -208,9 +225,19 @@ def make_continuous_generate_fn(
                 k=cache0.k, v=cache0.v, mask=cache0.mask, index=jnp.zeros((lanes,), jnp.int32)
             ),
         )
-        out = jax.lax.while_loop(
-            lambda c: (c["next"] < n_active) | jnp.any(c["row"] >= 0), body, init
-        )
+
+        def cond(c, end, last):
+            work = (c["next"] < n_active) | jnp.any(c["row"] >= 0)
+            if last:
+                return work
+            return work & jnp.all((c["row"] < 0) | (c["t"] < end))  # every live lane fits
+
+        out = init
+        for j, end in enumerate(ends):
+            last = j == len(ends) - 1
+            if j:  # a lane reached the phase's end (or all work is done): grow
+                out["cache"] = grow_cache(out["cache"], plen + end)
+            out = jax.lax.while_loop(lambda c, end=end, last=last: cond(c, end, last), body, out)
         return dict(
             tokens=out["tokens"][:n_rows],
             logprobs=out["logprobs"][:n_rows],

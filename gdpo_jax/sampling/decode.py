@@ -133,6 +133,29 @@ def _spec(
     return P(*parts)
 
 
+def grow_cache(
+    cache: KVCache, slots: int, place: Callable[[jax.Array], jax.Array] = lambda x: x
+) -> KVCache:
+    """The cache with `slots` slots: k, v and mask zero-padded on their slot axis
+    (one copy; the new slots are masked out). Stacked or per-layer buffers;
+    `place` lays out each padded leaf (a sharding constraint, or nothing)."""
+
+    def pad(x: jax.Array, dim: int) -> jax.Array:
+        widths = [(0, 0)] * x.ndim
+        widths[dim] = (0, slots - x.shape[dim])
+        return place(jnp.pad(x, widths))
+
+    off = 0 if cache.is_stacked else 1  # per-layer buffers have no [L] axis
+    pad_all = lambda xs, dim: (  # noqa: E731
+        pad(xs, dim) if cache.is_stacked else tuple(pad(x, dim) for x in xs)
+    )
+    return cache.replace(
+        k=pad_all(cache.k, KVCache.K_SLOT_AXIS - off),
+        v=pad_all(cache.v, KVCache.V_SLOT_AXIS - off),
+        mask=pad(cache.mask, KVCache.MASK_SLOT_AXIS),
+    )
+
+
 def make_generate_fn(
     graphdef: nnx.GraphDef,
     spec: DecodeSpec,
@@ -206,22 +229,7 @@ def make_generate_fn(
         return place(logits.astype(jnp.float32)), cache
 
     def grow(cache: KVCache, slots: int) -> KVCache:
-        def pad(x: jax.Array, dim: int) -> jax.Array:
-            widths = [(0, 0)] * x.ndim
-            widths[dim] = (0, slots - x.shape[dim])
-            return place_cache_leaf(jnp.pad(x, widths))
-
-        if not cache.is_stacked:  # per-layer buffers: no [L] axis
-            return cache.replace(
-                k=tuple(pad(x, KVCache.K_SLOT_AXIS - 1) for x in cache.k),
-                v=tuple(pad(x, KVCache.V_SLOT_AXIS - 1) for x in cache.v),
-                mask=pad(cache.mask, KVCache.MASK_SLOT_AXIS),
-            )
-        return cache.replace(
-            k=pad(cache.k, KVCache.K_SLOT_AXIS),
-            v=pad(cache.v, KVCache.V_SLOT_AXIS),
-            mask=pad(cache.mask, KVCache.MASK_SLOT_AXIS),
-        )
+        return grow_cache(cache, slots, place_cache_leaf)
 
     def generate(
         state,
