@@ -169,6 +169,35 @@ def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dic
     }
 
 
+def table_markdown(runs: list[dict]) -> str:
+    """One row per run (docs/benchmarks.md shows the committed runs,
+    docs/benchmarks/longtail_<size>_<n>.json, in file-name order)."""
+    rows = []
+    for r in runs:
+        c, m = r["counts"], r["measured"]
+        rows.append(
+            {
+                "size": "quick" if r["quick"] else "full",
+                "rows x slots, cap": f"{c['rows']} x {c['slots']}, {r['lengths']['cap']}",
+                "decode work saved (counts)": f"{c['useful_throughput_gain']:.2f}x",
+                "static useful tok/s": f"{m['static']['useful_tokens_per_s']:.0f}",
+                "continuous useful tok/s": f"{m['continuous']['useful_tokens_per_s']:.0f}",
+                "static decoded tok/s": f"{m['static']['decoded_tokens_per_s']:.0f}",
+                "continuous decoded tok/s": f"{m['continuous']['decoded_tokens_per_s']:.0f}",
+                "useful ratio": f"{m['useful_throughput_ratio']:.2f}x",
+                "greedy rows identical": "yes" if m["greedy_rows_identical"] else "NO",
+            }
+        )
+    lines = [common.markdown_table(rows)]
+    mach = runs[0].get("machine", {}) if runs else {}
+    if mach:
+        lines.append(
+            f"\n{mach.get('cpu_model')} ({mach.get('cpu_isa', '')}), "
+            f"{mach.get('cpu_usable')} cores; best of the interleaved repeats."
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
@@ -179,6 +208,7 @@ def main() -> None:
     result = run(quick=args.quick, median=args.median, sigma=args.sigma)
     for k in ("lengths", "counts", "measured"):
         print(k, result[k])
+    print(table_markdown([result]))
     print(f"wrote {common.write_json(args.out, result)}")
 
 

@@ -14,7 +14,9 @@ scan's stacking and slicing).
 Then, per micro-batch count (with the tunable), one process builds the step
 twice, with autodiff's own weight gradients and with gdpo_jax/core/dense.py's
 (xᵀ materialized before each dW = xᵀ dY), and times the two alternately:
-machine noise between processes is larger than the difference.
+machine noise between processes is larger than the difference. Likewise, per
+micro-batch count and beta (0, 0.04), the layers as one lax.scan vs unrolled
+(config.model.scan_layers).
 
     python -m benchmarks.profile_step [--microbatches 1,4] [--trace] \
         [--out runs/bench/profile_step.json]
@@ -42,7 +44,7 @@ STEPS = 12
 AB_STEPS = 12
 
 
-def _trainer(microbatches: int, beta: float) -> tuple[Any, dict]:
+def _trainer(microbatches: int, beta: float, scan_layers: bool = True) -> tuple[Any, dict]:
     """bench_rl's trainer (1 device) and one collected batch, ready for `trainer.step`."""
     from benchmarks import bench_rl as B
     from gdpo_jax.rewards import register_reward
@@ -56,6 +58,7 @@ def _trainer(microbatches: int, beta: float) -> tuple[Any, dict]:
     c = base_config()
     c.workdir = tempfile.mkdtemp(prefix="profile_step_")
     c.model.name = B.make_checkpoint(tempfile.mkdtemp(prefix="profile_ckpt_"))
+    c.model.scan_layers = scan_layers
     c.task.name, c.task.chat_template = "toolcall", False
     c.rewards.names = tuple(f"bench_{fn.__name__}" for fn in B.REWARDS)
     c.rewards.num_workers = 1
@@ -134,6 +137,27 @@ def _child_weight_grad_ab(microbatches: int, beta: float) -> dict[str, Any]:
     }
 
 
+def _child_scan_layers_ab(microbatches: int, beta: float) -> dict[str, Any]:
+    """One process, two steps (layers as one lax.scan, layers unrolled:
+    config.model.scan_layers), timed alternately."""
+    scan = _trainer(microbatches, beta, scan_layers=True)
+    unrolled = _trainer(microbatches, beta, scan_layers=False)
+    for pair in (scan, unrolled):
+        _step_seconds(*pair), _step_seconds(*pair)
+    t_scan, t_unrolled = [], []
+    for _ in range(AB_STEPS):
+        t_scan.append(_step_seconds(*scan))
+        t_unrolled.append(_step_seconds(*unrolled))
+    for trainer, _ in (scan, unrolled):
+        trainer.runner.close()
+    return {
+        "scan_median_s": statistics.median(t_scan),
+        "unrolled_median_s": statistics.median(t_unrolled),
+        "scan_best_s": min(t_scan),
+        "unrolled_best_s": min(t_unrolled),
+    }
+
+
 def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
     """Milliseconds per step by XLA:CPU operation kind (fusion name without its
     numeric suffix), the `top` largest, from the trace's perfetto JSON."""
@@ -154,10 +178,11 @@ def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
 
 
 def run_variant(
-    microbatches: int, tunable: bool, beta: float, trace: bool, ab: bool = False
+    microbatches: int, tunable: bool, beta: float, trace: bool, ab: str = ""
 ) -> dict[str, Any]:
     """One variant in a fresh process (the tunable only acts from process start);
-    `ab`: the weight-gradient comparison (_child_weight_grad_ab) instead."""
+    `ab`: an alternating comparison instead, "weight_grad" (_child_weight_grad_ab)
+    or "scan_layers" (_child_scan_layers_ab)."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env["GDPO_JAX_NO_RELAUNCH"] = "1"
     if tunable:
@@ -169,7 +194,7 @@ def run_variant(
         cmd = [sys.executable, "-m", "benchmarks.profile_step", "--_child", out]
         cmd += ["--microbatches", str(microbatches), "--beta", str(beta)]
         if ab:
-            cmd += ["--_ab"]
+            cmd += ["--_ab", ab]
         if trace:
             cmd += ["--_trace_dir", os.path.join(tmp, "trace")]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -184,15 +209,21 @@ def run(quick: bool = False, microbatches: tuple[int, ...] = (1, 4), trace: bool
     """Every (micro-batches, tunable) variant; a JSON-able dict."""
     mbs = microbatches[:1] if quick else microbatches
     rows = [run_variant(m, tunable, 0.0, trace) for m in mbs for tunable in (False, True)]
-    ab = [run_variant(m, True, 0.0, False, ab=True) for m in mbs]
+    ab = [run_variant(m, True, 0.0, False, ab="weight_grad") for m in mbs]
     for r in ab:
         r["speedup"] = r["autodiff_median_s"] / r["dense_median_s"]
+    scan = [
+        run_variant(m, True, beta, False, ab="scan_layers") for m in mbs for beta in (0.0, 0.04)
+    ]
+    for r, beta in zip(scan, [b for _ in mbs for b in (0.0, 0.04)]):
+        r["beta"], r["speedup"] = beta, r["scan_median_s"] / r["unrolled_median_s"]
     return {
         "benchmark": "profile_step",
         "steps_timed": STEPS,
         "results": rows,
         "ab_steps_timed": AB_STEPS,
         "weight_grad_ab": ab,
+        "scan_layers_ab": scan,
     }
 
 
@@ -243,6 +274,26 @@ def ab_table_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def scan_table_markdown(res: dict) -> str:
+    """The scan-vs-unrolled layers comparison's markdown table (docs/benchmarks.md)."""
+    rows = [
+        {
+            "micro-batches": r["microbatches"],
+            "beta": r["beta"],
+            "layers as one scan: step s (median)": f"{r['scan_median_s']:.3f}",
+            "unrolled (model.scan_layers=False): step s (median)": f"{r['unrolled_median_s']:.3f}",
+            "speed-up": f"{r['speedup']:.2f}x",
+        }
+        for r in res.get("scan_layers_ab", [])
+    ]
+    lines = [common.markdown_table(rows)]
+    lines.append(
+        f"\nHuge pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
+        "in one process per row."
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--microbatches", default="1,4")
@@ -252,11 +303,12 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench/profile_step.json")
     ap.add_argument("--_child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_trace_dir", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--_ab", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--_ab", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._child:
         if a._ab:
-            res = _child_weight_grad_ab(int(a.microbatches), a.beta)
+            child = {"weight_grad": _child_weight_grad_ab, "scan_layers": _child_scan_layers_ab}
+            res = child[a._ab](int(a.microbatches), a.beta)
         else:
             res = _child(int(a.microbatches), a.beta, a._trace_dir)
         with open(a._child, "w") as f:
@@ -273,6 +325,7 @@ def main() -> None:
             print(f"mb={r['microbatches']} hugetlb={r['hugetlb']}: ms/step {ops}")
     print(table_markdown(res))
     print(ab_table_markdown(res))
+    print(scan_table_markdown(res))
     print(f"wrote {common.write_json(a.out, res)}")
 
 

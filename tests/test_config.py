@@ -390,3 +390,17 @@ def test_tokenizer_fails_at_its_cause(monkeypatch):
         build.build_model(c, None)
     c.model.tokenizer = "test_tiny"  # the fix the message names
     assert build.build_model(c, None)[1] is not None
+
+
+def test_model_scan_layers_reaches_the_model_and_the_planner():
+    """config.model.scan_layers=False builds an unrolled model (build.build_model)
+    and plans one (scale.arch.model_config); the default keeps the scan."""
+    from gdpo_jax.scale.arch import model_config
+    from gdpo_jax.train import build
+
+    c = _cfg()
+    c.model.tokenizer = "test_tiny"
+    assert build.build_model(c, None)[0].cfg.scan_layers is True
+    c.model.scan_layers = False
+    assert build.build_model(c, None)[0].cfg.scan_layers is False
+    assert model_config(c).scan_layers is False

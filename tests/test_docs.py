@@ -344,19 +344,26 @@ def test_readme_speed_ratios_are_the_ranges_over_machine_kinds() -> None:
     assert not bad, f"README quotes {bad}; the summary's ranges are {sorted(ranges)}"
 
 
-def test_step_profile_table_is_the_committed_run() -> None:
+def test_step_profile_tables_are_the_committed_runs() -> None:
+    """Each committed profile_step run (one per machine kind profiled) has its
+    tables in docs/benchmarks.md."""
     import json
 
     from benchmarks import profile_step
 
-    res = json.loads((ROOT / "docs" / "benchmarks" / "profile_step.json").read_text())
     doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    for table in (profile_step.table_markdown(res), profile_step.ab_table_markdown(res)):
-        assert table in doc, (
-            "docs/benchmarks.md's step profile tables differ from "
-            "docs/benchmarks/profile_step.json"
-            " (python -m benchmarks.profile_step --trace --out docs/benchmarks/profile_step.json)"
-        )
+    paths = sorted((ROOT / "docs" / "benchmarks").glob("profile_step*.json"))
+    assert len(paths) >= 2
+    for path in paths:
+        res = json.loads(path.read_text())
+        tables = [profile_step.table_markdown(res), profile_step.ab_table_markdown(res)]
+        if res.get("scan_layers_ab"):
+            tables.append(profile_step.scan_table_markdown(res))
+        for table in tables:
+            assert table in doc, (
+                f"docs/benchmarks.md's step profile tables differ from {path.name}"
+                f" (python -m benchmarks.profile_step --trace --out docs/benchmarks/{path.name})"
+            )
 
 
 def test_kernel_layout_table_is_the_committed_run() -> None:
@@ -387,3 +394,19 @@ def test_decode_forms_table_is_the_committed_run() -> None:
     )
     for m in res["models"].values():  # every form decoded the scan's tokens
         assert all(f["tokens_equal_scan"] for f in m["forms"].values())
+
+
+def test_longtail_table_is_the_committed_runs() -> None:
+    import json
+
+    from benchmarks import bench_longtail
+
+    paths = sorted((ROOT / "docs" / "benchmarks").glob("longtail_*.json"))
+    runs = [json.loads(p.read_text()) for p in paths]
+    assert {r["quick"] for r in runs} == {True, False}
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert bench_longtail.table_markdown(runs) in doc, (
+        "docs/benchmarks.md's long-tail table differs from docs/benchmarks/longtail_*.json "
+        "(python -m benchmarks.bench_longtail [--quick] --out "
+        "docs/benchmarks/longtail_<size>_<n>.json)"
+    )

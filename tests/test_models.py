@@ -301,6 +301,30 @@ def test_remat_same_grads():
         assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max() + 1e-7
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_unrolled_layers_equal_the_scan(remat):
+    """ModelConfig.scan_layers=False (a Python loop over the layers) gives the
+    scan's logits, gradients and prefilled KV cache; the jaxpr has no scan."""
+    cfg = ModelConfig.tiny(num_layers=3, remat=remat)
+    ids, mask = _batch()
+    loss = lambda m: jnp.sum(m(ids, mask) ** 2 * mask[..., None])  # noqa: E731
+    out = {}
+    for scan in (True, False):
+        model = _random_model(dataclasses.replace(cfg, scan_layers=scan))
+        jaxpr = str(jax.make_jaxpr(lambda m: m(ids, mask))(model))
+        assert ("scan[" in jaxpr) == scan
+        logits = jax.jit(lambda m: m(ids, mask))(model)
+        grads = jax.tree.leaves(jax.jit(nnx.grad(loss))(model))
+        _, cache = jax.jit(lambda m: m(ids, mask, cache=m.init_cache(4, 10)))(model)
+        out[scan] = (logits, grads, cache)
+    np.testing.assert_allclose(out[False][0], out[True][0], atol=1e-5, rtol=0)
+    for a, b in zip(out[False][1], out[True][1]):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and np.abs(a - b).max() <= 1e-5 * np.abs(b).max() + 1e-7
+    for a, b in zip(jax.tree.leaves(out[False][2]), jax.tree.leaves(out[True][2])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+
+
 def test_bf16_params_and_compute(models):
     ref = models["llama"]
     cfg = dataclasses.replace(ref.cfg, param_dtype="bfloat16", dtype="bfloat16")

@@ -86,6 +86,11 @@ class ModelConfig:
     param_dtype: storage dtype of the parameters; dtype: compute dtype of
       activations. Logits are always float32.
     remat: rematerialize each layer in the backward pass (jax.checkpoint).
+    scan_layers: run the layers as one `jax.lax.scan` (True: one layer
+      compiled, whatever L) or unrolled (False: L layers compiled; no stacking
+      of per-layer activations into [L, ...] buffers, which on XLA:CPU made
+      bench_rl's 4-layer step 5-10% slower, docs/benchmarks.md). Same maths.
+      Decode steps follow `sampling.decode_layers` instead.
     attention: kernel of multi-token attention (training forward, prefill):
       "auto" (cuDNN flash attention on GPU in bf16/f16, else "xla"), "xla" (the
       grouped einsum path), "dpa" (jax.nn.dot_product_attention, XLA kernel)
@@ -115,6 +120,7 @@ class ModelConfig:
     dtype: str = "float32"
     remat: bool = False
     attention: str = "auto"
+    scan_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:

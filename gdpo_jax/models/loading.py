@@ -185,6 +185,7 @@ def load_hf_dir(
     remat: bool = False,
     tokenizer: bool = True,
     attention: str = "auto",
+    scan_layers: bool = True,
 ) -> tuple[Transformer, Any]:
     """Load a local HF checkpoint dir (config.json + safetensors [+ tokenizer])."""
     if not os.path.exists(os.path.join(path, "config.json")):
@@ -192,7 +193,12 @@ def load_hf_dir(
             f"{path!r} has no config.json; expected a Hugging Face checkpoint directory."
         )
     cfg = ModelConfig.from_hf(
-        path, dtype=dtype, param_dtype=param_dtype, remat=remat, attention=attention
+        path,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        remat=remat,
+        attention=attention,
+        scan_layers=scan_layers,
     )
     reader = SafetensorsDir(path)
     check_checkpoint(reader, cfg, path)
@@ -227,6 +233,7 @@ def load_pretrained(
     mesh: jax.sharding.Mesh | None = None,
     remat: bool = False,
     attention: str = "auto",
+    scan_layers: bool = True,
 ) -> tuple[Transformer, Any]:
     """(model, tokenizer) from a local HF dir, a .gguf file, or a known offline name.
 
@@ -236,7 +243,14 @@ def load_pretrained(
     """
     from gdpo_jax.models import gguf
 
-    kw = dict(dtype=dtype, param_dtype=param_dtype, mesh=mesh, remat=remat, attention=attention)
+    kw = dict(
+        dtype=dtype,
+        param_dtype=param_dtype,
+        mesh=mesh,
+        remat=remat,
+        attention=attention,
+        scan_layers=scan_layers,
+    )
     key = path_or_name.lower()
     if key in gguf.KNOWN_MODELS or path_or_name.endswith(".gguf"):
         hf_dir = gguf.converted_hf_dir(path_or_name)

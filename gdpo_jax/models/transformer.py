@@ -455,6 +455,8 @@ def _forward(
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
     pk, pv = (None, None) if cache is None else (cache.prefix_k, cache.prefix_v)
     layers = params["layers"]
+    if not cfg.scan_layers and isinstance(layers, dict):
+        layers = _split_layers(layers, cfg.num_layers)  # static slices, unrolled below
     if isinstance(kc, tuple) or isinstance(layers, tuple):
         # Unrolled (an unstacked cache, or weights given per layer): each layer
         # reads its own buffers. A per-layer cache enters `layer` as a [1, ...]

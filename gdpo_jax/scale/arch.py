@@ -37,6 +37,7 @@ def model_config(cfg: mlc.ConfigDict) -> ModelConfig:
         param_dtype=m.param_dtype,
         remat=bool(m.remat),
         attention=str(m.get("attention", "auto")),
+        scan_layers=bool(m.get("scan_layers", True)),
     )
     models = paper_models()
     spec = models.get(m.name) or next((s for s in models.values() if s.hf_id == m.name), None)

@@ -54,6 +54,7 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
             mesh=mesh,
             remat=m.remat,
             attention=m.get("attention", "auto"),
+            scan_layers=bool(m.get("scan_layers", True)),
         )
         if tokenizer is None and m.tokenizer:
             tokenizer = build_tokenizer(m.tokenizer)
@@ -77,6 +78,7 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
         if getattr(tokenizer, attr, None) is not None:
             overrides.setdefault(field, int(getattr(tokenizer, attr)))
     overrides.setdefault("attention", m.get("attention", "auto"))
+    overrides.setdefault("scan_layers", bool(m.get("scan_layers", True)))
     mc = ModelConfig.tiny(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, **overrides)
     if mc.vocab_size < len(tokenizer):
         raise ValueError(

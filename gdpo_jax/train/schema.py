@@ -63,6 +63,9 @@ def base_config() -> mlc.ConfigDict:
     # Multi-token attention kernel: auto (cuDNN flash on GPU in bf16/f16, else xla) |
     # xla (einsum path) | dpa (jax.nn.dot_product_attention, XLA) | cudnn.
     c.model.attention = "auto"
+    # Layers as one lax.scan (one layer compiled) or unrolled (False: faster steps
+    # for few-layer models on CPU, longer compiles; docs/benchmarks.md).
+    c.model.scan_layers = True
 
     c.task = mlc.ConfigDict()
     c.task.name = "toolcall"  # toolcall | math | code | arithmetic
