@@ -87,10 +87,10 @@ class ModelConfig:
       activations. Logits are always float32.
     remat: rematerialize each layer in the backward pass (jax.checkpoint).
     scan_layers: run the layers as one `jax.lax.scan` (True: one layer
-      compiled, whatever L) or unrolled (False: L layers compiled; no stacking
-      of per-layer activations into [L, ...] buffers, which on XLA:CPU made
-      bench_rl's 4-layer step 5-10% slower, docs/benchmarks.md). Same maths.
-      Decode steps follow `sampling.decode_layers` instead.
+      compiled, whatever L) or unrolled (False: L layers compiled, and no
+      stacking of per-layer activations into [L, ...] buffers, which slows
+      few-layer steps on XLA:CPU: profile_step's A/B in docs/benchmarks.md).
+      Same maths. Decode steps follow `sampling.decode_layers` instead.
     attention: kernel of multi-token attention (training forward, prefill):
       "auto" (cuDNN flash attention on GPU in bf16/f16, else "xla"), "xla" (the
       grouped einsum path), "dpa" (jax.nn.dot_product_attention, XLA kernel)
