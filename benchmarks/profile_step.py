@@ -110,6 +110,21 @@ def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
     return out
 
 
+def _alternate(a: tuple[Any, dict], b: tuple[Any, dict], names: tuple[str, str]) -> dict:
+    """Times two built (trainer, batch) pairs alternately, AB_STEPS steps each
+    (two untimed calls first), closes them; {<name>_median_s, <name>_best_s}."""
+    for pair in (a, b):
+        _step_seconds(*pair), _step_seconds(*pair)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for _ in range(AB_STEPS):
+        for name, pair in zip(names, (a, b)):
+            times[name].append(_step_seconds(*pair))
+    for trainer, _ in (a, b):
+        trainer.runner.close()
+    out = {f"{n}_median_s": statistics.median(t) for n, t in times.items()}
+    return out | {f"{n}_best_s": min(t) for n, t in times.items()}
+
+
 def _child_weight_grad_ab(microbatches: int, beta: float) -> dict[str, Any]:
     """One process, two steps (autodiff's weight gradients, core.dense's), timed
     alternately. The step traces on its first call, so each trainer's first call
@@ -119,22 +134,10 @@ def _child_weight_grad_ab(microbatches: int, beta: float) -> dict[str, Any]:
     ours = dense_mod._dense_cpu
     dense_mod._dense_cpu = dense_mod._einsum  # autodiff's gradient of the plain einsum
     plain = _trainer(microbatches, beta)
-    _step_seconds(*plain), _step_seconds(*plain)
+    _step_seconds(*plain)
     dense_mod._dense_cpu = ours
     dense = _trainer(microbatches, beta)
-    _step_seconds(*dense), _step_seconds(*dense)
-    t_plain, t_dense = [], []
-    for _ in range(AB_STEPS):
-        t_plain.append(_step_seconds(*plain))
-        t_dense.append(_step_seconds(*dense))
-    for trainer, _ in (plain, dense):
-        trainer.runner.close()
-    return {
-        "autodiff_median_s": statistics.median(t_plain),
-        "dense_median_s": statistics.median(t_dense),
-        "autodiff_best_s": min(t_plain),
-        "dense_best_s": min(t_dense),
-    }
+    return _alternate(plain, dense, ("autodiff", "dense"))
 
 
 def _child_scan_layers_ab(microbatches: int, beta: float) -> dict[str, Any]:
@@ -142,20 +145,7 @@ def _child_scan_layers_ab(microbatches: int, beta: float) -> dict[str, Any]:
     config.model.scan_layers), timed alternately."""
     scan = _trainer(microbatches, beta, scan_layers=True)
     unrolled = _trainer(microbatches, beta, scan_layers=False)
-    for pair in (scan, unrolled):
-        _step_seconds(*pair), _step_seconds(*pair)
-    t_scan, t_unrolled = [], []
-    for _ in range(AB_STEPS):
-        t_scan.append(_step_seconds(*scan))
-        t_unrolled.append(_step_seconds(*unrolled))
-    for trainer, _ in (scan, unrolled):
-        trainer.runner.close()
-    return {
-        "scan_median_s": statistics.median(t_scan),
-        "unrolled_median_s": statistics.median(t_unrolled),
-        "scan_best_s": min(t_scan),
-        "unrolled_best_s": min(t_unrolled),
-    }
+    return _alternate(scan, unrolled, ("scan", "unrolled"))
 
 
 def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
@@ -255,6 +245,15 @@ def table_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _ab_table(res: dict, rows: list[dict]) -> str:
+    lines = [common.markdown_table(rows)]
+    lines.append(
+        f"\nHuge pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
+        "in one process per row."
+    )
+    return "\n".join(lines)
+
+
 def ab_table_markdown(res: dict) -> str:
     """The weight-gradient comparison's markdown table (docs/benchmarks.md)."""
     rows = [
@@ -266,12 +265,7 @@ def ab_table_markdown(res: dict) -> str:
         }
         for r in res.get("weight_grad_ab", [])
     ]
-    lines = [common.markdown_table(rows)]
-    lines.append(
-        f"\nHuge pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
-        "in one process per row."
-    )
-    return "\n".join(lines)
+    return _ab_table(res, rows)
 
 
 def scan_table_markdown(res: dict) -> str:
@@ -286,12 +280,7 @@ def scan_table_markdown(res: dict) -> str:
         }
         for r in res.get("scan_layers_ab", [])
     ]
-    lines = [common.markdown_table(rows)]
-    lines.append(
-        f"\nHuge pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
-        "in one process per row."
-    )
-    return "\n".join(lines)
+    return _ab_table(res, rows)
 
 
 def main() -> None:
