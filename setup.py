@@ -46,9 +46,16 @@ EXTRAS = {
     "cuda12": ["jax[cuda12]==0.10.2"],
     "tpu": ["jax[tpu]==0.10.2"],
     # Ahead-of-time planning on a CPU machine (experiments/plan.py): libtpu and
-    # the CUDA 12 compiler plugin, without the CUDA runtime wheels. Every JAX
+    # the CUDA 12 compiler plugin, without the CUDA runtime wheels; cuDNN, because a
+    # GPU run in bf16 uses cuDNN flash attention and lowering that kernel loads cuDNN
+    # (without it the planner plans the XLA kernel instead, and says so). Every JAX
     # process in such an environment must run with JAX_PLATFORMS=cpu.
-    "aot": ["jax[tpu]==0.10.2", "jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2"],
+    "aot": [
+        "jax[tpu]==0.10.2",
+        "jax-cuda12-plugin==0.10.2",
+        "jax-cuda12-pjrt==0.10.2",
+        "nvidia-cudnn-cu12==9.28.0.42",
+    ],
 }
 EXTRAS["dev"] = sorted(set(EXTRAS["test"] + EXTRAS["bench"] + EXTRAS["viz"]))
 

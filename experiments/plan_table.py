@@ -14,6 +14,7 @@ configs' docstrings tell a user to do.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
 import os
@@ -125,6 +126,26 @@ def render(plans: dict) -> str:
                 f"{g.get('generate', '-')} | {g.get('logprob', '-')} | {p['est_step_s']:.0f} | "
                 f"`{ov}` | {p['plan_s'] / 60:.1f} min |"
             )
+    return "\n".join(rows)
+
+
+def attention_table(directory: str = "docs/scale/attention") -> str:
+    """The kernel comparison of docs/models.md: one row per committed plan in
+    `directory` (`python -m experiments.plan ... --config.model.attention=<kind>
+    --nosearch --json=<directory>/<config>_<target>_<kind>.json`), temporaries per device."""
+    rows = [
+        "| plan | target | model.attention | kernel planned | step temporaries GiB | "
+        "log-prob temporaries GiB | sampler temporaries GiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        p = json.load(open(path))
+        name, _target, requested = os.path.basename(path)[: -len(".json")].rsplit("_", 2)
+        temp = {k: f"{v['temp_gib']:.2f}" for k, v in p["programs"].items()}
+        rows.append(
+            f"| {name} | {p['target']} | {requested} | {p['attention']} | {temp['step']} | "
+            f"{temp['logprob']} | {temp['generate']} |"
+        )
     return "\n".join(rows)
 
 

@@ -96,6 +96,14 @@ def test_valid_configs_pass():
             r"model\.attention='cudnn' needs a GPU.*attention=auto",
         ),
         (
+            lambda c: setattr(c.model, "attention", "splash"),
+            r"model\.attention='splash' is the Pallas TPU kernel.*attention=auto",
+        ),
+        (
+            lambda c: setattr(c.model, "attention", "flash"),
+            r"model\.attention='flash' is not one of .*splash.*Set --config\.model\.attention=",
+        ),
+        (
             lambda c: setattr(c.sampling, "prompt_buckets", (4, 6)),
             r"sampling\.prompt_buckets=\(4, 6\) must .*end at sampling\.max_prompt_len=8",
         ),

@@ -286,6 +286,24 @@ def test_scale_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
+def test_attention_kernel_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    # docs/models.md's kernel comparison is rendered from docs/scale/attention/*.json.
+    for var, val in (
+        ("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
+        ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ):
+        monkeypatch.setenv(var, val)
+    from experiments import plan_table
+
+    table = plan_table.attention_table(str(ROOT / "docs" / "scale" / "attention"))
+    assert table.count("\n") >= 3, table
+    doc = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    assert table in doc, (
+        "docs/models.md's attention kernel table differs from docs/scale/attention/*.json "
+        "(experiments.plan_table.attention_table renders it)"
+    )
+
+
 def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.MonkeyPatch) -> None:
     # The README's "Measured so far" quotes the planner's table: every number on its
     # scale line must be a cell (or part of one) of that table, and it must link the page.

@@ -419,7 +419,7 @@ def test_attention_kind_by_backend_and_config():
     from gdpo_jax.models.transformer import attention_kind
 
     f32, bf16 = ModelConfig.tiny(), ModelConfig.tiny(dtype="bfloat16")
-    assert attention_kind(f32, "cpu") == "xla" and attention_kind(bf16, "tpu") == "xla"
+    assert attention_kind(f32, "cpu") == "xla" and attention_kind(bf16, "tpu") == "splash"
     assert attention_kind(bf16, "gpu") == "cudnn" and attention_kind(f32, "gpu") == "xla"
     assert attention_kind(dataclasses.replace(f32, attention="dpa"), "cpu") == "dpa"
     with pytest.raises(ValueError, match="model.attention='cudnn' needs a GPU"):
@@ -440,7 +440,7 @@ def test_target_backend_picks_the_kernels_of_the_platform_being_planned():
     with target_backend("cuda"):
         assert effective_backend() == "gpu" and attention_kind(bf16) == "cudnn"
         with target_backend("tpu"):  # nested: the innermost wins
-            assert attention_kind(bf16) == "xla"
+            assert attention_kind(bf16) == "splash"
         assert attention_kind(bf16) == "cudnn"
     assert effective_backend() == host
     c = base_config()

@@ -217,6 +217,7 @@ def test_tiny_plan_on_tpu_bytes_per_device():
 
     plan = make_plan(tiny_config(), targets_lib.parse_target("tpu:v5e:2x2"))
     assert plan["fits"] and plan["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert plan["attention"] == "splash"  # "auto" on a TPU target: the Pallas kernel
     assert set(plan["programs"]) == {"step", "logprob", "generate"}
     # Independent arithmetic: f32 weights, matrices split 4 ways over fsdp, norms whole.
     params = (n_matrix() // 4 + n_vector()) * 4

@@ -1,6 +1,7 @@
-"""Attention kernels for the decoder: the grouped-query einsum path ("xla") and
-jax.nn.dot_product_attention ("dpa" / cuDNN flash), and the dispatch between them
-(`attention_kind`, from config.model.attention and the backend).
+"""Attention kernels for the decoder: the grouped-query einsum path ("xla"),
+jax.nn.dot_product_attention ("dpa" / cuDNN flash) and the Pallas TPU splash
+kernel ("splash"), and the dispatch between them (`attention_kind`, from
+config.model.attention and the backend).
 
 Shapes: q f[B,T,Hq,Dh]; kt f[B,Hkv,Dh,S] (keys transposed) and v f[B,Hkv,S,Dh],
 the KV cache's stored layouts (see KVCache); allowed bool[B,T,S] (query t may
@@ -15,6 +16,7 @@ import numpy as np
 
 from gdpo_jax.backend import effective_backend, target_backend
 from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.sharding import BATCH_AXES, context_mesh, sanitize_spec
 
 # target_backend / effective_backend live in the leaf gdpo_jax.backend (core uses
 # them too); re-exported here for existing imports.
@@ -114,17 +116,24 @@ def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
     """The kernel cfg.attention picks on `backend` (default: effective_backend()).
 
     "auto": cuDNN flash attention on GPU when the compute dtype is bf16/f16 (its
-    only dtypes), else the einsum path ("xla"). TPU keeps "xla" (no splash
-    kernel yet). "cudnn" off GPU or in f32 is an error naming the field.
+    only dtypes), the splash kernel on TPU, else the einsum path ("xla").
+    "cudnn" off GPU or in f32, and "splash" on GPU, are errors naming the field
+    ("splash" on CPU runs the kernel in Pallas interpret mode: a slow reference
+    for tests).
     """
     backend = backend or effective_backend()
     half = jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16)
     if cfg.attention == "auto":
-        return "cudnn" if backend == "gpu" and half else "xla"
+        return "cudnn" if backend == "gpu" and half else "splash" if backend == "tpu" else "xla"
     if cfg.attention == "cudnn" and (backend != "gpu" or not half):
         raise ValueError(
             f"model.attention='cudnn' needs a GPU and dtype bfloat16/float16 (backend "
             f"{backend!r}, dtype {cfg.dtype!r}); set config.model.attention='auto' or 'xla'."
+        )
+    if cfg.attention == "splash" and backend not in ("tpu", "cpu"):
+        raise ValueError(
+            f"model.attention='splash' is a TPU kernel (backend {backend!r}); set "
+            "config.model.attention='auto' or 'xla'."
         )
     return cfg.attention
 
@@ -146,3 +155,76 @@ def _dpa_attention(
     return jax.nn.dot_product_attention(
         q, k, v, mask=allowed[:, None], implementation=implementation
     )
+
+
+# Splash kernel blocks: sequences are padded up to a multiple of this.
+SPLASH_BLOCK = 128
+
+
+def _splash_attention(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Causal self-attention over one call's T tokens (no cache) with the Pallas
+    splash kernel: q f[B,T,Hq,Dh], kt f[B,Hkv,Dh,T], v f[B,Hkv,T,Dh], mask
+    {0,1}[B,T] (valid tokens) -> f[B,T,Hq,Dh].
+
+    The kernel never materializes the [T, T] scores (the einsum path's largest
+    temporary in training). Padding is a segment id: token t may read key s <= t
+    of the same segment, so a valid token reads exactly the valid keys before it
+    (as `_attention`), and a padding position reads padding (finite, never read).
+    GQA runs the multi-query kernel once per kv head (vmapped), so K/V are not
+    repeated. T is padded to a multiple of SPLASH_BLOCK. Under a mesh the kernel
+    runs per shard (`jax.shard_map`: batch over ("data", "fsdp"), heads over
+    "tensor" when both head counts divide it). Off TPU it runs in Pallas
+    interpret mode (a slow reference for tests).
+    """
+    mesh = context_mesh()
+    if mesh is None:
+        return _splash_local(q, kt, v, mask)
+    Hq, Hkv = q.shape[2], kt.shape[1]
+    tensor = dict(mesh.shape).get("tensor", 1)
+    heads = "tensor" if Hq % tensor == 0 and Hkv % tensor == 0 else None
+    specs = [
+        sanitize_spec((BATCH_AXES, None, heads, None), q.shape, mesh),
+        sanitize_spec((BATCH_AXES, heads, None, None), kt.shape, mesh),
+        sanitize_spec((BATCH_AXES, heads, None, None), v.shape, mesh),
+        sanitize_spec((BATCH_AXES, None), mask.shape, mesh),
+    ]
+    # check_vma=False: the kernel's pallas_call declares no per-axis variance.
+    return jax.shard_map(
+        _splash_local, mesh=mesh, in_specs=tuple(specs), out_specs=specs[0], check_vma=False
+    )(q, kt, v, mask)
+
+
+def _splash_local(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """`_splash_attention` on one device's (or shard's) arrays."""
+    # Imported here: Pallas's TPU ops load only for a model that uses the kernel.
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_kernel as splash,
+    )
+    from jax.experimental.pallas.ops.tpu.splash_attention import (
+        splash_attention_mask as splash_mask,
+    )
+
+    B, T, Hq, Dh = q.shape
+    Hkv = kt.shape[1]
+    G = Hq // Hkv
+    Tp = -(-T // SPLASH_BLOCK) * SPLASH_BLOCK
+    pad = Tp - T
+    # [B,T,Hq,Dh] -> [B,Hkv,G,Tp,Dh], scaled here (the kernel does not scale).
+    qh = (q * jnp.asarray(Dh**-0.5, q.dtype)).reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4)
+    qh = jnp.pad(qh, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+    k = jnp.pad(kt.astype(q.dtype).transpose(0, 1, 3, 2), ((0, 0), (0, 0), (0, pad), (0, 0)))
+    vv = jnp.pad(v.astype(q.dtype), ((0, 0), (0, 0), (0, pad), (0, 0)))
+    seg = jnp.pad(mask.astype(jnp.int32), ((0, 0), (0, pad)))  # block padding: segment 0
+    kernel = splash.make_splash_mqa(
+        splash_mask.MultiHeadMask([splash_mask.CausalMask((Tp, Tp))] * G),
+        head_shards=1,
+        q_seq_shards=1,
+        interpret=effective_backend() != "tpu",
+    )
+
+    def one_row(qb, kb, vb, sb):  # [Hkv,G,Tp,Dh], [Hkv,Tp,Dh] x2, [Tp]
+        ids = splash.SegmentIds(q=sb, kv=sb)
+        return jax.vmap(lambda qh_, kh_, vh_: kernel(qh_, kh_, vh_, segment_ids=ids))(qb, kb, vb)
+
+    o = jax.vmap(one_row)(qh, k, vv, seg)[:, :, :, :T]  # [B,Hkv,G,T,Dh]
+    return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh).astype(q.dtype)

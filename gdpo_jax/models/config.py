@@ -18,7 +18,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
-ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn")
+ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn", "splash")
 
 
 def canonical_dtype(dtype: Any, field: str = "dtype") -> str:
@@ -92,10 +92,12 @@ class ModelConfig:
       few-layer steps on XLA:CPU: profile_step's A/B in docs/benchmarks.md).
       Same maths. Decode steps follow `sampling.decode_layers` instead.
     attention: kernel of multi-token attention (training forward, prefill):
-      "auto" (cuDNN flash attention on GPU in bf16/f16, else "xla"), "xla" (the
-      grouped einsum path), "dpa" (jax.nn.dot_product_attention, XLA kernel)
-      or "cudnn" (jax.nn.dot_product_attention, cuDNN; GPU, bf16/f16 only).
-      One-token decode steps always use the einsum path.
+      "auto" (cuDNN flash attention on GPU in bf16/f16, splash on TPU, else
+      "xla"), "xla" (the grouped einsum path), "dpa" (jax.nn.dot_product_attention,
+      XLA kernel), "cudnn" (jax.nn.dot_product_attention, cuDNN; GPU, bf16/f16
+      only) or "splash" (the Pallas TPU splash kernel; training, log-prob and
+      fresh-cache prefill forwards). One-token decode steps always use the
+      einsum path.
     """
 
     model_type: str = "llama"

@@ -27,6 +27,7 @@ from gdpo_jax.models.attention import (
     _attention,
     _attention_shared_prefix,
     _dpa_attention,
+    _splash_attention,
     attention_kind,
 )
 from gdpo_jax.models.config import ModelConfig
@@ -256,6 +257,7 @@ class Transformer(nnx.Module):
         cache: KVCache | None = None,
         return_hidden: bool = False,
         layer_params: tuple[dict[str, jax.Array], ...] | None = None,
+        fresh_cache: bool = False,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
         """input_ids i32[B,T], attention_mask {0,1}[B,T] (left padding allowed).
 
@@ -268,6 +270,13 @@ class Transformer(nnx.Module):
         An unstacked cache (``KVCache.unstacked``) runs the layers unrolled (see
         KVCache); `layer_params` (from ``layer_params()``) then replaces the
         stacked weights, so a decode loop slices them once, not every step.
+
+        `fresh_cache`: the caller's promise that `cache` holds nothing yet (a
+        prefill at index 0, as from ``init_cache``). The T tokens then attend to
+        each other directly, not through the cache's S >= T slots: the same
+        result, over [T, T] instead of [T, S] scores, and the multi-token kernels
+        (splash included) apply as in a cache-free call. The cache is written
+        as usual.
         """
         cfg = self.cfg
         B, T = input_ids.shape
@@ -286,7 +295,9 @@ class Transformer(nnx.Module):
         if layer_params is not None:
             params["layers"] = tuple(layer_params)
         args = (params, input_ids, mask, positions.astype(jnp.int32), cache)
-        fn = lambda *a: _forward(*a, cfg=cfg, return_hidden=return_hidden)  # noqa: E731
+        fn = lambda *a: _forward(  # noqa: E731
+            *a, cfg=cfg, return_hidden=return_hidden, fresh_cache=fresh_cache
+        )
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:
             # No mesh in context, but params may still be typed on an Explicit
@@ -301,6 +312,7 @@ class Transformer(nnx.Module):
                         cache=cache,
                         return_hidden=return_hidden,
                         layer_params=layer_params,
+                        fresh_cache=fresh_cache,
                     )
         if not mesh.empty and is_explicit(mesh):
             # Explicit axes would demand an out_sharding for every ambiguous
@@ -360,6 +372,7 @@ def _forward(
     *,
     cfg: ModelConfig,
     return_hidden: bool,
+    fresh_cache: bool = False,
 ):
     dt = jnp.dtype(cfg.dtype)
     B, T = input_ids.shape
@@ -388,13 +401,23 @@ def _forward(
     else:
         key_mask = jax.lax.dynamic_update_slice(cache.mask, mask.astype(bool), (0, cache.index))
         q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
+    # A fresh cache (a prefill at index 0) holds nothing to read: the T tokens
+    # attend to each other as in a cache-free call (`self_attend`).
+    self_attend = cache is None or (fresh_cache and not per_row and cache.prefix_k is None)
     if per_row:
         allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
+    elif self_attend:
+        causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+        allowed = causal[None] & mask.astype(bool)[:, None, :]  # [B,T,T]
     else:
         allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
     # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
-    # read the cache in its stored layout with the einsum path.
+    # read the cache in its stored layout with the einsum path. Splash's causal
+    # mask is static, so it takes self-attending calls only (not a write at a
+    # traced cache index into a longer cache).
     kind = attention_kind(cfg) if T > 1 else "xla"
+    if kind == "splash" and not self_attend:
+        kind = "xla"
 
     def proj(h, w, b=None):
         y = dense(h, w.astype(dt))
@@ -432,11 +455,14 @@ def _forward(
                 vc = jax.lax.dynamic_update_slice(
                     vc, v[None].astype(vc.dtype), (i, 0, 0, cache.index, 0)
                 )
-            k, v = kc[i], vc[i]
+            if not self_attend:  # else attend to the new k, v themselves
+                k, v = kc[i], vc[i]
         if prefix is not None:  # decode over a shared prompt (see KVCache)
             a = _attention_shared_prefix(q, *prefix, cache.prefix_mask, k, v, allowed, cfg)
         elif kind == "xla":
             a = _attention(q, k, v, allowed, cfg)
+        elif kind == "splash":
+            a = _splash_attention(q, k, v, mask)
         else:
             a = _dpa_attention(q, k, v, allowed, "cudnn" if kind == "cudnn" else "xla")
         a = a.reshape(B, T, Hq * Dh)

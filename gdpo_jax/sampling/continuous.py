@@ -89,6 +89,7 @@ def make_continuous_generate_fn(
             positions=positions,
             cache=model.init_cache(n_prompts, plen),
             return_hidden=True,
+            fresh_cache=True,
         )
         from gdpo_jax.core.logprobs import unembed_logits
 

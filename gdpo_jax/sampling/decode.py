@@ -217,8 +217,11 @@ def make_generate_fn(
         # so no module crosses trace levels (`layer_params`, plain arrays, may).
         model = nnx.merge(graphdef, state)
         if last_only:
-            # Prefill: unembed only the last position (never [B, P, V] logits).
-            hidden, cache = model(ids, mask, positions=positions, cache=cache, return_hidden=True)
+            # Prefill into a fresh cache: unembed only the last position (never
+            # [B, P, V] logits); the prompt attends to itself ([P, P] scores).
+            hidden, cache = model(
+                ids, mask, positions=positions, cache=cache, return_hidden=True, fresh_cache=True
+            )
             logits = unembed(hidden[:, -1], model.unembed_matrix())
         else:
             logits, cache = model(

@@ -109,17 +109,26 @@ def validate_config(
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", _SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
-    _choice(cfg, "model.attention", ("auto", "xla", "dpa", "cudnn"))
-    if cfg.model.attention == "cudnn":
+    from gdpo_jax.models.config import ATTENTION_KINDS
+
+    _choice(cfg, "model.attention", ATTENTION_KINDS)
+    if cfg.model.attention in ("cudnn", "splash"):
         # The backend the programs are built for (the planner's target, else JAX's).
         from gdpo_jax.backend import effective_backend
 
         backend = effective_backend()
-        if backend != "gpu" or cfg.model.dtype not in ("bfloat16", "float16"):
+        if cfg.model.attention == "cudnn" and (
+            backend != "gpu" or cfg.model.dtype not in ("bfloat16", "float16")
+        ):
             raise ConfigError(
                 f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
                 f"(backend {backend!r}, dtype {cfg.model.dtype!r}); set "
                 "--config.model.attention=auto."
+            )
+        if cfg.model.attention == "splash" and backend != "tpu":
+            raise ConfigError(
+                f"config.model.attention='splash' is the Pallas TPU kernel (backend "
+                f"{backend!r}); set --config.model.attention=auto."
             )
     _choice(cfg, "rewards.executor", ("thread", "process"))
     _choice(cfg, "distributed.initialize", ("auto", "always", "never"))

@@ -60,8 +60,9 @@ def base_config() -> mlc.ConfigDict:
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
     c.model.remat = False
-    # Multi-token attention kernel: auto (cuDNN flash on GPU in bf16/f16, else xla) |
-    # xla (einsum path) | dpa (jax.nn.dot_product_attention, XLA) | cudnn.
+    # Multi-token attention kernel: auto (cuDNN flash on GPU in bf16/f16, splash on
+    # TPU, else xla) | xla (einsum path) | dpa (jax.nn.dot_product_attention, XLA) |
+    # cudnn | splash (Pallas TPU kernel).
     c.model.attention = "auto"
     # Layers as one lax.scan (one layer compiled) or unrolled (False: faster steps
     # for few-layer models on CPU, longer compiles; docs/benchmarks.md).
