@@ -2,8 +2,9 @@
 Hugging Face / GGUF weights in and Hugging Face weights out."""
 
 from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.models.sharding import create_model, get_param_shardings, get_param_specs, shard_model
-from gdpo_jax.models.transformer import KVCache, Transformer
+from gdpo_jax.models.transformer import Transformer
 
 
 def __getattr__(name: str):

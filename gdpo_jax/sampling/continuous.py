@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gdpo_jax.models.transformer import KVCache
+from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.sampling.decode import (
     FINISH_EOS,
     FINISH_LENGTH,

@@ -59,7 +59,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.backend import effective_backend
 from gdpo_jax.core.logprobs import unembed_logits
-from gdpo_jax.models.transformer import KVCache
+from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
 from gdpo_jax.sharding import BATCH_AXES, batch_axes, constrain, is_explicit
 from gdpo_jax.sharding import batch_axis_size as batch_shards
