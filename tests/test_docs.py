@@ -14,6 +14,7 @@ import importlib
 import re
 import shlex
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -254,11 +255,8 @@ def test_map_checker_catches_a_new_and_a_removed_module(tmp_path: Path) -> None:
     assert "core/new.py is not in the map" in errors[0] and "gone.py" in errors[1]
 
 
-def _committed_plan_table(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
-    """(the table experiments.plan_table renders from docs/scale/plans.json, the text between
-    the plan-table markers of docs/scale.md)."""
-    import json
-
+def _plan_table(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """experiments.plan_table, imported without leaving its TPU_* variables in this process."""
     # plan_table sets these with setdefault on import; keep them out of this process's env.
     for var, val in (
         ("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
@@ -267,6 +265,15 @@ def _committed_plan_table(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
         monkeypatch.setenv(var, val)
     from experiments import plan_table
 
+    return plan_table
+
+
+def _committed_plan_table(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """(the table experiments.plan_table renders from docs/scale/plans.json, the text between
+    the plan-table markers of docs/scale.md)."""
+    import json
+
+    plan_table = _plan_table(monkeypatch)
     plans = json.loads((ROOT / "docs" / "scale" / "plans.json").read_text(encoding="utf-8"))
     plans = {k: plan_table.rederive(v) for k, v in plans.items()}
     doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
@@ -288,14 +295,7 @@ def test_scale_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_attention_kernel_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     # docs/models.md's kernel comparison is rendered from docs/scale/attention/*.json.
-    for var, val in (
-        ("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
-        ("TPU_WORKER_HOSTNAMES", "localhost"),
-    ):
-        monkeypatch.setenv(var, val)
-    from experiments import plan_table
-
-    table = plan_table.attention_table(str(ROOT / "docs" / "scale" / "attention"))
+    table = _plan_table(monkeypatch).attention_table(str(ROOT / "docs" / "scale" / "attention"))
     assert table.count("\n") >= 3, table
     doc = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     assert table in doc, (

@@ -18,6 +18,7 @@ from flax import nnx
 from gdpo_jax.backend import target_backend
 from gdpo_jax.models import ModelConfig
 from gdpo_jax.models.attention import SPLASH_BLOCK, _splash_attention, attention_kind
+from gdpo_jax.models.sharding import abstract_model
 from gdpo_jax.scale import targets as targets_lib
 from gdpo_jax.sharding import make_mesh
 from tests.test_models import _random_model
@@ -71,9 +72,8 @@ def test_splash_kernel_equals_numpy_attention():
 def _pair(**kw):
     """The same random weights under the einsum path and the splash kernel."""
     base = _random_model(ModelConfig.tiny(**kw))
-    splash = nnx.merge(
-        nnx.graphdef(_random_model(ModelConfig.tiny(**kw, attention="splash"))), nnx.state(base)
-    )
+    graphdef = nnx.graphdef(abstract_model(ModelConfig.tiny(**kw, attention="splash")))
+    splash = nnx.merge(graphdef, nnx.state(base))
     return base, splash
 
 
