@@ -384,6 +384,22 @@ def test_step_profile_tables_are_the_committed_runs() -> None:
             )
 
 
+def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
+    """docs/benchmarks.md's bench_rl table is the run of the machine file it names."""
+    import json
+
+    from benchmarks import bench_rl
+
+    path = ROOT / "docs" / "benchmarks" / "machines" / "amd-epyc-avx512-2c.json"
+    res = json.loads(path.read_text())["benchmarks"]["bench_rl"]["result"]
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "machines/amd-epyc-avx512-2c.md" in doc
+    assert bench_rl.table(res) in doc, (
+        "docs/benchmarks.md's RL iteration table differs from machines/amd-epyc-avx512-2c.json"
+        " (render it with benchmarks.bench_rl.table)"
+    )
+
+
 def test_kernel_layout_table_is_the_committed_run() -> None:
     import json
 

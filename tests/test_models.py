@@ -257,6 +257,23 @@ def test_unstacked_cache_and_layer_params_equal_the_scan(models, name):
         np.testing.assert_array_equal(np.asarray(c.mask), np.asarray(ref_cache.mask))
 
 
+def test_unrolled_decode_step_evaluates_rope_once(models):
+    """The RoPE cos/sin of a forward are computed once, not once per consumer: with
+    the layers unrolled (the sampler's decode) XLA:CPU fused them into 3 fusions per
+    layer, each evaluating cos and sin again."""
+    import re
+
+    model = models["llama"]
+    ids, mask = _batch()
+    cache = model.init_cache(4, 8).unstacked()
+    step = jax.jit(lambda m, x, k, c, lp: m(x, k, cache=c, layer_params=lp))
+    hlo = step.lower(model, ids[:, :1], mask[:, :1], cache, model.layer_params(fuse=True))
+    text = hlo.compile().as_text()
+    assert model.cfg.num_layers > 1
+    assert len(re.findall(r"= f32\[[0-9,]*\]\S* cosine\(", text)) == 1
+    assert len(re.findall(r"= f32\[[0-9,]*\]\S* sine\(", text)) == 1
+
+
 def test_left_padding_equals_unpadded(models):
     """A left-padded row gives the same logits as the same tokens unpadded."""
     model = models["llama"]

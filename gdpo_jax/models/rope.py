@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gdpo_jax.backend import effective_backend
 from gdpo_jax.models.config import ModelConfig
 
 
@@ -76,11 +78,22 @@ def _yarn(cfg: ModelConfig, rope: dict) -> tuple[np.ndarray, float]:
 
 
 def rope_cos_sin(positions: jnp.ndarray, cfg: ModelConfig) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """positions i32[B,T] -> (cos, sin) f32[B,T,head_dim] (halves repeated, HF layout)."""
+    """positions i32[B,T] -> (cos, sin) f32[B,T,head_dim] (halves repeated, HF layout).
+
+    Each angle's cosine and sine are computed once (on the half, then repeated).
+    On CPU they are also materialized once per forward: XLA:CPU otherwise fuses
+    (recomputes) them into every consumer, and with the layers unrolled (the
+    sampler's decode) that was up to 3 fusions per layer each evaluating ``cos``
+    and ``sin`` at every step (docs/benchmarks.md, "Where the sampler's time
+    goes"). Values are unchanged.
+    """
     inv_freq, scale = rope_frequencies(cfg)
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-    angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles) * scale, jnp.sin(angles) * scale
+    cos, sin = jnp.cos(angles) * scale, jnp.sin(angles) * scale
+    cos, sin = jnp.concatenate([cos, cos], axis=-1), jnp.concatenate([sin, sin], axis=-1)
+    if effective_backend() == "cpu":
+        cos, sin = jax.lax.optimization_barrier((cos, sin))
+    return cos, sin
 
 
 def apply_rope(x: jnp.ndarray, cos: jnp.ndarray, sin: jnp.ndarray) -> jnp.ndarray:
