@@ -7,6 +7,11 @@ fp32, one optimizer step per batch, GDPO (TRL: multi_objective_aggregation=
 split into sample / reward / step, generated tokens/s, and the step's model
 FLOPs utilization against a matmul peak measured in the same run.
 
+Each framework runs ROUNDS times per beta, in alternating order (ours then
+TRL, then TRL then ours), and the figures are medians over all rounds'
+steady-state iterations: a load that comes and goes on a shared machine then
+falls on both sides of a ratio, not on whichever ran during it.
+
     python -m benchmarks.bench_rl [--quick] [--out results.json]
 """
 
@@ -29,6 +34,8 @@ PROMPTS, GENERATIONS, NEW_TOKENS, PROMPT_WORDS = 8, 8, 64, 8
 # pass over 64 rows (activations stay cache-sized, fewer fresh pages per step);
 # PyTorch measured no gain from it (docs/benchmarks.md#the-step-on-cpu-profiled).
 OURS_MICROBATCHES = 4
+ROUNDS = 3  # per framework and beta, alternating order (--quick: 1)
+TIMES = ("iter_s", "sample_s", "reward_s", "step_s", "len")  # per-iteration series
 
 
 # ------------------------------------------------------------------ fixtures
@@ -137,7 +144,8 @@ def _timed(fn) -> float:
 
 
 # ------------------------------------------------------------------ gdpo_jax
-def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, float]:
+def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, Any]:
+    """Our trainer's steady-state iterations: {series name (TIMES): [iters floats], "compiles"}."""
     from gdpo_jax.rewards import register_reward
     from gdpo_jax.tasks import TaskData
     from gdpo_jax.train.config import base_config
@@ -169,25 +177,16 @@ def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, 
         if i >= warmup:
             rows.append(m)
     trainer.runner.close()
-    med = {
-        k: statistics.median(r[k] for r in rows)
-        for k in ("time/sample_s", "time/reward_s", "time/step_s", "time/iter_s", "len/mean")
-    }
-    gen = med["len/mean"] * PROMPTS * GENERATIONS
-    return {
-        "iter_s": med["time/iter_s"],
-        "sample_s": med["time/sample_s"],
-        "reward_s": med["time/reward_s"],
-        "step_s": med["time/step_s"],
-        "gen_tokens_per_s": gen / med["time/iter_s"],
-        "mean_len": med["len/mean"],
-        "seq": PROMPT_WORDS + 1 + NEW_TOKENS,
-        "compiles": trainer.step.compile_count(),
-    }
+    keys = {"iter_s": "time/iter_s", "sample_s": "time/sample_s", "reward_s": "time/reward_s"}
+    keys |= {"step_s": "time/step_s", "len": "len/mean"}
+    series: dict[str, Any] = {k: [float(r[m]) for r in rows] for k, m in keys.items()}
+    series["compiles"] = trainer.step.compile_count()
+    return series
 
 
 # ------------------------------------------------------------------- TRL
-def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, float]:
+def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, list[float]]:
+    """TRL GRPOTrainer's steady-state iterations: {series name (TIMES): [iters floats]}."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -252,21 +251,15 @@ def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, f
 
     trainer.add_callback(Clock())
     trainer.train()
-    med = {k: statistics.median(v[warmup:]) for k, v in times.items() if v}
-    step = med["iter"] - med["sample"] - med["reward"]
-    gen = med.get("len", NEW_TOKENS) * PROMPTS * GENERATIONS
-    return {
-        "iter_s": med["iter"],
-        "sample_s": med["sample"],
-        "reward_s": med["reward"],
-        "step_s": step,
-        "gen_tokens_per_s": gen / med["iter"],
-        "mean_len": med.get("len", float("nan")),
-        "seq": PROMPT_WORDS + 1 + NEW_TOKENS,
-    }
+    series = {k: v[warmup:] for k, v in times.items()}
+    out = {"iter_s": series["iter"], "sample_s": series["sample"], "reward_s": series["reward"]}
+    # TRL's step: the rest of its iteration (loss, backward, optimizer).
+    out["step_s"] = [i - s - r for i, s, r in zip(*out.values())]
+    out["len"] = series["len"] or [float("nan")] * len(out["iter_s"])
+    return out
 
 
-def bench_trl_clean_env(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, float]:
+def bench_trl_clean_env(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, Any]:
     """bench_trl in a child process whose environment lacks our malloc tunable.
 
     gdpo_jax's CLIs and benchmarks run with glibc's huge-page tunable
@@ -286,15 +279,31 @@ def bench_trl_clean_env(ckpt: str, beta: float, *, warmup: int, iters: int) -> d
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"TRL benchmark process failed:\n{proc.stderr[-3000:]}")
         with open(out) as f:
-            res = json.load(f)
-    res["glibc_tunables"] = ""
-    return res
+            return json.load(f)
+
+
+def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over every round's iterations (rounds: bench_ours/bench_trl outputs)."""
+    pooled = {k: [x for r in rounds for x in r[k]] for k in TIMES}
+    med = {k: statistics.median(v) for k, v in pooled.items()}
+    return {
+        "iter_s": med["iter_s"],
+        "sample_s": med["sample_s"],
+        "reward_s": med["reward_s"],
+        "step_s": med["step_s"],
+        "gen_tokens_per_s": med["len"] * PROMPTS * GENERATIONS / med["iter_s"],
+        "mean_len": med["len"],
+        "seq": PROMPT_WORDS + 1 + NEW_TOKENS,
+        # per-round medians: the spread a single run would have shown
+        "round_iter_s": [statistics.median(r["iter_s"]) for r in rounds],
+    }
 
 
 # ------------------------------------------------------------------- driver
 def run(quick: bool = False) -> dict:
     """Both frameworks at beta 0 and 0.04. Returns a JSON-able dict of results."""
     warmup, iters = (1, 1) if quick else (2, 5)
+    rounds = 1 if quick else ROUNDS
     ckpt = make_checkpoint(tempfile.mkdtemp(prefix="bench_ckpt_"))
     peak = {"jax": matmul_peak("jax"), "torch": matmul_peak("torch")}
     out: dict[str, Any] = {
@@ -310,6 +319,7 @@ def run(quick: bool = False) -> dict:
             new_tokens=NEW_TOKENS,
             warmup=warmup,
             iters=iters,
+            rounds=rounds,
             ours_microbatches=OURS_MICROBATCHES,
         ),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
@@ -318,8 +328,14 @@ def run(quick: bool = False) -> dict:
         "results": {},
     }
     for beta in (0.0, 0.04):
-        ours = bench_ours(ckpt, beta, warmup=warmup, iters=iters)
-        trl = bench_trl_clean_env(ckpt, beta, warmup=warmup, iters=iters)
+        runs: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
+        for i in range(rounds):
+            for fw in ("ours", "trl") if i % 2 == 0 else ("trl", "ours"):
+                bench = bench_ours if fw == "ours" else bench_trl_clean_env
+                runs[fw].append(bench(ckpt, beta, warmup=warmup, iters=iters))
+        ours, trl = summarize(runs["ours"]), summarize(runs["trl"])
+        ours["compiles"] = max(r["compiles"] for r in runs["ours"])
+        trl["glibc_tunables"] = ""
         rows = PROMPTS * GENERATIONS
         for r, fw in ((ours, "jax"), (trl, "torch")):
             flops = model_flops(rows, int(r["seq"]), beta=beta)
@@ -352,6 +368,15 @@ def table(res: dict) -> str:
             f"| {key[5:]} | TRL / gdpo_jax | {r['speedup_iter']:.1f}x | "
             f"{r['speedup_sample']:.1f}x | | {r['speedup_step']:.1f}x | | |"
         )
+    rounds = [
+        f"beta {key[5:]}: gdpo_jax {', '.join(f'{t:.3f}' for t in r['gdpo_jax']['round_iter_s'])}"
+        f"; trl {', '.join(f'{t:.3f}' for t in r['trl']['round_iter_s'])}"
+        for key, r in res["results"].items()
+        if "round_iter_s" in r["gdpo_jax"]
+    ]
+    if rounds:
+        head = "\neach round's median iteration s (the spread one run would show): "
+        lines.append(head + "; ".join(rounds))
     peak = res["matmul_peak_gflops"]
     lines.append(
         f"\nmatmul peak (f32, 1024^3): jax {peak['jax']:.1f} GFLOP/s, "

@@ -237,3 +237,45 @@ def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
         json.dump({"traceEvents": events}, f)
     got = profile_step.op_breakdown(str(tmp_path), steps=2)
     assert got == {"ynn_fusion": 2.0, "copy_bitcast_fusion": 1.0}
+
+
+def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
+    """Each round runs both frameworks, the order alternating; figures are medians
+    over every round's iterations, and each round's median is kept."""
+    from benchmarks import bench_rl
+
+    calls: list[tuple[str, float]] = []
+
+    def fake(name: str, iters_s: list[list[float]]):
+        def bench(ckpt, beta, *, warmup, iters):
+            i = sum(1 for n, b in calls if n == name and b == beta)  # this framework's round
+            calls.append((name, beta))
+            it = iters_s[i]
+            out = {"iter_s": it, "sample_s": [0.25 * t for t in it], "reward_s": [0.0] * len(it)}
+            out |= {"step_s": [0.75 * t for t in it], "len": [64.0] * len(it)}
+            return out | ({"compiles": 1} if name == "ours" else {})
+
+        return bench
+
+    # ours: rounds [1, 2, 3] and [7, 8, 9] -> pooled median 5.0 (6 iterations: (3 + 7) / 2)
+    monkeypatch.setattr(bench_rl, "bench_ours", fake("ours", [[1.0, 2.0, 3.0], [7.0, 8.0, 9.0]]))
+    monkeypatch.setattr(
+        bench_rl, "bench_trl_clean_env", fake("trl", [[10.0, 10.0, 10.0], [20.0, 30.0, 40.0]])
+    )
+    monkeypatch.setattr(bench_rl, "make_checkpoint", lambda d: d)
+    monkeypatch.setattr(bench_rl, "matmul_peak", lambda fw: 1e11)
+    monkeypatch.setattr(bench_rl, "ROUNDS", 2)
+    res = bench_rl.run(quick=False)
+    # Round 0: ours then TRL; round 1: TRL then ours; per beta.
+    order = [n for n, b in calls if b == 0.0]
+    assert order == ["ours", "trl", "trl", "ours"]
+    assert [n for n, b in calls if b == 0.04] == order
+    r = res["results"]["beta=0.0"]
+    # TRL: median(10, 10, 10, 20, 30, 40) = 15
+    assert r["gdpo_jax"]["iter_s"] == 5.0 and r["trl"]["iter_s"] == 15.0
+    assert r["gdpo_jax"]["round_iter_s"] == [2.0, 8.0]
+    assert r["trl"]["round_iter_s"] == [10.0, 30.0]
+    assert r["speedup_iter"] == pytest.approx(3.0)
+    assert r["gdpo_jax"]["step_s"] == pytest.approx(3.75)  # median of 0.75 * iterations
+    assert res["config"]["rounds"] == 2
+    assert "beta 0.0: gdpo_jax 2.000, 8.000; trl 10.000, 30.000" in bench_rl.table(res)

@@ -530,3 +530,38 @@ def test_model_with_dpa_attention_matches_einsum(models):
         nxt, _ = step(m, ids[:, 6:7], mask[:, 6:7], cache)  # one decode step
         outs.append(np.concatenate([np.asarray(logits), np.asarray(nxt)], 1))
     np.testing.assert_allclose(outs[1][valid[:, :7]], outs[0][valid[:, :7]], rtol=1e-5, atol=2e-5)
+
+
+def test_attention_masks_hand_worked():
+    """Which keys each new query reads: no cache, a scalar cache index, a per-row one."""
+    from gdpo_jax.models.attention import attention_masks
+
+    T, F = True, False
+    # No cache: causal, and only valid keys (the first token is left padding).
+    key_mask, allowed, self_attend, per_row = attention_masks(jnp.array([[0, 1, 1]]), None)
+    assert self_attend and not per_row
+    np.testing.assert_array_equal(key_mask, [[F, T, T]])
+    np.testing.assert_array_equal(allowed[0], [[F, F, F], [F, T, F], [F, T, T]])
+
+    def cache(mask, index):
+        z = jnp.zeros((1, len(mask), 1, 1, len(mask[0])))
+        return KVCache(k=z, v=z, mask=jnp.array(mask), index=jnp.array(index))
+
+    # Scalar index 1 into 4 slots (slot 0 holds a token): 2 new tokens at slots 1, 2.
+    c = cache([[T, F, F, F]], 1)
+    key_mask, allowed, self_attend, _ = attention_masks(jnp.array([[1, 1]]), c)
+    assert not self_attend
+    np.testing.assert_array_equal(key_mask, [[T, T, T, F]])
+    np.testing.assert_array_equal(allowed[0], [[T, T, F, F], [T, T, T, F]])
+    # The same call on a fresh cache (a prefill at 0) attends to its own tokens.
+    _, allowed, self_attend, _ = attention_masks(jnp.array([[1, 1]]), cache([[F] * 4], 0), True)
+    assert self_attend and allowed.shape == (1, 2, 2)
+
+    # Per-row index: row 0 writes slot 1, row 1 (a padded token) writes slot 3.
+    c = cache([[T, F, F, F], [T, T, T, F]], [1, 3])
+    key_mask, allowed, self_attend, per_row = attention_masks(jnp.array([[1], [0]]), c)
+    assert per_row and not self_attend
+    np.testing.assert_array_equal(key_mask, [[T, T, F, F], [T, T, T, F]])
+    np.testing.assert_array_equal(allowed[:, 0], [[T, T, F, F], [T, T, T, F]])
+    with pytest.raises(ValueError, match="one token per step"):
+        attention_masks(jnp.array([[1, 1], [1, 1]]), c)

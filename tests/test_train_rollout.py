@@ -108,6 +108,24 @@ def test_prompt_stream_shares_do_not_depend_on_process_count():
     assert hosts[0].get_state() == hosts[1].get_state() == one.get_state()
 
 
+def test_prompt_stream_starts_no_threads_and_keeps_grains_order():
+    # In-memory records are read synchronously: no prefetch threads (they outlived
+    # every Trainer), and the same records and state as grain's default reader.
+    import threading
+
+    import grain
+
+    recs = [{"prompt": f"s{k}"} for k in range(10)]
+    before = {t.ident for t in threading.enumerate()}
+    stream = PromptStream(recs, seed=5)
+    got = [r["prompt"] for _ in range(5) for r in stream.take(5)]
+    new = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert not new, new
+    ref_it = iter(grain.MapDataset.source(recs).shuffle(seed=5).repeat().to_iter_dataset())
+    assert got == [next(ref_it)["prompt"] for _ in range(25)]
+    assert stream.get_state() == dict(ref_it.get_state()) == {"next_index": 25}
+
+
 class RecordingSampler(FakeSampler):
     """FakeSampler that records each call's prompts and key."""
 

@@ -38,7 +38,12 @@ class PromptStream:
             raise ValueError(f"process_index={process_index} must be in [0, {process_count}).")
         ds = grain.MapDataset.source(list(records))
         self._ds = ds.shuffle(seed=seed).repeat()
-        self._it = iter(self._ds.to_iter_dataset())
+        # The records are in memory: read them synchronously. grain's default read
+        # options start 16 prefetch threads per stream (reading up to 500 records
+        # ahead), which outlive the stream and wake during decode; the order and
+        # the iterator state ({"next_index": i}) are the same either way.
+        sync = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
+        self._it = iter(self._ds.to_iter_dataset(sync))
         self.num_records = len(ds)
         self.process_index, self.process_count = process_index, process_count
 

@@ -1,7 +1,9 @@
 """Attention kernels for the decoder: the grouped-query einsum path ("xla"),
 jax.nn.dot_product_attention ("dpa" / cuDNN flash) and the Pallas TPU splash
-kernel ("splash"), and the dispatch between them (`attention_kind`, from
-config.model.attention and the backend).
+kernel ("splash"), the dispatch between them (`attention_kind`, from
+config.model.attention and the backend), and which keys each query may read
+(`attention_masks`: training, prefill, and decode with a scalar or per-row
+cache index).
 
 Shapes: q f[B,T,Hq,Dh]; kt f[B,Hkv,Dh,S] (keys transposed) and v f[B,Hkv,S,Dh],
 the KV cache's stored layouts (see KVCache); allowed bool[B,T,S] (query t may
@@ -16,14 +18,61 @@ import numpy as np
 
 from gdpo_jax.backend import effective_backend, target_backend
 from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.sharding import BATCH_AXES, context_mesh, sanitize_spec
 
 # target_backend / effective_backend live in the leaf gdpo_jax.backend (core uses
 # them too); re-exported here for existing imports.
-__all__ = ["attention_kind", "effective_backend", "target_backend"]
+__all__ = ["attention_kind", "attention_masks", "effective_backend", "target_backend"]
 
 # Finite "minus infinity" for masked scores (see _attention: no NaN on empty rows).
 _NEG = float(np.finfo(np.float32).min)
+
+
+def attention_masks(
+    mask: jax.Array, cache: KVCache | None, fresh_cache: bool = False
+) -> tuple[jax.Array, jax.Array, bool, bool]:
+    """Which keys each new query may read, for a call of T tokens.
+
+    mask bool/int[B,T] (the new tokens' validity); cache: None (training: the
+    T tokens attend to each other), a cache with a scalar index (the T tokens
+    are written at slots index..index+T-1) or a per-row index int[B] (one
+    token per row, row b at slot index[b]) -> (key_mask bool[B,S] (the cache's
+    mask after this call's write; the new tokens' mask when cache is None),
+    allowed bool[B,T,S] (query t may read key s; S = T when the call
+    self-attends), self_attend, per_row).
+
+    self_attend: the call attends to its own new k, v (no cache, or a fresh
+    cache: a prefill at index 0 holds nothing to read).
+    """
+    T = mask.shape[1]
+    per_row = cache is not None and cache.index.ndim == 1
+    valid = mask.astype(bool)
+    if cache is None:
+        key_mask = valid
+    elif per_row:
+        if T != 1:
+            raise ValueError(f"a per-row cache index takes one token per step, got T={T}.")
+        if cache.prefix_k is not None:
+            raise ValueError(
+                "a per-row cache index cannot read a shared prompt (KVCache.prefix_*)."
+            )
+        k_slot = jnp.arange(cache.mask.shape[1])
+        here = k_slot[None, :] == cache.index[:, None]
+        key_mask = jnp.where(here, valid, cache.mask)
+    else:
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, valid, (0, cache.index))
+    self_attend = cache is None or (fresh_cache and not per_row and cache.prefix_k is None)
+    if per_row:
+        k_slot = jnp.arange(cache.mask.shape[1])
+        allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
+    elif self_attend:
+        causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
+        allowed = causal[None] & valid[:, None, :]  # [B,T,T]
+    else:
+        q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
+        allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    return key_mask, allowed, self_attend, per_row
 
 
 def _attention(

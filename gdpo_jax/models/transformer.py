@@ -28,6 +28,7 @@ from gdpo_jax.models.attention import (
     _dpa_attention,
     _splash_attention,
     attention_kind,
+    attention_masks,
 )
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.kvcache import KVCache
@@ -324,33 +325,7 @@ def _forward(
         jnp.take(_constrain(params["embed"], ("tensor", None)), ids, axis=0).astype(dt)
     )
     cos, sin = rope_cos_sin(positions, cfg)
-    per_row = cache is not None and cache.index.ndim == 1
-    if cache is None:
-        key_mask = mask.astype(bool)
-        q_slot, k_slot = jnp.arange(T), jnp.arange(T)
-    elif per_row:  # row b writes its one token at slot index[b]
-        if T != 1:
-            raise ValueError(f"a per-row cache index takes one token per step, got T={T}.")
-        if cache.prefix_k is not None:
-            raise ValueError(
-                "a per-row cache index cannot read a shared prompt (KVCache.prefix_*)."
-            )
-        k_slot = jnp.arange(cache.mask.shape[1])
-        here = k_slot[None, :] == cache.index[:, None]
-        key_mask = jnp.where(here, mask.astype(bool), cache.mask)
-    else:
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, mask.astype(bool), (0, cache.index))
-        q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
-    # A fresh cache (a prefill at index 0) holds nothing to read: the T tokens
-    # attend to each other as in a cache-free call (`self_attend`).
-    self_attend = cache is None or (fresh_cache and not per_row and cache.prefix_k is None)
-    if per_row:
-        allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
-    elif self_attend:
-        causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
-        allowed = causal[None] & mask.astype(bool)[:, None, :]  # [B,T,T]
-    else:
-        allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    key_mask, allowed, self_attend, per_row = attention_masks(mask, cache, fresh_cache)
     # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
     # read the cache in its stored layout with the einsum path. Splash's causal
     # mask is static, so it takes self-attending calls only (not a write at a
