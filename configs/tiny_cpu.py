@@ -1,10 +1,10 @@
 r"""Tiny CPU run: a 0.8M-parameter random-init Llama learns the toy tool-calling task by GDPO.
 
 Three rewards (toy_format, toy_correct, toy_length; see
-gdpo_jax/tasks/toy.py), 16 prompts x 8 generations per step, 300 steps,
-about 2-3 minutes on a 2-core CPU. All three rewards climb from where a random
-policy starts (format 0.15 -> 1.0, correct 0.04 -> ~0.6, length 0.14 -> 1.0 in
-our run); metrics in <workdir>/metrics.jsonl and <workdir>/tb (TensorBoard).
+gdpo_jax/tasks/toy.py), 16 prompts x 8 generations per step, 300 steps, a
+few minutes at most on a 2-core CPU. All three rewards climb from where a
+random policy starts (each run's curves: <workdir>/plots/); metrics in
+<workdir>/metrics.jsonl and <workdir>/tb (TensorBoard).
 
     python -m experiments.train --config=configs/tiny_cpu.py --config.workdir=/tmp/gdpo_tiny
     python -m experiments.train --config=configs/tiny_cpu.py \
