@@ -126,7 +126,8 @@ def _measured(lengths: np.ndarray, slots: int, max_new: int, repeats: int) -> di
         t0 = time.perf_counter()
         res[name] = fn()  # compiles
         compile_s[name] = round(time.perf_counter() - t0, 2)
-    same = bool(np.array_equal(res["static"]["tokens"], res["continuous"]["tokens"]))
+    same_rows = np.all(res["static"]["tokens"] == res["continuous"]["tokens"], axis=1)
+    same = bool(same_rows.all())
     best = {"static": float("inf"), "continuous": float("inf")}
     for _ in range(repeats):  # interleaved: both see the same machine load
         for name, fn in (("static", run_static), ("continuous", run_cont)):
@@ -134,7 +135,11 @@ def _measured(lengths: np.ndarray, slots: int, max_new: int, repeats: int) -> di
             fn()
             best[name] = min(best[name], time.perf_counter() - t0)
     useful = int(lengths.sum())
-    out = {"greedy_rows_identical": same, "useful_tokens": useful}
+    out = {
+        "greedy_rows_identical": same,
+        "greedy_rows_identical_frac": float(same_rows.mean()),
+        "useful_tokens": useful,
+    }
     for name in best:
         out[name] = {
             "best_s": round(best[name], 3),
@@ -164,19 +169,33 @@ def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dic
             "p90": int(np.percentile(lengths, 90)),
             "at_cap_frac": round(float((lengths == max_new).mean()), 4),
         },
+        # JAX's f32 matmul precision: "default" is TF32 on GPUs, where it changes
+        # which rows' greedy tokens match between the two paths.
+        "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
         "counts": waste_table(lengths, slots),
         "measured": _measured(lengths, slots, max_new, repeats=2 if quick else 3),
     }
 
 
-def table_markdown(runs: list[dict]) -> str:
+def _identical(measured: dict) -> str:
+    """ "yes", or "NO" with the share of identical rows where the run recorded it."""
+    if measured["greedy_rows_identical"]:
+        return "yes"
+    frac = measured.get("greedy_rows_identical_frac")
+    return "NO" if frac is None else f"NO ({100 * frac:.1f} % of rows identical)"
+
+
+def table_markdown(runs: list[dict], labels: list[str] | None = None) -> str:
     """One row per run (docs/benchmarks.md shows the committed runs,
-    docs/benchmarks/longtail_<size>_<n>.json, in file-name order)."""
+    docs/benchmarks/longtail_<size>_<n>.json, in file-name order); `labels`: a
+    first column naming each run (e.g. its file, when the runs differ in a
+    setting the JSON does not record)."""
     rows = []
-    for r in runs:
+    for i, r in enumerate(runs):
         c, m = r["counts"], r["measured"]
         rows.append(
-            {
+            ({"run": labels[i]} if labels else {})
+            | {
                 "size": "quick" if r["quick"] else "full",
                 "rows x slots, cap": f"{c['rows']} x {c['slots']}, {r['lengths']['cap']}",
                 "decode work saved (counts)": f"{c['useful_throughput_gain']:.2f}x",
@@ -185,12 +204,17 @@ def table_markdown(runs: list[dict]) -> str:
                 "static decoded tok/s": f"{m['static']['decoded_tokens_per_s']:.0f}",
                 "continuous decoded tok/s": f"{m['continuous']['decoded_tokens_per_s']:.0f}",
                 "useful ratio": f"{m['useful_throughput_ratio']:.2f}x",
-                "greedy rows identical": "yes" if m["greedy_rows_identical"] else "NO",
+                "greedy rows identical": _identical(m),
             }
         )
     lines = [common.markdown_table(rows)]
     mach = runs[0].get("machine", {}) if runs else {}
-    if mach:
+    if mach and mach.get("backend", "cpu") != "cpu":
+        lines.append(
+            f"\n{mach.get('device_kind')} x{mach.get('device_count')} ({mach.get('backend')}, "
+            f"jax {mach.get('versions', {}).get('jax', '?')}); best of the interleaved repeats."
+        )
+    elif mach:
         lines.append(
             f"\n{mach.get('cpu_model')} ({mach.get('cpu_isa', '')}), "
             f"{mach.get('cpu_usable')} cores; best of the interleaved repeats."

@@ -279,3 +279,28 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     assert r["gdpo_jax"]["step_s"] == pytest.approx(3.75)  # median of 0.75 * iterations
     assert res["config"]["rounds"] == 2
     assert "beta 0.0: gdpo_jax 2.000, 8.000; trl 10.000, 30.000" in bench_rl.table(res)
+
+
+def test_bench_attention_quick_compares_kernels_with_the_f32_reference():
+    """On CPU: the f32 einsum reference, then "xla" and "dpa" in bf16; each bf16 kernel
+    is off the reference by bf16 rounding (not 0, not more than a loose bound)."""
+    from benchmarks import bench_attention
+
+    res = bench_attention.run(quick=True)
+    rows = res["results"]
+    assert [(r["attention"], r["dtype"]) for r in rows] == [
+        ("xla", "float32"),
+        ("xla", "bfloat16"),
+        ("dpa", "bfloat16"),
+    ]
+    assert rows[0]["max_dlogp_vs_f32"] == 0.0 and rows[0]["grad_rel_l2_vs_f32"] == 0.0
+    for r in rows[1:]:
+        assert 0 < r["max_dlogp_vs_f32"] < 0.05 and 0 < r["grad_rel_l2_vs_f32"] < 0.05
+        assert r["fwd_bwd_ms"] > 0 and r["temp_gib"] > 0
+    assert abs(rows[1]["loss"] - rows[0]["loss"]) < 0.01
+    # Greedy sampling with each kernel in the prefill: the einsum path's tokens.
+    assert [r["attention"] for r in res["sampling"]] == ["xla", "dpa"]
+    assert all(r["rows_same_tokens_as_xla"] == 1.0 for r in res["sampling"])
+    assert res["sampling"][1]["max_dlogp_vs_xla"] < 0.05
+    table = bench_attention.format_table(res)
+    assert "| tiny | 2 | 64 | dpa | bfloat16 |" in table and "| tiny | dpa | 4 |" in table
