@@ -1,7 +1,8 @@
 """Attention kernels side by side on this backend: error, fwd+bwd time, compiled memory.
 
 One forward + backward of a Llama-family model (random init, f32 params, bf16
-compute; SmolLM2-135M's shapes, or a tiny model with --quick) over left-padded
+compute; SmolLM2-135M's config from benchmarks.bench_model, or ModelConfig.tiny()
+with --quick and on CPU) over left-padded
 rows, once per attention kernel that `model.attention` offers on the backend:
 
 * GPU: "xla" (the grouped einsum path), "dpa" (jax.nn.dot_product_attention,
@@ -40,28 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import common
+from gdpo_jax.models.config import ModelConfig
 
 DEFAULT_OUT = "runs/bench/attention.json"
-SMOLLM2 = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_layers=30,
-    num_heads=9,
-    num_kv_heads=3,
-    head_dim=64,
-    tie_word_embeddings=True,
-)
-TINY = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    tie_word_embeddings=False,
-)
 KINDS = {"gpu": ("xla", "dpa", "cudnn"), "tpu": ("xla", "splash"), "cpu": ("xla", "dpa")}
 
 
@@ -102,16 +84,15 @@ def _bytes(compiled: Any) -> float | None:
 
 
 def run_shape(
-    shape: dict, B: int, T: int, kinds: tuple[str, ...], repeats: int, log: Any = None
+    shape: ModelConfig, B: int, T: int, kinds: tuple[str, ...], repeats: int, log: Any = None
 ) -> list[dict]:
     """One row per kernel (plus the f32 reference) for a [B, T] batch; `log(row)`
     as each row is done."""
     from flax import nnx
 
-    from gdpo_jax.models.config import ModelConfig
     from gdpo_jax.models.sharding import abstract_model, create_model
 
-    base = ModelConfig(**shape, max_position_embeddings=max(T, 64), param_dtype="float32")
+    base = dataclasses.replace(shape, max_position_embeddings=max(T, 64), param_dtype="float32")
     ids, mask = _batch(B, T, base.vocab_size)
     _, state = nnx.split(create_model(dataclasses.replace(base, dtype="float32"), seed=0))
     ref = None
@@ -158,21 +139,20 @@ def run_shape(
 
 
 def run_sampler(
-    shape: dict, prompts: int, group: int, prompt_len: int, new: int, kinds: tuple[str, ...]
+    shape: ModelConfig, prompts: int, group: int, prompt_len: int, new: int, kinds: tuple[str, ...]
 ) -> list[dict]:
     """Greedy sampling with each kernel in the prefill (bf16 compute)."""
-    from gdpo_jax.models.config import ModelConfig
     from gdpo_jax.models.sharding import create_model
     from gdpo_jax.sampling import Sampler, SamplingParams
 
     rng = np.random.default_rng(1)
     lens = rng.integers(prompt_len // 4, prompt_len + 1, prompts)
-    batch = [rng.integers(3, shape["vocab_size"], n).tolist() for n in lens]
+    batch = [rng.integers(3, shape.vocab_size, n).tolist() for n in lens]
     params = SamplingParams(max_new_tokens=new, greedy=True)
     rows, ref = [], None
     for kind in kinds:
-        cfg = ModelConfig(
-            **shape,
+        cfg = dataclasses.replace(
+            shape,
             max_position_embeddings=prompt_len + new,
             dtype="bfloat16",
             param_dtype="float32",
@@ -212,9 +192,11 @@ def run(quick: bool = False, log: Any = None) -> dict:
     backend = jax.default_backend()
     kinds = KINDS.get(backend, ("xla",))
     if quick or backend == "cpu":  # SmolLM2 at these lengths is minutes per call on CPU
-        shapes = [("tiny", TINY, 2, 64)]
+        shapes = [("tiny", ModelConfig.tiny(), 2, 64)]
     else:
-        shapes = [("smollm2-135m", SMOLLM2, 8, 1024), ("smollm2-135m", SMOLLM2, 2, 4096)]
+        from benchmarks.bench_model import SMOLLM2_135M as smollm2
+
+        shapes = [("smollm2-135m", smollm2, 8, 1024), ("smollm2-135m", smollm2, 2, 4096)]
     repeats = 3 if quick else 10
     rows = []
     for name, shape, B, T in shapes:
