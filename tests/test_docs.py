@@ -495,3 +495,20 @@ def test_gpu_longtail_table_is_the_committed_runs() -> None:
     frac = runs[0]["measured"]["greedy_rows_identical_frac"]
     rows = runs[0]["counts"]["rows"]
     assert f"{round((1 - frac) * rows)} of the {rows} rows" in doc
+
+
+def test_smollm2_results_table_is_the_committed_run() -> None:
+    """docs/results.md's SmolLM2 table is experiments.smollm2_demo's summary of the
+    committed run records (re-derived here from docs/results/smollm2_toolcall/run/)."""
+    import json
+
+    from experiments import smollm2_demo
+
+    d = ROOT / "docs" / "results" / "smollm2_toolcall"
+    rows = [json.loads(x) for x in (d / "run" / "metrics.jsonl").read_text().splitlines() if x]
+    eval0 = json.loads((d / "run" / "eval_step0.json").read_text())
+    wall_s = json.loads((d / "run" / "wall_s.json").read_text())
+    machine = json.loads((d / "summary.json").read_text())["machine"]
+    table = smollm2_demo.render(smollm2_demo.summarize(rows, eval0, wall_s), machine)
+    assert (d / "summary.md").read_text().strip() == table
+    assert table in (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
