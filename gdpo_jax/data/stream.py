@@ -40,7 +40,7 @@ class PromptStream:
         self._ds = ds.shuffle(seed=seed).repeat()
         # The records are in memory: read them synchronously. grain's default read
         # options start 16 prefetch threads per stream (reading up to 500 records
-        # ahead), which outlive the stream and wake during decode; the order and
+        # ahead), which outlived the Trainer that made the stream; the order and
         # the iterator state ({"next_index": i}) are the same either way.
         sync = grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)
         self._it = iter(self._ds.to_iter_dataset(sync))
