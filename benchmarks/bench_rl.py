@@ -36,6 +36,14 @@ PROMPTS, GENERATIONS, NEW_TOKENS, PROMPT_WORDS = 8, 8, 64, 8
 OURS_MICROBATCHES = 4
 ROUNDS = 3  # per framework and beta, alternating order (--quick: 1)
 TIMES = ("iter_s", "sample_s", "reward_s", "step_s", "len")  # per-iteration series
+# Our trainer's metric for each series.
+_OURS_METRICS = {
+    "iter_s": "time/iter_s",
+    "sample_s": "time/sample_s",
+    "reward_s": "time/reward_s",
+    "step_s": "time/step_s",
+    "len": "len/mean",
+}
 
 
 # ------------------------------------------------------------------ fixtures
@@ -177,9 +185,7 @@ def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, 
         if i >= warmup:
             rows.append(m)
     trainer.runner.close()
-    keys = {"iter_s": "time/iter_s", "sample_s": "time/sample_s", "reward_s": "time/reward_s"}
-    keys |= {"step_s": "time/step_s", "len": "len/mean"}
-    series: dict[str, Any] = {k: [float(r[m]) for r in rows] for k, m in keys.items()}
+    series: dict[str, Any] = {k: [float(r[m]) for r in rows] for k, m in _OURS_METRICS.items()}
     series["compiles"] = trainer.step.compile_count()
     return series
 
@@ -251,12 +257,15 @@ def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, l
 
     trainer.add_callback(Clock())
     trainer.train()
-    series = {k: v[warmup:] for k, v in times.items()}
-    out = {"iter_s": series["iter"], "sample_s": series["sample"], "reward_s": series["reward"]}
-    # TRL's step: the rest of its iteration (loss, backward, optimizer).
-    out["step_s"] = [i - s - r for i, s, r in zip(*out.values())]
-    out["len"] = series["len"] or [float("nan")] * len(out["iter_s"])
-    return out
+    it, sample, reward = (times[k][warmup:] for k in ("iter", "sample", "reward"))
+    return {
+        "iter_s": it,
+        "sample_s": sample,
+        "reward_s": reward,
+        # TRL's step: the rest of its iteration (loss, backward, optimizer).
+        "step_s": [i - s - r for i, s, r in zip(it, sample, reward)],
+        "len": times["len"][warmup:] or [float("nan")] * len(it),
+    }
 
 
 def bench_trl_clean_env(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, Any]:

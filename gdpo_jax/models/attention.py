@@ -46,33 +46,27 @@ def attention_masks(
     cache: a prefill at index 0 holds nothing to read).
     """
     T = mask.shape[1]
-    per_row = cache is not None and cache.index.ndim == 1
     valid = mask.astype(bool)
+    causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
     if cache is None:
-        key_mask = valid
-    elif per_row:
+        return valid, causal[None] & valid[:, None, :], True, False
+    k_slot = jnp.arange(cache.mask.shape[1])
+    if cache.index.ndim == 1:  # per row: row b writes its one token at slot index[b]
         if T != 1:
             raise ValueError(f"a per-row cache index takes one token per step, got T={T}.")
         if cache.prefix_k is not None:
             raise ValueError(
                 "a per-row cache index cannot read a shared prompt (KVCache.prefix_*)."
             )
-        k_slot = jnp.arange(cache.mask.shape[1])
-        here = k_slot[None, :] == cache.index[:, None]
-        key_mask = jnp.where(here, valid, cache.mask)
-    else:
-        key_mask = jax.lax.dynamic_update_slice(cache.mask, valid, (0, cache.index))
-    self_attend = cache is None or (fresh_cache and not per_row and cache.prefix_k is None)
-    if per_row:
-        k_slot = jnp.arange(cache.mask.shape[1])
+        key_mask = jnp.where(k_slot[None, :] == cache.index[:, None], valid, cache.mask)
         allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
-    elif self_attend:
-        causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]
-        allowed = causal[None] & valid[:, None, :]  # [B,T,T]
-    else:
-        q_slot, k_slot = cache.index + jnp.arange(T), jnp.arange(cache.mask.shape[1])
-        allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
-    return key_mask, allowed, self_attend, per_row
+        return key_mask, allowed, False, True
+    key_mask = jax.lax.dynamic_update_slice(cache.mask, valid, (0, cache.index))
+    if fresh_cache and cache.prefix_k is None:  # nothing to read yet: the T tokens only
+        return key_mask, causal[None] & valid[:, None, :], True, False
+    q_slot = cache.index + jnp.arange(T)
+    allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]
+    return key_mask, allowed, False, False
 
 
 def _attention(
