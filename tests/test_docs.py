@@ -466,6 +466,8 @@ def test_attention_section_is_the_committed_h200_run() -> None:
     for seq, speedup in ((1024, "1.8x"), (4096, "3.4x")):
         xla, cudnn = by[(seq, "xla", "bfloat16")], by[(seq, "cudnn", "bfloat16")]
         assert cudnn["max_dlogp_vs_f32"] <= xla["max_dlogp_vs_f32"]
+        assert by[(seq, "xla", "float32")]["matmul_precision"] == "highest"
+        assert f"{cudnn['max_dlogp_vs_f32']:.3f} vs {xla['max_dlogp_vs_f32']:.3f}" in doc
         assert f"{xla['fwd_bwd_ms'] / cudnn['fwd_bwd_ms']:.1f}x" in doc
         assert f"{speedup} ({seq} tokens)" in readme or f"{speedup} ({seq})" in readme
         assert f"{xla['fwd_bwd_ms'] / cudnn['fwd_bwd_ms']:.1f}x" == speedup
