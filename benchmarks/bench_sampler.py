@@ -13,7 +13,13 @@ spin-waiting can make the default 30x slower). Ours is timed end to end
 call whose time is reported apart. Greedy rows are also checked against
 transformers' tokens (same checkpoint, same maths).
 
-  python -m benchmarks.bench_sampler [--quick] [--out runs/bench/sampler.json]
+On a GPU backend transformers runs on CUDA too (when torch sees a GPU), and the
+thread counts do not apply. ``--model smollm2`` swaps in SmolLM2-135M's shapes
+(random init; 4 prompts of 100 tokens x 4 generations, 64 new tokens): the
+size the smollm2 configs train, where the unembedding (vocab 49152) is a large
+part of each decode step.
+
+  python -m benchmarks.bench_sampler [--quick] [--model tiny|smollm2] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -47,15 +53,37 @@ HF_CONFIG = dict(
     pad_token_id=0,
     tie_word_embeddings=False,
 )
-NUM_PROMPTS, GROUP, PROMPT_LEN = 8, 8, 24
+# SmolLM2-135M-Instruct's architecture (config.json of the checkpoint), random init.
+SMOLLM2_HF_CONFIG = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    tie_word_embeddings=True,
+)
+# model name -> (HF config, prompts, generations per prompt, prompt tokens, new tokens)
+MODELS = {
+    "tiny": (HF_CONFIG, 8, 8, 24, 128),
+    "smollm2": (SMOLLM2_HF_CONFIG, 4, 4, 100, 64),
+}
+PROMPT_LEN = MODELS["tiny"][3]  # bench_longtail's prompts
 
 
-def _write_checkpoint(out_dir: str) -> Any:
+def _write_checkpoint(out_dir: str, hf_config: dict = HF_CONFIG) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    hf = LlamaForCausalLM(LlamaConfig(**HF_CONFIG)).eval()
+    hf = LlamaForCausalLM(LlamaConfig(**hf_config)).eval()
     hf.save_pretrained(out_dir)
     return hf
 
@@ -72,23 +100,26 @@ def _timed_interleaved(fns, repeats: int) -> list[dict[str, float]]:
     return [{"best_s": min(ts), "median_s": statistics.median(ts)} for ts in times]
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, model_name: str = "tiny") -> dict:
     """Returns a JSON-able dict (used by benchmarks/run_all.py)."""
     import torch
 
     from gdpo_jax.models import load_pretrained
     from gdpo_jax.sampling import Sampler, SamplingParams
 
-    max_new = 64 if quick else 128
+    hf_config, num_prompts, group, prompt_len, max_new = MODELS[model_name]
+    max_new = max_new // 2 if quick else max_new
     repeats = 3 if quick else 5
-    rows = NUM_PROMPTS * GROUP
+    rows = num_prompts * group
     rng = np.random.default_rng(0)
-    prompts = rng.integers(6, HF_CONFIG["vocab_size"], (NUM_PROMPTS, PROMPT_LEN)).astype(np.int32)
+    prompts = rng.integers(6, hf_config["vocab_size"], (num_prompts, prompt_len)).astype(np.int32)
     with tempfile.TemporaryDirectory() as tmp:
-        hf = _write_checkpoint(tmp)
+        hf = _write_checkpoint(tmp, hf_config)
         model, _ = load_pretrained(tmp)
     sampler = Sampler(model, None, eos_token_ids=())  # EOS off: every row runs max_new
-    hf_ids = torch.as_tensor(np.repeat(prompts, GROUP, axis=0), dtype=torch.long)
+    hf_device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    hf = hf.to(hf_device)
+    hf_ids = torch.as_tensor(np.repeat(prompts, group, axis=0), dtype=torch.long, device=hf_device)
 
     results, greedy_tokens = [], {}
     default_threads = torch.get_num_threads()
@@ -102,7 +133,7 @@ def run(quick: bool = False) -> dict:
             ro = sampler.generate(
                 [list(p) for p in prompts],
                 params,
-                num_generations=GROUP,
+                num_generations=group,
                 key=jax.random.key(next(calls)),
             )
             assert int(ro.lengths.sum()) == rows * max_new
@@ -122,8 +153,9 @@ def run(quick: bool = False) -> dict:
                     top_p=1.0,
                     pad_token_id=0,
                 )
-            assert out.shape == (rows, PROMPT_LEN + max_new)
-            greedy_tokens.setdefault("hf_" + mode, out[:, PROMPT_LEN:].numpy())
+            out = out.cpu()  # on CUDA this waits for the generation to finish
+            assert out.shape == (rows, prompt_len + max_new)
+            greedy_tokens.setdefault("hf_" + mode, out[:, prompt_len:].numpy())
 
         t0 = time.perf_counter()
         ours()  # compiles
@@ -131,11 +163,14 @@ def run(quick: bool = False) -> dict:
         theirs(default_threads)  # warm-up
         # transformers at its default thread count and single-threaded (OpenMP
         # spin-waits collapse on an oversubscribed machine); the faster one counts.
-        t_ours, t_hf_n, t_hf_1 = _timed_interleaved(
-            [ours, lambda: theirs(default_threads), lambda: theirs(1)], repeats
-        )
+        # On CUDA the host threads do not matter: default only.
+        hf_variants = [lambda: theirs(default_threads)]
+        if hf_device == "cpu":
+            hf_variants.append(lambda: theirs(1))
+        t_ours, t_hf_n, *t_hf_1 = _timed_interleaved([ours, *hf_variants], repeats)
+        t_hf_1 = t_hf_1[0] if t_hf_1 else None
         torch.set_num_threads(default_threads)
-        t_hf = min(t_hf_n, t_hf_1, key=lambda t: t["best_s"])
+        t_hf = min([t_hf_n] + ([t_hf_1] if t_hf_1 else []), key=lambda t: t["best_s"])
         tokens = rows * max_new
         results.append(
             {
@@ -149,7 +184,7 @@ def run(quick: bool = False) -> dict:
                 "hf_s": round(t_hf["best_s"], 3),
                 "hf_threads": default_threads if t_hf is t_hf_n else 1,
                 "hf_default_threads_s": round(t_hf_n["best_s"], 3),
-                "hf_1_thread_s": round(t_hf_1["best_s"], 3),
+                "hf_1_thread_s": round(t_hf_1["best_s"], 3) if t_hf_1 else None,
                 "ours_median_s": round(t_ours["median_s"], 3),
                 "hf_median_s": round(t_hf["median_s"], 3),
                 "ours_compile_s": round(compile_s, 2),
@@ -163,10 +198,14 @@ def run(quick: bool = False) -> dict:
         "quick": quick,
         "machine": common.machine_info(),
         "torch_threads": default_threads,
-        "model": HF_CONFIG,
-        "prompts": NUM_PROMPTS,
-        "group": GROUP,
-        "prompt_len": PROMPT_LEN,
+        "hf_device": hf_device,
+        # On a GPU JAX's default f32 matmuls are TF32, torch's are full f32.
+        "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
+        "model_name": model_name,
+        "model": hf_config,
+        "prompts": num_prompts,
+        "group": group,
+        "prompt_len": prompt_len,
         "repeats": repeats,
         "greedy_rows_identical_to_hf": float(same),
         "results": results,
@@ -174,9 +213,14 @@ def run(quick: bool = False) -> dict:
 
 
 def format_table(result: dict) -> str:
+    torch_on = (
+        "torch on CUDA"
+        if result.get("hf_device") == "cuda"
+        else f"torch {result['torch_threads']} or 1 thread, the faster"
+    )
     head = (
-        f"Sampler vs transformers generate() ({result['machine'].get('backend')}; torch "
-        f"{result['torch_threads']} or 1 thread, the faster); {result['prompts']} prompts x G "
+        f"Sampler vs transformers generate() ({result.get('model_name', 'tiny')} model; "
+        f"{result['machine'].get('backend')}; {torch_on}); {result['prompts']} prompts x G "
         f"{result['group']}, prompt {result['prompt_len']}; best of {result['repeats']}; "
         f"greedy rows identical to HF: {result['greedy_rows_identical_to_hf']:.0%}"
     )
@@ -199,9 +243,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
     parser.add_argument("--quick", action="store_true", help="Fewer new tokens and repeats.")
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="Model shapes.")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    result = run(quick=args.quick)
+    result = run(quick=args.quick, model_name=args.model)
     print(format_table(result))
     print(f"wrote {common.write_json(args.out, result)}")
 
