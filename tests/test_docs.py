@@ -428,6 +428,19 @@ def test_decode_forms_table_is_the_committed_run() -> None:
     )
     for m in res["models"].values():  # every form decoded the scan's tokens
         assert all(f["tokens_equal_scan"] for f in m["forms"].values())
+    # The prose's ratios (median over the scan's) are this run's.
+    flat = " ".join(doc.split())
+
+    def vs_scan(model: str, form: str) -> str:
+        forms = res["models"][model]["forms"]
+        return f"{forms['scan']['median_s'] / forms[form]['median_s']:.2f}x"
+
+    tiny = sorted(vs_scan("bench_sampler's model", f) for f in ("unrolled", "fused"))
+    assert f"unrolled forms decode {tiny[0][:-1]}-{tiny[1]} faster" in flat
+    smol = "SmolLM2-135M shapes"
+    assert f"the fused form decodes {vs_scan(smol, 'fused')} faster" in flat
+    assert f"per-row prompt copies is {vs_scan(smol, 'fused, prompt copied')}" in flat
+    assert f"unrolling alone {vs_scan(smol, 'unrolled')}" in flat
 
 
 def test_longtail_table_is_the_committed_runs() -> None:
