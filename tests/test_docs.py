@@ -521,6 +521,36 @@ def test_gpu_sampler_section_is_the_committed_runs() -> None:
     )
 
 
+def test_sandbox_cost_section_is_the_committed_run() -> None:
+    """tasks-and-rewards.md's Cost section renders the committed bench_sandbox run, and
+    its prose's figures are that run's."""
+    import json
+
+    from benchmarks import bench_sandbox
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "sandbox_amd-epyc-avx512-2c.json").read_text())
+    doc = (ROOT / "docs" / "tasks-and-rewards.md").read_text(encoding="utf-8")
+    assert bench_sandbox.format_table(res) in doc, (
+        "docs/tasks-and-rewards.md's sandbox tables differ from the committed run"
+        " (python -m benchmarks.bench_sandbox --out docs/benchmarks/sandbox_<kind>.json)"
+    )
+    flat = " ".join(doc.split())
+    plain = [r for r in res["programs"] if r["program"] == "plain"]
+    one = sorted(r["program_1_case_ms"] for r in plain)
+    over = sorted(r["over_bare_interpreter_ms"] for r in plain)
+    case = sorted(r["per_extra_case_ms"] for r in plain)
+    assert f"about {one[0]:.0f}-{one[-1]:.0f} ms" in flat
+    assert f"{over[0]:.0f}-{over[-1]:.0f} ms over a bare interpreter start" in flat
+    assert f"test case {case[0]:.1f}-{case[-1]:.0f} ms" in flat
+    (everything,) = [r for r in res["programs"] if r["program"] == "all preloads"]
+    (same_mode,) = [r for r in plain if r["mode"] == everything["mode"]]
+    extra = everything["program_1_case_ms"] - same_mode["program_1_case_ms"]
+    assert f"about {extra:.0f} ms more" in flat
+    per_s = {r["workers"]: r["completions_per_s"] for r in res["reward"]}
+    assert f"one worker thread the reward scores {per_s[1]} completions" in flat
+    assert f"with 4 workers {per_s[4]}" in flat
+
+
 def test_gpu_longtail_table_is_the_committed_runs() -> None:
     """The H200 long-tail table renders gpu_longtail_h200_*.json (labelled by file), and
     its prose holds: 2.54-2.62x, identical rows exactly under full f32 precision."""

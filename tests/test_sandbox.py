@@ -347,3 +347,30 @@ def test_userns_fallback_warns_but_runs(probes, caplog):
     with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
         iso = sb.isolation()
     assert iso.mode == "userns" and "keeps the caller's uid" in caplog.text
+
+
+def test_sandbox_preloads_only_the_modules_a_source_names_and_runs_no_site_hooks():
+    """The driver imports a preload module only if the source names it (importing all of
+    them cost every program ~35 ms), starts with -S (no `site`: no .pth hook, such as an
+    editable install's finder, runs in the sandbox), and still puts site-packages on
+    the path, so what a program could import before it still can."""
+    # The module names are built at run time, so this source names none of them.
+    probe = (
+        "import sys\n"
+        "names = ['deci' + 'mal', 'frac' + 'tions', 'stat' + 'istics', 'hea' + 'pq']\n"
+        "print(sorted(m for m in names if m in sys.modules), sys.flags.no_site,\n"
+        "      any('editable' in m for m in sys.modules))\n"
+    )
+    assert sb._named(probe, sb.DEFAULT_PRELOAD) == []
+    _, case = run1(probe)
+    assert case.status == "ok" and case.stdout.split("\n")[0] == "[] 1 False"
+    _, case = run1("import heapq\n" + probe)
+    assert case.status == "ok" and case.stdout.startswith("['heapq'] 1 False")
+    # Named in a comment or a string counts too (a superset of what can be imported).
+    assert sb._named("# uses fractions\nx = 'decimal'\n", sb.DEFAULT_PRELOAD) == [
+        "decimal",
+        "fractions",
+    ]
+    if not ISO.uid_drop or ISO.private_tmp:  # the test process can read site-packages
+        _, case = run1("import numpy\nprint(numpy.__name__)\n")
+        assert case.status == "ok" and case.stdout == "numpy\n", case.stderr

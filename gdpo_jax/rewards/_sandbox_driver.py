@@ -1,6 +1,6 @@
 """In-sandbox driver: runs ONE untrusted program against its test inputs.
 
-Started by `gdpo_jax.rewards.sandbox` as `python -I -B _sandbox_driver.py JOB`
+Started by `gdpo_jax.rewards.sandbox` as `python -I -S -B _sandbox_driver.py JOB`
 (inside fresh namespaces when the machine allows it). Standard library only:
 it must not import gdpo_jax (nor jax), because it starts once per program.
 
@@ -8,7 +8,9 @@ Protocol: JOB is a JSON file (readable by the starting user) with keys
   source, mode ("stdin" | "call"), fn_name, inputs (list), limits (dict),
   uid, gid (int | null: drop to this uid in each test process),
   private_mounts (bool), keep_paths (list[str]), workdir (str | null),
-  nproc_base (int), preload (list[str]).
+  nproc_base (int), preload (list[str]: imported before the first case),
+  sys_path (list[str]: site-packages directories, put on sys.path here since
+  -S skips `site` and its .pth hooks).
 The driver prints JSON lines on stdout, as it goes:
   {"setup_error": str}    isolation could not be set up (nothing ran), or
   {"ready": true}         set up; from here on only the program's code runs
@@ -395,6 +397,7 @@ def main():
         else:
             job["nproc_base"] = _count_uid_tasks(os.getuid())
         os.chdir(workdir)
+        sys.path.extend(p for p in job.get("sys_path", ()) if p not in sys.path)
         for name in job.get("preload", ()):
             try:
                 __import__(name)

@@ -30,8 +30,10 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,8 @@ log = logging.getLogger("gdpo_jax.sandbox")
 
 # Imported once in the sandbox before forking test processes: cheaper than an
 # import per case, and needed where the stdlib is not readable by the test uid.
+# Only those the program's source names are imported (`_named`): importing all
+# of them cost every program about 35 ms (benchmarks/bench_sandbox.py).
 DEFAULT_PRELOAD = (
     "math",
     "cmath",
@@ -80,6 +84,27 @@ DEFAULT_PRELOAD = (
     "textwrap",
     "unicodedata",
 )
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _named(source: str, modules: Sequence[str]) -> list[str]:
+    """The modules whose name appears as a word anywhere in `source` (an import,
+    but also a string or a comment: a superset of what the program can import
+    by name, found without parsing the untrusted source in this process)."""
+    words = set(_WORD.findall(source))
+    return [m for m in modules if m.split(".")[0] in words]
+
+
+def _site_paths() -> list[str]:
+    """This interpreter's site-packages directories. The driver starts with -S
+    (no `site`: it would run every .pth hook of the environment, ~20 ms per
+    program) and puts these on its path itself, so a program can import what
+    it could with `site` (where the test uid can read it)."""
+    try:
+        paths = site.getsitepackages()
+    except AttributeError:  # some embedded interpreters lack it
+        paths = []
+    return [p for p in paths if os.path.isdir(p)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +234,8 @@ def run_program(
     Returns per-case status, captured stdout (capped at limits.output_bytes),
     stderr tail and, in call mode, the JSON round-tripped return value.
     isolation_mode / allow_weak: see `isolation`.
+    preload: modules the sandbox imports before forking the test processes,
+      those of them that `source` names (`_named`).
     """
     iso = isolation(isolation_mode, allow_weak)
     t0 = time.monotonic()
@@ -228,7 +255,8 @@ def run_program(
             "nproc_base": 0,
             "workdir": None,
             "iodir": None,
-            "preload": list(preload),
+            "preload": _named(source, preload),
+            "sys_path": _site_paths(),
         }
         if not iso.private_tmp:
             work, io = os.path.join(jobdir, "work"), os.path.join(jobdir, "io")
@@ -240,7 +268,7 @@ def run_program(
         job_path = os.path.join(jobdir, "job.json")
         with open(os.open(job_path, os.O_WRONLY | os.O_CREAT, 0o600), "w", encoding="utf-8") as f:
             json.dump(job, f)
-        cmd = [sys.executable, "-I", "-B", _DRIVER, job_path]
+        cmd = [sys.executable, "-I", "-S", "-B", _DRIVER, job_path]
         if iso.mode == "namespaces":
             cmd = [shutil.which("unshare"), *_NS_FLAGS, *cmd]
         elif iso.mode == "userns":
