@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import common
+
 HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, VOCAB = 256, 4, 4, 2, 640, 512
 PROMPTS, GENERATIONS, NEW_TOKENS, PROMPT_WORDS = 8, 8, 64, 8
 # Our step accumulates gradients over 4 micro-batches of 16 rows (same gradient:
@@ -126,8 +128,9 @@ def model_flops(rows: int, seq: int, *, beta: float) -> float:
     return 3 * fwd + (fwd if beta > 0 else 0)
 
 
-def matmul_peak(framework: str, n: int = 1024, reps: int = 20) -> float:
-    """Measured f32 matmul FLOP/s of one n x n x n product (best of reps)."""
+def matmul_peak(framework: str, n: int = 1024, reps: int = 20, device: str = "cpu") -> float:
+    """Measured f32 matmul FLOP/s of one n x n x n product (best of reps); torch's on
+    `device` (JAX's on its default backend)."""
     if framework == "jax":
         import jax
         import jax.numpy as jnp
@@ -139,9 +142,11 @@ def matmul_peak(framework: str, n: int = 1024, reps: int = 20) -> float:
     else:
         import torch
 
-        a = torch.randn(n, n)
+        a = torch.randn(n, n, device=device)
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         a @ a
-        best = min(_timed(lambda: a @ a) for _ in range(reps))
+        sync()
+        best = min(_timed(lambda: (a @ a, sync())) for _ in range(reps))
     return 2 * n**3 / best
 
 
@@ -191,8 +196,12 @@ def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, 
 
 
 # ------------------------------------------------------------------- TRL
-def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, list[float]]:
-    """TRL GRPOTrainer's steady-state iterations: {series name (TIMES): [iters floats]}."""
+def bench_trl(
+    ckpt: str, beta: float, *, warmup: int, iters: int, device: str = "cpu"
+) -> dict[str, list[float]]:
+    """TRL GRPOTrainer's steady-state iterations: {series name (TIMES): [iters floats]}.
+
+    device: "cpu", or "cuda" where our side runs on a GPU (`trl_device`)."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -211,7 +220,7 @@ def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, l
         max_steps=steps,
         logging_steps=1,
         report_to=[],
-        use_cpu=True,
+        use_cpu=device == "cpu",
         bf16=False,
         temperature=1.0,
         multi_objective_aggregation="normalize_then_sum",
@@ -268,7 +277,9 @@ def bench_trl(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, l
     }
 
 
-def bench_trl_clean_env(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, Any]:
+def bench_trl_clean_env(
+    ckpt: str, beta: float, *, warmup: int, iters: int, device: str = "cpu"
+) -> dict[str, Any]:
     """bench_trl in a child process whose environment lacks our malloc tunable.
 
     gdpo_jax's CLIs and benchmarks run with glibc's huge-page tunable
@@ -284,6 +295,7 @@ def bench_trl_clean_env(ckpt: str, beta: float, *, warmup: int, iters: int) -> d
         out = os.path.join(tmp, "trl.json")
         cmd = [sys.executable, "-m", "benchmarks.bench_rl", "--_trl", ckpt, "--_out", out]
         cmd += ["--_beta", str(beta), "--_warmup", str(warmup), "--_iters", str(iters)]
+        cmd += ["--_device", device]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"TRL benchmark process failed:\n{proc.stderr[-3000:]}")
@@ -309,12 +321,25 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- driver
-def run(quick: bool = False) -> dict:
-    """Both frameworks at beta 0 and 0.04. Returns a JSON-able dict of results."""
+def trl_device() -> str:
+    """Where TRL runs: on CUDA when our side runs on a GPU and torch sees one, else the CPU."""
+    import jax
+    import torch
+
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def run(quick: bool = False, rounds: int | None = None) -> dict:
+    """Both frameworks at beta 0 and 0.04. Returns a JSON-able dict of results.
+
+    rounds: per framework and beta (default ROUNDS; 1 with quick)."""
+    import jax
+
     warmup, iters = (1, 1) if quick else (2, 5)
-    rounds = 1 if quick else ROUNDS
+    rounds = rounds or (1 if quick else ROUNDS)
     ckpt = make_checkpoint(tempfile.mkdtemp(prefix="bench_ckpt_"))
-    peak = {"jax": matmul_peak("jax"), "torch": matmul_peak("torch")}
+    device = trl_device()
+    peak = {"jax": matmul_peak("jax"), "torch": matmul_peak("torch", device=device)}
     out: dict[str, Any] = {
         "config": dict(
             hidden=HIDDEN,
@@ -331,7 +356,11 @@ def run(quick: bool = False) -> dict:
             rounds=rounds,
             ours_microbatches=OURS_MICROBATCHES,
         ),
+        "machine": common.machine_info(),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "jax_backend": jax.default_backend(),
+        "trl_device": device,
+        "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
         "matmul_peak_gflops": {k: v / 1e9 for k, v in peak.items()},
         "cpu_count": os.cpu_count(),
         "results": {},
@@ -340,8 +369,12 @@ def run(quick: bool = False) -> dict:
         runs: dict[str, list[dict[str, Any]]] = {"ours": [], "trl": []}
         for i in range(rounds):
             for fw in ("ours", "trl") if i % 2 == 0 else ("trl", "ours"):
-                bench = bench_ours if fw == "ours" else bench_trl_clean_env
-                runs[fw].append(bench(ckpt, beta, warmup=warmup, iters=iters))
+                if fw == "ours":
+                    runs[fw].append(bench_ours(ckpt, beta, warmup=warmup, iters=iters))
+                else:
+                    runs[fw].append(
+                        bench_trl_clean_env(ckpt, beta, warmup=warmup, iters=iters, device=device)
+                    )
         ours, trl = summarize(runs["ours"]), summarize(runs["trl"])
         ours["compiles"] = max(r["compiles"] for r in runs["ours"])
         trl["glibc_tunables"] = ""
@@ -391,6 +424,11 @@ def table(res: dict) -> str:
         f"\nmatmul peak (f32, 1024^3): jax {peak['jax']:.1f} GFLOP/s, "
         f"torch {peak['torch']:.1f} GFLOP/s"
     )
+    if res.get("trl_device", "cpu") != "cpu":
+        lines.append(
+            f"jax on {res['jax_backend']} (f32 matmul precision {res['matmul_precision']}), "
+            f"TRL on {res['trl_device']}"
+        )
     return "\n".join(lines)
 
 
@@ -398,15 +436,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default="")
-    for hidden in ("--_trl", "--_out", "--_beta", "--_warmup", "--_iters"):
+    ap.add_argument("--rounds", type=int, default=0, help=f"Rounds (default {ROUNDS}).")
+    for hidden in ("--_trl", "--_out", "--_beta", "--_warmup", "--_iters", "--_device"):
         ap.add_argument(hidden, default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._trl:  # the child of bench_trl_clean_env
-        res = bench_trl(a._trl, float(a._beta), warmup=int(a._warmup), iters=int(a._iters))
+        res = bench_trl(
+            a._trl,
+            float(a._beta),
+            warmup=int(a._warmup),
+            iters=int(a._iters),
+            device=a._device or "cpu",
+        )
         with open(a._out, "w") as f:
             json.dump(res, f)
         return
-    res = run(a.quick)
+    res = run(a.quick, rounds=a.rounds or None)
     print(table(res))
     if a.out:
         with open(a.out, "w") as f:

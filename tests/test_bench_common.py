@@ -246,10 +246,13 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
 
     calls: list[tuple[str, float]] = []
 
+    devices: list[str] = []
+
     def fake(name: str, iters_s: list[list[float]]):
-        def bench(ckpt, beta, *, warmup, iters):
+        def bench(ckpt, beta, *, warmup, iters, **kw):
             i = sum(1 for n, b in calls if n == name and b == beta)  # this framework's round
             calls.append((name, beta))
+            devices.extend([kw["device"]] if name == "trl" else [])
             it = iters_s[i]
             out = {"iter_s": it, "sample_s": [0.25 * t for t in it], "reward_s": [0.0] * len(it)}
             out |= {"step_s": [0.75 * t for t in it], "len": [64.0] * len(it)}
@@ -263,7 +266,7 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
         bench_rl, "bench_trl_clean_env", fake("trl", [[10.0, 10.0, 10.0], [20.0, 30.0, 40.0]])
     )
     monkeypatch.setattr(bench_rl, "make_checkpoint", lambda d: d)
-    monkeypatch.setattr(bench_rl, "matmul_peak", lambda fw: 1e11)
+    monkeypatch.setattr(bench_rl, "matmul_peak", lambda fw, device="cpu": 1e11)
     monkeypatch.setattr(bench_rl, "ROUNDS", 2)
     res = bench_rl.run(quick=False)
     # Round 0: ours then TRL; round 1: TRL then ours; per beta.
@@ -279,6 +282,11 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     assert r["gdpo_jax"]["step_s"] == pytest.approx(3.75)  # median of 0.75 * iterations
     assert res["config"]["rounds"] == 2
     assert "beta 0.0: gdpo_jax 2.000, 8.000; trl 10.000, 30.000" in bench_rl.table(res)
+    # On the CPU backend TRL runs on the CPU too (on a GPU backend: CUDA, bench_rl.trl_device).
+    assert res["trl_device"] == "cpu" and set(devices) == {"cpu"}
+    calls.clear()
+    assert bench_rl.run(quick=False, rounds=1)["config"]["rounds"] == 1
+    assert [n for n, b in calls if b == 0.0] == ["ours", "trl"]
 
 
 def test_bench_attention_quick_compares_kernels_with_the_f32_reference():

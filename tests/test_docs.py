@@ -551,6 +551,35 @@ def test_sandbox_cost_section_is_the_committed_run() -> None:
     assert f"with 4 workers {per_s[4]}" in flat
 
 
+def test_gpu_rl_section_is_the_committed_runs() -> None:
+    """benchmarks.md's "On a GPU" tables render rl_h200_*.json, and the prose and README
+    ranges are those runs' (TRL on CUDA, full f32 in the run they quote)."""
+    import json
+
+    from benchmarks import bench_rl
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    runs = {
+        n: json.loads((ROOT / "docs" / "benchmarks" / f"rl_h200_{n}.json").read_text())
+        for n in ("highest", "default")
+    }
+    for n, res in runs.items():
+        assert bench_rl.table(res) in doc, f"rl_h200_{n}.json's table differs"
+        assert res["jax_backend"] == "gpu" and res["trl_device"] == "cuda"
+        assert res["matmul_precision"] == n
+    hi = runs["highest"]["results"].values()
+
+    def span(key: str) -> str:
+        s = sorted(r[key] for r in hi)
+        return f"{s[0]:.1f}-{s[1]:.1f}x"
+
+    flat, flat_readme = " ".join(doc.split()), " ".join(readme.split())
+    assert f"An RL iteration is {span('speedup_iter')} TRL's" in flat
+    assert f"sampling {span('speedup_sample')} and the step {span('speedup_step')}" in flat
+    assert f"an RL iteration {span('speedup_iter')} as fast as TRL's" in flat_readme
+
+
 def test_gpu_longtail_table_is_the_committed_runs() -> None:
     """The H200 long-tail table renders gpu_longtail_h200_*.json (labelled by file), and
     its prose holds: 2.54-2.62x, identical rows exactly under full f32 precision."""
