@@ -371,6 +371,11 @@ def test_sandbox_preloads_only_the_modules_a_source_names_and_runs_no_site_hooks
         "decimal",
         "fractions",
     ]
-    if not ISO.uid_drop or ISO.private_tmp:  # the test process can read site-packages
+    # site-packages are on the program's path (whether the test uid may read them depends
+    # on the directories' modes: a clone under a 0700 directory is not readable to it)...
+    _, case = run1("import sys\nprint(repr(sys.path))\n")
+    assert case.status == "ok" and sb._site_paths()
+    assert all(p in case.stdout for p in sb._site_paths()), case.stdout
+    if not ISO.uid_drop:  # ...and where it keeps our uid, importable
         _, case = run1("import numpy\nprint(numpy.__name__)\n")
         assert case.status == "ok" and case.stdout == "numpy\n", case.stderr
