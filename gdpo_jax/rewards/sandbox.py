@@ -57,7 +57,7 @@ log = logging.getLogger("gdpo_jax.sandbox")
 # Imported once in the sandbox before forking test processes: cheaper than an
 # import per case, and needed where the stdlib is not readable by the test uid.
 # Only those the program's source names are imported (`_named`): importing all
-# of them cost every program about 35 ms (benchmarks/bench_sandbox.py).
+# of them used to be most of a program's cost (bench_sandbox's "all preloads" row).
 DEFAULT_PRELOAD = (
     "math",
     "cmath",
