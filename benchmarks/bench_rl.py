@@ -201,7 +201,7 @@ def bench_trl(
 ) -> dict[str, list[float]]:
     """TRL GRPOTrainer's steady-state iterations: {series name (TIMES): [iters floats]}.
 
-    device: "cpu", or "cuda" where our side runs on a GPU (`trl_device`)."""
+    device: "cpu", or "cuda" where our side runs on a GPU (`common.torch_device`)."""
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
@@ -321,14 +321,6 @@ def summarize(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------- driver
-def trl_device() -> str:
-    """Where TRL runs: on CUDA when our side runs on a GPU and torch sees one, else the CPU."""
-    import jax
-    import torch
-
-    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
-
-
 def run(quick: bool = False, rounds: int | None = None) -> dict:
     """Both frameworks at beta 0 and 0.04. Returns a JSON-able dict of results.
 
@@ -338,7 +330,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
     warmup, iters = (1, 1) if quick else (2, 5)
     rounds = rounds or (1 if quick else ROUNDS)
     ckpt = make_checkpoint(tempfile.mkdtemp(prefix="bench_ckpt_"))
-    device = trl_device()
+    device = common.torch_device()  # TRL on CUDA where our side runs on a GPU
     peak = {"jax": matmul_peak("jax"), "torch": matmul_peak("torch", device=device)}
     out: dict[str, Any] = {
         "config": dict(

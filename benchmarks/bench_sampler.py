@@ -117,7 +117,7 @@ def run(quick: bool = False, model_name: str = "tiny") -> dict:
         hf = _write_checkpoint(tmp, hf_config)
         model, _ = load_pretrained(tmp)
     sampler = Sampler(model, None, eos_token_ids=())  # EOS off: every row runs max_new
-    hf_device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    hf_device = common.torch_device()
     hf = hf.to(hf_device)
     hf_ids = torch.as_tensor(np.repeat(prompts, group, axis=0), dtype=torch.long, device=hf_device)
 

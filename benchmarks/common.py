@@ -124,6 +124,15 @@ def machine_kind(info: Mapping[str, Any]) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text).strip("-")
 
 
+def torch_device() -> str:
+    """Where a torch reference runs beside us: "cuda" when JAX's backend is a GPU and
+    torch sees one (both sides then on the same GPU), else "cpu". Imports torch."""
+    import jax
+    import torch
+
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
 def describe_machine(info: Mapping[str, Any]) -> str:
     """One line, e.g. 'AMD EPYC, 2/2 cores, 23.4 GiB; jax 0.10.2 cpu (cpu x8)'."""
     v = info.get("versions", {})

@@ -282,7 +282,7 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     assert r["gdpo_jax"]["step_s"] == pytest.approx(3.75)  # median of 0.75 * iterations
     assert res["config"]["rounds"] == 2
     assert "beta 0.0: gdpo_jax 2.000, 8.000; trl 10.000, 30.000" in bench_rl.table(res)
-    # On the CPU backend TRL runs on the CPU too (on a GPU backend: CUDA, bench_rl.trl_device).
+    # On the CPU backend TRL runs on the CPU too (on a GPU backend: CUDA, common.torch_device).
     assert res["trl_device"] == "cpu" and set(devices) == {"cpu"}
     calls.clear()
     assert bench_rl.run(quick=False, rounds=1)["config"]["rounds"] == 1
@@ -312,3 +312,16 @@ def test_bench_attention_quick_compares_kernels_with_the_f32_reference():
     assert res["sampling"][1]["max_dlogp_vs_xla"] < 0.05
     table = bench_attention.format_table(res)
     assert "| tiny | 2 | 64 | dpa | bfloat16 |" in table and "| tiny | dpa | 4 |" in table
+
+
+def test_torch_device_follows_the_jax_backend(monkeypatch):
+    """A torch reference runs on CUDA only where JAX's backend is a GPU and torch sees one."""
+    import jax
+
+    torch = pytest.importorskip("torch")
+    assert common.torch_device() == "cpu"  # the suite's backend is the CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert common.torch_device() == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert common.torch_device() == "cpu"
