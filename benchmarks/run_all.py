@@ -5,11 +5,12 @@
 
 Each benchmark is a module ``benchmarks/<name>.py`` exposing
 ``run(quick: bool) -> dict``: advantages, model forward/backward, sampler vs
-transformers, RL iteration vs TRL. A module that does not exist yet is noted
-as "missing"; one that raises is noted as "error" with its traceback, and the
-others still run. By default each benchmark runs in its own Python process
-(``--isolate``), so one benchmark's threads, compilation caches, memory or a
-hard crash cannot change another's numbers.
+transformers, RL iteration vs TRL, the code sandbox's cost per program. A
+module that does not exist yet is noted as "missing"; one that raises is noted
+as "error" with its traceback, and the others still run. By default each
+benchmark runs in its own Python process (``--isolate``), so one benchmark's
+threads, compilation caches, memory or a hard crash cannot change another's
+numbers.
 
 Writes ``<out_dir>/latest.json`` and ``<out_dir>/latest.md`` (and a
 time-stamped copy of the JSON under ``history/``), both with the machine
@@ -37,7 +38,7 @@ from typing import Any
 
 from benchmarks import common
 
-BENCHMARKS = ("bench_advantages", "bench_model", "bench_sampler", "bench_rl")
+BENCHMARKS = ("bench_advantages", "bench_model", "bench_sampler", "bench_rl", "bench_sandbox")
 DEFAULT_OUT_DIR = "runs/bench"
 
 
