@@ -548,7 +548,7 @@ def test_sandbox_cost_section_is_the_committed_run() -> None:
     case = sorted(r["per_extra_case_ms"] for r in plain)
     assert f"about {one[0]:.0f}-{one[-1]:.0f} ms" in flat
     assert f"{over[0]:.0f}-{over[-1]:.0f} ms over a bare interpreter start" in flat
-    assert f"test case {case[0]:.1f}-{case[-1]:.0f} ms" in flat
+    assert f"test case {case[0]:.1f}-{case[-1]:.1f} ms" in flat
     (everything,) = [r for r in res["programs"] if r["program"] == "all preloads"]
     (same_mode,) = [r for r in plain if r["mode"] == everything["mode"]]
     extra = everything["program_1_case_ms"] - same_mode["program_1_case_ms"]

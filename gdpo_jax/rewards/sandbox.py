@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -95,16 +96,17 @@ def _named(source: str, modules: Sequence[str]) -> list[str]:
     return [m for m in modules if m.split(".")[0] in words]
 
 
-def _site_paths() -> list[str]:
-    """This interpreter's site-packages directories. The driver starts with -S
-    (no `site`: it would run every .pth hook of the environment, ~20 ms per
-    program) and puts these on its path itself, so a program can import what
-    it could with `site` (where the test uid can read it)."""
+@functools.cache
+def _site_paths() -> tuple[str, ...]:
+    """This interpreter's site-packages directories (once per process). The
+    driver starts with -S (no `site`: it would run every .pth hook of the
+    environment, ~15 ms per program) and puts these on its path itself, so a
+    program can import what it could with `site` (where the test uid can read it)."""
     try:
         paths = site.getsitepackages()
     except AttributeError:  # some embedded interpreters lack it
         paths = []
-    return [p for p in paths if os.path.isdir(p)]
+    return tuple(p for p in paths if os.path.isdir(p))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,7 +258,7 @@ def run_program(
             "workdir": None,
             "iodir": None,
             "preload": _named(source, preload),
-            "sys_path": _site_paths(),
+            "sys_path": list(_site_paths()),
         }
         if not iso.private_tmp:
             work, io = os.path.join(jobdir, "work"), os.path.join(jobdir, "io")
