@@ -35,6 +35,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
+from benchmarks.bench_model import SMOLLM2_135M
 
 DEFAULT_OUT = "runs/bench/sampler.json"
 HF_CONFIG = dict(
@@ -53,23 +54,8 @@ HF_CONFIG = dict(
     pad_token_id=0,
     tie_word_embeddings=False,
 )
-# SmolLM2-135M-Instruct's architecture (config.json of the checkpoint), random init.
-SMOLLM2_HF_CONFIG = dict(
-    vocab_size=49152,
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    head_dim=64,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=0,
-    tie_word_embeddings=True,
-)
+# SmolLM2-135M's architecture (bench_model's config), random init; pad 0 as the tiny one's.
+SMOLLM2_HF_CONFIG = {**SMOLLM2_135M.to_hf(), "pad_token_id": 0}
 # model name -> (HF config, prompts, generations per prompt, prompt tokens, new tokens)
 MODELS = {
     "tiny": (HF_CONFIG, 8, 8, 24, 128),
