@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import tempfile
 import time
 from typing import Any
@@ -72,18 +71,6 @@ def _write_checkpoint(out_dir: str, hf_config: dict = HF_CONFIG) -> Any:
     hf = LlamaForCausalLM(LlamaConfig(**hf_config)).eval()
     hf.save_pretrained(out_dir)
     return hf
-
-
-def _timed_interleaved(fns, repeats: int) -> list[dict[str, float]]:
-    """Wall seconds of several functions, alternated so all see the same machine
-    load (the best of the repeats is the least noisy figure on a shared machine)."""
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [{"best_s": min(ts), "median_s": statistics.median(ts)} for ts in times]
 
 
 def run(quick: bool = False, model_name: str = "tiny") -> dict:
@@ -153,7 +140,7 @@ def run(quick: bool = False, model_name: str = "tiny") -> dict:
         hf_variants = [lambda: theirs(default_threads)]
         if hf_device == "cpu":
             hf_variants.append(lambda: theirs(1))
-        t_ours, t_hf_n, *t_hf_1 = _timed_interleaved([ours, *hf_variants], repeats)
+        t_ours, t_hf_n, *t_hf_1 = common.time_interleaved([ours, *hf_variants], repeats=repeats)
         t_hf_1 = t_hf_1[0] if t_hf_1 else None
         torch.set_num_threads(default_threads)
         t_hf = min([t_hf_n] + ([t_hf_1] if t_hf_1 else []), key=lambda t: t["best_s"])

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
-import statistics
 import subprocess
 import sys
 import time
@@ -65,19 +64,6 @@ def available_modes() -> list[str]:
     return out
 
 
-def _median_ms(fns: list[Callable[[], Any]], repeats: int) -> list[float]:
-    """Median wall ms of each fn, called in turn `repeats` times (after one warm-up each)."""
-    for fn in fns:
-        fn()
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [1e3 * statistics.median(ts) for ts in times]
-
-
 def per_program(modes: list[str], repeats: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """(bare interpreter starts in ms, one row per mode and program): 1- and 8-case medians.
 
@@ -107,7 +93,7 @@ def per_program(modes: list[str], repeats: int) -> tuple[dict[str, float], list[
     cases = [(m, "plain", _RIGHT) for m in modes] + [(modes[0], "all preloads", everything)]
     fns = [bare("-I", "-S", "-B"), bare("-I", "-B")]
     fns += [program(m, src, n) for m, _, src in cases for n in (1, 8)]
-    ms = _median_ms(fns, repeats)
+    ms = [1e3 * t["median_s"] for t in common.time_interleaved(fns, repeats=repeats, warmup=1)]
     bare_ms = {"no_site": round(ms[0], 1), "site": round(ms[1], 1)}
     rows = []
     for i, (mode, name, _) in enumerate(cases):

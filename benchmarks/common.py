@@ -164,6 +164,24 @@ def time_fn(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> dict
     return {"best_s": min(times), "median_s": statistics.median(times), "repeats": repeats}
 
 
+def time_interleaved(
+    fns: Sequence[Callable[[], Any]], *, repeats: int, warmup: int = 0
+) -> list[dict[str, float]]:
+    """Wall seconds of several functions called in turn, `repeats` rounds (after
+    `warmup` calls each), so all see the same machine load. One {"best_s",
+    "median_s"} per function, in order."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, ts in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return [{"best_s": min(ts), "median_s": statistics.median(ts)} for ts in times]
+
+
 def matmul_peak(
     n: int | None = None, *, dtype: str = "float32", repeats: int = 5, calls: int | None = None
 ) -> dict[str, Any]:

@@ -325,3 +325,22 @@ def test_torch_device_follows_the_jax_backend(monkeypatch):
     assert common.torch_device() == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert common.torch_device() == "cpu"
+
+
+def test_time_interleaved_calls_in_turn_after_warmup(monkeypatch):
+    """Warm-up calls first, then each round calls every function once, in order; best and
+    median are over the timed rounds only (a fake clock: 1 s per call of "a", 3 of "b")."""
+    calls: list[str] = []
+    clock = [0.0]
+    monkeypatch.setattr(common.time, "perf_counter", lambda: clock[0])
+
+    def fn(name: str, cost: float):
+        def call() -> None:
+            calls.append(name)
+            clock[0] += cost
+
+        return call
+
+    res = common.time_interleaved([fn("a", 1.0), fn("b", 3.0)], repeats=3, warmup=1)
+    assert calls == ["a", "b"] * 4
+    assert res == [{"best_s": 1.0, "median_s": 1.0}, {"best_s": 3.0, "median_s": 3.0}]
