@@ -69,8 +69,7 @@ def per_program(modes: list[str], repeats: int) -> tuple[dict[str, float], list[
 
     Programs: "plain" names no module the sandbox preloads; "all preloads" names every
     one of them in a comment, so the sandbox imports them all before its first case
-    (what every program paid when the preload did not depend on the source), timed in
-    the strongest mode only.
+    (the preload's own cost), timed in the strongest mode only.
     """
     from gdpo_jax.rewards import sandbox
 
