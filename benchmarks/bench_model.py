@@ -53,6 +53,7 @@ def _cases(quick: bool) -> list[tuple[str, ModelConfig, int, int]]:
         ("tiny", tiny, 16, 128),
         ("smollm2-135m", SMOLLM2_135M, 2, 256),
         ("smollm2-135m+remat", SMOLLM2_135M.replace(remat=True), 2, 256),
+        ("smollm2-135m+unrolled", SMOLLM2_135M.replace(scan_layers=False), 2, 256),
     ]
 
 

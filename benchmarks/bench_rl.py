@@ -36,6 +36,12 @@ PROMPTS, GENERATIONS, NEW_TOKENS, PROMPT_WORDS = 8, 8, 64, 8
 # pass over 64 rows (activations stay cache-sized, fewer fresh pages per step);
 # PyTorch measured no gain from it (docs/benchmarks.md#the-step-on-cpu-profiled).
 OURS_MICROBATCHES = 4
+# Our model's 4 layers run unrolled (model.scan_layers=False): at this size the
+# layer scan's stacking and slicing of saved activations costs more than the
+# unrolled form's one split of the weights and one concatenate of their gradients
+# (profile_step's A/B: 1.04-1.18x faster steps on every CPU kind measured). At
+# SmolLM2-135M's 30 layers the scan (the default) is the faster form (bench_model).
+OURS_SCAN_LAYERS = False
 ROUNDS = 3  # per framework and beta, alternating order (--quick: 1)
 TIMES = ("iter_s", "sample_s", "reward_s", "step_s", "len")  # per-iteration series
 # Our trainer's metric for each series.
@@ -177,6 +183,7 @@ def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, 
     c.algo.group_size, c.algo.num_prompts = GENERATIONS, PROMPTS
     c.algo.aggregation = "grpo"
     c.algo.num_microbatches = OURS_MICROBATCHES
+    c.model.scan_layers = OURS_SCAN_LAYERS
     c.sampling.max_new_tokens, c.sampling.max_prompt_len = NEW_TOKENS, PROMPT_WORDS + 1
     c.optim.lr = 1e-5
     c.mesh.num_devices = 1
@@ -347,6 +354,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
             iters=iters,
             rounds=rounds,
             ours_microbatches=OURS_MICROBATCHES,
+            ours_scan_layers=OURS_SCAN_LAYERS,
         ),
         "machine": common.machine_info(),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),

@@ -1,7 +1,9 @@
 r"""Where the RL step's time goes on XLA:CPU: bench_rl's step under variants.
 
 The step of benchmarks/bench_rl.py (3M Llama, 64 rows x 73 tokens, GDPO,
-beta 0) is timed alone (one jitted call, no sampling), for each variant of
+beta 0), with its layers as one lax.scan (the model default; bench_rl runs them
+unrolled, the A/B at the end), is timed alone (one jitted call, no sampling),
+for each variant of
 micro-batch count x glibc's huge-page malloc tunable (gdpo_jax/hostenv.py),
 each in a fresh process. Per variant: median / best seconds of 12 steps,
 minor page faults per step (fresh 4 KiB pages the kernel zero-fills), and,

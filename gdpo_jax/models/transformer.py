@@ -269,8 +269,15 @@ class Transformer(nnx.Module):
 
 
 def _split_layers(layers: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], ...]:
-    """{name: f[L, ...]} -> L dicts {name: f[...]} (static slices)."""
-    return tuple({k: v[i] for k, v in layers.items()} for i in range(n))
+    """{name: f[L, ...]} -> L dicts {name: f[...]} (one split per weight).
+
+    `jnp.split`, not L indexings `v[i]`: autodiff transposes a split into one
+    concatenate of the L layer gradients, where each `v[i]` transposes into a
+    zero-padded [L, ...] gradient and the L of them are summed (O(L^2) memory
+    traffic: 1.2x slower fwd+bwd at SmolLM2-135M's 30 layers on XLA:CPU).
+    """
+    parts = {k: jnp.split(v, n, axis=0) for k, v in layers.items()}
+    return tuple({k: p[i].reshape(p[i].shape[1:]) for k, p in parts.items()} for i in range(n))
 
 
 def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:
