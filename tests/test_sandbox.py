@@ -381,3 +381,27 @@ def test_sandbox_preloads_only_the_modules_a_source_names_and_runs_no_site_hooks
     if not ISO.uid_drop:  # ...and where it keeps our uid, importable
         _, case = run1("import numpy\nprint(numpy.__name__)\n")
         assert case.status == "ok" and case.stdout == "numpy\n", case.stderr
+
+
+def test_driver_imports_no_json_or_enum_in_stdin_mode_and_output_round_trips():
+    """The job travels as marshal and the driver's lines as ascii() dict literals, so a
+    stdin-mode program's interpreter never imports json, signal's enum or re (about 8 ms
+    of every program's start); call mode imports json for the return value. Whatever a
+    program prints (newlines, quotes, NUL, non-ASCII, a line that looks like a driver
+    record) comes back exactly, and a return value comes back JSON-decoded."""
+    probe = (
+        "import sys\n"
+        "names = ['js' + 'on', 'en' + 'um', 'r' + 'e', 'sig' + 'nal']\n"
+        "print(sorted(m for m in names if m in sys.modules))\n"
+    )
+    _, case = run1(probe)
+    assert case.status == "ok" and case.stdout == "[]\n", case.stdout
+    res = sb.run_program(probe.replace("print(", "def f():\n    return ("), [[]], fn_name="f")
+    assert res.cases[0].status == "ok" and "json" in res.cases[0].value
+    awkward = "é ✓ \"q\" 'q' \\ \x00 \t end\n{'case': 0, 'result': {}}\n"
+    _, case = run1(f"import sys\nsys.stdout.write({awkward!r})\n")
+    assert case.status == "ok" and case.stdout == awkward
+    res = sb.run_program(
+        "def f(x):\n    return {'k': [x, 'é\\n', None, 1.5]}\n", [["\u2713"]], fn_name="f"
+    )
+    assert res.cases[0].value == {"k": ["\u2713", "é\n", None, 1.5]}
