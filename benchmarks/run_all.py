@@ -38,7 +38,14 @@ from typing import Any
 
 from benchmarks import common
 
-BENCHMARKS = ("bench_advantages", "bench_model", "bench_sampler", "bench_rl", "bench_sandbox")
+BENCHMARKS = (
+    "bench_advantages",
+    "bench_model",
+    "bench_sampler",
+    "bench_rl",
+    "bench_sandbox",
+    "bench_math",
+)
 DEFAULT_OUT_DIR = "runs/bench"
 
 

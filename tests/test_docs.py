@@ -558,6 +558,34 @@ def test_sandbox_cost_section_is_the_committed_run() -> None:
     assert f"with 4 workers {per_s[4]}" in flat
 
 
+def test_math_cost_section_is_the_committed_run() -> None:
+    """tasks-and-rewards.md's math-verify cost section renders the committed bench_math
+    run, and its prose's figures are that run's."""
+    import json
+
+    from benchmarks import bench_math
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "math_amd-epyc-avx512-2c.json").read_text())
+    doc = (ROOT / "docs" / "tasks-and-rewards.md").read_text(encoding="utf-8")
+    assert bench_math.format_table(res) in doc, (
+        "docs/tasks-and-rewards.md's math-verify tables differ from the committed run"
+        " (python -m benchmarks.bench_math --out docs/benchmarks/math_<kind>.json)"
+    )
+    flat = " ".join(doc.split())
+    sym = [r for r in res["comparisons"] if r["path"] == "sympy"]
+    med = sorted(r["median_ms"] for r in sym)
+    assert f"sympy costs {med[0]:.1f}-{med[-1]:.1f} ms" in flat
+    slow = max(sym, key=lambda r: r["max_ms"])
+    assert f"{slow['max_ms']:.0f} ms for the {slow['kind']}" in flat
+    assert f"A helper starts in {res['helper_start']['median_s']} s" in flat
+    p = res["pathological"]
+    assert f"({p['to_timeout_s']} s at 1 s) plus {p['next_comparison_s']} s" in flat
+    rw = {r["workers"]: r for r in res["reward"]}
+    assert f"scores {rw[1]['warm_completions_per_s']} completions per second" in flat
+    assert f"and {rw[4]['warm_completions_per_s']} with four" in flat
+    assert f"about {64 * rw[1]['warm_ms_per_completion'] / 1000:.2f} s with one worker" in flat
+
+
 def test_gpu_rl_section_is_the_committed_runs() -> None:
     """benchmarks.md's "On a GPU" tables render rl_h200_*.json, and the prose and README
     ranges are those runs' (TRL on CUDA, full f32 in the run they quote)."""
