@@ -407,6 +407,22 @@ def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
     )
 
 
+def test_unrolled_layers_smollm2_figures_are_the_committed_run() -> None:
+    """benchmarks.md's scan-vs-unrolled figures at SmolLM2-135M's 30 layers are bench_model's
+    rows in the avx512 kind's machine file."""
+    import json
+
+    path = ROOT / "docs" / "benchmarks" / "machines" / "amd-epyc-avx512-2c.json"
+    rows = json.loads(path.read_text())["benchmarks"]["bench_model"]["result"]["results"]
+    by = {r["model"]: r for r in rows}
+    scan, unrolled = by["smollm2-135m"], by["smollm2-135m+unrolled"]
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert (
+        f"{scan['step_s']:.3f} s per step as a scan, {unrolled['step_s']:.3f} s unrolled, best of"
+        f" 3; medians {scan['median_step_s']:.3f} and {unrolled['median_step_s']:.3f} s" in flat
+    )
+
+
 def test_kernel_layout_table_is_the_committed_run() -> None:
     import json
 
