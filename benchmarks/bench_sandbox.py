@@ -25,7 +25,6 @@ Timings are wall clock on a shared machine: medians of interleaved repeats.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import subprocess
@@ -188,13 +187,7 @@ def format_table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
-    parser.add_argument("--quick", action="store_true", help="Fewer repeats and completions.")
-    args = parser.parse_args()
-    result = run(quick=args.quick)
-    print(format_table(result))
-    print(f"wrote {common.write_json(args.out, result)}")
+    common.quick_out_main(__doc__, run, format_table, DEFAULT_OUT)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ its FLOP/s next to :func:`matmul_peak` measured in the same run gives a ratio
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import importlib.metadata
 import json
@@ -352,3 +353,17 @@ def command_line() -> str:
     """The command as typed (``python -m benchmarks.run_all --quick``), not the script path."""
     argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
     return " ".join(["python", *argv[1:]])
+
+
+def quick_out_main(
+    doc: str, run: Callable[..., dict], render: Callable[[dict], str], default_out: str
+) -> None:
+    """The command line of a benchmark whose only options are --quick and --out:
+    runs `run(quick=...)`, prints `render(result)` and writes the result's JSON."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=default_out, help="JSON output path.")
+    parser.add_argument("--quick", action="store_true", help="Fewer repeats and completions.")
+    args = parser.parse_args()
+    result = run(quick=args.quick)
+    print(render(result))
+    print(f"wrote {write_json(args.out, result)}")

@@ -344,3 +344,23 @@ def test_time_interleaved_calls_in_turn_after_warmup(monkeypatch):
     res = common.time_interleaved([fn("a", 1.0), fn("b", 3.0)], repeats=3, warmup=1)
     assert calls == ["a", "b"] * 4
     assert res == [{"best_s": 1.0, "median_s": 1.0}, {"best_s": 3.0, "median_s": 3.0}]
+
+
+def test_quick_out_main_runs_prints_and_writes(tmp_path, monkeypatch, capsys):
+    """The shared --quick/--out command line passes --quick to run, prints the rendered
+    result and writes its JSON where --out says."""
+    from benchmarks import common
+
+    calls = []
+
+    def run(quick: bool = False) -> dict:
+        calls.append(quick)
+        return {"quick": quick, "x": 1.5}
+
+    out = tmp_path / "r.json"
+    monkeypatch.setattr("sys.argv", ["bench", "--quick", "--out", str(out)])
+    common.quick_out_main("Title line.\nmore", run, lambda r: f"table x={r['x']}", "unused.json")
+    assert calls == [True]
+    assert json.loads(out.read_text()) == {"quick": True, "x": 1.5}
+    printed = capsys.readouterr().out
+    assert "table x=1.5" in printed and f"wrote {out}" in printed
