@@ -10,9 +10,6 @@ gradient step; the JAX version runs on the accelerator inside the step.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import time
 from functools import partial
@@ -20,6 +17,7 @@ from functools import partial
 import jax
 import numpy as np
 
+from benchmarks import common
 from gdpo_jax.core.advantages import ESTIMATORS, compute_advantages
 
 N, G, K = 65_536, 16, 3
@@ -143,16 +141,7 @@ def format_table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
-    parser.add_argument("--quick", action="store_true", help="Fewer repeats.")
-    args = parser.parse_args()
-    result = run(quick=args.quick)
-    print(format_table(result))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"wrote {args.out}")
+    common.quick_out_main(__doc__, run, format_table, DEFAULT_OUT)
 
 
 if __name__ == "__main__":

@@ -208,7 +208,7 @@ def format_table(result: dict) -> str:
 
 
 def main() -> None:
-    common.quick_out_main(__doc__, run, format_table, DEFAULT_OUT)
+    common.quick_out_main(__doc__, run, format_table, DEFAULT_OUT, "Fewer repeats and completions.")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ machines even where absolute tokens/s do not.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
@@ -129,13 +128,7 @@ def format_table(result: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
-    parser.add_argument("--quick", action="store_true", help="Smaller shapes, fewer repeats.")
-    args = parser.parse_args()
-    result = run(quick=args.quick)
-    print(format_table(result))
-    print(f"wrote {common.write_json(args.out, result)}")
+    common.quick_out_main(__doc__, run, format_table, DEFAULT_OUT, "Smaller shapes, fewer repeats.")
 
 
 if __name__ == "__main__":

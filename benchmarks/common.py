@@ -356,13 +356,17 @@ def command_line() -> str:
 
 
 def quick_out_main(
-    doc: str, run: Callable[..., dict], render: Callable[[dict], str], default_out: str
+    doc: str,
+    run: Callable[..., dict],
+    render: Callable[[dict], str],
+    default_out: str,
+    quick_help: str = "Fewer repeats.",
 ) -> None:
     """The command line of a benchmark whose only options are --quick and --out:
     runs `run(quick=...)`, prints `render(result)` and writes the result's JSON."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=default_out, help="JSON output path.")
-    parser.add_argument("--quick", action="store_true", help="Fewer repeats and completions.")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
     args = parser.parse_args()
     result = run(quick=args.quick)
     print(render(result))
