@@ -544,20 +544,27 @@ def test_gpu_sampler_section_is_the_committed_runs() -> None:
     )
 
 
+def _reward_cost_run(bench: str, prefix: str) -> tuple[dict, str]:
+    """(the committed avx512 run of benchmarks.<bench>, tasks-and-rewards.md flattened),
+    after checking that the doc renders the run's tables (format_table)."""
+    import importlib
+    import json
+
+    module = importlib.import_module(f"benchmarks.{bench}")
+    path = ROOT / "docs" / "benchmarks" / f"{prefix}_amd-epyc-avx512-2c.json"
+    res = json.loads(path.read_text())
+    doc = (ROOT / "docs" / "tasks-and-rewards.md").read_text(encoding="utf-8")
+    assert module.format_table(res) in doc, (
+        f"docs/tasks-and-rewards.md's {bench} tables differ from the committed run"
+        f" (python -m benchmarks.{bench} --out docs/benchmarks/{prefix}_<kind>.json)"
+    )
+    return res, " ".join(doc.split())
+
+
 def test_sandbox_cost_section_is_the_committed_run() -> None:
     """tasks-and-rewards.md's Cost section renders the committed bench_sandbox run, and
     its prose's figures are that run's."""
-    import json
-
-    from benchmarks import bench_sandbox
-
-    res = json.loads((ROOT / "docs" / "benchmarks" / "sandbox_amd-epyc-avx512-2c.json").read_text())
-    doc = (ROOT / "docs" / "tasks-and-rewards.md").read_text(encoding="utf-8")
-    assert bench_sandbox.format_table(res) in doc, (
-        "docs/tasks-and-rewards.md's sandbox tables differ from the committed run"
-        " (python -m benchmarks.bench_sandbox --out docs/benchmarks/sandbox_<kind>.json)"
-    )
-    flat = " ".join(doc.split())
+    res, flat = _reward_cost_run("bench_sandbox", "sandbox")
     plain = [r for r in res["programs"] if r["program"] == "plain"]
     one = sorted(r["program_1_case_ms"] for r in plain)
     over = sorted(r["over_bare_interpreter_ms"] for r in plain)
@@ -577,17 +584,7 @@ def test_sandbox_cost_section_is_the_committed_run() -> None:
 def test_math_cost_section_is_the_committed_run() -> None:
     """tasks-and-rewards.md's math-verify cost section renders the committed bench_math
     run, and its prose's figures are that run's."""
-    import json
-
-    from benchmarks import bench_math
-
-    res = json.loads((ROOT / "docs" / "benchmarks" / "math_amd-epyc-avx512-2c.json").read_text())
-    doc = (ROOT / "docs" / "tasks-and-rewards.md").read_text(encoding="utf-8")
-    assert bench_math.format_table(res) in doc, (
-        "docs/tasks-and-rewards.md's math-verify tables differ from the committed run"
-        " (python -m benchmarks.bench_math --out docs/benchmarks/math_<kind>.json)"
-    )
-    flat = " ".join(doc.split())
+    res, flat = _reward_cost_run("bench_math", "math")
     sym = [r for r in res["comparisons"] if r["path"] == "sympy"]
     med = sorted(r["median_ms"] for r in sym)
     assert f"sympy costs {med[0]:.1f}-{med[-1]:.1f} ms" in flat
