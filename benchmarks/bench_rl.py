@@ -42,6 +42,10 @@ OURS_MICROBATCHES = 4
 # (profile_step's A/B: 1.04-1.18x faster steps on every CPU kind measured). At
 # SmolLM2-135M's 30 layers the scan (the default) is the faster form (bench_model).
 OURS_SCAN_LAYERS = False
+# Our step runs each prompt once per micro-batch (algo.share_prompt, the trainer's
+# default; same maths): here 2 groups of 8 rows per micro-batch and 9-token prompts,
+# so it saves about 10 % of the tokens (benchmarks/bench_prompt_sharing.py).
+OURS_SHARE_PROMPT = True
 ROUNDS = 3  # per framework and beta, alternating order (--quick: 1)
 TIMES = ("iter_s", "sample_s", "reward_s", "step_s", "len")  # per-iteration series
 # Our trainer's metric for each series.
@@ -184,6 +188,7 @@ def bench_ours(ckpt: str, beta: float, *, warmup: int, iters: int) -> dict[str, 
     c.algo.aggregation = "grpo"
     c.algo.num_microbatches = OURS_MICROBATCHES
     c.model.scan_layers = OURS_SCAN_LAYERS
+    c.algo.share_prompt = OURS_SHARE_PROMPT
     c.sampling.max_new_tokens, c.sampling.max_prompt_len = NEW_TOKENS, PROMPT_WORDS + 1
     c.optim.lr = 1e-5
     c.mesh.num_devices = 1
@@ -355,6 +360,7 @@ def run(quick: bool = False, rounds: int | None = None) -> dict:
             rounds=rounds,
             ours_microbatches=OURS_MICROBATCHES,
             ours_scan_layers=OURS_SCAN_LAYERS,
+            ours_share_prompt=OURS_SHARE_PROMPT,
         ),
         "machine": common.machine_info(),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),

@@ -423,6 +423,33 @@ def test_unrolled_layers_smollm2_figures_are_the_committed_run() -> None:
     )
 
 
+def test_prompt_sharing_section_is_the_committed_run() -> None:
+    import json
+
+    from benchmarks import bench_prompt_sharing
+
+    path = ROOT / "docs" / "benchmarks" / "prompt_sharing_amd-epyc-avx512-2c.json"
+    res = json.loads(path.read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert bench_prompt_sharing.table_markdown(res) in doc, (
+        "docs/benchmarks.md's prompt sharing table differs from the committed run"
+        " (python -m benchmarks.bench_prompt_sharing"
+        " --out docs/benchmarks/prompt_sharing_<kind>.json)"
+    )
+    flat = " ".join(doc.split())
+    rows = {r["prompt_width"]: r for r in res["results"]}
+    worst = max(r["max_abs_logp_diff"] for r in res["results"])
+    assert f"log-probs agree to {worst:.1e}" in flat
+    assert f"{rows[16]['step_speedup']:.2f}x for the step at bench_rl-like" in flat
+    assert f"{rows[256]['step_speedup']:.2f}x at width 256" in flat
+    assert rows[256]["step_speedup"] > rows[64]["step_speedup"] > rows[16]["step_speedup"] > 1
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert (
+        f"a {rows[16]['step_speedup']:.2f}x faster step at 16-token prompts, "
+        f"{rows[256]['step_speedup']:.2f}x at 256" in readme
+    )
+
+
 def test_kernel_layout_table_is_the_committed_run() -> None:
     import json
 

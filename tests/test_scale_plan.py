@@ -7,6 +7,7 @@ installed. References are hand arithmetic written here, not the planner's.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -184,6 +185,16 @@ def test_flops_against_a_token_by_token_count():
         [prefill, decode, 2 * fwd, 4 * fwd],
         rtol=1e-12,
     )
+    # Prompt sharing: each prompt's P tokens once (U of them), then every row's C
+    # tokens, which attend to the prompt and their own earlier tokens.
+    shared = dataclasses.replace(s, train_prompt_share=G)
+    own = U * G * sum(per_tok + 2 * D * V + attn(P_ + t) for t in range(1, C_ + 1))
+    prompt_once = U * sum(per_tok + attn(t) for t in range(1, P_ + 1))
+    got = flops_lib.step_flops(mc, shared)
+    np.testing.assert_allclose(
+        [got["logprob"], got["train"]], [2 * (prompt_once + own), 4 * (prompt_once + own)]
+    )
+    assert got["train"] < 4 * fwd
 
 
 def test_roofline_decode_reads_a_shared_prompt_once_per_group():
@@ -361,3 +372,15 @@ def test_oom_message_bytes():
     assert oom_bytes(msg) == int(30.31 * 2**30)
     assert oom_bytes("RESOURCE_EXHAUSTED: Used 120.5G of 95.74G hbm.") == int(120.5 * 2**30)
     assert oom_bytes("something else") == 0
+
+
+def test_search_offers_prompt_sharing_off_last_for_the_step():
+    from gdpo_jax.scale.search import candidates
+
+    c = tiny_config()
+    step_knobs = candidates(c, "step", 8)
+    assert c.algo.share_prompt and {"algo.share_prompt": False} in step_knobs
+    train = [k for k in step_knobs if "mesh.shape" not in k and "sampling.rows_per_call" not in k]
+    assert train[-1] == {"algo.share_prompt": False}
+    c.algo.share_prompt = False
+    assert {"algo.share_prompt": False} not in candidates(c, "step", 8)

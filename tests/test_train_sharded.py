@@ -27,7 +27,7 @@ SC = StepConfig(
 )
 
 
-def _run(mesh, batches):
+def _run(mesh, batches, sc: StepConfig = SC):
     optim = base_config().optim
     optim.lr, optim.warmup_steps, optim.schedule = 1e-2, 1, "cosine"
     tx, schedule = state_lib.make_optimizer(optim, total_updates=4)
@@ -37,7 +37,7 @@ def _run(mesh, batches):
         graphdef=graphdef,
         tx=tx,
         schedule=schedule,
-        cfg=SC,
+        cfg=sc,
         state_shardings=state_lib.shardings_of(state),
         mesh=mesh,
     )

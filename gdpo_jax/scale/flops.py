@@ -13,6 +13,8 @@ kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
   sampling (per call):  prefill U prompts: U * (P m + u + a(P) * (P + 1) / 2)
                         decode B rows:     B * (C (m + u) + 4 L q (C P + C (C + 1) / 2))
   log-prob pass:        N * (T m + C u + a(T) * (T + 1) / 2)        (causal attention)
+  ... prompts shared:   N / S * (P m + a(P) (P + 1) / 2)             (algo.share_prompt: each
+                        + N * (C (m + u) + 4 L q (C P + C (C + 1) / 2))  prompt once per S = G rows)
   training:             E * (3 + remat) * log-prob pass FLOPs       (fwd + 2x bwd [+ fwd again])
 
 The roofline time of a phase is max(FLOPs / (n * peak), bytes / (n * HBM bw))
@@ -48,6 +50,7 @@ class StepShape:
     param_bytes: int  # storage bytes of the whole model (all devices)
     kv_bytes_per_token: int  # one token of one row, all layers, k and v
     prompt_share: int = 1  # rows reading one prompt's KV cache (G when shared)
+    train_prompt_share: int = 1  # rows per prompt forward in the step / log-prob pass
 
 
 def _matmul_flops(mc: ModelConfig) -> float:
@@ -67,7 +70,13 @@ def step_flops(mc: ModelConfig, s: StepShape) -> dict[str, float]:
     T = P + C
     prefill = s.prompts * (P * m + u + a * P * (P + 1) / 2)
     decode = s.rows * (C * (m + u) + a * (C * P + C * (C + 1) / 2))
-    one_pass = s.rows * (T * m + C * u + a * T * (T + 1) / 2)
+    if s.train_prompt_share > 1:  # each prompt once, its rows' completions over it
+        prompts = s.rows / s.train_prompt_share
+        one_pass = prompts * (P * m + a * P * (P + 1) / 2) + s.rows * (
+            C * (m + u) + a * (C * P + C * (C + 1) / 2)
+        )
+    else:
+        one_pass = s.rows * (T * m + C * u + a * T * (T + 1) / 2)
     logprob = s.logprob_passes * one_pass
     train = s.epochs * (3 + int(s.remat)) * one_pass
     out = dict(prefill=prefill, decode=decode, logprob=logprob, train=train)

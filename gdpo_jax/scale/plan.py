@@ -317,6 +317,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         ),
         kv_bytes_per_token=kv_tok,
         prompt_share=share,
+        train_prompt_share=max(sc.shared_group, 1),
     )
     fl = flops_lib.step_flops(mc, shape)
     roof = flops_lib.roofline(

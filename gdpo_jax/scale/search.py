@@ -5,8 +5,10 @@ dearest, aimed at the program that does not fit:
 
   generate  sampling.rows_per_call halved (more, smaller sampler calls)
   step      model.remat on; algo.logprob_chunk_size on / halved;
-            algo.num_microbatches doubled (fewer rows per device at a time)
-  logprob   algo.logprob_chunk_size; algo.num_microbatches doubled
+            algo.num_microbatches doubled (fewer rows per device at a time);
+            algo.share_prompt off (its completions' attention holds [T, P + C]
+            scores where a fused kernel would hold none; it saves the most time)
+  logprob   the same knobs as the step
   any       mesh.shape with every device on fsdp, then a tensor axis of 2, 4
 
 Each candidate must pass validate_config for the target; it is planned (only
@@ -74,6 +76,8 @@ def candidates(cfg: mlc.ConfigDict, binding: str, num_devices: int) -> list[dict
         if c >= 16
     ]
     train += [{"algo.num_microbatches": a.num_microbatches * k} for k in (2, 4, 8, 16)]
+    if a.get("share_prompt", False):
+        train.append({"algo.share_prompt": False})
     mesh = []
     for shape in ((1, -1, 1), (1, -1, 2), (1, -1, 4), (1, -1, 8)):
         if tuple(cfg.mesh.shape) != shape and num_devices % abs(shape[0] * shape[2]) == 0:

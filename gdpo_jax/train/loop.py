@@ -34,6 +34,7 @@ from gdpo_jax.train.config import (
 )
 from gdpo_jax.train.metrics import MetricsWriter
 from gdpo_jax.train.step import CompiledStep, StepConfig
+from gdpo_jax.train.step_config import check_group_prompts, share_prompt_blocker
 
 log = logging.getLogger("gdpo_jax.train")
 
@@ -65,7 +66,14 @@ class Trainer:
         self.mesh = mesh_lib.make_mesh(
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
         )
-        self.step_cfg = StepConfig.from_config(cfg)
+        shards = mesh_lib.batch_axis_size(self.mesh)
+        self.step_cfg = StepConfig.from_config(cfg, batch_shards=shards)
+        if cfg.algo.share_prompt and not self.step_cfg.share_prompt:
+            a = cfg.algo
+            log.info(
+                "algo.share_prompt is off for this run: %s",
+                share_prompt_blocker(a.num_prompts, a.num_minibatches * a.num_microbatches, shards),
+            )
         # Prompt widths of the sampler and the step (one step compilation each).
         self.prompt_buckets = prompt_buckets(cfg)
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
@@ -198,6 +206,10 @@ class Trainer:
         t0 = time.perf_counter()
         arrays, info = self._collect(step)
         t1 = time.perf_counter()
+        if self.step_cfg.share_prompt:  # cheap: [N, P] ints, on the host
+            check_group_prompts(
+                arrays["prompt_ids"], arrays["prompt_mask"], self.cfg.algo.group_size
+            )
         batch = distributed.to_global(arrays, self.mesh)
         if self.cfg.algo.old_logprobs == "recompute" and not self.step_cfg.old_logp_in_step:
             batch["old_logp"] = self.step.logprobs(self.state.params, batch)

@@ -127,6 +127,11 @@ def base_config() -> mlc.ConfigDict:
     c.algo.dynamic_sampling = False  # drop groups with no spread (per reward under GDPO), refill
     c.algo.dynamic_sampling_max_tries = 4
     c.algo.logprob_chunk_size = 0  # >0: chunked log-softmax, never [B, T, V] at once
+    # Run each prompt once per micro-batch, not once per completion (same maths;
+    # micro-/mini-batches become whole groups). Applies when every device's
+    # micro-batch is whole groups (num_prompts divisible by batch shards x
+    # num_minibatches x num_microbatches); otherwise the per-row forward is used.
+    c.algo.share_prompt = True
 
     c.sampling = mlc.ConfigDict()
     c.sampling.max_prompt_len = 128

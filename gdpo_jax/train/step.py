@@ -10,7 +10,11 @@ of the whole mini-batch's loss: grad(sum_1 + ... + sum_M) / (den_1 + ... + den_M
 Row layout: the batch is sharded over ("data", "fsdp") in contiguous blocks.
 Micro-batch j of U*M takes rows j, j + U*M, j + 2*U*M, ... ; as a reshape
 [N] -> [b, U*M] -> transpose, this keeps every micro-batch spread evenly over
-all batch shards (each device keeps its rows; no communication).
+all batch shards (each device keeps its rows; no communication). With
+`StepConfig.share_prompt` a block is instead a contiguous run of whole prompt
+groups from every shard (`_to_blocks`), so each prompt runs once per
+micro-batch (`models.prompt_sharing`) and a mini-batch is whole groups (as
+verl's contiguous mini-batch split of prompt-ordered rows).
 
 Batch (global arrays, leading dim N = num_prompts * group_size):
   prompt_ids i32[N,P] (left padded), prompt_mask i32[N,P],
@@ -41,6 +45,8 @@ from gdpo_jax.core.logprobs import (
     unembed_logits,
 )
 from gdpo_jax.core.losses import policy_loss
+from gdpo_jax.models.prompt_sharing import shared_prompt_hidden
+from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.state import TrainState
 from gdpo_jax.train.step_config import BATCH_KEYS, Batch, StepConfig, old_logp_in_step
@@ -60,19 +66,36 @@ __all__ = [
 
 # --------------------------------------------------------------------------- #
 def completion_logprobs(
-    model: nnx.Module, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 0
+    model: nnx.Module,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 0,
+    group: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies of the completion under `model`.
 
     One forward over prompt + completion; only the C positions that predict a
     completion token are unembedded (the prompt's logits are never made).
+    group > 1: rows are prompt-major groups of `group` rows sharing a prompt,
+    and each prompt runs once (`models.prompt_sharing`; same maths).
     Returns (logp f32[B,C], entropy f32[B,C]).
     """
-    prompt_len = batch["prompt_ids"].shape[1]
-    ids = jnp.concatenate([batch["prompt_ids"], batch["completion_ids"]], axis=1)
-    mask = jnp.concatenate([batch["prompt_mask"], batch["completion_mask"]], axis=1)
-    hidden = model(ids, mask, return_hidden=True)
-    hidden = hidden[:, prompt_len - 1 : -1]  # position t predicts token t + 1
+    if group > 1:
+        hidden = shared_prompt_hidden(
+            model,
+            batch["prompt_ids"],
+            batch["prompt_mask"],
+            batch["completion_ids"],
+            batch["completion_mask"],
+            group=group,
+        )
+    else:
+        prompt_len = batch["prompt_ids"].shape[1]
+        ids = jnp.concatenate([batch["prompt_ids"], batch["completion_ids"]], axis=1)
+        mask = jnp.concatenate([batch["prompt_mask"], batch["completion_mask"]], axis=1)
+        hidden = model(ids, mask, return_hidden=True)
+        hidden = hidden[:, prompt_len - 1 : -1]  # position t predicts token t + 1
     unembed = model.unembed_matrix()
     targets = batch["completion_ids"]
     if chunk_size:
@@ -88,15 +111,40 @@ def completion_logprobs(
     )
 
 
-def _to_blocks(x: jax.Array, n_blocks: int) -> jax.Array:
-    """[N, ...] -> [n_blocks, N / n_blocks, ...], block j = rows j, j + n_blocks, ..."""
-    return jnp.swapaxes(x.reshape(x.shape[0] // n_blocks, n_blocks, *x.shape[1:]), 0, 1)
+def _to_blocks(x: jax.Array, n_blocks: int, shards: int = 0) -> jax.Array:
+    """[N, ...] -> [n_blocks, N / n_blocks, ...].
+
+    shards == 0 (strided): block j = rows j, j + n_blocks, j + 2 n_blocks, ...
+    shards >= 1 (grouped): the N rows are `shards` contiguous shards, and block
+    j = the j-th contiguous run of N / (shards n_blocks) rows of every shard,
+    shard by shard: whole prompt groups when the runs are multiples of G.
+    Either way every block keeps its rows on the shards that hold them.
+    """
+    if not shards:
+        return jnp.swapaxes(x.reshape(x.shape[0] // n_blocks, n_blocks, *x.shape[1:]), 0, 1)
+    run = x.shape[0] // (shards * n_blocks)
+    y = jnp.swapaxes(x.reshape(shards, n_blocks, run, *x.shape[1:]), 0, 1)
+    y = y.reshape(n_blocks, shards * run, *x.shape[1:])
+    mesh = context_mesh()  # keep the rows' batch sharding in the type (Explicit axes)
+    if mesh is None:
+        return y
+    return constrain(y, mesh, sanitize_spec((None, BATCH_AXES), y.shape, mesh))
 
 
-def _from_blocks(x: jax.Array) -> jax.Array:
+def _from_blocks(x: jax.Array, shards: int = 0) -> jax.Array:
     """Inverse of _to_blocks: [n_blocks, b, ...] -> [b * n_blocks, ...]."""
-    y = jnp.swapaxes(x, 0, 1)
-    return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+    if not shards:
+        y = jnp.swapaxes(x, 0, 1)
+        return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
+    n_blocks, b = x.shape[:2]
+    y = jnp.swapaxes(x.reshape(n_blocks, shards, b // shards, *x.shape[2:]), 0, 1)
+    shape = (n_blocks * b, *x.shape[2:])
+    mesh = context_mesh()
+    if mesh is None or not is_explicit(mesh):
+        return y.reshape(shape)
+    # Explicit axes: JAX does not infer the merged dim's sharding; the rows go
+    # back to the batch shards that hold them.
+    return jax.lax.reshape(y, shape, out_sharding=sanitize_spec((BATCH_AXES,), shape, mesh))
 
 
 def _combine(a: dict, b: dict) -> dict:
@@ -167,13 +215,18 @@ def train_step(
     if use_ref:
         data["ref_logp"] = batch["ref_logp"]
     U, M = cfg.num_minibatches, cfg.num_microbatches
-    blocks = jax.tree.map(lambda x: _to_blocks(x, U * M), data)
+    shards = cfg.layout_shards(batch["prompt_ids"].shape[0])
+    blocks = jax.tree.map(lambda x: _to_blocks(x, U * M, shards), data)
     blocks = jax.tree.map(lambda x: x.reshape(U, M, *x.shape[1:]), blocks)
 
     def micro_loss(params, mb):
         model = nnx.merge(graphdef, params)
         logp, ent = completion_logprobs(
-            model, mb, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size
+            model,
+            mb,
+            temperature=cfg.temperature,
+            chunk_size=cfg.logprob_chunk_size,
+            group=cfg.shared_group,
         )
         if cfg.entropy_coef == 0:
             ent = jax.lax.stop_gradient(ent)  # metric only
@@ -293,15 +346,20 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
     """
     n_blocks = cfg.num_minibatches * cfg.num_microbatches
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
-    blocks = {k: _to_blocks(batch[k], n_blocks) for k in keys}
+    shards = cfg.layout_shards(batch["prompt_ids"].shape[0])
+    blocks = {k: _to_blocks(batch[k], n_blocks, shards) for k in keys}
     model = nnx.merge(graphdef, params)
 
     def one(mb):
         return completion_logprobs(
-            model, mb, temperature=cfg.temperature, chunk_size=cfg.logprob_chunk_size
+            model,
+            mb,
+            temperature=cfg.temperature,
+            chunk_size=cfg.logprob_chunk_size,
+            group=cfg.shared_group,
         )[0]
 
-    return _from_blocks(jax.lax.map(one, blocks))
+    return _from_blocks(jax.lax.map(one, blocks), shards)
 
 
 class CompiledStep:
@@ -328,6 +386,12 @@ class CompiledStep:
                 f"StepConfig(old_logp_in_step=True) needs updates_per_step == 1 (got "
                 f"{cfg.updates_per_step}) and kl_in_reward == 0 (got {cfg.kl_in_reward}): "
                 "otherwise the old log-probs must be computed before the update."
+            )
+        if cfg.share_prompt and cfg.batch_shards != mesh_lib.batch_axis_size(mesh):
+            raise ValueError(
+                f"StepConfig(share_prompt=True) was built for {cfg.batch_shards} batch shard(s), "
+                f"the mesh has {mesh_lib.batch_axis_size(mesh)}; build it with "
+                "StepConfig.from_config(cfg, batch_shards=sharding.batch_axis_size(mesh))."
             )
         base = tuple(k for k in BATCH_KEYS if not (cfg.old_logp_in_step and k == "old_logp"))
         keys = tuple(batch_keys or base + (("ref_logp",) if cfg.needs_ref else ()))

@@ -1,7 +1,8 @@
 """The step's static settings: `StepConfig` (hashable, bound into the jitted step
 with functools.partial), its builder from the run config (`StepConfig.from_config`),
-the batch keys the step reads, and the rule for taking the old log-probs from the
-step's own forward (`old_logp_in_step`).
+the batch keys the step reads, the rule for taking the old log-probs from the
+step's own forward (`old_logp_in_step`), and when each prompt can run once per
+micro-batch (`share_prompt_blocker`, `check_group_prompts`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 Batch = dict[str, jax.Array]
 BATCH_KEYS = (
@@ -51,18 +53,53 @@ class StepConfig:
     # True: the old log-probs are stop_gradient(the step's own log-probs), no
     # separate forward pass and no "old_logp" batch key (see old_logp_in_step).
     old_logp_in_step: bool = False
+    # True: each micro-batch runs each distinct prompt once (models.prompt_sharing),
+    # and micro-/mini-batches are whole groups (`layout_shards`). Needs rows
+    # grouped by prompt, group_size rows each, and the batch's `batch_shards`.
+    share_prompt: bool = False
+    group_size: int = 0
+    batch_shards: int = 1
 
     @property
     def needs_ref(self) -> bool:
         return self.beta > 0 or self.kl_in_reward > 0
 
     @property
+    def shared_group(self) -> int:
+        """Rows per shared prompt in `completion_logprobs` (0: every row runs its own)."""
+        return self.group_size if self.share_prompt else 0
+
+    def layout_shards(self, rows: int) -> int:
+        """The step's row layout for a batch of `rows` rows: 0 = strided blocks
+        (block j = rows j, j + n, ...), else the grouped layout over this many
+        contiguous batch shards (step._to_blocks). Raises if `rows` cannot be cut
+        into whole groups that way."""
+        if not self.share_prompt:
+            return 0
+        blocks = self.num_minibatches * self.num_microbatches
+        why = share_prompt_blocker(self.num_groups, blocks, self.batch_shards)
+        if why or rows != self.num_groups * self.group_size:
+            raise ValueError(
+                f"StepConfig(share_prompt=True): {rows} rows, {self.num_groups} groups of "
+                f"{self.group_size}: {why or 'rows != groups x group_size'}; "
+                "set config.algo.share_prompt=False."
+            )
+        return self.batch_shards
+
+    @property
     def updates_per_step(self) -> int:
         return self.num_epochs * self.num_minibatches
 
     @classmethod
-    def from_config(cls, cfg) -> StepConfig:
+    def from_config(cls, cfg, batch_shards: int = 1) -> StepConfig:
+        """The step's settings from a run config; `batch_shards`: the mesh's batch
+        shard count (``sharding.batch_axis_size``), which decides whether
+        `algo.share_prompt` can apply (`share_prompt_blocker`)."""
         a = cfg.algo
+        blocks = a.num_minibatches * a.num_microbatches
+        share = bool(a.get("share_prompt", False)) and not share_prompt_blocker(
+            a.num_prompts, blocks, batch_shards
+        )
         return cls(
             num_groups=a.num_prompts,
             estimator=a.estimator,
@@ -89,7 +126,43 @@ class StepConfig:
                 updates_per_step=a.num_epochs * a.num_minibatches,
                 kl_in_reward=a.kl_in_reward,
             ),
+            share_prompt=share,
+            group_size=a.group_size,
+            batch_shards=batch_shards,
         )
+
+
+def share_prompt_blocker(num_prompts: int, blocks: int, batch_shards: int) -> str:
+    """Why each prompt cannot run once per micro-batch ("" if it can).
+
+    Every device's share of every micro-batch must be whole groups: the
+    `num_prompts` groups split evenly over `batch_shards` x `blocks`
+    (num_minibatches x num_microbatches) pieces.
+    """
+    if num_prompts % (batch_shards * blocks):
+        return (
+            f"algo.num_prompts={num_prompts} is not a multiple of {batch_shards} batch "
+            f"shard(s) x {blocks} (num_minibatches x num_microbatches), so a device's "
+            "micro-batch would split a group"
+        )
+    return ""
+
+
+def check_group_prompts(prompt_ids: np.ndarray, prompt_mask: np.ndarray, group_size: int) -> None:
+    """Raises unless the rows (host arrays [N, P]) are prompt-major groups of
+    `group_size` rows with one prompt each: what `share_prompt` assumes."""
+    for name, x in (("prompt_ids", prompt_ids), ("prompt_mask", prompt_mask)):
+        x = np.asarray(x)
+        if x.shape[0] % group_size:
+            raise ValueError(f"{name}: {x.shape[0]} rows are not groups of {group_size}.")
+        g = x.reshape(x.shape[0] // group_size, group_size, -1)
+        bad = np.flatnonzero(np.any(g != g[:, :1], axis=(1, 2)))
+        if bad.size:
+            raise ValueError(
+                f"{name}: group {int(bad[0])} (rows {int(bad[0]) * group_size}.."
+                f"{(int(bad[0]) + 1) * group_size - 1}) holds different prompts, but "
+                "algo.share_prompt runs one prompt per group; set config.algo.share_prompt=False."
+            )
 
 
 def old_logp_in_step(old_logprobs: str, *, updates_per_step: int, kl_in_reward: float) -> bool:
@@ -103,7 +176,3 @@ def old_logp_in_step(old_logprobs: str, *, updates_per_step: int, kl_in_reward: 
     (its penalty enters the advantages, before any gradient is taken).
     """
     return old_logprobs == "recompute" and updates_per_step == 1 and kl_in_reward == 0
-
-
-# --------------------------------------------------------------------------- #
-# Log-probs of the completion tokens.

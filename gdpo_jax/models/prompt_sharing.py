@@ -1,0 +1,98 @@
+"""A training forward that runs each distinct prompt once, not once per completion.
+
+A rollout batch holds G completions of every prompt, and the ordinary forward over
+[prompt | completion] rows runs each prompt through every layer G times (with
+its gradient, and again for the reference / old log-probs). Here the U distinct
+prompts run once ([U, P], a fresh-cache prefill that keeps each layer's K/V),
+then the B = U * G rows (each its prompt's last token and its completion) run
+over them as a KVCache's shared prefix: every completion query reads its
+prompt's keys and then its own, under one softmax (`_attention_shared_prefix`,
+the decode's shared-prompt path). Autodiff sums the G rows' gradients into
+their prompt's single forward.
+
+The maths is the per-row forward's; only the order of f32 sums differs (the
+attention output is prompt part + own part; the prompt's weight gradients are
+summed over U rows instead of B), about 1e-6 in f32. What it saves is the
+prompt's share of the tokens times (G - 1) / G: little for short prompts,
+most of the step for the paper's tool-calling prompts (up to 2048 tokens
+against 1024 new ones). The completions' attention is the einsum path (the
+fused kernels take self-attention only), so their [B, T, P + C] scores are
+materialized as with `model.attention="xla"`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from gdpo_jax.models.kvcache import KVCache
+from gdpo_jax.models.transformer import Transformer, _constrain
+from gdpo_jax.sharding import BATCH_AXES
+
+__all__ = ["shared_prompt_hidden"]
+
+
+def _place(cache: KVCache) -> KVCache:
+    """The cache's buffers batch-sharded (kv heads over "tensor") when a mesh is
+    in context, as ``init_cache`` places a concrete one; inside jit its zeros
+    would otherwise be replicated, and an Explicit mesh would keep them so."""
+
+    def leaf(x: jax.Array) -> jax.Array:
+        if x.ndim == 5:  # stacked k / v: [L, B, Hkv, ...]
+            return _constrain(x, (None, BATCH_AXES, "tensor", None, None))
+        if x.ndim == 4:  # per-layer k / v: [B, Hkv, ...]
+            return _constrain(x, (BATCH_AXES, "tensor", None, None))
+        return _constrain(x, (BATCH_AXES, None)) if x.ndim == 2 else x
+
+    return jax.tree.map(leaf, cache)
+
+
+def shared_prompt_hidden(
+    model: Transformer,
+    prompt_ids: jax.Array,
+    prompt_mask: jax.Array,
+    completion_ids: jax.Array,
+    completion_mask: jax.Array,
+    *,
+    group: int,
+) -> jax.Array:
+    """Final-normed hidden states f[B, C, D] at the C positions that predict the
+    completion's tokens (the last prompt position, then completion positions
+    0..C-2): ``model(concat(prompt, completion))[:, P-1:-1]`` with each prompt run once.
+
+    prompt_ids, prompt_mask i32[B, P] (left padded); completion_ids,
+    completion_mask i32[B, C] (right padded). Rows are prompt-major: rows
+    u*group .. u*group + group - 1 hold the same prompt (only row u*group's is
+    read; ``step_config.check_group_prompts`` checks a host batch). B must be a
+    multiple of `group`.
+    """
+    (B, P), C = prompt_ids.shape, completion_ids.shape[1]
+    if group < 1 or B % group:
+        raise ValueError(f"shared_prompt_hidden: {B} rows are not whole groups of {group}.")
+    U = B // group
+    # The prefix is the prompt but its last column: that column (a real token:
+    # prompts are left padded) opens each row's own pass, whose outputs are then
+    # exactly the C predicting positions (no per-row copy of a prompt state).
+    # The prefix pass still runs all P columns (the last one masked out of the
+    # prefix), so a kernel sees the prompt width it was bucketed to.
+    pid = prompt_ids.reshape(U, group, P)[:, 0]
+    pmask = prompt_mask.reshape(U, group, P)[:, 0].astype(jnp.int32)
+    pmask = pmask * (jnp.arange(P) < P - 1).astype(jnp.int32)
+    pid, pmask = (_constrain(x, (BATCH_AXES, None)) for x in (pid, pmask))
+    prefix, own = model.init_cache(U, P), model.init_cache(B, C)
+    if not model.cfg.scan_layers:
+        # Per-layer buffers: the unrolled layers each read and write their own
+        # (no stacked [L, ...] buffer sliced per layer, nor its gradient padded).
+        prefix, own = prefix.unstacked(), own.unstacked()
+    _, prefix = model(pid, pmask, cache=_place(prefix), fresh_cache=True, return_hidden=True)
+    own = _place(own).replace(prefix_k=prefix.k, prefix_v=prefix.v, prefix_mask=prefix.mask)
+    ids = jnp.concatenate([prompt_ids[:, -1:], completion_ids[:, :-1]], axis=1)
+    mask = jnp.concatenate([prompt_mask[:, -1:], completion_mask[:, :-1]], axis=1)
+    mask = mask.astype(jnp.int32)
+    # Positions as in the per-row forward: the prefix's valid tokens come first.
+    prefix_len = jnp.sum(prompt_mask[:, :-1].astype(jnp.int32), axis=1, keepdims=True)
+    positions = jnp.maximum(prefix_len + jnp.cumsum(mask, axis=1) - 1, 0)
+    hidden, _ = model(
+        ids, mask, positions=positions, cache=own, fresh_cache=True, return_hidden=True
+    )
+    return hidden

@@ -1,0 +1,227 @@
+"""Each prompt run once per micro-batch (`algo.share_prompt`) == the per-row forward.
+
+References: the model's ordinary forward over [prompt | completion] rows (the
+path the HF parity tests pin), the step without sharing, hand-worked row
+layouts, and SGD updates written out by hand on whole-group mini-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gdpo_jax.models import ModelConfig
+from gdpo_jax.models.prompt_sharing import shared_prompt_hidden
+from gdpo_jax.models.sharding import create_model
+from gdpo_jax.train import distributed
+from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax.train.config import base_config
+from gdpo_jax.train.step import StepConfig, _from_blocks, _to_blocks
+from gdpo_jax.train.step_config import check_group_prompts, share_prompt_blocker
+from tests.test_train_sharded import SC, _run
+from tests.test_train_step import (
+    CFG,
+    NUM_GROUPS,
+    G,
+    K,
+    N,
+    _sgd_step,
+    make_batch,
+    np_advantages,
+    reference_loss,
+)
+
+
+def shared_batch(seed: int, **kw) -> dict[str, np.ndarray]:
+    """make_batch with one prompt per group (row g*G's), as rollouts give."""
+    b = make_batch(seed, **kw)
+    for k in ("prompt_ids", "prompt_mask"):
+        b[k] = np.repeat(b[k][::G], G, axis=0)
+    return b
+
+
+def _rows(U: int, R: int, P: int, C: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    r = np.random.default_rng(seed)
+    pm = np.ones((U, P), np.int32)
+    pm[0, :2] = 0
+    pm[-1, :-1] = 0  # a prompt of one real token: its prefix is empty
+    lens = r.integers(1, C + 1, U * R)
+    cm = (np.arange(C)[None] < lens[:, None]).astype(np.int32)
+    return {
+        "prompt_ids": np.repeat(np.where(pm, r.integers(3, vocab, (U, P)), 0), R, 0),
+        "prompt_mask": np.repeat(pm, R, 0),
+        "completion_ids": np.where(cm, r.integers(3, vocab, (U * R, C)), 0).astype(np.int32),
+        "completion_mask": cm,
+    }
+
+
+# ------------------------------------------------------------------ the model
+@pytest.mark.parametrize(
+    "scan,extra",
+    [(True, {}), (False, {}), (True, {"qk_norm": True, "attention_bias": True, "remat": True})],
+)
+def test_shared_prompt_hidden_equals_per_row_forward_and_its_gradient(scan, extra):
+    cfg = ModelConfig.tiny(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        scan_layers=scan,
+        **extra,
+    )
+    graphdef, params = nnx.split(create_model(cfg, seed=1))
+    U, R, P, C = 3, 4, 6, 5
+    b = {k: jnp.asarray(v) for k, v in _rows(U, R, P, C, 64).items()}
+    valid = b["completion_mask"][..., None].astype(jnp.float32)
+    probe = jax.random.normal(jax.random.key(0), (U * R, C, 32))
+
+    def per_row(p):
+        m = nnx.merge(graphdef, p)
+        ids = jnp.concatenate([b["prompt_ids"], b["completion_ids"]], 1)
+        mask = jnp.concatenate([b["prompt_mask"], b["completion_mask"]], 1)
+        return m(ids, mask, return_hidden=True)[:, P - 1 : -1]
+
+    def shared(p):
+        m = nnx.merge(graphdef, p)
+        return shared_prompt_hidden(
+            m, b["prompt_ids"], b["prompt_mask"], b["completion_ids"], b["completion_mask"], group=R
+        )
+
+    want, got = jax.jit(per_row)(params), jax.jit(shared)(params)
+    assert got.shape == want.shape == (U * R, C, 32)
+    np.testing.assert_allclose(np.asarray(got * valid), np.asarray(want * valid), atol=2e-5)
+    g_want, g_got = (
+        jax.jit(jax.grad(lambda p, f=f: jnp.sum(f(p) * probe * valid)))(params)
+        for f in (per_row, shared)
+    )
+    jax.tree.map(
+        lambda a, c: np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-4, atol=5e-5),
+        g_got,
+        g_want,
+    )
+
+
+def test_shared_prompt_hidden_rejects_rows_that_are_not_whole_groups():
+    model = create_model(CFG, seed=0)
+    b = _rows(2, 3, 4, 3, 64)
+    with pytest.raises(ValueError, match="not whole groups of 4"):
+        shared_prompt_hidden(model, *(b[k] for k in b), group=4)
+
+
+# ------------------------------------------------------------------ the layout
+def test_grouped_blocks_are_contiguous_runs_of_every_shard():
+    x = jnp.arange(8)
+    # Hand-worked: 2 shards [0..3] [4..7], 2 blocks: runs of 2 rows per shard.
+    np.testing.assert_array_equal(_to_blocks(x, 2, shards=2), [[0, 1, 4, 5], [2, 3, 6, 7]])
+    np.testing.assert_array_equal(_to_blocks(x, 2, shards=1), [[0, 1, 2, 3], [4, 5, 6, 7]])
+    np.testing.assert_array_equal(_to_blocks(x, 2), [[0, 2, 4, 6], [1, 3, 5, 7]])  # strided
+    y = jnp.arange(24).reshape(12, 2)
+    for shards in (0, 1, 2, 3):
+        np.testing.assert_array_equal(_from_blocks(_to_blocks(y, 2, shards), shards), y)
+
+
+def test_from_config_shares_only_whole_groups_per_device_micro_batch():
+    c = base_config()
+    c.algo.num_prompts, c.algo.group_size, c.algo.num_microbatches = 8, 4, 4
+    sc = StepConfig.from_config(c, batch_shards=2)
+    assert (sc.share_prompt, sc.shared_group, sc.batch_shards) == (True, 4, 2)
+    assert sc.layout_shards(32) == 2
+    with pytest.raises(ValueError, match="share_prompt=False"):
+        sc.layout_shards(24)  # not the configured groups
+    c.algo.num_minibatches = 2  # 8 prompts over 2 shards x 8 blocks: a group would split
+    assert not StepConfig.from_config(c, batch_shards=2).share_prompt
+    assert "num_prompts=8 is not a multiple of 2 batch shard(s) x 8" in share_prompt_blocker(
+        8, 8, 2
+    )
+    assert share_prompt_blocker(16, 8, 2) == ""
+    c.algo.num_minibatches, c.algo.share_prompt = 1, False
+    sc = StepConfig.from_config(c, batch_shards=2)
+    assert not sc.share_prompt and sc.shared_group == 0 and sc.layout_shards(32) == 0
+
+
+def test_check_group_prompts_names_the_first_mixed_group():
+    b = shared_batch(0)
+    check_group_prompts(b["prompt_ids"], b["prompt_mask"], G)
+    b["prompt_ids"][2 * G + 1, -1] += 1
+    with pytest.raises(ValueError, match=r"prompt_ids: group 2 \(rows 8..11\).*share_prompt=False"):
+        check_group_prompts(b["prompt_ids"], b["prompt_mask"], G)
+
+
+# ------------------------------------------------------------------ the step
+def _share(sc: StepConfig, shards: int = 1) -> StepConfig:
+    return dataclasses.replace(sc, share_prompt=True, group_size=G, batch_shards=shards)
+
+
+@pytest.mark.parametrize("micro,beta,old_in_step", [(1, 0.0, False), (2, 0.04, True)])
+def test_step_with_shared_prompts_equals_the_per_row_step(micro, beta, old_in_step):
+    batch = shared_batch(6, with_ref=beta > 0)
+    plain = StepConfig(
+        num_groups=NUM_GROUPS, num_microbatches=micro, beta=beta, old_logp_in_step=old_in_step
+    )
+    outs = []
+    for sc in (plain, _share(plain)):
+        _, state, step = _sgd_step(sc, create_model(CFG, seed=0))
+        b = {k: v for k, v in batch.items() if not (old_in_step and k == "old_logp")}
+        new_state, metrics = step(state, distributed.to_global(b, None))
+        lp = step.logprobs(new_state.params, distributed.to_global(b, None))
+        outs.append((jax.tree.map(np.asarray, new_state.params), metrics, np.asarray(lp)))
+    (p0, m0, l0), (p1, m1, l1) = outs
+    jax.tree.map(lambda a, c: np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-6), p1, p0)
+    assert m0.keys() == m1.keys()
+    for k in m0:
+        np.testing.assert_allclose(float(m1[k]), float(m0[k]), rtol=1e-5, atol=1e-6, err_msg=k)
+    np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_minibatches_are_whole_groups_updated_in_order():
+    """2 mini-batches with sharing == SGD by hand on groups {0, 1} then {2, 3}
+    (verl's contiguous split), each with the whole batch's advantages."""
+    batch = shared_batch(3)
+    sc = _share(StepConfig(num_groups=NUM_GROUPS, num_minibatches=2))
+    graphdef, state, step = _sgd_step(sc, create_model(CFG, seed=0))
+    params = jax.tree.map(jnp.asarray, jax.tree.map(np.asarray, state.params))
+    got, _ = step(state, distributed.to_global(batch, None))
+    adv = np_advantages(batch["rewards"], batch["group_ids"], "gdpo", np.ones(K))
+    for rows in (slice(0, N // 2), slice(N // 2, N)):
+        sub = {k: jnp.asarray(v[rows]) for k, v in batch.items()}
+        g = jax.grad(reference_loss)(params, graphdef, sub, jnp.asarray(adv[rows], jnp.float32), sc)
+        params = jax.tree.map(lambda p, d: p - d, params, g)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
+        got.params,
+        params,
+    )
+
+
+@pytest.mark.parametrize("axis_types", ["explicit", "auto"])
+def test_shared_step_sharded_equals_unsharded(axis_types):
+    batches = [shared_batch(10, with_ref=True), shared_batch(11, with_ref=True)]
+    batches[1]["valid"][-G:] = False
+    ref_state, ref_metrics, _ = _run(None, batches, _share(SC))
+    mesh = mesh_lib.make_mesh((2, 1, 4), axis_types=axis_types)  # 2 batch shards
+    assert mesh_lib.batch_axis_size(mesh) == 2
+    state, metrics, step = _run(mesh, batches, _share(SC, shards=2))
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6),
+        state.params,
+        ref_state.params,
+    )
+    for got, ref in zip(metrics, ref_metrics):
+        for k in ref:
+            np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert step.compile_count() == 1
+    # The log-prob pass under the mesh: the unsharded shared pass's values.
+    _, _, ref_step = _run(None, batches[:1], _share(SC))
+    want = ref_step.logprobs(ref_state.params, distributed.to_global(batches[0], None))
+    got = step.logprobs(state.params, distributed.to_global(batches[0], mesh))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="built for 1 batch shard"):
+        _run(mesh, batches[:1], _share(SC, shards=1))
