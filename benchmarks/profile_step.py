@@ -67,6 +67,10 @@ def _trainer(microbatches: int, beta: float, scan_layers: bool = True) -> tuple[
     c.algo.estimator, c.algo.beta, c.algo.kl_estimator = "gdpo", beta, "k3"
     c.algo.group_size, c.algo.num_prompts = B.GENERATIONS, B.PROMPTS
     c.algo.aggregation, c.algo.num_microbatches = "grpo", microbatches
+    # The per-row forward, as in the committed profiles: prompt sharing (bench_rl's
+    # default since) changes the row layout per micro-batch count; bench_prompt_sharing
+    # times it against this form.
+    c.algo.share_prompt = False
     c.sampling.max_new_tokens, c.sampling.max_prompt_len = B.NEW_TOKENS, B.PROMPT_WORDS + 1
     c.mesh.num_devices, c.train.num_steps, c.train.progress_bar = 1, 10, False
     trainer = Trainer(c, task=TaskData(train=[{"prompt": p} for p in B.prompts(64)], eval=[]))
