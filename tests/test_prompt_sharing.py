@@ -205,7 +205,7 @@ def test_shared_minibatches_are_whole_groups_updated_in_order():
 def test_shared_step_sharded_equals_unsharded(axis_types):
     batches = [shared_batch(10, with_ref=True), shared_batch(11, with_ref=True)]
     batches[1]["valid"][-G:] = False
-    ref_state, ref_metrics, _ = _run(None, batches, _share(SC))
+    ref_state, ref_metrics, ref_step = _run(None, batches, _share(SC))
     mesh = mesh_lib.make_mesh((2, 1, 4), axis_types=axis_types)  # 2 batch shards
     assert mesh_lib.batch_axis_size(mesh) == 2
     state, metrics, step = _run(mesh, batches, _share(SC, shards=2))
@@ -219,7 +219,6 @@ def test_shared_step_sharded_equals_unsharded(axis_types):
             np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=1e-6, err_msg=k)
     assert step.compile_count() == 1
     # The log-prob pass under the mesh: the unsharded shared pass's values.
-    _, _, ref_step = _run(None, batches[:1], _share(SC))
     want = ref_step.logprobs(ref_state.params, distributed.to_global(batches[0], None))
     got = step.logprobs(state.params, distributed.to_global(batches[0], mesh))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
