@@ -25,26 +25,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.models.transformer import Transformer, _constrain
 from gdpo_jax.sharding import BATCH_AXES
 
 __all__ = ["shared_prompt_hidden"]
-
-
-def _place(cache: KVCache) -> KVCache:
-    """The cache's buffers batch-sharded (kv heads over "tensor") when a mesh is
-    in context, as ``init_cache`` places a concrete one; inside jit its zeros
-    would otherwise be replicated, and an Explicit mesh would keep them so."""
-
-    def leaf(x: jax.Array) -> jax.Array:
-        if x.ndim == 5:  # stacked k / v: [L, B, Hkv, ...]
-            return _constrain(x, (None, BATCH_AXES, "tensor", None, None))
-        if x.ndim == 4:  # per-layer k / v: [B, Hkv, ...]
-            return _constrain(x, (BATCH_AXES, "tensor", None, None))
-        return _constrain(x, (BATCH_AXES, None)) if x.ndim == 2 else x
-
-    return jax.tree.map(leaf, cache)
 
 
 def shared_prompt_hidden(
@@ -79,13 +63,14 @@ def shared_prompt_hidden(
     pmask = prompt_mask.reshape(U, group, P)[:, 0].astype(jnp.int32)
     pmask = pmask * (jnp.arange(P) < P - 1).astype(jnp.int32)
     pid, pmask = (_constrain(x, (BATCH_AXES, None)) for x in (pid, pmask))
+    # init_cache places the buffers by the context mesh (batch-sharded).
     prefix, own = model.init_cache(U, P), model.init_cache(B, C)
     if not model.cfg.scan_layers:
         # Per-layer buffers: the unrolled layers each read and write their own
         # (no stacked [L, ...] buffer sliced per layer, nor its gradient padded).
         prefix, own = prefix.unstacked(), own.unstacked()
-    _, prefix = model(pid, pmask, cache=_place(prefix), fresh_cache=True, return_hidden=True)
-    own = _place(own).replace(prefix_k=prefix.k, prefix_v=prefix.v, prefix_mask=prefix.mask)
+    _, prefix = model(pid, pmask, cache=prefix, fresh_cache=True, return_hidden=True)
+    own = own.replace(prefix_k=prefix.k, prefix_v=prefix.v, prefix_mask=prefix.mask)
     ids = jnp.concatenate([prompt_ids[:, -1:], completion_ids[:, :-1]], axis=1)
     mask = jnp.concatenate([prompt_mask[:, -1:], completion_mask[:, :-1]], axis=1)
     mask = mask.astype(jnp.int32)

@@ -167,7 +167,8 @@ class Transformer(nnx.Module):
         """Empty KVCache for `batch` rows and `max_len` slots (prompt + new tokens).
 
         Sharded over the batch (and kv heads over "tensor") when the params
-        live on a multi-device mesh.
+        live on a multi-device mesh, or (inside jit, params traced) by the same
+        rule under the context mesh, where zeros would otherwise be replicated.
         """
         cfg = self.cfg
         dt = jnp.dtype(dtype or cfg.dtype)
@@ -181,12 +182,17 @@ class Transformer(nnx.Module):
             kv_sh = jax.NamedSharding(mesh, kv_spec)
             mask_sh = jax.NamedSharding(mesh, P(kv_spec[1], None))
             idx_sh = jax.NamedSharding(mesh, P())
-        return KVCache(
+        cache = KVCache(
             k=jnp.zeros(k_shape, dt, device=kv_sh),
             v=jnp.zeros(shape, dt, device=kv_sh),
             mask=jnp.zeros((batch, max_len), bool, device=mask_sh),
             index=jnp.zeros((), jnp.int32, device=idx_sh),
         )
+        if mesh is not None:
+            return cache
+        kv = (None, BATCH_AXES, "tensor", None, None)
+        k, v, m = _constrain(cache.k, kv), _constrain(cache.v, kv), cache.mask
+        return cache.replace(k=k, v=v, mask=_constrain(m, (BATCH_AXES, None)))
 
     # --------------------------------------------------------------- forward
     def __call__(
