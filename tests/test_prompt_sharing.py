@@ -61,30 +61,35 @@ def _rows(U: int, R: int, P: int, C: int, vocab: int, seed: int = 0) -> dict[str
 
 
 # ------------------------------------------------------------------ the model
+def _small(**kw) -> ModelConfig:
+    dims = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2)
+    return ModelConfig.tiny(**{**dims, "num_heads": 4, "num_kv_heads": 2, "head_dim": 8, **kw})
+
+
 @pytest.mark.parametrize(
     "scan,extra",
-    [(True, {}), (False, {}), (True, {"qk_norm": True, "attention_bias": True, "remat": True})],
+    [
+        (True, {}),
+        (False, {}),
+        (True, {"qk_norm": True, "attention_bias": True, "remat": True}),
+        # The completions' attention through a fused kernel (_attention_prefix_kernel):
+        # jax.nn.dot_product_attention's XLA kernel (cuDNN's API), and splash (interpret).
+        (True, {"attention": "dpa"}),
+        (False, {"attention": "splash"}),
+    ],
 )
 def test_shared_prompt_hidden_equals_per_row_forward_and_its_gradient(scan, extra):
-    cfg = ModelConfig.tiny(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        scan_layers=scan,
-        **extra,
-    )
+    cfg = _small(scan_layers=scan, **extra)
     graphdef, params = nnx.split(create_model(cfg, seed=1))
+    # The reference is the per-row forward with the einsum attention.
+    ref_graphdef = nnx.graphdef(create_model(dataclasses.replace(cfg, attention="xla"), seed=1))
     U, R, P, C = 3, 4, 6, 5
     b = {k: jnp.asarray(v) for k, v in _rows(U, R, P, C, 64).items()}
     valid = b["completion_mask"][..., None].astype(jnp.float32)
     probe = jax.random.normal(jax.random.key(0), (U * R, C, 32))
 
     def per_row(p):
-        m = nnx.merge(graphdef, p)
+        m = nnx.merge(ref_graphdef, p)
         ids = jnp.concatenate([b["prompt_ids"], b["completion_ids"]], 1)
         mask = jnp.concatenate([b["prompt_mask"], b["completion_mask"]], 1)
         return m(ids, mask, return_hidden=True)[:, P - 1 : -1]
@@ -107,6 +112,33 @@ def test_shared_prompt_hidden_equals_per_row_forward_and_its_gradient(scan, extr
         g_got,
         g_want,
     )
+
+
+@pytest.mark.parametrize("axis_types", ["explicit", "auto"])
+def test_shared_prompt_splash_under_a_mesh_equals_unsharded(axis_types):
+    """The prompt-prefixed splash call per shard (shard_map with the keys' own
+    segment ids): the unsharded einsum path's hidden states and gradients."""
+    cfg = _small(num_layers=1)
+    model = create_model(cfg, seed=2)
+    splash = nnx.merge(
+        nnx.graphdef(create_model(dataclasses.replace(cfg, attention="splash"), seed=2)),
+        nnx.state(model),
+    )
+    U, R, P, C = 4, 2, 5, 7
+    b = _rows(U, R, P, C, 64, seed=3)
+    args = [jnp.asarray(b[k]) for k in b]
+    probe = jax.random.normal(jax.random.key(1), (U * R, C, 32)) * args[3][..., None]
+
+    def loss(m):
+        return jnp.sum(shared_prompt_hidden(m, *args, group=R) * probe)
+
+    want = jax.jit(nnx.value_and_grad(loss))(model)
+    with jax.set_mesh(mesh_lib.make_mesh((2, 2, 2), axis_types=axis_types)):
+        got = jax.jit(nnx.value_and_grad(loss))(splash)
+    np.testing.assert_allclose(float(got[0]), float(want[0]), rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(want[1]), jax.tree.leaves(got[1])):
+        x, y = np.asarray(x), np.asarray(y)
+        assert np.abs(x - y).max() <= 1e-5 * np.abs(x).max() + 1e-7
 
 
 def test_shared_prompt_hidden_rejects_rows_that_are_not_whole_groups():
@@ -224,3 +256,54 @@ def test_shared_step_sharded_equals_unsharded(axis_types):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="built for 1 batch shard"):
         _run(mesh, batches[:1], _share(SC, shards=1))
+
+
+# ------------------------------------------------------------------ accelerator kernels
+@pytest.mark.parametrize("target", ["v5e-4", "1xh100"])
+def test_shared_prompt_kernel_compiles_for_accelerators_and_saves_temporaries(target, monkeypatch):
+    """The training gradient of the shared-prompt forward compiled for an abstract
+    TPU v5e / H100 (bf16): "auto" routes the completions' attention through splash
+    / cuDNN flash attention, which needs less temporary memory than the einsum
+    path's [B, Hq, C, P + C] scores."""
+    from jax.sharding import SingleDeviceSharding
+
+    from gdpo_jax.backend import target_backend
+    from gdpo_jax.models.attention import attention_kind
+    from gdpo_jax.scale import targets as targets_lib
+    from gdpo_jax.scale.plan import _cudnn_on_host
+    from tests.test_models import _random_model
+
+    tgt = targets_lib.parse_target(target)
+    if not targets_lib.has_module("libtpu" if tgt.platform == "tpu" else "jax_plugins.xla_cuda12"):
+        pytest.skip('needs the [aot] extra: pip install -e ".[aot]"')
+    if tgt.platform == "cuda" and not _cudnn_on_host():
+        pytest.skip("lowering cuDNN attention needs cuDNN on this host (nvidia-cudnn-cu12)")
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4")  # libtpu asks the machine otherwise
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
+    sharding = SingleDeviceSharding(targets_lib.target_devices(tgt)[0])
+    backend, marker = ("tpu", "tpu_custom_call") if tgt.platform == "tpu" else ("gpu", "cudnn")
+    U, R, P, C = 2, 4, 256, 512
+    args = [
+        jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding)
+        for shape in ((U * R, P), (U * R, P), (U * R, C), (U * R, C))
+    ]
+
+    def compiled(attention):
+        cfg = ModelConfig.tiny(dtype="bfloat16", head_dim=128, attention=attention)
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: _random_model(cfg)))
+        state = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), state
+        )
+
+        def loss(state, *batch):
+            h = shared_prompt_hidden(nnx.merge(graphdef, state), *batch, group=R)
+            return jnp.sum(h.astype(jnp.float32))
+
+        with target_backend(backend):
+            assert (attention_kind(cfg) != "xla") == (attention == "auto")
+            return jax.jit(jax.grad(loss)).lower(state, *args).compile()
+
+    kernel, xla = compiled("auto"), compiled("xla")
+    assert marker in kernel.as_text() and marker not in xla.as_text()
+    temps = [c.memory_analysis().temp_size_in_bytes for c in (kernel, xla)]
+    assert temps[0] < temps[1], temps

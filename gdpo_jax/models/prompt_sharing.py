@@ -15,9 +15,12 @@ attention output is prompt part + own part; the prompt's weight gradients are
 summed over U rows instead of B), about 1e-6 in f32. What it saves is the
 prompt's share of the tokens times (G - 1) / G: little for short prompts,
 most of the step for the paper's tool-calling prompts (up to 2048 tokens
-against 1024 new ones). The completions' attention is the einsum path (the
-fused kernels take self-attention only), so their [B, T, P + C] scores are
-materialized as with `model.attention="xla"`.
+against 1024 new ones). The completions' attention runs through the kernel
+`model.attention` picks (`_attention_prefix_kernel`: splash or cuDNN flash
+attention over each row's [prompt | own] keys, the prompt's K/V repeated to its
+rows), so no [B, Hq, C, P + C] scores are held on TPUs and GPUs; on CPU it is
+the einsum path (`_attention_shared_prefix`), which reads each prompt's keys
+once for its rows.
 """
 
 from __future__ import annotations

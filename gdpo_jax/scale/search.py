@@ -6,8 +6,8 @@ dearest, aimed at the program that does not fit:
   generate  sampling.rows_per_call halved (more, smaller sampler calls)
   step      model.remat on; algo.logprob_chunk_size on / halved;
             algo.num_microbatches doubled (fewer rows per device at a time);
-            algo.share_prompt off (its completions' attention holds [T, P + C]
-            scores where a fused kernel would hold none; it saves the most time)
+            algo.share_prompt off (per-row rows hold no repeated prompt K/V,
+            and on the einsum path no [T, P + C] scores; it saves the most time)
   logprob   the same knobs as the step
   any       mesh.shape with every device on fsdp, then a tensor axis of 2, 4
 
