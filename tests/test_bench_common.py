@@ -247,12 +247,16 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     calls: list[tuple[str, float]] = []
 
     devices: list[str] = []
+    shapes: list = []
+    models: list[str] = []
 
     def fake(name: str, iters_s: list[list[float]]):
         def bench(ckpt, beta, *, warmup, iters, **kw):
-            i = sum(1 for n, b in calls if n == name and b == beta)  # this framework's round
+            i = sum(1 for n, b in calls if n == name and b == beta) % len(iters_s)
             calls.append((name, beta))
             devices.extend([kw["device"]] if name == "trl" else [])
+            shapes.extend([kw["shape"]] if name == "ours" else [])
+            models.extend([kw["model"]] if name == "trl" else [])
             it = iters_s[i]
             out = {"iter_s": it, "sample_s": [0.25 * t for t in it], "reward_s": [0.0] * len(it)}
             out |= {"step_s": [0.75 * t for t in it], "len": [64.0] * len(it)}
@@ -265,7 +269,7 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     monkeypatch.setattr(
         bench_rl, "bench_trl_clean_env", fake("trl", [[10.0, 10.0, 10.0], [20.0, 30.0, 40.0]])
     )
-    monkeypatch.setattr(bench_rl, "make_checkpoint", lambda d: d)
+    monkeypatch.setattr(bench_rl, "make_checkpoint", lambda d, shape=None: d)
     monkeypatch.setattr(bench_rl, "matmul_peak", lambda fw, device="cpu": 1e11)
     monkeypatch.setattr(bench_rl, "ROUNDS", 2)
     res = bench_rl.run(quick=False)
@@ -287,6 +291,13 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     calls.clear()
     assert bench_rl.run(quick=False, rounds=1)["config"]["rounds"] == 1
     assert [n for n, b in calls if b == 0.0] == ["ours", "trl"]
+    assert shapes == [bench_rl.TINY] * 6 and models == ["tiny"] * 6
+    # --model smollm2: both sides get its shape (TRL's child process by name).
+    shapes.clear(), models.clear(), calls.clear()
+    res = bench_rl.run(quick=False, rounds=1, model="smollm2")
+    assert shapes == [bench_rl.SHAPES["smollm2"]] * 2 and models == ["smollm2"] * 2
+    assert res["config"]["model"] == "smollm2" and res["config"]["vocab"] == 49152
+    assert res["results"]["beta=0.0"]["gdpo_jax"]["seq"] == 9 + 64
 
 
 def test_bench_attention_quick_compares_kernels_with_the_f32_reference():

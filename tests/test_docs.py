@@ -369,6 +369,32 @@ def test_readme_speed_ratios_are_the_ranges_over_machine_kinds() -> None:
     assert not bad, f"README quotes {bad}; the summary's ranges are {sorted(ranges)}"
 
 
+def test_smollm2_rl_section_is_the_committed_run() -> None:
+    """benchmarks.md's SmolLM2-size bench_rl table renders the committed run, and its
+    prose and the README quote that run's ratios."""
+    import json
+
+    from benchmarks import bench_rl
+
+    res = json.loads(
+        (ROOT / "docs" / "benchmarks" / "rl_smollm2_amd-epyc-avx512-2c.json").read_text()
+    )
+    assert res["config"]["model"] == "smollm2" and res["config"]["layers"] == 30
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = doc.split("### At SmolLM2-135M's size", 1)[1].split("\n### ", 1)[0]
+    assert bench_rl.table(res) in section, "rl_smollm2_*.json's table differs"
+    b0, b4 = res["results"]["beta=0.0"], res["results"]["beta=0.04"]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    flat = " ".join(section.split())
+    for text in (readme, flat):
+        assert f"{b0['speedup_iter']:.2f}x" in text and f"{b4['speedup_iter']:.2f}x" in text
+        for k in ("speedup_step", "speedup_sample"):  # "a-bx" or "ax-bx", low to high
+            lo, hi = sorted((b0[k], b4[k]))
+            assert re.search(rf"{lo:.2f}x?-{hi:.2f}x", text), (k, lo, hi)
+    ref = b4["gdpo_jax"]["step_s"] - b0["gdpo_jax"]["step_s"]
+    assert f"costs ours {ref:.2f} s" in flat
+
+
 def test_step_profile_tables_are_the_committed_runs() -> None:
     """Each committed profile_step run (one per machine kind profiled) has its
     tables in docs/benchmarks.md."""

@@ -45,7 +45,8 @@ def attention_masks(
     self-attends), self_attend, per_row).
 
     self_attend: the call attends to its own new k, v (no cache, or a fresh
-    cache: a prefill at index 0 holds nothing to read).
+    cache: a prefill at index 0 holds nothing to read; with a shared prompt,
+    KVCache.prefix_*, its slots are read too).
     """
     T = mask.shape[1]
     valid = mask.astype(bool)
@@ -64,7 +65,7 @@ def attention_masks(
         allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
         return key_mask, allowed, False, True
     key_mask = jax.lax.dynamic_update_slice(cache.mask, valid, (0, cache.index))
-    if fresh_cache and cache.prefix_k is None:  # nothing to read yet: the T tokens only
+    if fresh_cache:  # nothing to read yet: the T tokens (after a shared prompt's slots)
         return key_mask, causal[None] & valid[:, None, :], True, False
     q_slot = cache.index + jnp.arange(T)
     allowed = (k_slot[None, :] <= q_slot[:, None])[None] & key_mask[:, None, :]  # [B,T,S]

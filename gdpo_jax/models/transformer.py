@@ -342,11 +342,11 @@ def _forward(
     cos, sin = rope_cos_sin(positions, cfg)
     key_mask, allowed, self_attend, per_row = attention_masks(mask, cache, fresh_cache)
     # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
-    # read the cache with the einsum path. Splash's causal mask is static: it takes
-    # self-attending calls and fresh ones over a shared prompt (their own keys are new).
+    # read the cache in its stored layout with the einsum path. Splash's causal
+    # mask is static, so it takes self-attending calls only (not a write at a
+    # traced cache index into a longer cache).
     kind = attention_kind(cfg) if T > 1 else "xla"
-    prefix_kernel = kind != "xla" and fresh_cache and getattr(cache, "prefix_k", None) is not None
-    if kind == "splash" and not (self_attend or prefix_kernel):
+    if kind == "splash" and not self_attend:
         kind = "xla"
 
     def proj(h, w, b=None):
@@ -385,11 +385,11 @@ def _forward(
                 vc = jax.lax.dynamic_update_slice(
                     vc, v[None].astype(vc.dtype), (i, 0, 0, cache.index, 0)
                 )
-            if not (self_attend or prefix_kernel):  # else attend to the new k, v themselves
+            if not self_attend:  # else attend to the new k, v themselves
                 k, v = kc[i], vc[i]
-        if prefix is not None and prefix_kernel:
+        if prefix is not None and self_attend and kind != "xla":  # training's own pass
             a = _attention_prefix_kernel(q, *prefix, cache.prefix_mask, k, v, mask, kind)
-        elif prefix is not None:  # decode over a shared prompt (see KVCache)
+        elif prefix is not None:  # over a shared prompt (see KVCache)
             a = _attention_shared_prefix(q, *prefix, cache.prefix_mask, k, v, allowed, cfg)
         elif kind == "xla":
             a = _attention(q, k, v, allowed, cfg)
