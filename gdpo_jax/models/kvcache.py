@@ -40,7 +40,9 @@ class KVCache:
     then hold only the rows' own (decoded) slots. prefix_k: f[L,U,Hkv,Dh,P] (or
     L per-layer arrays), prefix_v: f[L,U,Hkv,P,Dh], prefix_mask: bool[U,P]. The
     R rows of a prompt read its slots once per step, not R times, and the cache
-    holds them once (``DecodeSpec.group``, docs/sampling.md).
+    holds them once (``DecodeSpec.group``, docs/sampling.md). Training's pass
+    over shared prompts (``models.prompt_sharing``) is fresh and keeps no
+    buffers of its own: k and v are None there (nothing is written).
     """
 
     # The slot axis of each buffer (where the cache grows).
@@ -48,8 +50,8 @@ class KVCache:
     V_SLOT_AXIS: ClassVar[int] = 3
     MASK_SLOT_AXIS: ClassVar[int] = 1
 
-    k: jax.Array | tuple[jax.Array, ...]
-    v: jax.Array | tuple[jax.Array, ...]
+    k: jax.Array | tuple[jax.Array, ...] | None
+    v: jax.Array | tuple[jax.Array, ...] | None
     mask: jax.Array
     index: jax.Array
     prefix_k: jax.Array | tuple[jax.Array, ...] | None = None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.models.transformer import Transformer, _constrain
 from gdpo_jax.sharding import BATCH_AXES
 
@@ -67,13 +68,24 @@ def shared_prompt_hidden(
     pmask = pmask * (jnp.arange(P) < P - 1).astype(jnp.int32)
     pid, pmask = (_constrain(x, (BATCH_AXES, None)) for x in (pid, pmask))
     # init_cache places the buffers by the context mesh (batch-sharded).
-    prefix, own = model.init_cache(U, P), model.init_cache(B, C)
+    prefix = model.init_cache(U, P)
     if not model.cfg.scan_layers:
-        # Per-layer buffers: the unrolled layers each read and write their own
-        # (no stacked [L, ...] buffer sliced per layer, nor its gradient padded).
-        prefix, own = prefix.unstacked(), own.unstacked()
+        # Per-layer buffers: the unrolled layers each write their own, and the
+        # rows read them (no stacked [L, ...] buffer sliced per layer, nor its
+        # gradient padded).
+        prefix = prefix.unstacked()
     _, prefix = model(pid, pmask, cache=prefix, fresh_cache=True, return_hidden=True)
-    own = own.replace(prefix_k=prefix.k, prefix_v=prefix.v, prefix_mask=prefix.mask)
+    # The rows' pass is fresh: it attends to its own new keys and the prompt's
+    # cache, so it needs no buffers of its own (k, v None: nothing is written).
+    own = KVCache(
+        k=None,
+        v=None,
+        mask=jnp.zeros((B, C), bool),
+        index=jnp.zeros((), jnp.int32),
+        prefix_k=prefix.k,
+        prefix_v=prefix.v,
+        prefix_mask=prefix.mask,
+    )
     ids = jnp.concatenate([prompt_ids[:, -1:], completion_ids[:, :-1]], axis=1)
     mask = jnp.concatenate([prompt_mask[:, -1:], completion_mask[:, :-1]], axis=1)
     mask = mask.astype(jnp.int32)
