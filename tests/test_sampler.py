@@ -447,7 +447,7 @@ def test_sampler_logprobs_equal_trainer_logprobs(tok, param_dtype, dtype):
     with f32 params / bf16 compute). atol 1e-4: what is left is the cached
     vs uncached forward's summation order (measured <= 4e-6 here), 100x below
     that bug."""
-    from gdpo_jax.train.step import completion_logprobs
+    from gdpo_jax.train.completion import completion_logprobs
 
     cfg = ModelConfig.tiny(param_dtype=param_dtype, dtype=dtype)
     model = create_model(cfg, seed=0)

@@ -43,6 +43,7 @@ def shared_prompt_hidden(
     completion_mask: jax.Array,
     *,
     group: int,
+    layer_params: tuple[dict[str, jax.Array], ...] | None = None,
 ) -> jax.Array:
     """Final-normed hidden states f[B, C, D] at the C positions that predict the
     completion's tokens (the last prompt position, then completion positions
@@ -52,7 +53,8 @@ def shared_prompt_hidden(
     completion_mask i32[B, C] (right padded). Rows are prompt-major: rows
     u*group .. u*group + group - 1 hold the same prompt (only row u*group's is
     read; ``step_config.check_group_prompts`` checks a host batch). B must be a
-    multiple of `group`.
+    multiple of `group`. layer_params: per-layer weights replacing the stacked
+    ones in both passes (``Transformer.__call__``).
     """
     (B, P), C = prompt_ids.shape, completion_ids.shape[1]
     if group < 1 or B % group:
@@ -74,7 +76,9 @@ def shared_prompt_hidden(
         # rows read them (no stacked [L, ...] buffer sliced per layer, nor its
         # gradient padded).
         prefix = prefix.unstacked()
-    _, prefix = model(pid, pmask, cache=prefix, fresh_cache=True, return_hidden=True)
+    _, prefix = model(
+        pid, pmask, cache=prefix, fresh_cache=True, return_hidden=True, layer_params=layer_params
+    )
     # The rows' pass is fresh: it attends to its own new keys and the prompt's
     # cache, so it needs no buffers of its own (k, v None: nothing is written).
     own = KVCache(
@@ -93,6 +97,12 @@ def shared_prompt_hidden(
     prefix_len = jnp.sum(prompt_mask[:, :-1].astype(jnp.int32), axis=1, keepdims=True)
     positions = jnp.maximum(prefix_len + jnp.cumsum(mask, axis=1) - 1, 0)
     hidden, _ = model(
-        ids, mask, positions=positions, cache=own, fresh_cache=True, return_hidden=True
+        ids,
+        mask,
+        positions=positions,
+        cache=own,
+        fresh_cache=True,
+        return_hidden=True,
+        layer_params=layer_params,
     )
     return hidden

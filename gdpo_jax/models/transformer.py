@@ -149,7 +149,7 @@ class Transformer(nnx.Module):
         For one device: under a mesh the concatenation would mix "tensor" shards.
         """
         out = []
-        for lp in _split_layers(self.param_arrays()["layers"], self.cfg.num_layers):
+        for lp in split_layers(self.param_arrays()["layers"], self.cfg.num_layers):
             if fuse:
                 for fused, names in _FUSED.items():
                     if names[0] in lp:
@@ -275,7 +275,7 @@ class Transformer(nnx.Module):
         return out
 
 
-def _split_layers(layers: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], ...]:
+def split_layers(layers: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], ...]:
     """{name: f[L, ...]} -> L dicts {name: f[...]} (one split per weight).
 
     `jnp.split`, not L indexings `v[i]`: autodiff transposes a split into one
@@ -414,13 +414,13 @@ def _forward(
     pk, pv = (None, None) if cache is None else (cache.prefix_k, cache.prefix_v)
     layers = params["layers"]
     if not cfg.scan_layers and isinstance(layers, dict):
-        layers = _split_layers(layers, cfg.num_layers)  # static slices, unrolled below
+        layers = split_layers(layers, cfg.num_layers)  # static slices, unrolled below
     if isinstance(kc, tuple) or isinstance(layers, tuple):
         # Unrolled (an unstacked cache, or weights given per layer): each layer
         # reads its own buffers. A per-layer cache enters `layer` as a [1, ...]
         # stack at index 0 (a bitcast, no copy).
         if isinstance(layers, dict):
-            layers = _split_layers(layers, cfg.num_layers)
+            layers = split_layers(layers, cfg.num_layers)
         per_layer_cache = isinstance(kc, tuple)
         ks, vs = [], []
         for i, lp in enumerate(layers):

@@ -44,9 +44,9 @@ from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
+from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.config import ConfigError, base_config, reward_runner, reward_specs
 from gdpo_jax.train.metrics import MetricsWriter
-from gdpo_jax.train.step import completion_logprobs
 
 __all__ = [
     "SFT",

@@ -38,16 +38,11 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
 from gdpo_jax.core.diagnostics import reward_shares
-from gdpo_jax.core.logprobs import (
-    chunked_token_logprobs,
-    token_entropy,
-    token_logprobs,
-    unembed_logits,
-)
 from gdpo_jax.core.losses import policy_loss
-from gdpo_jax.models.prompt_sharing import shared_prompt_hidden
 from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
+from gdpo_jax.train import layer_views
 from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.state import TrainState
 from gdpo_jax.train.step_config import BATCH_KEYS, Batch, StepConfig, old_logp_in_step
 
@@ -65,52 +60,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- #
-def completion_logprobs(
-    model: nnx.Module,
-    batch: Batch,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 0,
-    group: int = 0,
-) -> tuple[jax.Array, jax.Array]:
-    """Per-token log-probs and entropies of the completion under `model`.
-
-    One forward over prompt + completion; only the C positions that predict a
-    completion token are unembedded (the prompt's logits are never made).
-    group > 1: rows are prompt-major groups of `group` rows sharing a prompt,
-    and each prompt runs once (`models.prompt_sharing`; same maths).
-    Returns (logp f32[B,C], entropy f32[B,C]).
-    """
-    if group > 1:
-        hidden = shared_prompt_hidden(
-            model,
-            batch["prompt_ids"],
-            batch["prompt_mask"],
-            batch["completion_ids"],
-            batch["completion_mask"],
-            group=group,
-        )
-    else:
-        prompt_len = batch["prompt_ids"].shape[1]
-        ids = jnp.concatenate([batch["prompt_ids"], batch["completion_ids"]], axis=1)
-        mask = jnp.concatenate([batch["prompt_mask"], batch["completion_mask"]], axis=1)
-        hidden = model(ids, mask, return_hidden=True)
-        hidden = hidden[:, prompt_len - 1 : -1]  # position t predicts token t + 1
-    unembed = model.unembed_matrix()
-    targets = batch["completion_ids"]
-    if chunk_size:
-        return chunked_token_logprobs(
-            hidden, unembed, targets, chunk_size=chunk_size, temperature=temperature
-        )
-    # Same numerics as the sampler's logits (unembed_logits), so sampler and
-    # trainer log-probs agree in bf16 too.
-    logits = unembed_logits(hidden, unembed)
-    return (
-        token_logprobs(logits, targets, temperature=temperature),
-        token_entropy(logits, temperature=temperature),
-    )
-
-
 def _to_blocks(x: jax.Array, n_blocks: int, shards: int = 0) -> jax.Array:
     """[N, ...] -> [n_blocks, N / n_blocks, ...].
 
@@ -219,14 +168,24 @@ def train_step(
     blocks = jax.tree.map(lambda x: _to_blocks(x, U * M, shards), data)
     blocks = jax.tree.map(lambda x: x.reshape(U, M, *x.shape[1:]), blocks)
 
-    def micro_loss(params, mb):
-        model = nnx.merge(graphdef, params)
+    # Unrolled layers: per-layer weight views made once per update, not once per
+    # micro-batch (train/layer_views.py); the layer scan reads the stacks in place.
+    model_cfg = nnx.merge(graphdef, state.params).cfg
+    unrolled = not model_cfg.scan_layers
+
+    def micro_loss(diff, mb, stacked):
+        # diff: what is differentiated (params, or layer_views.split_params' views).
+        if unrolled:
+            views, model = diff[1], nnx.merge(graphdef, diff[0], stacked)
+        else:
+            views, model = None, nnx.merge(graphdef, diff)
         logp, ent = completion_logprobs(
             model,
             mb,
             temperature=cfg.temperature,
             chunk_size=cfg.logprob_chunk_size,
             group=cfg.shared_group,
+            layer_params=views,
         )
         if cfg.entropy_coef == 0:
             ent = jax.lax.stop_gradient(ent)  # metric only
@@ -255,9 +214,11 @@ def train_step(
 
     def update(carry, mini):
         params, opt_state = carry
+        diff = layer_views.split_params(params, model_cfg.num_layers) if unrolled else params
+        stacked = layer_views.layers_state(params) if unrolled else None
 
         def micro(acc, mb):
-            (loss_sum, (denom, metrics)), grads = grad_fn(params, mb)
+            (loss_sum, (denom, metrics)), grads = grad_fn(diff, mb, stacked)
             g_acc, l_acc, d_acc, m_acc = acc
             g_acc = jax.tree.map(jnp.add, g_acc, grads)
             m_acc = _combine(m_acc, metrics)
@@ -265,7 +226,7 @@ def train_step(
 
         # Accumulators start at the identity of each reduction, so every
         # micro-batch runs through the one scanned body (compiled once).
-        shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], mini))
+        shapes = jax.eval_shape(grad_fn, diff, jax.tree.map(lambda x: x[0], mini), stacked)
         (_, (_, m_shape)), _ = shapes
         m0 = {
             k: (
@@ -278,12 +239,13 @@ def train_step(
             )
             for k in m_shape
         }
-        g0 = jax.tree.map(jnp.zeros_like, params)
+        g0 = jax.tree.map(jnp.zeros_like, diff)
         zero = jnp.zeros((), jnp.float32)
         (g, loss_tot, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
         # Denominators depend only on masks, so dividing the summed gradient
         # by the summed denominator is the exact mini-batch gradient.
         scale = 1.0 / jnp.maximum(d, 1e-12)
+        g = layer_views.join_grads(params, g) if unrolled else g
         grads = jax.tree.map(lambda x: x * scale, g)
         grad_norm = optax.global_norm(grads)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -349,6 +311,8 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
     shards = cfg.layout_shards(batch["prompt_ids"].shape[0])
     blocks = {k: _to_blocks(batch[k], n_blocks, shards) for k in keys}
     model = nnx.merge(graphdef, params)
+    # Unrolled layers: slice the weights once for all blocks.
+    views = None if model.cfg.scan_layers else model.layer_params()
 
     def one(mb):
         return completion_logprobs(
@@ -357,6 +321,7 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
             temperature=cfg.temperature,
             chunk_size=cfg.logprob_chunk_size,
             group=cfg.shared_group,
+            layer_params=views,
         )[0]
 
     return _from_blocks(jax.lax.map(one, blocks), shards)
