@@ -64,6 +64,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.train.distributed",
             "gdpo_jax.train.step",
             "gdpo_jax.train.step_config",
+            "gdpo_jax.train.completion",
+            "gdpo_jax.train.layer_views",
             "gdpo_jax.train.rollout",
             "gdpo_jax.train.sample_score",
             "gdpo_jax.train.checkpoint",
