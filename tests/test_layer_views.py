@@ -20,7 +20,7 @@ import pytest
 from gdpo_jax.models.sharding import create_model
 from gdpo_jax.train import distributed, layer_views
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.step import StepConfig, train_step
+from gdpo_jax.train.step import CompiledStep, StepConfig, train_step
 from tests.test_train_step import CFG, NUM_GROUPS, _sgd_step, make_batch
 
 LAYERS = 3
@@ -122,3 +122,35 @@ def test_the_micro_batch_loop_does_not_slice_the_layer_weights():
     (micro,) = _scans(update_body)
     assert _layer_splits(micro.params["jaxpr"].jaxpr) == 0
     assert _layer_splits(update_body) >= 9  # each of the layer weights
+
+
+@pytest.mark.parametrize("axis_types", ["explicit", "auto"])
+def test_unrolled_step_on_a_mesh_equals_the_unsharded_scan_step(axis_types):
+    """Views of fsdp/tensor-sharded weights (2x2x2 mesh): the update equals the
+    unsharded layer-scan step's, and the params keep their sharding."""
+    from gdpo_jax.train import mesh as mesh_lib
+
+    batch = make_batch(5, with_ref=True)
+    sc = StepConfig(num_groups=NUM_GROUPS, beta=0.04, num_microbatches=2)
+    out = []
+    for scan, mesh in ((True, None), (False, mesh_lib.make_mesh((2, 2, 2), axis_types=axis_types))):
+        model = create_model(_cfg(scan), mesh=mesh, seed=6)
+        tx = optax.sgd(1.0)
+        graphdef, state = state_lib.create_train_state(model, tx, mesh)
+        step = CompiledStep(
+            graphdef=graphdef,
+            tx=tx,
+            schedule=optax.constant_schedule(1.0),
+            cfg=sc,
+            state_shardings=state_lib.shardings_of(state),
+            mesh=mesh,
+        )
+        new, _ = step(state, distributed.to_global(batch, mesh))
+        out.append(new.params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6),
+        out[0],
+        out[1],
+    )
+    q = out[1]["layers"]["q_proj"].get_value()
+    assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
