@@ -76,8 +76,8 @@ class Shape:
 SHAPES = {
     "tiny": Shape(HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, VOCAB, PROMPTS, GENERATIONS, NEW_TOKENS),
     # SmolLM2-135M (benchmarks.bench_model.SMOLLM2_135M), random init. Micro-batches of
-    # one group (4 rows), layers unrolled: this step measured 1.18x faster than with the
-    # layer scan (7.08 vs 8.38 s, medians of 5 interleaved steps, avx512 AMD EPYC).
+    # one group (4 rows), layers unrolled: this step is 1.10-1.13x faster than with the
+    # layer scan (`python -m benchmarks.profile_step --model smollm2`, docs/benchmarks.md).
     "smollm2": Shape(576, 30, 9, 3, 1536, 49152, 4, 4, 64, tie=True, scan_layers=False),
 }
 TINY = SHAPES["tiny"]

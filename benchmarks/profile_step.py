@@ -20,8 +20,13 @@ machine noise between processes is larger than the difference. Likewise, per
 micro-batch count and beta (0, 0.04), the layers as one lax.scan vs unrolled
 (config.model.scan_layers).
 
+With ``--model smollm2`` (a bench_rl.SHAPES key) only that scan-vs-unrolled
+comparison runs, on bench_rl's SmolLM2-135M-sized trainer and batch (4 x 4
+rows, 64 new tokens), AB_STEPS_LARGE steps of each per beta.
+
     python -m benchmarks.profile_step [--microbatches 1,4] [--trace] \
         [--out runs/bench/profile_step.json]
+    python -m benchmarks.profile_step --model smollm2 --microbatches 4 --out r.json
 """
 
 from __future__ import annotations
@@ -44,10 +49,14 @@ from benchmarks import common
 
 STEPS = 12
 AB_STEPS = 12
+AB_STEPS_LARGE = 6  # per side, for a model other than bench_rl's tiny one (seconds per step)
 
 
-def _trainer(microbatches: int, beta: float, scan_layers: bool = True) -> tuple[Any, dict]:
-    """bench_rl's trainer (1 device) and one collected batch, ready for `trainer.step`."""
+def _trainer(
+    microbatches: int, beta: float, scan_layers: bool = True, model: str = "tiny"
+) -> tuple[Any, dict]:
+    """bench_rl's trainer (1 device) and one collected batch, ready for `trainer.step`;
+    model: a bench_rl.SHAPES key (the Llama and the batch)."""
     from benchmarks import bench_rl as B
     from gdpo_jax.rewards import register_reward
     from gdpo_jax.tasks import TaskData
@@ -59,21 +68,23 @@ def _trainer(microbatches: int, beta: float, scan_layers: bool = True) -> tuple[
         register_reward(f"bench_{fn.__name__}")(fn)
     c = base_config()
     c.workdir = tempfile.mkdtemp(prefix="profile_step_")
-    c.model.name = B.make_checkpoint(tempfile.mkdtemp(prefix="profile_ckpt_"))
+    shape = B.SHAPES[model]
+    c.model.name = B.make_checkpoint(tempfile.mkdtemp(prefix="profile_ckpt_"), shape)
     c.model.scan_layers = scan_layers
     c.task.name, c.task.chat_template = "toolcall", False
     c.rewards.names = tuple(f"bench_{fn.__name__}" for fn in B.REWARDS)
     c.rewards.num_workers = 1
     c.algo.estimator, c.algo.beta, c.algo.kl_estimator = "gdpo", beta, "k3"
-    c.algo.group_size, c.algo.num_prompts = B.GENERATIONS, B.PROMPTS
+    c.algo.group_size, c.algo.num_prompts = shape.generations, shape.prompts
     c.algo.aggregation, c.algo.num_microbatches = "grpo", microbatches
     # The per-row forward, as in the committed profiles: prompt sharing (bench_rl's
     # default since) changes the row layout per micro-batch count; bench_prompt_sharing
     # times it against this form.
     c.algo.share_prompt = False
-    c.sampling.max_new_tokens, c.sampling.max_prompt_len = B.NEW_TOKENS, B.PROMPT_WORDS + 1
+    c.sampling.max_new_tokens, c.sampling.max_prompt_len = shape.new_tokens, B.PROMPT_WORDS + 1
     c.mesh.num_devices, c.train.num_steps, c.train.progress_bar = 1, 10, False
-    trainer = Trainer(c, task=TaskData(train=[{"prompt": p} for p in B.prompts(64)], eval=[]))
+    records = [{"prompt": p} for p in B.prompts(64, vocab=shape.vocab)]
+    trainer = Trainer(c, task=TaskData(train=records, eval=[]))
     arrays, _ = trainer._collect(0)
     batch = distributed.to_global(arrays, trainer.mesh)
     if trainer.ref_params is not None:
@@ -116,13 +127,15 @@ def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
     return out
 
 
-def _alternate(a: tuple[Any, dict], b: tuple[Any, dict], names: tuple[str, str]) -> dict:
-    """Times two built (trainer, batch) pairs alternately, AB_STEPS steps each
+def _alternate(
+    a: tuple[Any, dict], b: tuple[Any, dict], names: tuple[str, str], steps: int = AB_STEPS
+) -> dict:
+    """Times two built (trainer, batch) pairs alternately, `steps` steps each
     (two untimed calls first), closes them; {<name>_median_s, <name>_best_s}."""
     for pair in (a, b):
         _step_seconds(*pair), _step_seconds(*pair)
     times: dict[str, list[float]] = {n: [] for n in names}
-    for _ in range(AB_STEPS):
+    for _ in range(steps):
         for name, pair in zip(names, (a, b)):
             times[name].append(_step_seconds(*pair))
     for trainer, _ in (a, b):
@@ -146,12 +159,13 @@ def _child_weight_grad_ab(microbatches: int, beta: float) -> dict[str, Any]:
     return _alternate(plain, dense, ("autodiff", "dense"))
 
 
-def _child_scan_layers_ab(microbatches: int, beta: float) -> dict[str, Any]:
+def _child_scan_layers_ab(microbatches: int, beta: float, model: str = "tiny") -> dict[str, Any]:
     """One process, two steps (layers as one lax.scan, layers unrolled:
     config.model.scan_layers), timed alternately."""
-    scan = _trainer(microbatches, beta, scan_layers=True)
-    unrolled = _trainer(microbatches, beta, scan_layers=False)
-    return _alternate(scan, unrolled, ("scan", "unrolled"))
+    scan = _trainer(microbatches, beta, scan_layers=True, model=model)
+    unrolled = _trainer(microbatches, beta, scan_layers=False, model=model)
+    steps = AB_STEPS if model == "tiny" else AB_STEPS_LARGE
+    return _alternate(scan, unrolled, ("scan", "unrolled"), steps)
 
 
 def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
@@ -174,11 +188,11 @@ def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
 
 
 def run_variant(
-    microbatches: int, tunable: bool, beta: float, trace: bool, ab: str = ""
+    microbatches: int, tunable: bool, beta: float, trace: bool, ab: str = "", model: str = "tiny"
 ) -> dict[str, Any]:
     """One variant in a fresh process (the tunable only acts from process start);
     `ab`: an alternating comparison instead, "weight_grad" (_child_weight_grad_ab)
-    or "scan_layers" (_child_scan_layers_ab)."""
+    or "scan_layers" (_child_scan_layers_ab, for bench_rl.SHAPES[model])."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env["GDPO_JAX_NO_RELAUNCH"] = "1"
     if tunable:
@@ -190,7 +204,7 @@ def run_variant(
         cmd = [sys.executable, "-m", "benchmarks.profile_step", "--_child", out]
         cmd += ["--microbatches", str(microbatches), "--beta", str(beta)]
         if ab:
-            cmd += ["--_ab", ab]
+            cmd += ["--_ab", ab, "--model", model]
         if trace:
             cmd += ["--_trace_dir", os.path.join(tmp, "trace")]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -199,6 +213,24 @@ def run_variant(
         with open(out) as f:
             res = json.load(f)
     return {"microbatches": microbatches, "hugetlb": tunable, **res}
+
+
+def run_scan_ab(model: str, microbatches: tuple[int, ...] = (4,)) -> dict:
+    """Only the scan-vs-unrolled comparison, for a bench_rl.SHAPES model, at beta 0
+    and 0.04; a JSON-able dict (its table: scan_table_markdown)."""
+    scan = [
+        run_variant(m, True, beta, False, ab="scan_layers", model=model)
+        for m in microbatches
+        for beta in (0.0, 0.04)
+    ]
+    for r, beta in zip(scan, [b for _ in microbatches for b in (0.0, 0.04)]):
+        r["beta"], r["speedup"] = beta, r["scan_median_s"] / r["unrolled_median_s"]
+    return {
+        "benchmark": "profile_step",
+        "model": model,
+        "ab_steps_timed": AB_STEPS_LARGE,
+        "scan_layers_ab": scan,
+    }
 
 
 def run(quick: bool = False, microbatches: tuple[int, ...] = (1, 4), trace: bool = False) -> dict:
@@ -253,8 +285,15 @@ def table_markdown(res: dict) -> str:
 
 def _ab_table(res: dict, rows: list[dict]) -> str:
     lines = [common.markdown_table(rows)]
+    model, m = res.get("model", "tiny"), res.get("machine", {})
+    where = (
+        f"bench_rl's `{model}` shape, {m.get('cpu_model')} ({m.get('cpu_isa', '')}), "
+        f"{m.get('cpu_usable')} cores; huge"
+        if model != "tiny"
+        else "Huge"
+    )
     lines.append(
-        f"\nHuge pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
+        f"\n{where} pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "
         "in one process per row."
     )
     return "\n".join(lines)
@@ -295,6 +334,12 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--trace", action="store_true", help="add the per-operation breakdown")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument(
+        "--model",
+        default="tiny",
+        choices=("tiny", "smollm2"),
+        help="a bench_rl.SHAPES key; other than tiny, only the scan-vs-unrolled comparison runs",
+    )
     ap.add_argument("--out", default="runs/bench/profile_step.json")
     ap.add_argument("--_child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_trace_dir", default="", help=argparse.SUPPRESS)
@@ -303,13 +348,20 @@ def main() -> None:
     if a._child:
         if a._ab:
             child = {"weight_grad": _child_weight_grad_ab, "scan_layers": _child_scan_layers_ab}
-            res = child[a._ab](int(a.microbatches), a.beta)
+            kw = {"model": a.model} if a._ab == "scan_layers" else {}
+            res = child[a._ab](int(a.microbatches), a.beta, **kw)
         else:
             res = _child(int(a.microbatches), a.beta, a._trace_dir)
         with open(a._child, "w") as f:
             json.dump(res, f)
         return
     mbs = tuple(int(x) for x in a.microbatches.split(","))
+    if a.model != "tiny":
+        res = run_scan_ab(a.model, mbs)
+        res["machine"] = common.machine_info()
+        print(scan_table_markdown(res))
+        print(f"wrote {common.write_json(a.out, res)}")
+        return
     res = run(a.quick, mbs, a.trace)
     res["machine"] = common.machine_info()
     cols = ["microbatches", "hugetlb", "median_s", "best_s", "minor_faults_per_step"]

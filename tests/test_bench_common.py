@@ -239,6 +239,31 @@ def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
     assert got == {"ynn_fusion": 2.0, "copy_bitcast_fusion": 1.0}
 
 
+def test_profile_step_scan_ab_for_another_model(monkeypatch):
+    """--model smollm2 runs only the scan-vs-unrolled A/B, per micro-batch count and
+    beta, each variant told the model; the table names the shape and the CPU."""
+    from benchmarks import profile_step
+
+    calls = []
+
+    def fake(mb, tunable, beta, trace, ab="", model="tiny"):
+        calls.append((mb, tunable, beta, ab, model))
+        return {"microbatches": mb, "scan_median_s": 8.0 + beta, "unrolled_median_s": 4.0}
+
+    monkeypatch.setattr(profile_step, "run_variant", fake)
+    res = profile_step.run_scan_ab("smollm2", (4,))
+    assert calls == [
+        (4, True, 0.0, "scan_layers", "smollm2"),
+        (4, True, 0.04, "scan_layers", "smollm2"),
+    ]
+    assert [r["beta"] for r in res["scan_layers_ab"]] == [0.0, 0.04]
+    assert res["scan_layers_ab"][1]["speedup"] == 8.04 / 4.0
+    res["machine"] = {"cpu_model": "AMD EPYC", "cpu_isa": "avx512", "cpu_usable": 2}
+    table = profile_step.scan_table_markdown(res)
+    assert "| 4 | 0.04 | 8.040 | 4.000 | 2.01x |" in table
+    assert "bench_rl's `smollm2` shape, AMD EPYC (avx512), 2 cores" in table
+
+
 def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     """Each round runs both frameworks, the order alternating; figures are medians
     over every round's iterations, and each round's median is kept."""

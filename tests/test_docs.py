@@ -417,6 +417,26 @@ def test_step_profile_tables_are_the_committed_runs() -> None:
             )
 
 
+def test_smollm2_scan_vs_unrolled_table_is_the_committed_run() -> None:
+    """The SmolLM2-size step's scan-vs-unrolled A/B (profile_step --model smollm2) is in
+    benchmarks.md as committed, and limits.md quotes its speed-ups."""
+    import json
+
+    from benchmarks import profile_step
+
+    path = ROOT / "docs" / "benchmarks" / "profile_scan_smollm2_amd-epyc-avx512-2c.json"
+    res = json.loads(path.read_text())
+    assert res["model"] == "smollm2" and len(res["scan_layers_ab"]) == 2
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert profile_step.scan_table_markdown(res) in doc, (
+        "docs/benchmarks.md's SmolLM2 scan-vs-unrolled table differs from"
+        f" {path.name} (python -m benchmarks.profile_step --model smollm2 --microbatches 4)"
+    )
+    lo, hi = sorted(r["speedup"] for r in res["scan_layers_ab"])
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    assert f"{lo:.2f}x-{hi:.2f}x" in limits
+
+
 def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
     """docs/benchmarks.md's bench_rl table is the run of the machine file it names."""
     import json
