@@ -215,21 +215,25 @@ def run_variant(
     return {"microbatches": microbatches, "hugetlb": tunable, **res}
 
 
+def _scan_ab_rows(microbatches: tuple[int, ...], model: str) -> list[dict[str, Any]]:
+    """The scan-vs-unrolled A/B per micro-batch count and beta (0, 0.04), with speed-ups."""
+    rows = []
+    for m in microbatches:
+        for beta in (0.0, 0.04):
+            r = run_variant(m, True, beta, False, ab="scan_layers", model=model)
+            r["beta"], r["speedup"] = beta, r["scan_median_s"] / r["unrolled_median_s"]
+            rows.append(r)
+    return rows
+
+
 def run_scan_ab(model: str, microbatches: tuple[int, ...] = (4,)) -> dict:
-    """Only the scan-vs-unrolled comparison, for a bench_rl.SHAPES model, at beta 0
-    and 0.04; a JSON-able dict (its table: scan_table_markdown)."""
-    scan = [
-        run_variant(m, True, beta, False, ab="scan_layers", model=model)
-        for m in microbatches
-        for beta in (0.0, 0.04)
-    ]
-    for r, beta in zip(scan, [b for _ in microbatches for b in (0.0, 0.04)]):
-        r["beta"], r["speedup"] = beta, r["scan_median_s"] / r["unrolled_median_s"]
+    """Only the scan-vs-unrolled comparison, for a bench_rl.SHAPES model; a JSON-able
+    dict (its table: scan_table_markdown)."""
     return {
         "benchmark": "profile_step",
         "model": model,
         "ab_steps_timed": AB_STEPS_LARGE,
-        "scan_layers_ab": scan,
+        "scan_layers_ab": _scan_ab_rows(microbatches, model),
     }
 
 
@@ -240,18 +244,13 @@ def run(quick: bool = False, microbatches: tuple[int, ...] = (1, 4), trace: bool
     ab = [run_variant(m, True, 0.0, False, ab="weight_grad") for m in mbs]
     for r in ab:
         r["speedup"] = r["autodiff_median_s"] / r["dense_median_s"]
-    scan = [
-        run_variant(m, True, beta, False, ab="scan_layers") for m in mbs for beta in (0.0, 0.04)
-    ]
-    for r, beta in zip(scan, [b for _ in mbs for b in (0.0, 0.04)]):
-        r["beta"], r["speedup"] = beta, r["scan_median_s"] / r["unrolled_median_s"]
     return {
         "benchmark": "profile_step",
         "steps_timed": STEPS,
         "results": rows,
         "ab_steps_timed": AB_STEPS,
         "weight_grad_ab": ab,
-        "scan_layers_ab": scan,
+        "scan_layers_ab": _scan_ab_rows(mbs, "tiny"),
     }
 
 

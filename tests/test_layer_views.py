@@ -20,7 +20,7 @@ import pytest
 from gdpo_jax.models.sharding import create_model
 from gdpo_jax.train import distributed, layer_views
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.step import CompiledStep, StepConfig, train_step
+from gdpo_jax.train.step import StepConfig, train_step
 from tests.test_train_step import CFG, NUM_GROUPS, _sgd_step, make_batch
 
 LAYERS = 3
@@ -134,17 +134,7 @@ def test_unrolled_step_on_a_mesh_equals_the_unsharded_scan_step(axis_types):
     sc = StepConfig(num_groups=NUM_GROUPS, beta=0.04, num_microbatches=2)
     out = []
     for scan, mesh in ((True, None), (False, mesh_lib.make_mesh((2, 2, 2), axis_types=axis_types))):
-        model = create_model(_cfg(scan), mesh=mesh, seed=6)
-        tx = optax.sgd(1.0)
-        graphdef, state = state_lib.create_train_state(model, tx, mesh)
-        step = CompiledStep(
-            graphdef=graphdef,
-            tx=tx,
-            schedule=optax.constant_schedule(1.0),
-            cfg=sc,
-            state_shardings=state_lib.shardings_of(state),
-            mesh=mesh,
-        )
+        _, state, step = _sgd_step(sc, create_model(_cfg(scan), mesh=mesh, seed=6), mesh)
         new, _ = step(state, distributed.to_global(batch, mesh))
         out.append(new.params)
     jax.tree.map(
