@@ -7,11 +7,10 @@ every weight out of its stack and concatenate the L layer gradients back into
 an ``[L, ...]`` gradient: 2M copies of the layer weights per update, the
 largest cost after the matmuls in SmolLM2-135M's step on XLA:CPU
 (docs/benchmarks.md, "At SmolLM2-135M's size"). Here the slices are made once
-per update, the loop
-differentiates with respect to them and accumulates per-layer gradients, and
-the L gradients are stacked once at the end: the same sums, two copies per
-update instead of 2M. The cost is one more copy of the layer weights (the
-views) held for the update.
+per update, the loop differentiates with respect to them and accumulates
+per-layer gradients, and the L gradients are stacked once at the end: the same
+sums, two copies per update instead of 2M. The cost is one more copy of the
+layer weights (the views) held for the update.
 
 Under the layer scan (the default) the scan reads the stacked weights in
 place, so nothing is split and these helpers are not used.
