@@ -8,11 +8,23 @@ Both sides run the same `CompiledStep` from the same initial params, alternated
 round by round; "ideal" is the token-count ratio (P + C) / (P / G + C). The
 log-prob pass is the reference (or old-policy) forward; the step is fwd + bwd.
 
-  python -m benchmarks.bench_prompt_sharing [--quick] [--out runs/bench/prompt_sharing.json]
+`--model smollm2` is the accelerator run: SmolLM2-135M's architecture (random
+init, f32 params, bf16 compute, layer scan; 8 prompts x G = 8, 256 new tokens, 8
+micro-batches of one group; matrices drawn so that attention and logits are far from
+uniform) at the paper's prompt widths 512 and 2048, once per attention
+kernel the backend offers (GPU: the einsum path "xla" and cuDNN flash attention
+"cudnn"; TPU: "xla" and "splash"; CPU: "xla" and "dpa"), each side's log-probs
+also against the per-row einsum path in f32 with full-precision matmuls (the
+reference). With --quick it runs the tiny model that way.
+
+  python -m benchmarks.bench_prompt_sharing [--quick] [--model tiny|smollm2]
+      [--attention xla,cudnn] [--microbatches N] [--widths 512,2048]
+      [--out runs/bench/prompt_sharing.json]
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from typing import Any
 
@@ -20,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from flax import nnx
 
 from benchmarks import common
 from gdpo_jax.models import ModelConfig
@@ -49,6 +62,17 @@ QUICK = {
     "widths": (8, 32),
     "rounds": 2,
 }
+# The accelerator run (--model smollm2): "model" names benchmarks.bench_model's config.
+SMOLLM2 = {
+    "model": "smollm2-135m",
+    "prompts": 8,
+    "group": 8,
+    "new_tokens": 256,
+    "microbatches": 8,
+    "widths": (512, 2048),
+    "rounds": 5,
+}
+KERNELS = {"gpu": ("xla", "cudnn"), "tpu": ("xla", "splash"), "cpu": ("xla", "dpa")}
 
 
 def make_batch(s: dict, width: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -72,20 +96,73 @@ def make_batch(s: dict, width: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def _side(s: dict, sc: StepConfig, model_cfg: ModelConfig) -> tuple[CompiledStep, list]:
+def _sharp_model(cfg: ModelConfig, seed: int = 0) -> nnx.Module:
+    """The model with every matrix drawn N(0, (1.5 / sqrt(hidden))^2) from NumPy and
+    the norms at one: attention scores and logits of order one, where the default
+    init's are near uniform, so a kernel that reads the wrong keys moves the
+    log-probs far more than bf16 rounding does."""
+    model = create_model(cfg, seed=0)
+    rs, std = np.random.RandomState(seed), 1.5 / np.sqrt(cfg.hidden_size)
+    flat = []
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        v = var.get_value()
+        if v.ndim >= 2:
+            v = jnp.asarray(std * rs.randn(*v.shape), v.dtype)  # unsharded, as create_model's
+        flat.append((path, var.replace(v)))
+    nnx.update(model, nnx.from_flat_state(flat))
+    return model
+
+
+def _side(
+    s: dict, sc: StepConfig, model_cfg: ModelConfig, sharp: bool = False
+) -> tuple[CompiledStep, list]:
     tx = optax.adamw(1e-5)
-    graphdef, state = state_lib.create_train_state(create_model(model_cfg, seed=0), tx, None)
+    model = _sharp_model(model_cfg) if sharp else create_model(model_cfg, seed=0)
+    graphdef, state = state_lib.create_train_state(model, tx, None)
     step = CompiledStep(graphdef=graphdef, tx=tx, schedule=optax.constant_schedule(1e-5), cfg=sc)
     return step, [state]
 
 
-def run(quick: bool = False) -> dict:
-    """Times both sides at every width; returns a JSON-able dict (run_all uses it)."""
-    s = QUICK if quick else FULL
+def _model_cfg(s: dict) -> ModelConfig:
+    """The f32 einsum-path model of shape `s` (its vocabulary is s["vocab"])."""
+    if s["model"] == "smollm2-135m":
+        from benchmarks.bench_model import SMOLLM2_135M
+
+        return SMOLLM2_135M
     kv_heads = s["model"]["num_heads"] // 2
-    model_cfg = ModelConfig.tiny(
+    return ModelConfig.tiny(
         vocab_size=s["vocab"], num_kv_heads=kv_heads, scan_layers=False, **s["model"]
     )
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float64) - b)[mask].max())
+
+
+def run(
+    quick: bool = False,
+    model: str = "tiny",
+    attention: tuple[str, ...] | None = None,
+    microbatches: int | None = None,
+    widths: tuple[int, ...] | None = None,
+) -> dict:
+    """Times both sides at every width (and, with model="smollm2", every attention
+    kernel of the backend in bf16, or those of `attention`); returns a JSON-able
+    dict (run_all uses it). microbatches / widths override the shape's."""
+    kernels_run = model == "smollm2"
+    s = dict(QUICK if quick else SMOLLM2 if kernels_run else FULL)
+    s.update({k: v for k, v in (("microbatches", microbatches), ("widths", widths)) if v})
+    base = _model_cfg(s)
+    s["vocab"] = base.vocab_size
+    backend = jax.default_backend()
+    kinds = KERNELS.get(backend, ("xla",)) if kernels_run else ("xla",)
+    if attention:
+        if not kernels_run or set(attention) - set(kinds):
+            raise ValueError(
+                f"--attention {','.join(attention)}: this backend ({backend}) offers "
+                f"{','.join(kinds)} with --model smollm2; pick among those."
+            )
+        kinds = attention
     plain = StepConfig(
         num_groups=s["prompts"],
         beta=0.04,
@@ -97,32 +174,45 @@ def run(quick: bool = False) -> dict:
     rows = []
     for width in s["widths"]:
         batch = distributed.to_global(make_batch(s, width), None)
-        (a, sa), (b, sb) = _side(s, plain, model_cfg), _side(s, shared, model_cfg)
-        ref = jax.tree.map(jnp.copy, sa[0].params)  # the steps donate their states
-        lp = [np.asarray(a.logprobs(ref, batch)), np.asarray(b.logprobs(ref, batch))]
         mask = np.asarray(batch["completion_mask"]) > 0
-
-        def stepper(step: CompiledStep, box: list, batch: dict = batch):
-            def go():
+        reference = None
+        if kernels_run:  # per-row einsum path, f32, full-precision matmuls
+            ref_step, ref_box = _side(s, plain, base, sharp=True)
+            with jax.default_matmul_precision("highest"):
+                reference = np.asarray(ref_step.logprobs(ref_box[0].params, batch), np.float64)
+            del ref_step, ref_box
+        for kind in kinds:
+            cfg = base.replace(dtype="bfloat16", attention=kind) if kernels_run else base
+            (a, sa), (b, sb) = (_side(s, c, cfg, sharp=kernels_run) for c in (plain, shared))
+            ref = jax.tree.map(jnp.copy, sa[0].params)  # the steps donate their states
+            lp = [np.asarray(a.logprobs(ref, batch)), np.asarray(b.logprobs(ref, batch))]
+            losses = []
+            for step, box in ((a, sa), (b, sb)):  # compiles; the first update's loss
                 box[0], m = step(box[0], batch)
-                jax.block_until_ready(m)
+                losses.append(float(m["loss"]))
 
-            return go
+            def stepper(step: CompiledStep, box: list, batch: dict = batch):
+                def go():
+                    box[0], m = step(box[0], batch)
+                    jax.block_until_ready(m)
 
-        def logprobs(step: CompiledStep, ref: Any = ref, batch: dict = batch):
-            return lambda: jax.block_until_ready(step.logprobs(ref, batch))
+                return go
 
-        t = common.time_interleaved(
-            [stepper(a, sa), stepper(b, sb), logprobs(a), logprobs(b)],
-            repeats=s["rounds"],
-            warmup=1,
-        )
-        P, C, G = width, s["new_tokens"], s["group"]
-        rows.append(
-            {
+            def logprobs(step: CompiledStep, ref: Any = ref, batch: dict = batch):
+                return lambda: jax.block_until_ready(step.logprobs(ref, batch))
+
+            t = common.time_interleaved(
+                [stepper(a, sa), stepper(b, sb), logprobs(a), logprobs(b)],
+                repeats=s["rounds"],
+                warmup=1,
+            )
+            P, C, G = width, s["new_tokens"], s["group"]
+            row = {
                 "prompt_width": P,
                 "prompt_tokens_mean": float(np.asarray(batch["prompt_mask"]).sum(1).mean()),
                 "new_tokens": C,
+                "attention": kind,
+                "dtype": cfg.dtype,
                 "ideal_speedup": round((P + C) / (P / G + C), 3),
                 "step_s_per_row": t[0]["median_s"],
                 "step_s_shared": t[1]["median_s"],
@@ -130,19 +220,27 @@ def run(quick: bool = False) -> dict:
                 "logprob_s_per_row": t[2]["median_s"],
                 "logprob_s_shared": t[3]["median_s"],
                 "logprob_speedup": round(t[2]["median_s"] / t[3]["median_s"], 3),
-                "max_abs_logp_diff": float(np.abs(lp[0] - lp[1])[mask].max()),
+                "max_abs_logp_diff": _max_diff(lp[0], lp[1], mask),
+                "loss_per_row": losses[0],
+                "loss_shared": losses[1],
                 "compiles": [a.compile_count(), b.compile_count()],
             }
-        )
+            if reference is not None:
+                row["max_dlogp_vs_f32_per_row"] = _max_diff(lp[0], reference, mask)
+                row["max_dlogp_vs_f32_shared"] = _max_diff(lp[1], reference, mask)
+                row["logp_std_f32"] = float(reference[mask].std())  # the signal
+            rows.append(row)
+            del a, b, sa, sb, ref
     return {
         "benchmark": "prompt_sharing",
         "quick": quick,
+        "model": model,
         "command": common.command_line(),
         "date": common.now_iso(),
         "machine": common.machine_info(),
         "config": {k: v for k, v in s.items() if k != "widths"},
         "rows": s["prompts"] * s["group"],
-        "backend": jax.default_backend(),
+        "backend": backend,
         "timing": f"median of {s['rounds']} alternating rounds",
         "results": rows,
     }
@@ -151,7 +249,8 @@ def run(quick: bool = False) -> dict:
 def format_table(result: dict) -> str:
     head = (
         f"prompt sharing: {result['rows']} rows, {result['config']['group']} per prompt, "
-        f"{result['config']['new_tokens']} new tokens, {result['backend']}, {result['timing']}; "
+        f"{result['config']['new_tokens']} new tokens, {result['config']['microbatches']} "
+        f"micro-batches, {result['backend']}, {result['timing']}; "
         f"{common.describe_machine(result['machine'])}"
     )
     cols = [
@@ -165,11 +264,17 @@ def format_table(result: dict) -> str:
         "logprob_speedup",
         "max_abs_logp_diff",
     ]
+    if result.get("model") == "smollm2":
+        cols[1:1] = ["attention"]
+        cols += ["max_dlogp_vs_f32_per_row", "max_dlogp_vs_f32_shared", "loss_per_row"]
+        cols += ["loss_shared"]
     return head + "\n" + common.text_table(result["results"], cols)
 
 
 def table_markdown(result: dict) -> str:
-    """The docs' table (docs/benchmarks.md renders the committed run with it)."""
+    """The docs' table (docs/benchmarks.md renders the committed runs with it)."""
+    if result.get("model") == "smollm2":
+        return kernels_markdown([result])
     lines = [
         "| prompt width (mean tokens) | ideal | step s, per row | step s, shared | speed-up "
         "| log-prob s, per row | log-prob s, shared | speed-up | max abs logp diff |",
@@ -185,8 +290,56 @@ def table_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def kernels_markdown(results: list[dict]) -> str:
+    """The accelerator runs' table: one line per run, width and kernel; errors
+    against the f32 reference."""
+    lines = [
+        "| prompt width (mean tokens) | attention | micro-batches | ideal | step s, per row "
+        "| step s, shared | speed-up | log-prob s, per row | log-prob s, shared | speed-up "
+        "| max dlogp vs f32, per row | max dlogp vs f32, shared | loss per row / shared |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for res in results:
+        for r in res["results"]:
+            lines.append(
+                f"| {r['prompt_width']} ({r['prompt_tokens_mean']:.0f}) | {r['attention']} "
+                f"| {res['config']['microbatches']} | {r['ideal_speedup']:.2f}x "
+                f"| {r['step_s_per_row']:.3f} | {r['step_s_shared']:.3f} "
+                f"| {r['step_speedup']:.2f}x | {r['logprob_s_per_row']:.4f} "
+                f"| {r['logprob_s_shared']:.4f} | {r['logprob_speedup']:.2f}x "
+                f"| {r['max_dlogp_vs_f32_per_row']:.3f} | {r['max_dlogp_vs_f32_shared']:.3f} "
+                f"| {r['loss_per_row']:.4g} / {r['loss_shared']:.4g} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
-    common.quick_out_main(__doc__, run, format_table, DEFAULT_OUT, "Tiny model, two widths.")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
+    ap.add_argument("--quick", action="store_true", help="Tiny model, two widths.")
+    ap.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="smollm2: SmolLM2-135M's shapes in bf16, every attention kernel of the backend.",
+    )
+    ap.add_argument("--attention", help="Comma-separated kernels (default: the backend's).")
+    ap.add_argument("--microbatches", type=int, help="Override the shape's micro-batch count.")
+    ap.add_argument("--widths", help="Comma-separated prompt widths (default: the shape's).")
+    a = ap.parse_args()
+
+    def split(text: str | None, cast: type) -> tuple | None:
+        return tuple(cast(x) for x in text.split(",")) if text else None
+
+    result = run(
+        quick=a.quick,
+        model=a.model,
+        attention=split(a.attention, str),
+        microbatches=a.microbatches,
+        widths=split(a.widths, int),
+    )
+    print(format_table(result))
+    print(f"wrote {common.write_json(a.out, result)}")
 
 
 if __name__ == "__main__":

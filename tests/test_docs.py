@@ -496,6 +496,41 @@ def test_prompt_sharing_section_is_the_committed_run() -> None:
     )
 
 
+def test_prompt_sharing_gpu_section_is_the_committed_runs() -> None:
+    """The GPU kernel tables and the prose's figures are the committed H200 runs,
+    and the parity the prose claims holds in them."""
+    import json
+
+    from benchmarks import bench_prompt_sharing as bench
+
+    def load(name: str) -> dict:
+        return json.loads((ROOT / "docs" / "benchmarks" / f"{name}.json").read_text())
+
+    res, mb2, mb8 = (load(f"prompt_sharing_h200{s}") for s in ("", "_cudnn_mb2", "_cudnn_mb8"))
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert bench.table_markdown(res) in doc and bench.kernels_markdown([mb2, mb8]) in doc
+    flat = " ".join(doc.split())
+    r = {(x["prompt_width"], x["attention"]): x for x in res["results"]}
+    for w in (512, 2048):  # cuDNN's bf16 error is the einsum path's size, not a wrong key's
+        xla_err = max(
+            r[w, "xla"]["max_dlogp_vs_f32_per_row"], r[w, "xla"]["max_dlogp_vs_f32_shared"]
+        )
+        assert r[w, "cudnn"]["max_dlogp_vs_f32_shared"] <= xla_err + 0.01
+        assert r[w, "cudnn"]["logp_std_f32"] > 1.0
+    x2, c2 = r[2048, "xla"], r[2048, "cudnn"]
+    assert f"step {x2['step_s_per_row'] / c2['step_s_shared']:.1f}x faster" in flat
+    assert f"{c2['max_dlogp_vs_f32_shared']:.3f} from the f32 reference" in flat
+    q2 = {x["prompt_width"]: x for x in mb2["results"]}
+    q8 = {x["prompt_width"]: x for x in mb8["results"]}
+    ratio = q8[512]["step_s_shared"] / q2[512]["step_s_shared"]
+    assert f"step is {ratio:.2f}x faster with 2 micro-batches at width 512" in flat
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    speedup = x2["step_s_per_row"] / c2["step_s_shared"]
+    assert f"step at 2048-token prompts is {speedup:.1f}x faster" in readme
+    models = " ".join((ROOT / "docs" / "models.md").read_text(encoding="utf-8").split())
+    assert f"shared step with it is {speedup:.1f}x as fast as the per-row" in models
+
+
 def test_kernel_layout_table_is_the_committed_run() -> None:
     import json
 
