@@ -10,7 +10,9 @@ prefill + decode) for the target's abstract devices with the config's mesh and
 abstract params, prints per-device memory, whether it fits, analytic FLOPs and
 a roofline step time; --json writes the same as JSON. When it does not fit,
 --search (on by default) tries the knobs a user would turn and prints the
-smallest change that fits as --config overrides. Needs the `[aot]` extra
+smallest change that fits as --config overrides; when it fits,
+--fewest_microbatches halves algo.num_microbatches while it still fits (fewer,
+larger micro-batches run faster on accelerators). Needs the `[aot]` extra
 (libtpu + the CUDA plugin; no accelerator). Targets: --topology=help.
 """
 
@@ -37,6 +39,11 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "Target, e.g. v5p-16, 8xh100 (
 _JSON = flags.DEFINE_string("json", "", "Write the plan as JSON here.")
 _SEARCH = flags.DEFINE_bool("search", True, "If it does not fit: look for the smallest change.")
 _MAX_TRIES = flags.DEFINE_integer("max_tries", 12, "Plans the --search may compile at most.")
+_FEWEST = flags.DEFINE_bool(
+    "fewest_microbatches",
+    False,
+    "If it fits: halve algo.num_microbatches while it still fits (faster on accelerators).",
+)
 
 
 def main(argv: list[str]) -> None:
@@ -52,7 +59,7 @@ def main(argv: list[str]) -> None:
     if cfg is None:
         raise app.UsageError("--config=configs/<name>.py is required.")
     from gdpo_jax.scale.plan import PlanError, format_plan, make_plan
-    from gdpo_jax.scale.search import find_fit
+    from gdpo_jax.scale.search import fewest_microbatches, find_fit
 
     try:
         target = parse_target(_TOPOLOGY.value)
@@ -70,6 +77,16 @@ def main(argv: list[str]) -> None:
                 )
             else:
                 print("no single change among the searched knobs fits; see docs/scale.md.")
+        if plan["fits"] and _FEWEST.value:
+            fewest = fewest_microbatches(cfg, target, plan, log=print)
+            plan["fewest_microbatches"] = fewest
+            if fewest:
+                print(
+                    f"fewest micro-batches that fit: {fewest['overrides'][0]}  (peak "
+                    f"{fewest['peak_gib']:.2f} GiB in {fewest['peak_program']})"
+                )
+            else:
+                print("algo.num_microbatches is already the fewest that fits (halving).")
     except (TargetError, ConfigError, PlanError, MissingExtraError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -524,6 +524,9 @@ def test_prompt_sharing_gpu_section_is_the_committed_runs() -> None:
     q8 = {x["prompt_width"]: x for x in mb8["results"]}
     ratio = q8[512]["step_s_shared"] / q2[512]["step_s_shared"]
     assert f"step is {ratio:.2f}x faster with 2 micro-batches at width 512" in flat
+    gains = sorted(q8[w]["step_s_shared"] / q2[w]["step_s_shared"] for w in (512, 2048))
+    scale = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
+    assert f"ran {gains[0]:.1f}-{gains[1]:.1f}x faster with 2 micro-batches than with 8" in scale
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     speedup = x2["step_s_per_row"] / c2["step_s_shared"]
     assert f"step at 2048-token prompts is {speedup:.1f}x faster" in readme

@@ -384,3 +384,56 @@ def test_search_offers_prompt_sharing_off_last_for_the_step():
     assert train[-1] == {"algo.share_prompt": False}
     c.algo.share_prompt = False
     assert {"algo.share_prompt": False} not in candidates(c, "step", 8)
+
+
+def test_fewest_microbatches_halves_while_the_plan_fits(monkeypatch):
+    """The search down: halve algo.num_microbatches while a (fake) plan fits, stop at the
+    first count that does not; None when the config's count cannot be halved or the
+    plan does not fit to begin with."""
+    from gdpo_jax.scale import search
+
+    planned = []
+
+    def fake_plan(cfg, target):
+        micro = cfg.algo.num_microbatches
+        planned.append(micro)
+        return {
+            "fits": micro >= 4,
+            "peak_gib": 64 / micro,
+            "peak_program": "step",
+            "est_step_s": 1.0,
+        }
+
+    monkeypatch.setattr(search, "make_plan", fake_plan)
+    target = targets_lib.parse_target("tpu:v5e:2x2")
+    fits = {"fits": True}
+    logged = []
+    got = search.fewest_microbatches(
+        tiny_config(num_microbatches=16), target, fits, log=logged.append
+    )
+    assert planned == [8, 4, 2]  # 2 does not fit: the search stops there
+    assert got["changes"] == {"algo.num_microbatches": 4} and got["tries"] == 3
+    assert got["overrides"] == ["--config.algo.num_microbatches=4"] and got["peak_gib"] == 16
+    assert "does not fit" in logged[-1] and "num_microbatches=2" in logged[-1]
+    planned.clear()
+    assert search.fewest_microbatches(tiny_config(num_microbatches=4), target, fits) is None
+    assert planned == [2]
+    assert (
+        search.fewest_microbatches(tiny_config(num_microbatches=16), target, {"fits": False})
+        is None
+    )
+    assert search.fewest_microbatches(tiny_config(num_microbatches=1), target, fits) is None
+    assert planned == [2]  # neither planned anything
+
+
+@needs_tpu
+def test_fewest_microbatches_on_a_tpu_target():
+    """Compiled for a v5e: the tiny config fits at every count, so 4 micro-batches halve to 1,
+    and the plan of the count it names fits."""
+    from gdpo_jax.scale.plan import make_plan
+    from gdpo_jax.scale.search import _apply, fewest_microbatches
+
+    cfg, target = tiny_config(num_microbatches=4), targets_lib.parse_target("tpu:v5e:2x2")
+    got = fewest_microbatches(cfg, target, make_plan(cfg, target))
+    assert got["changes"] == {"algo.num_microbatches": 1} and got["tries"] == 2
+    assert make_plan(_apply(cfg, got["changes"]), target)["fits"]

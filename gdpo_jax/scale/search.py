@@ -1,4 +1,5 @@
-"""When a plan does not fit: the smallest change of the knobs a user would turn.
+"""When a plan does not fit: the smallest change of the knobs a user would turn;
+when it fits: the fewest micro-batches that still fit (`fewest_microbatches`).
 
 Candidates are single changes, ordered from the cheapest in step time to the
 dearest, aimed at the program that does not fit:
@@ -149,3 +150,53 @@ def find_fit(
             return None
         base, current = best[1], best[2]
     return None
+
+
+def fewest_microbatches(
+    cfg: mlc.ConfigDict,
+    target: Target,
+    plan: dict,
+    *,
+    max_tries: int = 4,
+    log: Callable[[str], None] | None = None,
+) -> dict | None:
+    """When `plan` (make_plan(cfg, target)) fits: the fewest algo.num_microbatches
+    that still fits, halving the config's count. Fewer, larger micro-batches fill
+    an accelerator better (docs/benchmarks.md, prompt sharing on a GPU) and read
+    the weights fewer times; the step's memory grows with the rows per
+    micro-batch, so the halving stops at the first count that does not fit or
+    does not validate.
+
+    Returns find_fit's dict for the fewest count found, or None when the
+    config's count is already the fewest that fits (or the plan does not fit).
+    """
+    if not plan["fits"]:
+        return None
+    n, micro = target.num_devices, int(cfg.algo.num_microbatches)
+    found, tried = None, 0
+    while micro % 2 == 0 and tried < max_tries:
+        micro //= 2
+        change = {"algo.num_microbatches": micro}
+        c = _apply(cfg, change)
+        if not _valid(c, n):
+            break
+        tried += 1
+        p = make_plan(c, target)
+        if log:
+            log(
+                f"  try {_override('algo.num_microbatches', micro)}: peak "
+                f"{p['peak_gib']:.2f} GiB in {p['peak_program']}, "
+                f"{'fits' if p['fits'] else 'does not fit'}"
+            )
+        if not p["fits"]:
+            break
+        found = dict(
+            overrides=[_override("algo.num_microbatches", micro)],
+            changes=change,
+            peak_gib=p["peak_gib"],
+            peak_program=p["peak_program"],
+            est_step_s=p["est_step_s"],
+        )
+    if found:
+        found["tries"] = tried  # plans compiled, the one that stopped the halving included
+    return found
