@@ -193,9 +193,10 @@ def constrain(x: jax.Array, mesh: Any, spec: P) -> jax.Array:
 
     Explicit axes carry the sharding in the type (`reshard`); Auto axes take a
     hint (`with_sharding_constraint`). `mesh` may be concrete or abstract (e.g.
-    `context_mesh()`); no-op when it is None.
+    `context_mesh()`); no-op when it is None or every axis is Manual (inside a
+    `shard_map` over the whole mesh, where each device holds its own block).
     """
-    if mesh is None:
+    if mesh is None or all(t == AxisType.Manual for t in mesh.axis_types):
         return x
     if is_explicit(mesh):
         return jax.sharding.reshard(x, spec)

@@ -84,8 +84,8 @@ def test_valid_configs_pass():
             r"sampling\.rows_per_call=12 .*divides algo\.num_prompts=4.*rows_per_call=8\b",
         ),
         (
-            lambda c: setattr(c.sampling, "continuous_slots", 4),
-            r"sampling\.continuous_slots=4 needs a single device \(mesh of 8\)",
+            lambda c: setattr(c.sampling, "continuous_slots", -1),
+            r"sampling\.continuous_slots=-1 must be >= 1 .*continuous_slots=0",
         ),
         (
             lambda c: setattr(c.sampling, "decode_layers", "unroll"),

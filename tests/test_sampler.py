@@ -397,6 +397,46 @@ def test_sharded_shared_prompt_cache_equals_unsharded_copies(tok):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
 
 
+@pytest.mark.parametrize("axis_type", ["auto", "explicit"])
+def test_sharded_continuous_batching_equals_one_device(tok, axis_type):
+    """Continuous batching on a 2x2x2 mesh: every batch shard runs its own rows
+    through its own slots (weights gathered once per call). Greedy rows, lengths
+    and finish reasons equal the static decode's on one device, row for row;
+    sampled rows equal continuous batching's on one device (a row's key folds in
+    its global index); 5 prompts x G=3 = 15 rows: padded to 16 (a padding row,
+    a group split across shards)."""
+    from jax.sharding import AxisType
+
+    types = (AxisType.Explicit if axis_type == "explicit" else AxisType.Auto,) * 3
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"), axis_types=types)
+    prompts = [[6 + (7 * i + j) % 40 for j in range(1 + i % 4)] for i in range(5)]
+    plain_model = _make_model()
+    probe = Sampler(plain_model, tok, eos_token_ids=()).generate(
+        prompts,
+        SamplingParams(max_new_tokens=M, greedy=True),
+        num_generations=3,
+        key=jax.random.key(0),
+    )
+    eos = (int(np.bincount(probe.completion_ids[:, 1 : M - 2].ravel()).argmax()),)
+    for greedy in (True, False):
+        params = SamplingParams(max_new_tokens=M, greedy=greedy, temperature=1.0)
+        one = Sampler(plain_model, tok, eos_token_ids=eos, continuous_slots=0 if greedy else 2)
+        sharded = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=eos, continuous_slots=2)
+        a = one.generate(prompts, params, num_generations=3, key=jax.random.key(3))
+        b = sharded.generate(prompts, params, num_generations=3, key=jax.random.key(3))
+        assert b.info["batch_rows"] == 16 and len(b) == 15
+        if greedy:
+            assert len(set(a.lengths.tolist())) > 1  # the EOS ends some rows early
+        np.testing.assert_array_equal(b.completion_ids, a.completion_ids)
+        np.testing.assert_array_equal(b.lengths, a.lengths)
+        assert b.finish_reason == a.finish_reason
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
+        assert b.info["generated_tokens"] == a.info["generated_tokens"]
+        # 4 shards x 2 lanes x the longest shard's steps; every lane-step is counted once
+        assert b.info["decoded_tokens"] <= 8 * b.info["decode_steps"]
+        assert b.info["decoded_tokens"] >= b.info["generated_tokens"]
+
+
 def test_chunked_rollout_equals_one_call_greedy(sampler):
     # Greedy rows do not depend on the key, so chunking the sampler calls
     # (train.rollout, sampling.rows_per_call) must give the same batch, with each
@@ -546,7 +586,7 @@ def test_decode_layers_default_and_bad_value(model, tok):
         Sampler(model, tok, decode_layers="unroll")
 
 
-def test_continuous_batching_needs_single_device(model, tok):
+def test_continuous_batching_rejects_negative_slots(model, tok):
     with pytest.raises(ValueError, match="continuous_slots=-1"):
         Sampler(model, tok, continuous_slots=-1)
 

@@ -27,6 +27,10 @@ Greedy rows equal the static decode's row for row (same prompt logits, same
 per-row maths; tests/test_sampler.py checks it). Sampled rows draw with
 ``fold_in(fold_in(key, row), t)``: a row's randomness does not depend on
 which lane or step it ran in (it differs from the static decode's stream).
+
+Under a mesh of several devices every batch shard runs this loop over its own
+rows and lanes (`_sharded`); `row` is then the global row index, so the rows
+do not depend on the mesh either.
 """
 
 from __future__ import annotations
@@ -54,10 +58,19 @@ def make_continuous_generate_fn(
     spec: DecodeSpec,
     slots: int,
     on_trace: Callable[[], None] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    rows_per_prompt: int = 1,
 ) -> Callable[..., dict[str, jax.Array]]:
-    """Jitted ``generate`` with `decode.make_generate_fn`'s arguments and outputs
-    (single device), decoding with `slots` lanes; also returns "row_steps"
-    (lane-steps that produced a token) and "lane_steps" (steps x slots)."""
+    """Jitted ``generate`` with `decode.make_generate_fn`'s arguments and outputs,
+    decoding with `slots` lanes (per batch shard under a mesh); also returns
+    "row_steps" (lane-steps that produced a token) and "lane_steps" (steps x
+    lanes, summed over shards). "steps" is the longest shard's.
+
+    Under a mesh of several devices (`_sharded`) every batch shard ("data" x
+    "fsdp") runs its own rows through its own lanes, with the weights gathered
+    once per call; `rows_per_prompt` (the G of prompt-major rows) bounds how
+    many prompts a shard's rows read, so each shard prefills only those.
+    """
     m_new = spec.max_new_tokens
 
     def generate(
@@ -73,7 +86,9 @@ def make_continuous_generate_fn(
         stop_ids,
         stop_seqs,
         row_limit,
+        row_offset=0,
     ) -> dict[str, jax.Array]:
+        """One device's decode; row_offset: its first row's global index (keys)."""
         if on_trace is not None:
             on_trace()
         model = nnx.merge(graphdef, state)
@@ -164,7 +179,7 @@ def make_continuous_generate_fn(
                 )
             else:
                 keys = jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(
-                    row, t
+                    row + row_offset, t
                 )
                 tok, lp = jax.vmap(
                     lambda lg, k: sample_tokens(
@@ -249,4 +264,56 @@ def make_continuous_generate_fn(
             lane_steps=out["steps"] * lanes,
         )
 
-    return jax.jit(generate)
+    if mesh is None or mesh.devices.size == 1:
+        return jax.jit(generate)
+    return jax.jit(_sharded(generate, mesh, rows_per_prompt))
+
+
+def _sharded(generate: Callable, mesh: jax.sharding.Mesh, group: int) -> Callable:
+    """`generate` run per batch shard (`jax.shard_map`): rows, their budgets and
+    outputs split over ("data", "fsdp"); prompts, weights and key whole on every
+    device (the weights are gathered once per call: inside the loop no device
+    waits on another, so each shard decodes until its own rows are done).
+
+    Rows are prompt-major and a shard's are contiguous, so they read a window of
+    at most ceil(rows / G) + 1 prompts: only that window is prefilled. A row's
+    key folds in its global index, so sampled rows do not depend on the mesh.
+    """
+    from jax.sharding import PartitionSpec as P
+
+    from gdpo_jax import sharding as mesh_lib
+
+    rows, rep = P(mesh_lib.batch_axes(mesh)), P()
+    counters = ("steps", "row_steps", "lane_steps")
+
+    def local(state, prompt_ids, prompt_mask, row_prompt, *rest):
+        n_local, n_prompts = row_prompt.shape[0], prompt_ids.shape[0]
+        width = min(n_prompts, -(-n_local // group) + 1)
+        lo = jnp.clip(jnp.min(row_prompt), 0, n_prompts - width)
+        ids = jax.lax.dynamic_slice_in_dim(prompt_ids, lo, width)
+        pmask = jax.lax.dynamic_slice_in_dim(prompt_mask, lo, width)
+        shard = jax.lax.axis_index(mesh_lib.batch_axes(mesh))
+        out = generate(state, ids, pmask, row_prompt - lo, *rest, row_offset=shard * n_local)
+        return {k: v[None] if k in counters else v for k, v in out.items()}
+
+    def sharded(state, prompt_ids, prompt_mask, row_prompt, active, key, *rest):
+        # rest: temperature, top_p, eos_ids, stop_ids, stop_seqs (whole), row_limit (rows)
+        specs = (rep, rep, rep, rows, rows, rep) + (rep,) * (len(rest) - 1) + (rows,)
+        args = (state, prompt_ids, prompt_mask, row_prompt, active, key, *rest)
+        # Explicit axes: each input takes its spec (the weights' all-gather) before the map.
+        args = tuple(
+            jax.tree.map(lambda x, spec=spec: mesh_lib.constrain(x, mesh, spec), a)
+            for a, spec in zip(args, specs)
+        )
+        out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=rows, check_vma=False)(
+            *args
+        )
+        steps = jnp.max(out["steps"])
+        return dict(
+            out,
+            steps=steps,
+            row_steps=jnp.sum(out["row_steps"]),
+            lane_steps=jnp.sum(out["lane_steps"]),
+        )
+
+    return sharded

@@ -63,9 +63,9 @@ class Sampler:
         "scan", "unrolled", "fused", or "auto" (`decode.decode_layers_default`:
         fused on CPU in f32, else the scan). Same tokens either way.
       continuous_slots: > 0: continuous batching with this many decode slots
-        (`continuous.py`: a finished row's slot takes the next waiting row);
-        single device only (mesh=None). 0 = static batch (every row decodes
-        until the call's longest row ends).
+        per batch shard (`continuous.py`: a finished row's slot takes the next
+        waiting row of its shard). 0 = static batch (every row decodes until
+        the call's longest row ends).
       share_prompt_cache: keep each prompt's KV cache once for its G rows
         (``DecodeSpec.group``) instead of a copy per row, when every prompt
         has its G rows and there are no batch-padding rows (else copies).
@@ -111,15 +111,14 @@ class Sampler:
                 f"decode_layers={decode_layers!r}: use 'auto' or one of {decode.DECODE_LAYERS}."
             )
         one_device = mesh is None or mesh.devices.size == 1
-        if continuous_slots < 0 or (continuous_slots and not one_device):
+        if continuous_slots < 0:
             raise ValueError(
-                f"continuous_slots={continuous_slots}: continuous batching needs "
-                "continuous_slots >= 1 and a single device (mesh=None or of 1 device); "
-                "use 0 otherwise."
+                f"continuous_slots={continuous_slots}: use >= 1 decode slots per batch "
+                "shard for continuous batching, or 0 for static calls."
             )
         self.continuous_slots = int(continuous_slots)
         self._one_device = None
-        if self.continuous_slots:
+        if self.continuous_slots and one_device:
             # One device: the plain (unsharded) call path; weights typed on a
             # 1-device (Explicit) mesh are re-placed as plain device arrays.
             self._one_device = None if mesh is None else mesh.devices.flat[0]
@@ -243,7 +242,8 @@ class Sampler:
         active = np.arange(n_local_pad) < n
 
         share = self.share_prompt_cache and not self.continuous_slots
-        fn = self._get_fn(params, group=decode.shared_prompt_group(share, n_local_pad, u_max, g))
+        group = decode.shared_prompt_group(share, n_local_pad, u_max, g)
+        fn = self._get_fn(params, group=group, rows_per_prompt=g)
         state = nnx.state(self.model)
         if self._one_device is not None:
             state = jax.device_put(state, jax.sharding.SingleDeviceSharding(self._one_device))
@@ -277,9 +277,12 @@ class Sampler:
             )
             with jax.set_mesh(self.mesh):
                 res = fn(state, *args)
-            # Only this process's rows come back (no cross-host transfer).
-            out = {k: hostio.local_rows(v, lo, lo + n) for k, v in res.items() if k != "steps"}
-            out["steps"] = hostio.scalar(res["steps"])
+            # Only this process's rows come back (no cross-host transfer); the
+            # counters (steps, and continuous batching's row / lane steps) are scalars.
+            out = {
+                k: hostio.local_rows(v, lo, lo + n) if v.ndim else hostio.scalar(v)
+                for k, v in res.items()
+            }
         t_dev = time.perf_counter() - t1  # compile (first call) + prefill + decode + transfer
 
         tokens = np.array(out["tokens"][:n], np.int32)  # writable copies
@@ -328,7 +331,7 @@ class Sampler:
         )
 
     # ------------------------------------------------------------- internals
-    def _get_fn(self, params: SamplingParams, group: int = 0):
+    def _get_fn(self, params: SamplingParams, group: int = 0, rows_per_prompt: int = 1):
         m = int(params.max_new_tokens)
         n = self.decode_chunks or min(4, -(-m // 32))
         n = max(1, min(n, m))
@@ -345,11 +348,18 @@ class Sampler:
         )
         graphdef = nnx.graphdef(self.model)
         cache_key = (graphdef, spec, self.continuous_slots)
+        if self.continuous_slots and self.mesh is not None:  # it bounds a shard's prompts
+            cache_key += (int(rows_per_prompt),)
         if cache_key not in self._fns and self.continuous_slots:
             from gdpo_jax.sampling.continuous import make_continuous_generate_fn
 
             self._fns[cache_key] = make_continuous_generate_fn(
-                graphdef, spec, self.continuous_slots, self._on_trace
+                graphdef,
+                spec,
+                self.continuous_slots,
+                self._on_trace,
+                mesh=self.mesh,
+                rows_per_prompt=rows_per_prompt,
             )
         if cache_key not in self._fns:
             self._fns[cache_key] = decode.make_generate_fn(

@@ -224,16 +224,10 @@ def validate_config(
             f"{a.num_prompts}, e.g. --config.sampling.rows_per_call={example}."
         )
     slots = int(cfg.sampling.get("continuous_slots", 0))
-    if cfg.mesh.num_devices or num_devices is not None:
-        n_dev = cfg.mesh.num_devices or num_devices
-    else:
-        import jax
-
-        n_dev = jax.device_count()
-    if slots < 0 or (slots and n_dev != 1):
+    if slots < 0:
         raise ConfigError(
-            f"config.sampling.continuous_slots={slots} needs a single device (mesh of "
-            f"{n_dev}); set --config.mesh.num_devices=1 or --config.sampling.continuous_slots=0."
+            f"config.sampling.continuous_slots={slots} must be >= 1 (decode slots per batch "
+            "shard) or 0 (static calls); e.g. --config.sampling.continuous_slots=0."
         )
     from gdpo_jax.sampling.decode import DECODE_LAYERS
 

@@ -147,8 +147,8 @@ def base_config() -> mlc.ConfigDict:
     # Global rows (prompts x G) per Sampler.generate call; 0 = the whole rollout
     # batch at once. Bounds the KV cache of one decode at paper scale.
     c.sampling.rows_per_call = 0
-    # > 0: continuous batching with this many decode slots per sampler call (a row
-    # that finishes hands its slot to a waiting row); single device only. Greedy
+    # > 0: continuous batching with this many decode slots per batch shard (a row
+    # that finishes hands its slot to a waiting row of its shard). Greedy
     # rows equal the static decode's; sampled rows use a per-row key stream.
     c.sampling.continuous_slots = 0
     # How the decode loop runs the layers: "auto" (fused on CPU in f32, else the
