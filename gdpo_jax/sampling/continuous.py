@@ -41,7 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
+from gdpo_jax import sharding as mesh_lib
 from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.sampling.decode import (
     FINISH_EOS,
@@ -279,10 +281,6 @@ def _sharded(generate: Callable, mesh: jax.sharding.Mesh, group: int) -> Callabl
     at most ceil(rows / G) + 1 prompts: only that window is prefilled. A row's
     key folds in its global index, so sampled rows do not depend on the mesh.
     """
-    from jax.sharding import PartitionSpec as P
-
-    from gdpo_jax import sharding as mesh_lib
-
     rows, rep = P(mesh_lib.batch_axes(mesh)), P()
     counters = ("steps", "row_steps", "lane_steps")
 
@@ -308,10 +306,9 @@ def _sharded(generate: Callable, mesh: jax.sharding.Mesh, group: int) -> Callabl
         out = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=rows, check_vma=False)(
             *args
         )
-        steps = jnp.max(out["steps"])
         return dict(
             out,
-            steps=steps,
+            steps=jnp.max(out["steps"]),
             row_steps=jnp.sum(out["row_steps"]),
             lane_steps=jnp.sum(out["lane_steps"]),
         )

@@ -99,6 +99,34 @@ def _valid(cfg: mlc.ConfigDict, num_devices: int) -> bool:
     return True
 
 
+def _plan_try(
+    cfg: mlc.ConfigDict,
+    target: Target,
+    changes: dict[str, Any],
+    log: Callable[[str], None] | None,
+) -> dict:
+    """make_plan of `cfg` (the config with `changes` applied), logged as one try."""
+    p = make_plan(cfg, target)
+    if log:
+        log(
+            f"  try {' '.join(_override(k, v) for k, v in changes.items())}: "
+            f"peak {p['peak_gib']:.2f} GiB in {p['peak_program']}, "
+            f"{'fits' if p['fits'] else 'does not fit'}"
+        )
+    return p
+
+
+def _found(changes: dict[str, Any], p: dict) -> dict:
+    """A search's answer: the changes as overrides, with the plan's figures."""
+    return dict(
+        overrides=[_override(k, v) for k, v in changes.items()],
+        changes=changes,
+        peak_gib=p["peak_gib"],
+        peak_program=p["peak_program"],
+        est_step_s=p["est_step_s"],
+    )
+
+
 def find_fit(
     cfg: mlc.ConfigDict,
     target: Target,
@@ -128,22 +156,9 @@ def find_fit(
             if tried >= max_tries:
                 return None
             tried += 1
-            p = make_plan(c, target)
-            if log:
-                log(
-                    f"  try {' '.join(_override(k, v) for k, v in trial.items())}: "
-                    f"peak {p['peak_gib']:.2f} GiB in {p['peak_program']}, "
-                    f"{'fits' if p['fits'] else 'does not fit'}"
-                )
+            p = _plan_try(c, target, trial, log)
             if p["fits"]:
-                return dict(
-                    overrides=[_override(k, v) for k, v in trial.items()],
-                    changes=trial,
-                    peak_gib=p["peak_gib"],
-                    peak_program=p["peak_program"],
-                    est_step_s=p["est_step_s"],
-                    tries=tried,
-                )
+                return dict(_found(trial, p), tries=tried)
             if best is None or p["peak_gib"] < best[0]:
                 best = (p["peak_gib"], trial, p)
         if best is None or best[0] >= current["peak_gib"]:
@@ -181,22 +196,10 @@ def fewest_microbatches(
         if not _valid(c, n):
             break
         tried += 1
-        p = make_plan(c, target)
-        if log:
-            log(
-                f"  try {_override('algo.num_microbatches', micro)}: peak "
-                f"{p['peak_gib']:.2f} GiB in {p['peak_program']}, "
-                f"{'fits' if p['fits'] else 'does not fit'}"
-            )
+        p = _plan_try(c, target, change, log)
         if not p["fits"]:
             break
-        found = dict(
-            overrides=[_override("algo.num_microbatches", micro)],
-            changes=change,
-            peak_gib=p["peak_gib"],
-            peak_program=p["peak_program"],
-            est_step_s=p["est_step_s"],
-        )
+        found = _found(change, p)
     if found:
         found["tries"] = tried  # plans compiled, the one that stopped the halving included
     return found
