@@ -149,6 +149,33 @@ def attention_table(directory: str = "docs/scale/attention") -> str:
     return "\n".join(rows)
 
 
+def sampler_table(directory: str = "docs/scale/sampler") -> str:
+    """The static decode against continuous batching, for docs/scale.md: one row per
+    committed plan in `directory` (`python -m experiments.plan ...
+    --config.sampling.continuous_slots=<B> --nosearch
+    --json=<directory>/<config>_<target>_<decode>.json`), GiB per device."""
+    rows = [
+        "| plan | target | sampler | lanes per device | KV cache GiB | gathered weights GiB | "
+        "sampler temporaries GiB | sampler total GiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        p = json.load(open(path))
+        g = p["programs"]["generate"]
+        name = os.path.basename(path)[: -len(".json")].rsplit("_", 2)[0]
+        if g.get("decode") == "continuous":
+            kind, lanes = f"continuous, {g['slots']} slots", str(g["lanes_per_shard"])
+        else:
+            kind, lanes = "static", f"{g['rows_per_call'] // p['num_devices']} rows"
+        rows.append(
+            f"| {name} | {p['target']} | {kind} | {lanes} | "
+            f"{p['per_device']['kv_cache'] / 2**30:.2f} | "
+            f"{g.get('gathered_params_bytes', 0) / 2**30:.2f} | {g['temp_gib']:.2f} | "
+            f"{g['total_gib']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
 def write_doc(plans: dict, md_path: str) -> None:
     table = render(plans)
     total = sum(p["plan_s"] for p in plans.values())

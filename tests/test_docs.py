@@ -304,6 +304,37 @@ def test_attention_kernel_table_is_the_committed_plans(monkeypatch: pytest.Monke
     )
 
 
+def test_sampler_table_and_its_prose_are_the_committed_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/scale.md's static-vs-continuous sampler table is rendered from
+    # docs/scale/sampler/*.json, and the differences its prose quotes are computed here.
+    import json
+
+    directory = ROOT / "docs" / "scale" / "sampler"
+    table = _plan_table(monkeypatch).sampler_table(str(directory))
+    doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
+    assert table.count("\n") >= 3 and table in doc, (
+        "docs/scale.md's sampler table differs from docs/scale/sampler/*.json "
+        "(experiments.plan_table.sampler_table renders it)"
+    )
+    plans = {p.stem.rsplit("_", 1)[1]: json.loads(p.read_text()) for p in directory.glob("*.json")}
+    static, cont = plans["static"], plans["continuous-64"]
+    gib = 2**30
+    temps = cont["programs"]["generate"]["temp_gib"] - static["programs"]["generate"]["temp_gib"]
+    gathered = cont["programs"]["generate"]["gathered_params_bytes"] / gib
+    kv = (cont["per_device"]["kv_cache"] - static["per_device"]["kv_cache"]) / gib
+    prose = doc.split("<!-- /sampler-table -->", 1)[1].split("\n## ", 1)[0]
+    figures = (
+        f"{temps:.1f} GiB more",
+        f"({gathered:.2f} GiB)",
+        f"({kv:.2f} GiB",
+        f"{gathered + kv:.1f} of it",
+    )
+    for figure in figures:
+        assert figure in prose, f"docs/scale.md's sampler prose should say {figure!r}"
+
+
 def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.MonkeyPatch) -> None:
     # The README's "Measured so far" quotes the planner's table: every number on its
     # scale line must be a cell (or part of one) of that table, and it must link the page.

@@ -282,6 +282,49 @@ def test_tiny_plan_on_gpu():
     assert plan["usable_gib"] == pytest.approx(84942979072 / 2**30 - 4)
 
 
+@needs_cuda
+def test_continuous_batching_plan_compiles_its_decode_and_counts_the_gathered_weights():
+    """With sampling.continuous_slots set the planner compiled the static decode,
+    so the weights each batch shard gathers for its lanes were not counted."""
+    from gdpo_jax.scale.arch import model_config
+    from gdpo_jax.scale.plan import format_plan, make_plan
+
+    vocab = 65536  # embeddings large enough that the gathered weights dominate the decode
+    target = targets_lib.parse_target("cuda:1x1x4:h100")  # fsdp=4: every matrix split 4 ways
+    plans = {}
+    for slots in (0, 4):
+        c = tiny_config()
+        c.model.tiny.vocab_size = vocab
+        c.sampling.continuous_slots = slots
+        plans[slots] = make_plan(c, target)
+    static, cont = plans[0]["programs"]["generate"], plans[4]["programs"]["generate"]
+    assert static["decode"] == "static" and cont["decode"] == "continuous"
+    # 32 rows over 4 batch shards: 8 rows and min(4, 8) = 4 lanes per shard.
+    assert cont["slots"] == 4 and cont["lanes_per_shard"] == 4
+    # Hand arithmetic: f32 matrices, each device holds a quarter and gathers the rest.
+    matrices = L * (D * (HQ * DH + 2 * HKV * DH) + HQ * DH * D + 3 * D * F) + 2 * vocab * D
+    assert cont["gathered_params_bytes"] == matrices * 4 * 3 // 4
+    # The compiler's temporaries hold them: above the static decode's by most of them.
+    assert cont["temps"] - static["temps"] >= cont["gathered_params_bytes"] // 2
+    # KV cache per device: 4 lanes of P + M = 32 slots (each a prompt copy) and the
+    # prefilled window of ceil(8 / G) + 1 = 3 prompts of P = 16 slots, every kv head.
+    itemsize = np.dtype(model_config(c).dtype).itemsize
+    per_token = 2 * L * HKV * DH * itemsize
+    assert plans[4]["per_device"]["kv_cache"] == per_token * (4 * 32 + 3 * 16)
+    assert "continuous batching, 4 lanes per batch shard" in format_plan(plans[4])
+
+
+def test_search_halves_continuous_slots_first_for_the_sampler():
+    from gdpo_jax.scale.search import candidates
+
+    c = tiny_config()
+    c.sampling.continuous_slots = 8
+    knobs = candidates(c, "generate", 4)
+    assert knobs[:3] == [{"sampling.continuous_slots": n} for n in (4, 2, 1)]
+    c.sampling.continuous_slots = 0
+    assert not any("sampling.continuous_slots" in k for k in candidates(c, "generate", 4))
+
+
 def test_model_attention_reaches_the_planned_model():
     from gdpo_jax.scale.arch import model_config
 

@@ -96,7 +96,12 @@ def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
+    """(lower, rows per call padded to the batch shards, rows sharing a prompt's
+    cache) of the sampler's program: the static decode, or continuous batching's
+    (``sampling.continuous_slots`` > 0: lanes per batch shard, every prompt copied
+    into its lane, and on several devices the weights gathered once per call)."""
     from gdpo_jax.sampling import decode
+    from gdpo_jax.sampling.continuous import make_continuous_generate_fn
 
     s, g = cfg.sampling, cfg.algo.group_size
     m = int(s.max_new_tokens)
@@ -113,9 +118,13 @@ def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
     rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
     shards = mesh_lib.batch_axis_size(mesh)
     b = -(-rows // shards) * shards
-    group = decode.shared_prompt_group(s.get("share_prompt_cache", True), b, rows // g, g)
-    spec = dataclasses.replace(spec, group=group)
-    fn = decode.make_generate_fn(graphdef_full, spec, mesh)
+    slots = int(s.get("continuous_slots", 0))
+    share = s.get("share_prompt_cache", True) and not slots  # as the Sampler decides
+    spec = dataclasses.replace(spec, group=decode.shared_prompt_group(share, b, rows // g, g))
+    if slots:
+        fn = make_continuous_generate_fn(graphdef_full, spec, slots, mesh=mesh, rows_per_prompt=g)
+    else:
+        fn = decode.make_generate_fn(graphdef_full, spec, mesh)
     key = jax.eval_shape(lambda: jax.random.key(0))
     args = (
         model_state,

@@ -207,6 +207,45 @@ def _attention_for_host(mc: ModelConfig, requested: str) -> tuple[ModelConfig, s
     return dataclasses.replace(mc, attention="xla"), note
 
 
+def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, params, params_b: int):
+    """The sampler program's KV cache per device and how it decodes.
+
+    Static decode: each device's rows hold their new slots plus their prompt's
+    (a G-shared prompt counts 1/G per row), kv heads split over "tensor".
+    Continuous batching (``sampling.continuous_slots`` = B): each batch shard
+    decodes min(B, its rows) lanes of P + M slots, each lane holding a copy of
+    its row's prompt, beside the prefilled cache of the window of prompts its
+    rows read; on several devices the program runs per shard with the weights
+    gathered whole (every kv head on every device), so the gathered weights
+    (the full params less the device's own shard) are part of its temporaries.
+    Returns {"kv_cache_bytes", "decode", and for continuous batching "slots",
+    "lanes_per_shard", "gathered_params_bytes"}.
+    """
+    s, g = cfg.sampling, cfg.algo.group_size
+    shards = mesh_lib.batch_axis_size(mesh)
+    plen, m = int(s.max_prompt_len), int(s.max_new_tokens)
+    per_head = 2 * mc.num_layers * mc.head_dim * jnp.dtype(mc.dtype).itemsize  # k, v per token
+    slots = int(s.get("continuous_slots", 0))
+    if not slots:
+        tp = dict(mesh.shape)["tensor"]
+        kv_heads = mc.num_kv_heads // tp if mc.num_kv_heads % tp == 0 else mc.num_kv_heads
+        kv = (rows // shards) * per_head * kv_heads * (plen / share + m)
+        return dict(kv_cache_bytes=int(kv), decode="static")
+    local = rows // shards
+    lanes = min(slots, local)
+    several = mesh.devices.size > 1
+    window = min(rows // g, -(-local // g) + 1) if several else rows // g  # continuous._sharded
+    kv = per_head * mc.num_kv_heads * (lanes * (plen + m) + window * plen)
+    full = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+    return dict(
+        kv_cache_bytes=int(kv),
+        decode="continuous",
+        slots=slots,
+        lanes_per_shard=lanes,
+        gathered_params_bytes=int(full - params_b) if several else 0,
+    )
+
+
 def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = None) -> dict:
     from gdpo_jax.train.config import validate_config
     from gdpo_jax.train.step import CompiledStep
@@ -237,14 +276,9 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     batch_b = per_device_bytes(batch)
     ref_b = params_b if sc.needs_ref else 0
     n_lp = int(cfg.algo.old_logprobs == "recompute") + int(sc.needs_ref)
-    tp = dict(mesh.shape)["tensor"]
-    kv_heads = mc.num_kv_heads // tp if mc.num_kv_heads % tp == 0 else mc.num_kv_heads
     kv_tok = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
-    kv_b = int(
-        (gen_rows // mesh_lib.batch_axis_size(mesh))
-        * (2 * mc.num_layers * kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize)
-        * (cfg.sampling.max_prompt_len / share + cfg.sampling.max_new_tokens)
-    )
+    sampler = _sampler_memory(cfg, mc, mesh, gen_rows, share, state.params, params_b)
+    kv_b = sampler.pop("kv_cache_bytes")
 
     # name -> (lowering, bytes resident beside it that are not its arguments, breakdown)
     progs = {
@@ -292,7 +326,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
             }
         )
         if name == "generate":
-            r["rows_per_call"] = gen_rows
+            r.update(rows_per_call=gen_rows, **sampler)
         if name == "logprob":
             r["runs_per_step"] = n_lp
         programs[name] = r

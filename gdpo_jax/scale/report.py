@@ -33,6 +33,13 @@ def format_plan(plan: dict) -> str:
         )
         + ")"
     )
+    gen = plan["programs"].get("generate", {})
+    if gen.get("decode") == "continuous":
+        lines.append(
+            f"sampler: continuous batching, {gen['lanes_per_shard']} lanes per batch shard "
+            f"(sampling.continuous_slots={gen['slots']}); weights gathered to every device "
+            f"once per call: {gen['gathered_params_bytes'] / GIB:.2f} GiB of its temporaries"
+        )
     if plan.get("attention_note"):
         lines.append(plan["attention_note"])
     return "\n".join(lines)

@@ -4,7 +4,9 @@ when it fits: the fewest micro-batches that still fit (`fewest_microbatches`).
 Candidates are single changes, ordered from the cheapest in step time to the
 dearest, aimed at the program that does not fit:
 
-  generate  sampling.rows_per_call halved (more, smaller sampler calls)
+  generate  sampling.continuous_slots halved (continuous batching: fewer lanes
+            per batch shard, each holding a prompt copy and P + M slots);
+            sampling.rows_per_call halved (more, smaller sampler calls)
   step      model.remat on; algo.logprob_chunk_size on / halved;
             algo.num_microbatches doubled (fewer rows per device at a time);
             algo.share_prompt off (per-row rows hold no repeated prompt K/V,
@@ -67,6 +69,10 @@ def candidates(cfg: mlc.ConfigDict, binding: str, num_devices: int) -> list[dict
         for d in (2, 4, 8, 16)
         if rpc // d >= a.group_size and (rpc // d) % a.group_size == 0
     ]
+    slots = int(s.get("continuous_slots", 0))
+    sampler = [
+        {"sampling.continuous_slots": slots // d} for d in (2, 4, 8) if slots // d >= 1
+    ] + sampler
     train: list[dict[str, Any]] = []
     if not cfg.model.remat:
         train.append({"model.remat": True})
