@@ -70,11 +70,16 @@ def _to_blocks(x: jax.Array, n_blocks: int, shards: int = 0) -> jax.Array:
     Either way every block keeps its rows on the shards that hold them.
     """
     if not shards:
-        return jnp.swapaxes(x.reshape(x.shape[0] // n_blocks, n_blocks, *x.shape[1:]), 0, 1)
-    run = x.shape[0] // (shards * n_blocks)
-    y = jnp.swapaxes(x.reshape(shards, n_blocks, run, *x.shape[1:]), 0, 1)
-    y = y.reshape(n_blocks, shards * run, *x.shape[1:])
-    mesh = context_mesh()  # keep the rows' batch sharding in the type (Explicit axes)
+        y = jnp.swapaxes(x.reshape(x.shape[0] // n_blocks, n_blocks, *x.shape[1:]), 0, 1)
+    else:
+        run = x.shape[0] // (shards * n_blocks)
+        y = jnp.swapaxes(x.reshape(shards, n_blocks, run, *x.shape[1:]), 0, 1)
+        y = y.reshape(n_blocks, shards * run, *x.shape[1:])
+    # Keep the rows' batch sharding in the type (Explicit axes). Without it, a
+    # strided split of N rows sharded ("data", "fsdp") into [N / n, n] can give
+    # "data" the first dim and "fsdp" the second (when N / n is the data axis'
+    # size), so the block axis the step scans over ends up sharded on "fsdp".
+    mesh = context_mesh()
     if mesh is None:
         return y
     return constrain(y, mesh, sanitize_spec((None, BATCH_AXES), y.shape, mesh))
