@@ -20,7 +20,7 @@ export JAX_PLATFORMS ?= cpu
 CONFIG   ?= configs/tiny_cpu.py
 TOPOLOGY ?= v5p-8
 
-.PHONY: install install-dev demo compare-small advantage-groups lint test test-fast bench plan clean
+.PHONY: install install-dev demo compare-small advantage-groups lint test test-fast bench plan tune clean
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,11 @@ test-fast: $(TEST_STAMP)
 #   make plan CONFIG=configs/paper_math.py:r1-distill-7b TOPOLOGY=8xh100
 plan: $(AOT_STAMP)
 	$(PY) -m experiments.plan --config=$(CONFIG) --topology=$(TOPOLOGY)
+
+# The fastest algo.num_microbatches for CONFIG on this machine (times its RL step):
+#   make tune CONFIG=configs/smollm2_toolcall.py
+tune: $(STAMP)
+	$(PY) -m experiments.tune_microbatches --config=$(CONFIG)
 
 bench: $(TEST_STAMP)
 	$(PY) -m benchmarks.run_all

@@ -335,6 +335,34 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
         assert figure in prose, f"docs/scale.md's sampler prose should say {figure!r}"
 
 
+def test_tune_table_is_the_committed_run() -> None:
+    # docs/training.md's micro-batch table is format_table of the committed tuner JSON,
+    # and the prose's speed-ups are computed from it here.
+    import json
+
+    from gdpo_jax.train.tune import format_table
+
+    path = ROOT / "docs" / "benchmarks" / "tune_smollm2_toolcall_amd-epyc-avx512-2c.json"
+    res = json.loads(path.read_text(encoding="utf-8"))
+    doc = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    table = format_table(res)
+    assert table in doc, (
+        "docs/training.md's micro-batch table differs from the committed tuner run "
+        "(gdpo_jax.train.tune.format_table renders it)"
+    )
+    prose = doc.split("<!-- /tune-table -->", 1)[1].split("\n## ", 1)[0]
+    med = {int(k): v["median_s"] for k, v in res["counts"].items() if v["status"] == "ok"}
+    fastest = res["fastest"]
+    assert f"--config.algo.num_microbatches={fastest}" in prose
+    for k in med:
+        if k != fastest:
+            assert f"{med[k] / med[fastest]:.2f}x" in prose, (k, med)
+    assert res["machine"]["cpu_model"] in prose
+    rerun = json.loads(path.with_name(path.stem + "_rerun.json").read_text(encoding="utf-8"))
+    med = {int(k): v["median_s"] for k, v in rerun["counts"].items()}
+    assert f"{med[1] / med[2]:.2f}x in a rerun" in prose
+
+
 def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.MonkeyPatch) -> None:
     # The README's "Measured so far" quotes the planner's table: every number on its
     # scale line must be a cell (or part of one) of that table, and it must link the page.
