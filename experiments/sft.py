@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
 from gdpo_jax.train import cli
 
@@ -48,16 +47,7 @@ def main(argv: list[str]) -> None:
 
 def run() -> None:
     """Console script `gdpo-sft`."""
-    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
-
-    relaunch_with_cpu_tunables()  # before JAX starts: huge pages for XLA:CPU buffers
-    # Defined here, not at import: importing several entry points in one process is fine.
-    config_flags.DEFINE_config_file(
-        "config", None, "Path to a configs/sft_*.py file.", lock_config=True
-    )
-    cli.define_log_level()
-    flags.mark_flag_as_required("config")
-    app.run(main, flags_parser=cli.flags_parser(("config",)))
+    cli.run_config_main(main, "Path to a configs/sft_*.py file.")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import logging
 import os
 
 from absl import app, flags
-from ml_collections import config_flags
 
 from gdpo_jax.train import cli
 
@@ -84,15 +83,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
-
-    relaunch_with_cpu_tunables()  # before JAX starts: huge pages for XLA:CPU buffers
-    config_flags.DEFINE_config_file(
-        "config", None, "Path to a configs/*.py file.", lock_config=True
-    )
-    cli.define_log_level()
-    flags.mark_flag_as_required("config")
-    app.run(main, flags_parser=cli.flags_parser(("config",)))
+    cli.run_config_main(main)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,28 @@ def define_log_level() -> None:
         )
 
 
+def run_config_main(
+    main: Callable[[list[str]], None], config_help: str = "Path to a configs/*.py file."
+) -> None:
+    """Runs `main` as a command line with a required ``--config`` file (and its
+    ``--config.*`` overrides, ``--log_level``), errors as one line.
+
+    Re-executes first with the CPU malloc tunable (`gdpo_jax.hostenv`: read at
+    process start, so before JAX starts). The config flag is defined here, not at
+    import, so several entry points can be imported into one process.
+    """
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # before JAX starts: huge pages for XLA:CPU buffers
+    config_flags.DEFINE_config_file("config", None, config_help, lock_config=True)
+    define_log_level()
+    flags.mark_flag_as_required("config")
+    app.run(main, flags_parser=flags_parser(("config",)))
+
+
 # ------------------------------------------------- overrides parsed by hand
 def split_overrides(
     argv: Sequence[str], prefixes: Sequence[str]
