@@ -129,6 +129,16 @@ def render(plans: dict) -> str:
     return "\n".join(rows)
 
 
+def _committed(directory: str) -> list[tuple[list[str], dict]]:
+    """([config, target, variant] from each <config>_<target>_<variant>.json file name,
+    its plan) for every committed plan in `directory`, in name order."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        with open(path) as f:
+            out.append((os.path.basename(path)[: -len(".json")].rsplit("_", 2), json.load(f)))
+    return out
+
+
 def attention_table(directory: str = "docs/scale/attention") -> str:
     """The kernel comparison of docs/models.md: one row per committed plan in
     `directory` (`python -m experiments.plan ... --config.model.attention=<kind>
@@ -138,9 +148,7 @@ def attention_table(directory: str = "docs/scale/attention") -> str:
         "log-prob temporaries GiB | sampler temporaries GiB |",
         "|---|---|---|---|---|---|---|",
     ]
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        p = json.load(open(path))
-        name, _target, requested = os.path.basename(path)[: -len(".json")].rsplit("_", 2)
+    for (name, _target, requested), p in _committed(directory):
         temp = {k: f"{v['temp_gib']:.2f}" for k, v in p["programs"].items()}
         rows.append(
             f"| {name} | {p['target']} | {requested} | {p['attention']} | {temp['step']} | "
@@ -159,10 +167,8 @@ def sampler_table(directory: str = "docs/scale/sampler") -> str:
         "sampler temporaries GiB | sampler total GiB |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        p = json.load(open(path))
+    for (name, _target, _decode), p in _committed(directory):
         g = p["programs"]["generate"]
-        name = os.path.basename(path)[: -len(".json")].rsplit("_", 2)[0]
         if g.get("decode") == "continuous":
             kind, lanes = f"continuous, {g['slots']} slots", str(g["lanes_per_shard"])
         else:

@@ -5,7 +5,8 @@ r"""Which algo.num_microbatches runs this config's RL step fastest on this machi
         --steps=5 --json=runs/tune/tiny_cpu.json
 
 Builds the config's model, mesh and step as a run would, on a synthetic batch
-at the config's widest shapes (`gdpo_jax/train/tune.py`), times the step for
+at the config's widest shapes (`--prompt_len` picks a shorter prompt bucket;
+`gdpo_jax/train/tune.py`), times the step for
 each count interleaved (one step of each per round), prints a table and the
 fastest count as an override, and writes JSON. Counts the config rejects are
 listed with the reason; a count over the device's memory is reported as such
@@ -28,6 +29,11 @@ _COUNTS = flags.DEFINE_list(
     "counts", [], "Micro-batch counts to time (default 1,2,4,8,16 and the config's)."
 )
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps per count (after one compiling step).")
+_PROMPT_LEN = flags.DEFINE_integer(
+    "prompt_len",
+    None,
+    "Prompt width to time: one of the run's prompt buckets (default the widest).",
+)
 _JSON = flags.DEFINE_string(
     "json", "runs/tune/microbatches.json", "Where to write the result as JSON."
 )
@@ -54,7 +60,12 @@ def main(argv: list[str]) -> None:
     log.info("timing the RL step at num_microbatches %s, %d steps each", counts, _STEPS.value)
     try:
         result = time_microbatches(
-            cfg, sorted(counts), steps=_STEPS.value, log=log.info, progress=True
+            cfg,
+            sorted(counts),
+            steps=_STEPS.value,
+            log=log.info,
+            progress=True,
+            prompt_len=_PROMPT_LEN.value,
         )
     except ConfigError as e:
         cli.fail(e)

@@ -58,7 +58,20 @@ def test_time_microbatches_runs_each_valid_count_and_skips_the_invalid(tmp_path)
         assert r["share_prompt"]  # 4 prompts split into whole groups at 1 and 2 blocks
     assert res["fastest"] == min((1, 2), key=lambda k: counts[k]["median_s"])
     assert res["rows"] == 16 and res["config_count"] == c.algo.num_microbatches
+    assert res["prompt_len"] == c.sampling.max_prompt_len  # the widest bucket by default
     assert any("skipped" in line for line in logs)
+
+
+def test_prompt_len_times_a_shorter_bucket_and_rejects_other_widths(tmp_path):
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train.tune import time_microbatches
+
+    c = tiny_config(str(tmp_path))
+    c.sampling.prompt_buckets = (4, 8)
+    with pytest.raises(ConfigError, match=r"prompt_len=5 is not one of .*\(4, 8\)"):
+        time_microbatches(c, (1,), steps=1, prompt_len=5)
+    res = time_microbatches(c, (1,), steps=1, prompt_len=4)
+    assert res["prompt_len"] == 4 and res["counts"][1]["status"] == "ok"
 
 
 def test_time_microbatches_rejects_empty_counts_and_zero_steps(tmp_path):

@@ -14,7 +14,8 @@ faster). This module times the config's own RL step for each candidate count:
     ``sampling.max_prompt_len`` tokens (the same prompt for a group's G rows,
     so prompt sharing applies as in a run) and every completion
     ``sampling.max_new_tokens`` tokens (the step's cost depends on shapes, not
-    on token values; a real run's shorter prompt buckets are cheaper);
+    on token values; a real run's shorter prompt buckets are cheaper, and
+    ``prompt_len`` times one of them instead);
   * the counts are timed interleaved (one step of each, round after round)
     so that machine noise hits every count alike; a count the config rejects
     is skipped with the validation message, and a count over the device's
@@ -41,28 +42,35 @@ from gdpo_jax.errors import ConfigError
 from gdpo_jax.train import build, distributed
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.config import validate_config
+from gdpo_jax.train.config import prompt_buckets, validate_config
 from gdpo_jax.train.step import CompiledStep, StepConfig
 
 __all__ = ["format_table", "synthetic_batch", "time_microbatches"]
 
 
 def synthetic_batch(
-    cfg: mlc.ConfigDict, prompts: int, vocab_size: int, seed: int = 0
+    cfg: mlc.ConfigDict,
+    prompts: int,
+    vocab_size: int,
+    seed: int = 0,
+    prompt_len: int | None = None,
 ) -> dict[str, np.ndarray]:
-    """A rollout batch of `prompts` x G rows at the config's widest shapes.
+    """A rollout batch of `prompts` x G rows at the config's widest shapes (or
+    prompts padded to `prompt_len`, one of the run's prompt buckets).
 
     Returns prompt_ids / prompt_mask i32[N, P] (the G rows of a group share
     their prompt), completion_ids / completion_mask i32[N, C] (every row at the
     cap), old_logp (and ref_logp when the step reads one) f32[N, C], rewards
     f32[N, K], group_ids i32[N], valid bool[N]; N = prompts * G, P =
-    sampling.max_prompt_len, C = sampling.max_new_tokens, K = len(rewards.names).
+    prompt_len or sampling.max_prompt_len, C = sampling.max_new_tokens, K =
+    len(rewards.names).
     Token ids are drawn from [6, vocab_size) (the model's): any id it embeds
     costs the same.
     """
     rng = np.random.default_rng(seed)
     g = int(cfg.algo.group_size)
-    n, p, c = prompts * g, int(cfg.sampling.max_prompt_len), int(cfg.sampling.max_new_tokens)
+    n, c = prompts * g, int(cfg.sampling.max_new_tokens)
+    p = int(prompt_len or cfg.sampling.max_prompt_len)
     vocab = int(vocab_size)
     prompt = rng.integers(6, vocab, (prompts, p), dtype=np.int32)
     batch = {
@@ -98,10 +106,12 @@ def time_microbatches(
     steps: int = 3,
     log: Callable[[str], None] | None = None,
     progress: bool = False,
+    prompt_len: int | None = None,
 ) -> dict[str, Any]:
     """Times the config's RL step at each micro-batch count (module docstring);
     `log` gets one line per count once compiled, `progress` shows a tqdm bar
-    over the timed steps.
+    over the timed steps; `prompt_len`: the prompt width to time, one of the
+    run's prompt buckets (default the widest, sampling.max_prompt_len).
 
     Returns {"counts": {count: {"status": "ok" | "invalid" | "out of memory",
     "reason" (not ok), "share_prompt" (whether the step ran prompt sharing at this
@@ -119,6 +129,13 @@ def time_microbatches(
     with cfg.unlocked():
         cfg.workdir = cfg.workdir or "/tmp/gdpo_tune"  # never written; validation wants one
     validate_config(cfg)
+    buckets = prompt_buckets(cfg)
+    if prompt_len is not None and int(prompt_len) not in buckets:
+        raise ConfigError(
+            f"prompt_len={prompt_len} is not one of this run's prompt buckets {buckets} "
+            "(config.sampling.prompt_buckets); pick one of them."
+        )
+    prompt_len = int(prompt_len or buckets[-1])
     devices = jax.devices()[: cfg.mesh.num_devices or None]
     mesh = mesh_lib.make_mesh(
         tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
@@ -126,7 +143,9 @@ def time_microbatches(
     shards = mesh_lib.batch_axis_size(mesh)
     model, _ = build.build_model(cfg, mesh)
     local_prompts = cfg.algo.num_prompts // jax.process_count()
-    arrays = synthetic_batch(cfg, local_prompts, model.cfg.vocab_size, seed=int(cfg.seed))
+    arrays = synthetic_batch(
+        cfg, local_prompts, model.cfg.vocab_size, seed=int(cfg.seed), prompt_len=prompt_len
+    )
     batch = distributed.to_global(arrays, mesh)
 
     # One train state for every count: its shapes do not depend on the count.
@@ -204,7 +223,7 @@ def time_microbatches(
         "fastest": min(ok, key=lambda c: results[c]["median_s"]) if ok else None,
         "config_count": int(cfg.algo.num_microbatches),
         "rows": int(cfg.algo.num_prompts * cfg.algo.group_size),
-        "prompt_len": int(cfg.sampling.max_prompt_len),
+        "prompt_len": prompt_len,
         "new_tokens": int(cfg.sampling.max_new_tokens),
         "steps": int(steps),
         "backend": jax.default_backend(),
