@@ -207,7 +207,7 @@ def _attention_for_host(mc: ModelConfig, requested: str) -> tuple[ModelConfig, s
     return dataclasses.replace(mc, attention="xla"), note
 
 
-def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, params, params_b: int):
+def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, full_b: int, params_b: int):
     """The sampler program's KV cache per device and how it decodes.
 
     Static decode: each device's rows hold their new slots plus their prompt's
@@ -217,9 +217,9 @@ def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, params, p
     its row's prompt, beside the prefilled cache of the window of prompts its
     rows read; on several devices the program runs per shard with the weights
     gathered whole (every kv head on every device), so the gathered weights
-    (the full params less the device's own shard) are part of its temporaries.
-    Returns {"kv_cache_bytes", "decode", and for continuous batching "slots",
-    "lanes_per_shard", "gathered_params_bytes"}.
+    (the full params, `full_b` bytes, less the device's own shard, `params_b`)
+    are part of its temporaries. Returns {"kv_cache_bytes", "decode", and for
+    continuous batching "slots", "lanes_per_shard", "gathered_params_bytes"}.
     """
     s, g = cfg.sampling, cfg.algo.group_size
     shards = mesh_lib.batch_axis_size(mesh)
@@ -236,13 +236,12 @@ def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, params, p
     several = mesh.devices.size > 1
     window = min(rows // g, -(-local // g) + 1) if several else rows // g  # continuous._sharded
     kv = per_head * mc.num_kv_heads * (lanes * (plen + m) + window * plen)
-    full = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
     return dict(
         kv_cache_bytes=int(kv),
         decode="continuous",
         slots=slots,
         lanes_per_shard=lanes,
-        gathered_params_bytes=int(full - params_b) if several else 0,
+        gathered_params_bytes=int(full_b - params_b) if several else 0,
     )
 
 
@@ -277,7 +276,10 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     ref_b = params_b if sc.needs_ref else 0
     n_lp = int(cfg.algo.old_logprobs == "recompute") + int(sc.needs_ref)
     kv_tok = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
-    sampler = _sampler_memory(cfg, mc, mesh, gen_rows, share, state.params, params_b)
+    full_b = sum(  # all params, unsharded
+        math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(state.params)
+    )
+    sampler = _sampler_memory(cfg, mc, mesh, gen_rows, share, full_b, params_b)
     kv_b = sampler.pop("kv_cache_bytes")
 
     # name -> (lowering, bytes resident beside it that are not its arguments, breakdown)
@@ -343,12 +345,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         epochs=cfg.algo.num_epochs,
         remat=bool(mc.remat),
         micro_batches=sc.num_epochs * sc.num_minibatches * sc.num_microbatches,
-        param_bytes=int(
-            sum(
-                math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
-                for x in jax.tree.leaves(state.params)
-            )
-        ),
+        param_bytes=int(full_b),
         kv_bytes_per_token=kv_tok,
         prompt_share=share,
         train_prompt_share=max(sc.shared_group, 1),

@@ -60,7 +60,7 @@ def synthetic_batch(
 
     Returns prompt_ids / prompt_mask i32[N, P] (the G rows of a group share
     their prompt), completion_ids / completion_mask i32[N, C] (every row at the
-    cap), old_logp (and ref_logp when the step reads one) f32[N, C], rewards
+    cap), old_logp and ref_logp (read only by a step that uses them) f32[N, C], rewards
     f32[N, K], group_ids i32[N], valid bool[N]; N = prompts * G, P =
     prompt_len or sampling.max_prompt_len, C = sampling.max_new_tokens, K =
     len(rewards.names).
