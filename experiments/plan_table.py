@@ -182,6 +182,38 @@ def sampler_table(directory: str = "docs/scale/sampler") -> str:
     return "\n".join(rows)
 
 
+def check_table(directory: str = "docs/scale/check") -> str:
+    """Plans against measured runs, for docs/scale.md: one row per program of each
+    committed `experiments.check_plan --json=<directory>/<run>.json` (its plan is
+    the file it names), computed by `gdpo_jax.scale.measure.compare`."""
+    from gdpo_jax.scale.measure import compare
+
+    def gib(x):
+        return "n/a" if x is None else f"{x / 2**30:.2f}"
+
+    rows = [
+        "| run | program | planned GiB | measured peak GiB | measured / planned | "
+        "peak compiling GiB | roofline s | measured s | measured / roofline | MFU |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        if os.path.basename(path).startswith("plan_"):
+            continue
+        with open(path) as f:
+            run = json.load(f)
+        with open(os.path.join(directory, os.path.basename(run["plan_file"]))) as f:
+            plan = json.load(f)
+        name = os.path.splitext(os.path.basename(path))[0]
+        for r in compare(plan, run["measured"]):
+            rows.append(
+                f"| {name} | {r['program']} | {gib(r['planned_bytes'])} | "
+                f"{gib(r['measured_peak_bytes'])} | {r['memory_ratio']:.3f} | "
+                f"{gib(r['compile_peak_bytes'])} | {r['roofline_s']:.2f} | "
+                f"{r['measured_s']:.2f} | {r['time_ratio']:.2f} | {r['mfu']:.1%} |"
+            )
+    return "\n".join(rows)
+
+
 def write_doc(plans: dict, md_path: str) -> None:
     table = render(plans)
     total = sum(p["plan_s"] for p in plans.values())

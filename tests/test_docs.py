@@ -335,6 +335,75 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
         assert figure in prose, f"docs/scale.md's sampler prose should say {figure!r}"
 
 
+def test_check_table_and_its_prose_are_the_committed_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # docs/scale.md's plan-against-measurement table is rendered from docs/scale/check/,
+    # and every figure its prose quotes is computed here from the same JSON.
+    import json
+
+    directory = ROOT / "docs" / "scale" / "check"
+    table = _plan_table(monkeypatch).check_table(str(directory))
+    doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
+    assert table.count("\n") >= 4 and table in doc, (
+        "docs/scale.md's check table differs from docs/scale/check/*.json "
+        "(experiments.plan_table.check_table renders it)"
+    )
+    from gdpo_jax.scale.measure import compare
+
+    def load(name):
+        return json.loads((directory / f"{name}.json").read_text())
+
+    gib, base = 2**30, "math-1.5b_1xh200"
+    runs = {n: load(n) for n in (base, f"{base}_chunk-256", f"{base}_continuous-32")}
+    rows = {
+        (n, r["program"]): r
+        for n, run in runs.items()
+        for r in compare(load(f"plan_{n}"), run["measured"])
+    }
+    static = [r for (n, _), r in rows.items() if n != f"{base}_continuous-32"]
+    worst = max(abs(r["memory_ratio"] - 1) for r in rows.values())
+    over = max(r["measured_peak_bytes"] - r["planned_bytes"] for r in rows.values()) / gib
+    temps = max(abs(r["device_temps"] - r["planned_temps"]) for r in static) / gib
+    m = runs[base]["measured"]
+    resident = m["step"]["resident_bytes"] / gib
+    compile_step = m["step"]["compile_peak_bytes"] / gib
+    lp256 = runs[f"{base}_chunk-256"]["measured"]["logprob"]
+    plan = load(f"plan_{base}")
+    # One chunk of f32 logits: rows per micro-batch x 512 positions x the vocabulary.
+    from configs.paper_common import MODELS
+
+    logits = 64 // 4 * 512 * MODELS["r1-distill-1.5b"].vocab_size * 4 / gib
+    ratios = [r["time_ratio"] for r in static]
+    per_step_ms = m["generate"]["median_s"] / 1024 * 1e3
+    roof_ms = (plan["roofline"]["prefill"] + plan["roofline"]["decode"]) / 1024 * 1e3
+    cont = runs[f"{base}_continuous-32"]["measured"]["generate"]["median_s"]
+    prose = doc.split("<!-- /check-table -->", 1)[1].split("\n## ", 1)[0]
+    figures = (
+        f"within {worst * 100:.1f} %",  # rounded: the largest is the step's
+        f"{over:.2f} GiB over",
+        f"within {max(temps, 0.01):.2f} GiB",
+        f"measured {resident:.2f} GiB",
+        f"{logits:.2f} GiB",
+        f"peaked at {compile_step:.2f} GiB: {resident:.2f} resident plus "
+        f"{compile_step - resident:.2f}",
+        f"at {lp256['compile_peak_bytes'] / gib:.2f} GiB, above its own run "
+        f"({lp256['peak_bytes'] / gib:.2f})",
+        f"{min(ratios):.1f}-{max(ratios):.1f}x below",
+        f"step ran at {rows[(base, 'step')]['mfu'] * 100:.0f} % MFU",
+        f"log-prob pass at {rows[(base, 'logprob')]['mfu'] * 100:.0f} %",
+        f"{per_step_ms:.1f} ms per decode step against {roof_ms:.1f} ms",
+        f"{cont:.2f} s",
+    )
+    for figure in figures:
+        assert figure in prose, f"docs/scale.md's check prose should say {figure!r}"
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    for figure in (figures[0], f"{min(ratios):.1f}-{max(ratios):.1f}x the roofline"):
+        assert figure in limits, f"docs/limits.md should say {figure!r}"
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert figures[0] in readme, f"README.md should say {figures[0]!r}"
+
+
 def test_tune_table_is_the_committed_run() -> None:
     # docs/training.md's micro-batch table is format_table of the committed tuner JSON,
     # and the prose's speed-ups are computed from it here.
@@ -371,7 +440,7 @@ def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.Mon
     lines = [
         ln
         for ln in text.split("## Measured so far", 1)[1].split("\n## ", 1)[0].split("\n- ")
-        if "docs/scale.md" in ln
+        if "docs/scale.md)" in ln  # the page itself: the plan-table line, not a section
     ]
     assert lines, "README.md 'Measured so far' must point to docs/scale.md"
     prose = re.sub(r"\]\([^)]*\)", "]", " ".join(lines))  # link targets are not figures

@@ -314,6 +314,24 @@ def test_continuous_batching_plan_compiles_its_decode_and_counts_the_gathered_we
     assert "continuous batching, 4 lanes per batch shard" in format_plan(plans[4])
 
 
+@needs_cuda
+def test_continuous_batching_plans_on_one_device_with_explicit_axes():
+    """On one device the Sampler calls continuous batching unmeshed, with plain
+    device arrays; the planner lowered it under the (Explicit) mesh with
+    batch-typed rows, and tracing failed in the refill's gather ("Use
+    `.at[...].get(out_sharding=)`"): `make plan` crashed for e.g. 1xh200."""
+    from gdpo_jax.scale.plan import make_plan
+
+    c = tiny_config()
+    c.mesh.axis_types = "explicit"
+    c.sampling.continuous_slots = 4
+    plan = make_plan(c, targets_lib.parse_target("1xh100"))
+    gen = plan["programs"]["generate"]
+    assert gen["compiled"] and gen["decode"] == "continuous"
+    # One device: 4 lanes, nothing gathered.
+    assert gen["lanes_per_shard"] == 4 and gen["gathered_params_bytes"] == 0
+
+
 def test_search_halves_continuous_slots_first_for_the_sampler():
     from gdpo_jax.scale.search import candidates
 

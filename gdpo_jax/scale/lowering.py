@@ -9,6 +9,7 @@ call. `plan.make_plan` compiles these and accounts for the memory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -95,11 +96,18 @@ def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
     }
 
 
-def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
-    """(lower, rows per call padded to the batch shards, rows sharing a prompt's
-    cache) of the sampler's program: the static decode, or continuous batching's
+def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
+    """(fn, args, rows per call padded to the batch shards, rows sharing a prompt's
+    cache, the mesh to call it under: None for continuous batching on one device)
+    of the sampler's program: the static decode, or continuous batching's
     (``sampling.continuous_slots`` > 0: lanes per batch shard, every prompt copied
-    into its lane, and on several devices the weights gathered once per call)."""
+    into its lane, and on several devices the weights gathered once per call).
+
+    args: the call's inputs as ShapeDtypeStructs (after `model_state`, which is
+    passed through): prompt_ids / prompt_mask i32[U, P], row_prompt i32[B],
+    active bool[B], key, temperature f32[], top_p f32[], eos_ids i32[1],
+    stop_ids i32[0], stop_seqs i32[0, 1], row_limit i32[B] (``decode.make_generate_fn``).
+    """
     from gdpo_jax.sampling import decode
     from gdpo_jax.sampling.continuous import make_continuous_generate_fn
 
@@ -121,8 +129,18 @@ def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
     slots = int(s.get("continuous_slots", 0))
     share = s.get("share_prompt_cache", True) and not slots  # as the Sampler decides
     spec = dataclasses.replace(spec, group=decode.shared_prompt_group(share, b, rows // g, g))
+    call_mesh = mesh
+    if slots and mesh.devices.size == 1:
+        # As the Sampler: continuous batching on one device is the plain, unmeshed
+        # call, every input (the weights too) a single-device array.
+        call_mesh = None
+        rep = rows_sh = jax.sharding.SingleDeviceSharding(mesh.devices.flat[0])
+        if model_state is not None:
+            model_state = jax.tree.map(lambda x: _sds(x.shape, x.dtype, rep), model_state)
     if slots:
-        fn = make_continuous_generate_fn(graphdef_full, spec, slots, mesh=mesh, rows_per_prompt=g)
+        fn = make_continuous_generate_fn(
+            graphdef_full, spec, slots, mesh=call_mesh, rows_per_prompt=g
+        )
     else:
         fn = decode.make_generate_fn(graphdef_full, spec, mesh)
     key = jax.eval_shape(lambda: jax.random.key(0))
@@ -141,8 +159,15 @@ def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
         _sds((b,), jnp.int32, rows_sh),  # row_limit: per-row token budgets
     )
 
+    return fn, args, b, spec.group, call_mesh
+
+
+def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
+    """(lower, rows per call padded, rows sharing a prompt's cache): `generate_program` lowered."""
+    fn, args, b, group, call_mesh = generate_program(cfg, graphdef_full, model_state, mesh, rows)
+
     def lower():
-        with jax.set_mesh(mesh):
+        with jax.set_mesh(call_mesh) if call_mesh is not None else contextlib.nullcontext():
             return fn.lower(*args)
 
-    return lower, b, spec.group
+    return lower, b, group

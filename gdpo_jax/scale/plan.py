@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -154,6 +155,19 @@ def _key(name: str, cfg, target: Target) -> tuple:
     return name, target.name, json.dumps(rel, sort_keys=True)
 
 
+def config_digest(cfg: mlc.ConfigDict) -> str:
+    """A digest of the config fields some planned program depends on (`_DEPENDS`; not
+    mesh.num_devices, which the target sets): equal digests plan the same programs."""
+    flat = _flat(json.loads(cfg.to_json()))
+    deps = _COMMON + tuple(d for ds in _DEPENDS.values() for d in ds)
+    rel = {
+        k: v
+        for k, v in flat.items()
+        if k != "mesh.num_devices" and any(k == d or k.startswith(d) for d in deps)
+    }
+    return hashlib.sha256(json.dumps(rel, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _flat(d: dict, pre: str = "") -> dict:
     out = {}
     for k, v in d.items():
@@ -249,6 +263,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     from gdpo_jax.train.config import validate_config
     from gdpo_jax.train.step import CompiledStep
 
+    digest = config_digest(cfg)
     cfg = copy.deepcopy(cfg)
     with cfg.unlocked():
         cfg.workdir = cfg.workdir or "/tmp/gdpo_plan"  # never written; validation wants one
@@ -364,6 +379,8 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         "platform": target.platform,
         "num_devices": target.num_devices,
         "mesh": dict(mesh.shape),
+        "rows": int(cfg.algo.num_prompts * cfg.algo.group_size),
+        "config_digest": digest,
         "model": cfg.model.name or "random-init (model.tiny)",
         "attention": mc.attention if mc.attention != "auto" else attention_kind(mc),
         "attention_note": attention_note,
@@ -384,4 +401,4 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     }
 
 
-__all__ = ["PROGRAMS", "PlanError", "format_plan", "make_plan", "model_config"]
+__all__ = ["PROGRAMS", "PlanError", "config_digest", "format_plan", "make_plan", "model_config"]

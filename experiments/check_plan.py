@@ -1,0 +1,182 @@
+r"""Does the plan hold? The planner's memory and roofline time against a measured run.
+
+    # 1. on any machine with the [aot] extra: plan for the accelerator you have
+    python -m experiments.plan --config=configs/paper_math.py:r1-distill-1.5b \
+        --config.algo.num_prompts=8 --topology=1xh200 --json=/tmp/plan.json
+    # 2. on that accelerator: the same --config flags, and the plan
+    python -m experiments.check_plan --config=configs/paper_math.py:r1-distill-1.5b \
+        --config.algo.num_prompts=8 --plan=/tmp/plan.json --json=runs/check_plan.json
+
+Runs each planned program (the fused step, the log-prob pass when the run has
+one, one sampler call) on this machine's devices, each in a fresh process
+(`gdpo_jax/scale/measure.py`: random weights of the planned architecture,
+synthetic inputs at the config's widest shapes), and prints the plan's
+per-device memory and roofline time beside the measured peak memory, median
+time and MFU; --json writes the table with the machine. A plan for another
+platform, device count, mesh or model is refused (one line naming the fix).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl import app, flags
+
+from gdpo_jax.train import cli
+
+_PLAN = flags.DEFINE_string("plan", None, "A plan's JSON (experiments.plan --json).")
+_PROGRAMS = flags.DEFINE_list(
+    "programs", [], "Programs to measure (default: every program of the plan)."
+)
+_STEPS = flags.DEFINE_integer("steps", 3, "Timed calls per program (after one compiling call).")
+_JSON = flags.DEFINE_string("json", "runs/check_plan.json", "Where to write the comparison.")
+_ANY_PLATFORM = flags.DEFINE_bool(
+    "any_platform", False, "Compare even when the plan is for another platform (for tests)."
+)
+# Internal: measure one program in this process and write its figures here.
+_PROGRAM = flags.DEFINE_string("program", "", "(internal) the one program to measure.")
+_MEASURE_JSON = flags.DEFINE_string("measure_json", "", "(internal) where --program writes.")
+_PHASE = flags.DEFINE_enum("phase", "run", ["compile", "run"], "(internal) what --program does.")
+# The persistent compilation cache the compile phase fills and the run phase reads:
+# every program is cached, however fast it compiled.
+_CACHE_ENV = {
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+log = logging.getLogger("gdpo_jax.check_plan")
+
+
+def _measure_one() -> None:
+    from gdpo_jax.scale.arch import PlanError
+    from gdpo_jax.scale.measure import measure_program
+
+    with open(_PLAN.value) as f:
+        plan = json.load(f)
+    try:
+        result = measure_program(
+            flags.FLAGS.config,
+            _PROGRAM.value,
+            steps=_STEPS.value,
+            plan=plan,
+            any_platform=_ANY_PLATFORM.value,
+            compile_only=_PHASE.value == "compile",
+        )
+    except PlanError as e:
+        cli.fail(e)
+    with open(_MEASURE_JSON.value, "w") as f:
+        json.dump(result, f)
+
+
+def _child(program: str, phase: str, tmp: str) -> dict:
+    """Runs this command for one program and phase in a fresh process (its own peak
+    counter), the compilation cache in `tmp`; returns what the process measured."""
+    path = os.path.join(tmp, f"{program}.{phase}.json")
+    argv = [
+        a for a in sys.argv[1:] if not a.startswith(("--program=", "--measure_json=", "--phase="))
+    ]
+    cmd = [sys.executable, "-m", "experiments.check_plan", *argv]
+    cmd += [f"--program={program}", f"--phase={phase}", f"--measure_json={path}"]
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, "cache"), **_CACHE_ENV)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if _JSON.value:  # the process's own log beside the result, e.g. for a failure
+        log_path = f"{os.path.splitext(_JSON.value)[0]}.{program}.{phase}.log"
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        with open(log_path, "w") as f:
+            f.write(done.stderr)
+    lines = [x for x in done.stderr.splitlines() if x.strip()]
+    if done.returncode == cli.EXIT_USAGE and lines and lines[-1].startswith("error: "):
+        cli.fail(lines[-1][len("error: ") :])  # the plan does not match: nothing to measure
+    if done.returncode != 0 or not os.path.exists(path):
+        raise RuntimeError(f"{program} ({phase}): {lines[-1] if lines else 'failed'}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def _measure_in_subprocess(program: str, tmp: str) -> dict:
+    """Compiles `program` in one process, then runs it from the cache in another."""
+    compiled = _child(program, "compile", tmp)
+    ran = _child(program, "run", tmp)
+    keep = ("compile_s", "compile_peak_bytes", "compiled")
+    return {**ran, **{k: compiled[k] for k in keep}}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _PROGRAM.value:
+        _measure_one()
+        return
+    if not _PLAN.value or not os.path.exists(_PLAN.value):
+        cli.fail(
+            f"--plan={_PLAN.value or ''}: no such file; write one with python -m experiments.plan "
+            "--config=... --topology=<this machine's devices> --json=<path>."
+        )
+    with open(_PLAN.value) as f:
+        plan = json.load(f)
+    programs = _PROGRAMS.value or list(plan["programs"])
+    unknown = [p for p in programs if p not in plan["programs"]]
+    if unknown:
+        cli.fail(f"--programs: {unknown} not in the plan (it has {list(plan['programs'])}).")
+    if _STEPS.value < 1:
+        cli.fail(f"--steps={_STEPS.value}: time at least 1 call per program.")
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.scale.measure import compare, format_comparison, valid_config
+
+    try:  # bad input: one line before any process starts
+        valid_config(flags.FLAGS.config)
+    except ConfigError as e:
+        cli.fail(e)
+
+    measured, failed = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in programs:
+            log.info("measuring %s (a fresh process: compile, then %d calls)", name, _STEPS.value)
+            try:
+                measured[name] = _measure_in_subprocess(name, tmp)
+            except RuntimeError as e:  # e.g. out of memory: the plan was wrong
+                failed[name] = str(e)
+                log.warning("%s", e)
+    rows = compare(plan, measured)
+    from benchmarks.common import describe_machine, machine_info
+
+    info = machine_info()
+    first = next(iter(measured.values()), {})
+    print(
+        f"plan: {plan['target']} ({plan['device']}); measured on {first.get('devices', '?')} x "
+        f"{first.get('device_kind', '?')} ({describe_machine(info)})"
+    )
+    print(format_comparison(rows))
+    for name, why in failed.items():
+        print(f"{name}: not measured ({why})")
+    if _JSON.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+        with open(_JSON.value, "w") as f:
+            json.dump(
+                dict(
+                    plan_file=_PLAN.value,
+                    target=plan["target"],
+                    model=plan["model"],
+                    rows=rows,
+                    measured=measured,
+                    failed=failed,
+                    machine=info,
+                ),
+                f,
+                indent=1,
+            )
+        log.info("wrote %s", _JSON.value)
+    if failed:
+        sys.exit(1)
+
+
+def run() -> None:
+    cli.run_config_main(main)
+
+
+if __name__ == "__main__":
+    run()
