@@ -404,6 +404,42 @@ def test_check_table_and_its_prose_are_the_committed_runs(
     assert figures[0] in readme, f"README.md should say {figures[0]!r}"
 
 
+def test_gpu_decode_table_is_the_committed_output() -> None:
+    # docs/benchmarks.md's GPU decode table quotes docs/benchmarks/decode_weights_h200.txt
+    # (the probe's verbatim output); the speed-ups are computed here from its lines.
+    text = (ROOT / "docs" / "benchmarks" / "decode_weights_h200.txt").read_text()
+    runs = {
+        m.group(1): (float(m.group(2)), float(m.group(3)))
+        for m in re.finditer(r"^(\w+) first ([\d.]+) s, calls .* ms/step ([\d.]+)$", text, re.M)
+    }
+    same = {
+        m.group(1): (m.group(2) == "True", float(m.group(3)))
+        for m in re.finditer(
+            r"^(\w+) tokens equal to scan_f32: (\w+) max \|dlogp\|: (\S+)$", text, re.M
+        )
+    }
+    assert set(runs) == set(same) == {"scan_f32", "scan_castonce", "fused_f32", "fused_castonce"}
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = doc.split("## The decode on a GPU at a paper model's shapes", 1)[1].split("\n## ")[0]
+    base = runs["scan_f32"][1]
+    for name, (first, ms) in runs.items():
+        eq, diff = same[name]
+        cell = (
+            "(reference)"
+            if name == "scan_f32"
+            else "yes (bit-equal)"
+            if eq and diff == 0
+            else (f"no (max log-prob difference {diff:.2f})")
+        )
+        row = f"| {ms:.2f} | {base / ms:.2f}x | {cell} | {first:.1f} |"
+        assert row in section, f"docs/benchmarks.md's GPU decode table should hold {row!r}"
+    fused = base / runs["fused_castonce"][1]
+    sampling = " ".join((ROOT / "docs" / "sampling.md").read_text(encoding="utf-8").split())
+    assert f"decoded {fused:.1f}x faster than the scan" in sampling
+    scale = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
+    assert f"{runs['fused_castonce'][1]:.2f} ms per step at 256 new tokens" in scale
+
+
 def test_tune_table_is_the_committed_run() -> None:
     # docs/training.md's micro-batch table is format_table of the committed tuner JSON,
     # and the prose's speed-ups are computed from it here.

@@ -325,9 +325,11 @@ def test_continuous_batching_plans_on_one_device_with_explicit_axes():
     c = tiny_config()
     c.mesh.axis_types = "explicit"
     c.sampling.continuous_slots = 4
+    c.model.dtype = "bfloat16"  # one GPU in bf16: the Sampler's fused decode, planned as such
     plan = make_plan(c, targets_lib.parse_target("1xh100"))
     gen = plan["programs"]["generate"]
     assert gen["compiled"] and gen["decode"] == "continuous"
+    assert gen["decode_layers"] == "fused"
     # One device: 4 lanes, nothing gathered.
     assert gen["lanes_per_shard"] == 4 and gen["gathered_params_bytes"] == 0
 
@@ -361,6 +363,7 @@ def test_gpu_plan_uses_the_gpu_kernel_choice():
     c = tiny_config()
     c.model.dtype = "bfloat16"
     plan = make_plan(c, target)
+    assert plan["programs"]["generate"]["decode_layers"] == "scan"  # 2 GPUs keep the scan
     if _cudnn_on_host():
         assert plan["attention"] == "cudnn"
     else:

@@ -51,6 +51,7 @@ from gdpo_jax.sampling.decode import (
     FINISH_STOP,
     DecodeSpec,
     grow_cache,
+    weights_in,
 )
 from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
 
@@ -93,6 +94,8 @@ def make_continuous_generate_fn(
         """One device's decode; row_offset: its first row's global index (keys)."""
         if on_trace is not None:
             on_trace()
+        if spec.layers != "scan":  # weights copied once, in the compute dtype (decode.py)
+            state = weights_in(state, nnx.merge(graphdef, state).cfg.dtype)
         model = nnx.merge(graphdef, state)
         n_prompts, plen = prompt_ids.shape
         n_rows = row_prompt.shape[0]

@@ -26,15 +26,19 @@ Row-level semantics (B rows, prompt bucket P, M = max_new_tokens):
     once per call: 4 weight matmuls per layer instead of 7). The default
     (`decode_layers_default`) is "fused" on CPU in f32 on one device,
     "unrolled" on CPU in f32 under a mesh (concatenating would mix "tensor"
-    shards), else "scan". Under the stacked layer ``scan`` XLA:CPU
-    copies every layer's weight and cache slices out of the stacked arrays at
-    every step (a quarter of the compute in a trace of ``bench_sampler``'s
-    decode). Accelerators keep the scan (one layer compiled; their fusions
-    slice in place), and so does a bf16 model: XLA fuses the unrolled graph
-    differently and, with its excess-precision rewrites, skips bf16 roundings
-    that the trainer's scan makes, so the sampler's log-probs would drift from
-    the trainer's (by 0.02 in test_sampler_logprobs_equal_trainer_logprobs).
-    Prefill is one call and keeps the scan either way.
+    shards), "fused" on one GPU in bf16 / f16, else "scan". Under the stacked
+    layer ``scan`` XLA:CPU copies every layer's weight and cache slices out of
+    the stacked arrays at every step (a quarter of the compute in a trace of
+    ``bench_sampler``'s decode). The unrolled forms copy the weights once per
+    call in the compute dtype (`weights_in`): on one H200 at R1-Distill-1.5B's
+    shapes (f32 weights, bf16 compute) the fused form decoded 2.4x faster than
+    the scan, rows and log-probs bit-equal (docs/benchmarks.md). TPUs and
+    several GPUs keep the scan (not measured), and so does a bf16 model on
+    CPU: XLA:CPU fuses the unrolled graph differently and, with its
+    excess-precision rewrites, skips bf16 roundings that the trainer's scan
+    makes, so the sampler's log-probs would drift from the trainer's (by 0.02
+    in test_sampler_logprobs_equal_trainer_logprobs). Prefill keeps the scan
+    either way.
   * ``DecodeSpec.group`` = G > 0 (rows prompt-major, G per prompt, no batch
     padding): the prompts' prefilled cache is kept once per prompt as the
     cache's shared prefix (``KVCache.prefix_*``) and the rows' cache holds only
@@ -74,6 +78,7 @@ __all__ = [
     "batch_axes",
     "batch_shards",
     "make_generate_fn",
+    "weights_in",
     "DECODE_LAYERS",
     "decode_layers_default",
     "shared_prompt_group",
@@ -111,10 +116,24 @@ def shared_prompt_group(enabled: bool, rows: int, prompts: int, group: int) -> i
 
 def decode_layers_default(compute_dtype: Any, one_device: bool) -> str:
     """``DecodeSpec.layers`` by default: unrolled on CPU in f32 (fused on one
-    device), else the scan (module docstring)."""
-    if effective_backend() != "cpu" or jnp.dtype(compute_dtype) != jnp.float32:
+    device), fused on one GPU in bf16 / f16, else the scan (module docstring)."""
+    backend, dtype = effective_backend(), jnp.dtype(compute_dtype)
+    if backend == "gpu" and one_device and dtype in (jnp.bfloat16, jnp.float16):
+        return "fused"
+    if backend != "cpu" or dtype != jnp.float32:
         return "scan"
     return "fused" if one_device else "unrolled"
+
+
+def weights_in(state: Any, dtype: Any) -> Any:
+    """`state` with its floating arrays in `dtype` (the others as they are)."""
+    dt = jnp.dtype(dtype)
+
+    def cast(x):
+        floating = jnp.issubdtype(x.dtype, jnp.floating)
+        return x.astype(dt) if floating and x.dtype != dt else x
+
+    return jax.tree.map(cast, state)
 
 
 def _spec(
@@ -253,6 +272,13 @@ def make_generate_fn(
         n_prompts, plen = prompt_ids.shape
         batch = row_prompt.shape[0]
         row_limit = place(row_limit)  # laid out like the other per-row loop state
+        if spec.layers != "scan":
+            # These forms copy the weights once per call anyway: copy them in the
+            # compute dtype, so no step re-casts (or re-reads) f32 weights. The
+            # model casts every weight to that dtype before use, so the products
+            # are the same (greedy rows and log-probs bit-equal the scan's on an
+            # H200 in bf16, docs/benchmarks.md); f32 compute: nothing to cast.
+            state = weights_in(state, nnx.merge(graphdef, state).cfg.dtype)
         model = nnx.merge(graphdef, state)
         # Prefill each distinct prompt once (G-fold fewer tokens than the rows),
         # then hand every row its prompt's last logits and either a copy of

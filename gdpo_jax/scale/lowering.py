@@ -97,9 +97,10 @@ def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
-    """(fn, args, rows per call padded to the batch shards, rows sharing a prompt's
-    cache, the mesh to call it under: None for continuous batching on one device)
-    of the sampler's program: the static decode, or continuous batching's
+    """(fn, args, rows per call padded to the batch shards, its DecodeSpec (``group``:
+    rows sharing a prompt's cache; ``layers``: the Sampler's default for the
+    backend), the mesh to call it under: None for continuous batching on one
+    device) of the sampler's program: the static decode, or continuous batching's
     (``sampling.continuous_slots`` > 0: lanes per batch shard, every prompt copied
     into its lane, and on several devices the weights gathered once per call).
 
@@ -122,6 +123,8 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
         use_top_p=s.top_p < 1.0,
         greedy=False,
         pad_id=0,
+        # As the Sampler picks it for the target's backend (plan runs in target_backend).
+        layers=decode.decode_layers_default(cfg.model.dtype, mesh.devices.size == 1),
     )
     rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
     shards = mesh_lib.batch_axis_size(mesh)
@@ -159,15 +162,15 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
         _sds((b,), jnp.int32, rows_sh),  # row_limit: per-row token budgets
     )
 
-    return fn, args, b, spec.group, call_mesh
+    return fn, args, b, spec, call_mesh
 
 
 def _generate_lowering(cfg, graphdef_full, model_state, mesh, rows: int):
-    """(lower, rows per call padded, rows sharing a prompt's cache): `generate_program` lowered."""
-    fn, args, b, group, call_mesh = generate_program(cfg, graphdef_full, model_state, mesh, rows)
+    """(lower, rows per call padded, its DecodeSpec): `generate_program` lowered."""
+    fn, args, b, spec, call_mesh = generate_program(cfg, graphdef_full, model_state, mesh, rows)
 
     def lower():
         with jax.set_mesh(call_mesh) if call_mesh is not None else contextlib.nullcontext():
             return fn.lower(*args)
 
-    return lower, b, group
+    return lower, b, spec

@@ -11,16 +11,18 @@ both, so a plan can be checked before a pod is booked on its word:
   * the inputs are synthetic at the config's widest shapes (`tune.synthetic_batch`;
     the sampler decodes every row to ``sampling.max_new_tokens``: no stop id is
     ever sampled);
-  * one program per call of `measure_program`, in a fresh process each
-    (`experiments.check_plan`): a device's peak-memory counter cannot be reset,
-    so each program's peak is read in a process that ran only it.
+  * one program per call of `measure_program`, in fresh processes
+    (`experiments.check_plan`): one compiles it into a persistent compilation
+    cache, the next loads it from there and runs it. A device's peak-memory
+    counter cannot be reset, and compiling has a peak of its own (the GPU
+    autotuner's scratch), so each peak is read in a process that did only that.
 
 Peak memory is the devices' own counter (``memory_stats()["peak_bytes_in_use"]``,
 the largest over local devices; None where the backend keeps none, e.g. CPU).
 It counts everything the process placed on the device, the resident state
 included, which is what the plan's per-program total counts too.
 
-    m = measure_program(cfg, "step", steps=3)   # {"peak_bytes", "median_s", ...}
+    m = measure_program(cfg, "step", steps=3)  # {"peak_bytes", "median_s", ...}
     rows = compare(plan, {"step": m})
     print(format_comparison(rows))
 """

@@ -280,10 +280,10 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
     )
     rows = int(cfg.sampling.rows_per_call) or cfg.algo.num_prompts * cfg.algo.group_size
-    gen_lower, gen_rows, share = _generate_lowering(
+    gen_lower, gen_rows, gen_spec = _generate_lowering(
         cfg, nnx.graphdef(model), full_state, mesh, rows
     )
-    share = max(share, 1)  # rows reading one prompt's cache (sampling.share_prompt_cache)
+    share = max(gen_spec.group, 1)  # rows reading one prompt's cache (sampling.share_prompt_cache)
 
     params_b = per_device_bytes(state.params)
     opt_b = per_device_bytes(state.opt_state)
@@ -343,7 +343,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
             }
         )
         if name == "generate":
-            r.update(rows_per_call=gen_rows, **sampler)
+            r.update(rows_per_call=gen_rows, decode_layers=gen_spec.layers, **sampler)
         if name == "logprob":
             r["runs_per_step"] = n_lp
         programs[name] = r
