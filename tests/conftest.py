@@ -17,3 +17,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One persistent XLA compilation cache for the session's processes (both xdist workers
+# and every CLI subprocess a test starts): the suite compiles the same small programs
+# many times over (tiny_cpu's step and sampler in each CLI, resume and multi-process
+# test). The key covers the HLO, the compile options, XLA_FLAGS and the jax version, so
+# a hit is the same executable; a size limit turns on the cache's file lock (concurrent
+# writers). Entries compiled for an abstract TPU / GPU target (the planner) cannot be
+# loaded back on this CPU: JAX warns and compiles again (see pytest.ini).
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax"),
+)
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
