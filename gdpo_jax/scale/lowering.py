@@ -44,11 +44,7 @@ def _abstract_state(cfg, mc: ModelConfig, mesh):
     graphdef, _ = nnx.split(model, nnx.Param)  # the model holds only nnx.Param (as the run)
     params = full
     sc = StepConfig.from_config(cfg, batch_shards=mesh_lib.batch_axis_size(mesh))
-    tx, schedule = state_lib.make_optimizer(
-        cfg.optim,
-        total_updates=cfg.train.num_steps * sc.updates_per_step,
-        updates_per_step=sc.updates_per_step,
-    )
+    tx, schedule = state_lib.rl_optimizer(cfg, sc.updates_per_step)
     with jax.set_mesh(mesh):
         opt = jax.eval_shape(tx.init, params)
     rep = NamedSharding(mesh, P())

@@ -30,7 +30,6 @@ included, which is what the plan's per-program total counts too.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import statistics
 import time
@@ -43,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from gdpo_jax.scale.arch import PlanError, model_config
+from gdpo_jax.scale.plan import config_digest, memory_figures
 from gdpo_jax.scale.targets import GIB, parse_target
 
 __all__ = [
@@ -76,14 +76,6 @@ def _bytes_in_use() -> int | None:
     if not all(s and "bytes_in_use" in s for s in stats):
         return None
     return max(int(s["bytes_in_use"]) for s in stats)
-
-
-def _compiled_bytes(lowered) -> dict[str, int]:
-    """This device's compiler's memory figures for a lowered program (as plan._measure)."""
-    ma = lowered.compile().memory_analysis()
-    args, outs = int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes)
-    alias, temps = int(ma.alias_size_in_bytes), int(ma.temp_size_in_bytes)
-    return dict(args=args, outputs=outs, aliased=alias, temps=temps)
 
 
 def _timed(fn, steps: int) -> dict[str, Any]:
@@ -134,13 +126,9 @@ def _generate_inputs(cfg, args, rows: int, vocab: int, seed: int) -> tuple:
 
 def valid_config(cfg: mlc.ConfigDict) -> mlc.ConfigDict:
     """A validated copy of `cfg` (ConfigError, one line, if invalid); no workdir needed."""
-    from gdpo_jax.train.config import validate_config
+    from gdpo_jax.train.config import validated_copy
 
-    cfg = copy.deepcopy(cfg)
-    with cfg.unlocked():
-        cfg.workdir = cfg.workdir or "/tmp/gdpo_check_plan"  # never written; validation wants one
-    validate_config(cfg)
-    return cfg
+    return validated_copy(cfg, "/tmp/gdpo_check_plan")  # the workdir is never written
 
 
 def measure_program(
@@ -194,11 +182,7 @@ def measure_program(
     model = create_model(mc, mesh=mesh, seed=int(cfg.seed))
     num_params = int(sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model))))
     sc = StepConfig.from_config(cfg, batch_shards=mesh_lib.batch_axis_size(mesh))
-    tx, schedule = state_lib.make_optimizer(
-        cfg.optim,
-        total_updates=cfg.train.num_steps * sc.updates_per_step,
-        updates_per_step=sc.updates_per_step,
-    )
+    tx, schedule = state_lib.rl_optimizer(cfg, sc.updates_per_step)
     graphdef_full = nnx.graphdef(model)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
     # The reference weights sit beside every program of a run that needs them.
@@ -257,7 +241,7 @@ def measure_program(
     out.update(resident_bytes=_bytes_in_use(), setup_peak_bytes=peak_bytes())
     if compile_only:
         t0 = time.perf_counter()
-        out["compiled"] = _compiled_bytes(lower())
+        out["compiled"] = memory_figures(lower().compile())
         out.update(compile_s=time.perf_counter() - t0, compile_peak_bytes=peak_bytes())
     else:
         out.update(_timed(call, steps))
@@ -279,8 +263,6 @@ def check_matches(
     """Raises PlanError (one line, naming the fix) unless `plan` planned what `cfg` runs
     on `mesh` here: the same platform (unless any_platform), device count, mesh and
     programs (`plan.config_digest`)."""
-    from gdpo_jax.scale.plan import config_digest
-
     want, have = _BACKEND.get(plan["platform"], plan["platform"]), jax.default_backend()
     if have != want and not any_platform:
         raise PlanError(

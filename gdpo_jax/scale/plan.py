@@ -131,20 +131,29 @@ def _measure(lower_fn) -> dict[str, Any]:
             temps=used,
             compile_s=time.perf_counter() - t0,
         )
+    return dict(
+        compiled=True,
+        compiler_fits=True,
+        **memory_figures(compiled),
+        compile_s=time.perf_counter() - t0,
+    )
+
+
+def memory_figures(compiled: Any) -> dict[str, int]:
+    """A compiled program's bytes per device from `memory_analysis()`: args, outputs,
+    aliased (outputs written into donated args), temps, code and program_bytes
+    (args + outputs - aliased + temps + code: what it needs while it runs)."""
     ma = compiled.memory_analysis()
     args, outs = int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes)
     alias, temps = int(ma.alias_size_in_bytes), int(ma.temp_size_in_bytes)
     code = int(getattr(ma, "generated_code_size_in_bytes", 0) or 0)
     return dict(
-        compiled=True,
-        compiler_fits=True,
         args=args,
         outputs=outs,
         aliased=alias,
         temps=temps,
         code=code,
         program_bytes=args + outs - alias + temps + code,
-        compile_s=time.perf_counter() - t0,
     )
 
 
@@ -401,4 +410,12 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     }
 
 
-__all__ = ["PROGRAMS", "PlanError", "config_digest", "format_plan", "make_plan", "model_config"]
+__all__ = [
+    "PROGRAMS",
+    "PlanError",
+    "config_digest",
+    "format_plan",
+    "make_plan",
+    "memory_figures",
+    "model_config",
+]

@@ -8,6 +8,7 @@ the config API. Every error is a ConfigError naming the field and the fix.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -79,6 +80,16 @@ def prompt_buckets(cfg: mlc.ConfigDict) -> tuple[int, ...]:
             f"--config.sampling.prompt_buckets='({s.max_prompt_len // 2}, {s.max_prompt_len})'."
         )
     return given
+
+
+def validated_copy(cfg: mlc.ConfigDict, workdir: str) -> mlc.ConfigDict:
+    """A validated copy of `cfg` for a tool that writes no run (tuner, plan check):
+    `workdir` stands in for an empty config.workdir, which validation requires."""
+    cfg = copy.deepcopy(cfg)
+    with cfg.unlocked():
+        cfg.workdir = cfg.workdir or workdir
+    validate_config(cfg)
+    return cfg
 
 
 def validate_config(

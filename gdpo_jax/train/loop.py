@@ -143,10 +143,7 @@ class Trainer:
             )
 
         sc = self.step_cfg
-        total_updates = cfg.train.num_steps * sc.updates_per_step
-        self.tx, self.schedule = state_lib.make_optimizer(
-            cfg.optim, total_updates=total_updates, updates_per_step=sc.updates_per_step
-        )
+        self.tx, self.schedule = state_lib.rl_optimizer(cfg, sc.updates_per_step)
         self.graphdef, self.state = state_lib.create_train_state(self.model, self.tx, self.mesh)
         self.step = CompiledStep(
             graphdef=self.graphdef,

@@ -76,6 +76,18 @@ def make_optimizer(
     return optax.chain(*parts), schedule
 
 
+def rl_optimizer(
+    cfg: Any, updates_per_step: int
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """`make_optimizer` for an RL run of `cfg`: cfg.train.num_steps RL steps of
+    `updates_per_step` updates each (StepConfig.updates_per_step)."""
+    return make_optimizer(
+        cfg.optim,
+        total_updates=cfg.train.num_steps * updates_per_step,
+        updates_per_step=updates_per_step,
+    )
+
+
 def create_train_state(
     model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh | None = None
 ) -> tuple[nnx.GraphDef, TrainState]:

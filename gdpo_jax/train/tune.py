@@ -42,7 +42,7 @@ from gdpo_jax.errors import ConfigError
 from gdpo_jax.train import build, distributed
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.config import prompt_buckets, validate_config
+from gdpo_jax.train.config import prompt_buckets, validate_config, validated_copy
 from gdpo_jax.train.step import CompiledStep, StepConfig
 
 __all__ = ["format_table", "synthetic_batch", "time_microbatches"]
@@ -125,10 +125,7 @@ def time_microbatches(
     if not counts:
         raise ValueError("counts is empty: give micro-batch counts to time, e.g. (1, 2, 4).")
     say = log or (lambda _msg: None)
-    cfg = copy.deepcopy(cfg)
-    with cfg.unlocked():
-        cfg.workdir = cfg.workdir or "/tmp/gdpo_tune"  # never written; validation wants one
-    validate_config(cfg)
+    cfg = validated_copy(cfg, "/tmp/gdpo_tune")  # the workdir is never written
     buckets = prompt_buckets(cfg)
     if prompt_len is not None and int(prompt_len) not in buckets:
         raise ConfigError(
@@ -150,11 +147,7 @@ def time_microbatches(
 
     # One train state for every count: its shapes do not depend on the count.
     sc0 = StepConfig.from_config(cfg, batch_shards=shards)
-    tx, schedule = state_lib.make_optimizer(
-        cfg.optim,
-        total_updates=cfg.train.num_steps * sc0.updates_per_step,
-        updates_per_step=sc0.updates_per_step,
-    )
+    tx, schedule = state_lib.rl_optimizer(cfg, sc0.updates_per_step)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
     shardings = state_lib.shardings_of(state)
 
