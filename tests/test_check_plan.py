@@ -110,6 +110,9 @@ def test_check_matches_refuses_another_platform_mesh_or_config() -> None:
     # ... one a program depends on does not.
     with pytest.raises(PlanError, match="config_digest"):
         check_matches(plan, _tiny(beta=0.04), mesh, any_platform=True)
+    old = {k: v for k, v in plan.items() if k != "config_digest"}  # an older planner's plan
+    with pytest.raises(PlanError, match="plan again"):
+        check_matches(old, cfg, mesh, any_platform=True)
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:

@@ -276,7 +276,12 @@ def check_matches(
             f"has {mesh.devices.size}, mesh {dict(mesh.shape)}: plan for a topology of this "
             "machine's devices with the same --config.mesh.* flags."
         )
-    if plan.get("config_digest") != config_digest(cfg):
+    if "config_digest" not in plan:
+        raise PlanError(
+            "the plan has no config_digest (an older planner made it): plan again with "
+            "python -m experiments.plan --json=<path>."
+        )
+    if plan["config_digest"] != config_digest(cfg):
         raise PlanError(
             "the plan was made for other config values than these (its config_digest differs): "
             "plan and measure with the same --config flags."
