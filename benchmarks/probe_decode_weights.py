@@ -42,8 +42,9 @@ def main() -> None:
     from gdpo_jax.sampling import decode
     from gdpo_jax.scale.arch import model_config
     from gdpo_jax.scale.lowering import generate_program
-    from gdpo_jax.scale.measure import _generate_inputs, valid_config
+    from gdpo_jax.scale.measure import _generate_inputs
     from gdpo_jax.train import mesh as mesh_lib
+    from gdpo_jax.train.config import validated_copy
 
     if args.tiny:
         from configs import tiny_cpu
@@ -57,7 +58,7 @@ def main() -> None:
         c.algo.num_prompts, c.algo.num_minibatches, c.algo.num_microbatches = 4, 1, 4
         c.sampling.max_prompt_len, c.sampling.max_new_tokens = 512, 256
     c.sampling.rows_per_call = 0
-    c = valid_config(c)
+    c = validated_copy(c, "/tmp/gdpo_probe")
     mesh = mesh_lib.make_mesh(
         tuple(c.mesh.shape), axis_types=c.mesh.axis_types, devices=jax.devices()[:1]
     )

@@ -125,10 +125,11 @@ def main(argv: list[str]) -> None:
     if _STEPS.value < 1:
         cli.fail(f"--steps={_STEPS.value}: time at least 1 call per program.")
     from gdpo_jax.errors import ConfigError
-    from gdpo_jax.scale.measure import compare, format_comparison, valid_config
+    from gdpo_jax.scale.measure import compare, format_comparison
+    from gdpo_jax.train.config import validated_copy
 
     try:  # bad input: one line before any process starts
-        valid_config(flags.FLAGS.config)
+        validated_copy(flags.FLAGS.config, "/tmp/gdpo_check_plan")
     except ConfigError as e:
         cli.fail(e)
 

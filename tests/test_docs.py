@@ -293,15 +293,23 @@ def test_scale_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
+def _committed_table_in(
+    monkeypatch: pytest.MonkeyPatch, renderer: str, data: str, page: str, rows: int = 2
+) -> str:
+    """Renders experiments.plan_table.<renderer> from docs/scale/<data>/ and checks the
+    table (a header and at least `rows` rows) stands in docs/<page>; returns the page."""
+    table = getattr(_plan_table(monkeypatch), renderer)(str(ROOT / "docs" / "scale" / data))
+    doc = (ROOT / "docs" / page).read_text(encoding="utf-8")
+    assert table.count("\n") >= rows + 1 and table in doc, (
+        f"docs/{page}'s table differs from docs/scale/{data}/*.json "
+        f"(experiments.plan_table.{renderer} renders it)"
+    )
+    return doc
+
+
 def test_attention_kernel_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> None:
     # docs/models.md's kernel comparison is rendered from docs/scale/attention/*.json.
-    table = _plan_table(monkeypatch).attention_table(str(ROOT / "docs" / "scale" / "attention"))
-    assert table.count("\n") >= 3, table
-    doc = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
-    assert table in doc, (
-        "docs/models.md's attention kernel table differs from docs/scale/attention/*.json "
-        "(experiments.plan_table.attention_table renders it)"
-    )
+    _committed_table_in(monkeypatch, "attention_table", "attention", "models.md")
 
 
 def test_sampler_table_and_its_prose_are_the_committed_plans(
@@ -312,12 +320,7 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
     import json
 
     directory = ROOT / "docs" / "scale" / "sampler"
-    table = _plan_table(monkeypatch).sampler_table(str(directory))
-    doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
-    assert table.count("\n") >= 3 and table in doc, (
-        "docs/scale.md's sampler table differs from docs/scale/sampler/*.json "
-        "(experiments.plan_table.sampler_table renders it)"
-    )
+    doc = _committed_table_in(monkeypatch, "sampler_table", "sampler", "scale.md")
     plans = {p.stem.rsplit("_", 1)[1]: json.loads(p.read_text()) for p in directory.glob("*.json")}
     static, cont = plans["static"], plans["continuous-64"]
     gib = 2**30
@@ -343,12 +346,7 @@ def test_check_table_and_its_prose_are_the_committed_runs(
     import json
 
     directory = ROOT / "docs" / "scale" / "check"
-    table = _plan_table(monkeypatch).check_table(str(directory))
-    doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
-    assert table.count("\n") >= 4 and table in doc, (
-        "docs/scale.md's check table differs from docs/scale/check/*.json "
-        "(experiments.plan_table.check_table renders it)"
-    )
+    doc = _committed_table_in(monkeypatch, "check_table", "check", "scale.md", rows=3)
     from gdpo_jax.scale.measure import compare
 
     def load(name):

@@ -51,7 +51,6 @@ __all__ = [
     "format_comparison",
     "measure_program",
     "peak_bytes",
-    "valid_config",
 ]
 
 PROGRAMS = ("step", "logprob", "generate")
@@ -59,23 +58,13 @@ PROGRAMS = ("step", "logprob", "generate")
 _BACKEND = {"cuda": "gpu", "tpu": "tpu"}
 
 
-def peak_bytes() -> int | None:
-    """The largest peak-bytes-in-use counter over this process's devices (None: not kept)."""
-    peaks = []
-    for d in jax.local_devices():
-        stats = d.memory_stats()
-        if not stats or "peak_bytes_in_use" not in stats:
-            return None
-        peaks.append(int(stats["peak_bytes_in_use"]))
-    return max(peaks)
-
-
-def _bytes_in_use() -> int | None:
-    """Bytes now held on this process's devices (the largest device; None: not kept)."""
+def peak_bytes(key: str = "peak_bytes_in_use") -> int | None:
+    """The largest of a memory counter over this process's devices (default the peak
+    bytes in use; "bytes_in_use": held now). None where the backend keeps none."""
     stats = [d.memory_stats() for d in jax.local_devices()]
-    if not all(s and "bytes_in_use" in s for s in stats):
+    if not all(s and key in s for s in stats):
         return None
-    return max(int(s["bytes_in_use"]) for s in stats)
+    return max(int(s[key]) for s in stats)
 
 
 def _timed(fn, steps: int) -> dict[str, Any]:
@@ -124,13 +113,6 @@ def _generate_inputs(cfg, args, rows: int, vocab: int, seed: int) -> tuple:
     )
 
 
-def valid_config(cfg: mlc.ConfigDict) -> mlc.ConfigDict:
-    """A validated copy of `cfg` (ConfigError, one line, if invalid); no workdir needed."""
-    from gdpo_jax.train.config import validated_copy
-
-    return validated_copy(cfg, "/tmp/gdpo_check_plan")  # the workdir is never written
-
-
 def measure_program(
     cfg: mlc.ConfigDict,
     program: str,
@@ -164,6 +146,7 @@ def measure_program(
     from gdpo_jax.train import distributed
     from gdpo_jax.train import mesh as mesh_lib
     from gdpo_jax.train import state as state_lib
+    from gdpo_jax.train.config import validated_copy
     from gdpo_jax.train.step import CompiledStep, StepConfig
     from gdpo_jax.train.tune import synthetic_batch
 
@@ -171,7 +154,7 @@ def measure_program(
         raise ValueError(f"program={program!r}: one of {PROGRAMS}.")
     if steps < 1:
         raise ValueError(f"steps={steps}: time at least 1 call.")
-    user_cfg, cfg = cfg, valid_config(cfg)
+    user_cfg, cfg = cfg, validated_copy(cfg, "/tmp/gdpo_check_plan")  # workdir never written
     devices = jax.devices()[: cfg.mesh.num_devices or None]
     mesh = mesh_lib.make_mesh(
         tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
@@ -238,7 +221,7 @@ def measure_program(
             def lower():
                 return step.lower_logprobs(state.params, batch)
 
-    out.update(resident_bytes=_bytes_in_use(), setup_peak_bytes=peak_bytes())
+    out.update(resident_bytes=peak_bytes("bytes_in_use"), setup_peak_bytes=peak_bytes())
     if compile_only:
         t0 = time.perf_counter()
         out["compiled"] = memory_figures(lower().compile())
