@@ -221,6 +221,34 @@ def test_roofline_decode_reads_a_shared_prompt_once_per_group():
         assert got["decode"] == pytest.approx(want) and got["bound"]["decode"] == "memory"
 
 
+def test_roofline_decode_reads_the_unrolled_forms_weight_copy():
+    """The unrolled decode forms read a compute-dtype copy of the weights, made
+    once per call (sampling.decode.weights_in): hand-worked, 2 calls of 4 rows,
+    10 steps, 1000 B stored, 500 B copied, no KV cache:
+    decode 2 x ((1000 + 500) + 10 x 500) / 1000 B/s = 13 s; prefill 2 x 500 / 1000."""
+    mc = ModelConfig.tiny()
+    s = flops_lib.StepShape(
+        rows=8,
+        prompts=2,
+        rows_per_call=4,
+        prompt_len=100,
+        new_tokens=10,
+        logprob_passes=0,
+        epochs=1,
+        remat=False,
+        micro_batches=1,
+        param_bytes=1000,
+        kv_bytes_per_token=0,
+    )
+    kw = dict(num_devices=1, peak_flops=1e30, hbm_bw=1000.0)
+    scan = flops_lib.roofline(mc, s, **kw)
+    copy = flops_lib.roofline(mc, dataclasses.replace(s, decode_param_bytes=500), **kw)
+    assert scan["decode"] == pytest.approx(2 * 10 * 1000 / 1000.0)
+    assert copy["decode"] == pytest.approx(13.0) and copy["prefill"] == pytest.approx(1.0)
+    # The other phases read the stored weights.
+    assert copy["train"] == scan["train"] and copy["logprob"] == scan["logprob"]
+
+
 # --------------------------------------------------------------- compile: TPU
 @needs_tpu
 def test_tiny_plan_on_tpu_bytes_per_device():
@@ -332,6 +360,31 @@ def test_continuous_batching_plans_on_one_device_with_explicit_axes():
     assert gen["decode_layers"] == "fused"
     # One device: 4 lanes, nothing gathered.
     assert gen["lanes_per_shard"] == 4 and gen["gathered_params_bytes"] == 0
+
+
+@needs_cuda
+def test_one_gpu_bf16_roofline_counts_the_fused_decodes_bf16_weights():
+    """On one GPU in bf16 the Sampler decodes in the fused form over a bf16 copy
+    of the f32 weights; the roofline counted the f32 weights at every step."""
+    from gdpo_jax.scale.plan import make_plan
+
+    plans = {}
+    for layers in ("scan", "auto"):
+        c = tiny_config()
+        c.model.dtype = "bfloat16"  # f32 storage (param_dtype), bf16 compute
+        c.sampling.decode_layers = layers
+        plans[layers] = make_plan(c, targets_lib.parse_target("1xh100"))
+    assert plans["auto"]["programs"]["generate"]["decode_layers"] == "fused"
+    f32 = (n_matrix() + n_vector()) * 4  # hand count; the copy is half of it
+    bf16 = f32 // 2
+    bw = targets_lib.parse_target("1xh100").chip.hbm_bw
+    calls, steps = 1, 16  # 32 rows in one call; max_new_tokens
+    scan, fused = plans["scan"]["roofline"], plans["auto"]["roofline"]
+    assert scan["bound"]["decode"] == fused["bound"]["decode"] == "memory"
+    # Per call: the copy (read f32, write bf16), then every step reads bf16 not f32.
+    want = calls * ((f32 + bf16) + steps * (bf16 - f32)) / bw
+    assert fused["decode"] - scan["decode"] == pytest.approx(want, rel=1e-9)
+    assert fused["prefill"] - scan["prefill"] == pytest.approx(calls * (bf16 - f32) / bw)
 
 
 def test_search_halves_continuous_slots_first_for_the_sampler():

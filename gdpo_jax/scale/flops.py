@@ -19,9 +19,12 @@ kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
 
 The roofline time of a phase is max(FLOPs / (n * peak), bytes / (n * HBM bw))
 summed over phases (n devices). Bytes: decode streams the whole weight matrix
-in its storage dtype (FSDP all-gathers it) and the rows' KV cache once per
-step; the other phases are compute bound at these sizes and count their
-weight reads per micro-batch. Communication, host work (rewards, tokenizing)
+(FSDP all-gathers it) and the rows' KV cache once per step, the weights in the
+dtype the decode form reads (`StepShape.decode_param_bytes`: the storage dtype
+under the layer scan; the unrolled forms read a compute-dtype copy, made once
+per call, which also costs one read and one write of the weights per call);
+the other phases are compute bound at these sizes and count their weight reads
+per micro-batch. Communication, host work (rewards, tokenizing)
 and kernel efficiency are left out: it is a lower bound on the step time.
 """
 
@@ -51,6 +54,10 @@ class StepShape:
     kv_bytes_per_token: int  # one token of one row, all layers, k and v
     prompt_share: int = 1  # rows reading one prompt's KV cache (G when shared)
     train_prompt_share: int = 1  # rows per prompt forward in the step / log-prob pass
+    # Bytes of the weights one sampler step reads (prefill and decode): the
+    # unrolled decode forms' compute-dtype copy (sampling.decode.weights_in),
+    # made once per call. None: param_bytes (the scan reads the stored weights).
+    decode_param_bytes: int | None = None
 
 
 def _matmul_flops(mc: ModelConfig) -> float:
@@ -101,10 +108,12 @@ def roofline(
         * s.kv_bytes_per_token
         * (s.prompt_len / s.prompt_share + s.new_tokens / 2)
     )
-    decode_bytes = calls * s.new_tokens * (s.param_bytes + kv_step)
+    read = s.param_bytes if s.decode_param_bytes is None else s.decode_param_bytes
+    copy = 0 if s.decode_param_bytes is None else s.param_bytes + s.decode_param_bytes
+    decode_bytes = calls * (copy + s.new_tokens * (read + kv_step))
     passes = s.micro_batches * (3 + int(s.remat))  # weight reads of the training passes
     mem = {
-        "prefill": calls * s.param_bytes / hbm_bw,
+        "prefill": calls * read / hbm_bw,
         "decode": decode_bytes / hbm_bw,
         "logprob": s.logprob_passes * s.micro_batches * s.param_bytes / hbm_bw,
         "train": passes * s.param_bytes / hbm_bw,

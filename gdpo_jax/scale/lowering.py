@@ -92,6 +92,17 @@ def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
     }
 
 
+def decode_layers(cfg, mesh) -> str:
+    """The decode form a run's Sampler uses: `sampling.decode_layers`, or on
+    "auto" the default for the target's backend (the plan runs in target_backend)."""
+    from gdpo_jax.sampling import decode
+
+    layers = cfg.sampling.get("decode_layers", "auto")
+    if layers == "auto":
+        return decode.decode_layers_default(cfg.model.dtype, mesh.devices.size == 1)
+    return layers
+
+
 def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
     """(fn, args, rows per call padded to the batch shards, its DecodeSpec (``group``:
     rows sharing a prompt's cache; ``layers``: the Sampler's default for the
@@ -119,8 +130,7 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
         use_top_p=s.top_p < 1.0,
         greedy=False,
         pad_id=0,
-        # As the Sampler picks it for the target's backend (plan runs in target_backend).
-        layers=decode.decode_layers_default(cfg.model.dtype, mesh.devices.size == 1),
+        layers=decode_layers(cfg, mesh),
     )
     rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
     shards = mesh_lib.batch_axis_size(mesh)

@@ -230,6 +230,13 @@ def _attention_for_host(mc: ModelConfig, requested: str) -> tuple[ModelConfig, s
     return dataclasses.replace(mc, attention="xla"), note
 
 
+def _copy_itemsize(dtype: Any, compute_dtype: Any) -> int:
+    """Bytes per element of a weight in the unrolled decode forms' copy
+    (`sampling.decode.weights_in`: floating arrays in the compute dtype)."""
+    floating = jnp.issubdtype(dtype, jnp.floating)
+    return jnp.dtype(compute_dtype if floating else dtype).itemsize
+
+
 def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, full_b: int, params_b: int):
     """The sampler program's KV cache per device and how it decodes.
 
@@ -303,6 +310,12 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     full_b = sum(  # all params, unsharded
         math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(state.params)
     )
+    decode_b = None  # the scan reads the stored weights; the unrolled forms a copy
+    if gen_spec.layers != "scan":
+        decode_b = sum(
+            math.prod(x.shape) * _copy_itemsize(x.dtype, mc.dtype)
+            for x in jax.tree.leaves(state.params)
+        )
     sampler = _sampler_memory(cfg, mc, mesh, gen_rows, share, full_b, params_b)
     kv_b = sampler.pop("kv_cache_bytes")
 
@@ -373,6 +386,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         kv_bytes_per_token=kv_tok,
         prompt_share=share,
         train_prompt_share=max(sc.shared_group, 1),
+        decode_param_bytes=decode_b,
     )
     fl = flops_lib.step_flops(mc, shape)
     roof = flops_lib.roofline(
