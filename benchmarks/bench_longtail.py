@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
+from benchmarks.bench_sampler import PROMPT_LEN
 
 DEFAULT_OUT = "runs/bench/longtail.json"
 
@@ -61,6 +62,45 @@ def continuous_decode_steps(lengths: np.ndarray, slots: int) -> int:
     return end
 
 
+def kv_slot_reads(lengths: np.ndarray, slots: int, prompt_len: int, cap: int) -> dict[str, int]:
+    """KV-cache slots the decode's attention reads, summed over steps and rows
+    (each read is one slot's k and v in every layer), for the Sampler's decode
+    phases at this cap (`decode.decode_chunks`; rows hold their own prompt copy):
+
+      * "static": consecutive calls of `slots` rows, each to its longest row;
+        at step t every row of the call reads P + the end of t's phase;
+      * "continuous": `slots` lanes, refilled in row order; every lane reads
+        P + the end of the phase, which grows when a live lane reaches it and
+        never shrinks;
+      * "ragged": what the rows need, each live row P + t + 1 slots at its
+        step t (no empty or other rows' slots): a lower bound for any layout.
+    """
+    from gdpo_jax.sampling.decode import decode_chunks
+
+    ends = np.cumsum(decode_chunks(cap))
+    extent = lambda t: prompt_len + int(ends[np.searchsorted(ends, t, side="right")])  # noqa: E731
+    static = 0
+    for i in range(0, len(lengths), slots):
+        call = lengths[i : i + slots]
+        static += len(call) * sum(extent(t) for t in range(int(call.max())))
+    continuous, phase_end, lane_t, lane_row, nxt = 0, int(ends[0]), {}, {}, 0
+    while True:
+        for b in range(min(slots, len(lengths))):  # refill free lanes in row order
+            if b not in lane_row and nxt < len(lengths):
+                lane_row[b], lane_t[b], nxt = nxt, 0, nxt + 1
+        if not lane_row:
+            break
+        while max(lane_t.values()) >= phase_end:  # a live lane reached it: grow
+            phase_end = int(ends[np.searchsorted(ends, phase_end, side="right")])
+        continuous += min(slots, len(lengths)) * (prompt_len + phase_end)
+        for b in list(lane_row):
+            lane_t[b] += 1
+            if lane_t[b] >= lengths[lane_row[b]]:
+                del lane_row[b], lane_t[b]
+    ragged = int(sum(prompt_len * n + n * (n + 1) // 2 for n in lengths.tolist()))
+    return {"static": int(static), "continuous": int(continuous), "ragged": ragged}
+
+
 def waste_table(lengths: np.ndarray, slots: int) -> dict[str, float]:
     """Counts of useful vs decoded row-steps for static and continuous batching."""
     useful = int(lengths.sum())
@@ -85,7 +125,7 @@ def _measured(lengths: np.ndarray, slots: int, max_new: int, repeats: int) -> di
     row ended at its drawn length by max_new_tokens_per_row), interleaved:
     static calls of `slots` rows (sampling.rows_per_call = slots: the same KV
     cache rows) vs one continuous-batching call with `slots` lanes."""
-    from benchmarks.bench_sampler import HF_CONFIG, PROMPT_LEN, _write_checkpoint
+    from benchmarks.bench_sampler import HF_CONFIG, _write_checkpoint
     from gdpo_jax.models import load_pretrained
     from gdpo_jax.sampling import Sampler, SamplingParams
 
@@ -153,8 +193,7 @@ def _measured(lengths: np.ndarray, slots: int, max_new: int, repeats: int) -> di
 
 
 def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dict:
-    slots = 16 if quick else 64
-    max_new = 128 if quick else 512
+    slots, max_new = SIZES["quick" if quick else "full"]
     rows = slots * 8
     lengths = longtail_lengths(rows, median=median, sigma=sigma, cap=max_new)
     return {
@@ -173,8 +212,37 @@ def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dic
         # which rows' greedy tokens match between the two paths.
         "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
         "counts": waste_table(lengths, slots),
+        "kv_slot_reads": kv_slot_reads(lengths, slots, PROMPT_LEN, max_new),
         "measured": _measured(lengths, slots, max_new, repeats=2 if quick else 3),
     }
+
+
+SIZES = {"quick": (16, 128), "full": (64, 512)}  # slots, cap; rows = 8 x slots
+
+
+def reads_table_markdown(prompt_lens: tuple[int, ...] = (24, 512, 2048)) -> str:
+    """KV-cache slot reads (`kv_slot_reads`) of both sizes' drawn lengths at each
+    prompt length, as multiples of what the rows need ("ragged")."""
+    rows = []
+    for size, (slots, cap) in SIZES.items():
+        lengths = longtail_lengths(8 * slots, median=24.0, sigma=1.0, cap=cap)
+        for p in prompt_lens:
+            r = kv_slot_reads(lengths, slots, p, cap)
+            rows.append(
+                {
+                    "size": size,
+                    "rows x slots, cap": f"{8 * slots} x {slots}, {cap}",
+                    "prompt tokens": p,
+                    "slots the rows need (ragged)": f"{r['ragged']:,}",
+                    "static reads / need": f"{r['static'] / r['ragged']:.2f}x",
+                    "continuous reads / need": f"{r['continuous'] / r['ragged']:.2f}x",
+                    "static / continuous": f"{r['static'] / r['continuous']:.2f}x",
+                }
+            )
+    return common.markdown_table(rows) + (
+        "\n\nCounts (no model run): median 24, log-std 1, the Sampler's decode phases, "
+        "every row with its own prompt copy."
+    )
 
 
 def _identical(measured: dict) -> str:
@@ -228,9 +296,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Smaller batch and cap.")
     parser.add_argument("--median", type=float, default=24.0)
     parser.add_argument("--sigma", type=float, default=1.0)
+    parser.add_argument(
+        "--reads", action="store_true", help="Only the KV-read counts table (no model run)."
+    )
     args = parser.parse_args()
+    if args.reads:
+        print(reads_table_markdown())
+        return
     result = run(quick=args.quick, median=args.median, sigma=args.sigma)
-    for k in ("lengths", "counts", "measured"):
+    for k in ("lengths", "counts", "kv_slot_reads", "measured"):
         print(k, result[k])
     print(table_markdown([result]))
     print(f"wrote {common.write_json(args.out, result)}")

@@ -6,6 +6,7 @@ import numpy as np
 
 from benchmarks.bench_longtail import (
     continuous_decode_steps,
+    kv_slot_reads,
     longtail_lengths,
     static_decode_steps,
     waste_table,
@@ -23,6 +24,24 @@ def test_static_and_continuous_steps_by_hand():
     assert t["continuous_decoded_tokens"] == 16 and t["useful_throughput_gain"] == 1.38
     # No tail, no gain: equal lengths fill every slot in both schedules.
     assert continuous_decode_steps(np.full(8, 5), 4) == static_decode_steps(np.full(8, 5), 4) == 10
+
+
+def test_kv_slot_reads_by_hand():
+    """Cap 64: the Sampler's 2 phases of 32 (cache extents 32 and 64, prompt 0)."""
+    lengths = np.array([40, 2, 2])
+    got = kv_slot_reads(lengths, 2, 0, 64)
+    # Static: call [40, 2] reads 2 rows x 32 for 32 steps, then 2 x 64 for 8; call [2]
+    # reads 1 x 32 for 2 steps.
+    assert got["static"] == 32 * 2 * 32 + 8 * 2 * 64 + 2 * 32
+    # Continuous, 2 lanes: 32 steps at extent 32 (rows 1 then 2 beside row 0), then
+    # row 0 reaches 32 and both lanes read 64 for its last 8 steps.
+    assert got["continuous"] == 32 * 2 * 32 + 8 * 2 * 64
+    # What the rows need: row 0 reads 1, 2, ..., 40 slots; rows 1 and 2 read 1 and 2.
+    assert got["ragged"] == 40 * 41 // 2 + 3 + 3
+    # A prompt adds its P slots to every read (P x rows x steps; needed: P per token).
+    with_p = kv_slot_reads(lengths, 2, 5, 64)
+    assert with_p["ragged"] == got["ragged"] + 5 * 44
+    assert with_p["continuous"] == got["continuous"] + 5 * 2 * 40
 
 
 def test_longtail_lengths_are_capped_and_skewed():

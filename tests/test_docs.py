@@ -755,6 +755,29 @@ def test_longtail_table_is_the_committed_runs() -> None:
     )
 
 
+def test_longtail_reads_table_and_prose_are_the_counts() -> None:
+    """docs/benchmarks.md's KV-read table is `bench_longtail --reads` (pure counts),
+    and its prose quotes the full size's ratios from the same counts."""
+    from benchmarks import bench_longtail
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    table = bench_longtail.reads_table_markdown()
+    assert table in doc, (
+        "docs/benchmarks.md's KV-read table: python -m benchmarks.bench_longtail --reads"
+    )
+    slots, cap = bench_longtail.SIZES["full"]
+    lengths = bench_longtail.longtail_lengths(8 * slots, median=24.0, sigma=1.0, cap=cap)
+    short = bench_longtail.kv_slot_reads(lengths, slots, 24, cap)
+    long = bench_longtail.kv_slot_reads(lengths, slots, 2048, cap)
+    prose = " ".join(doc.split("<!-- /longtail-reads -->", 1)[1].split("\n\n")[1].split())
+    for figure in (
+        f"reads {short['continuous'] / short['ragged']:.2f}x the slots its rows need",
+        f"(static calls {short['static'] / short['ragged']:.2f}x)",
+        f"at 2048 tokens it reads {long['continuous'] / long['ragged']:.2f}x the need",
+    ):
+        assert figure in prose, f"docs/benchmarks.md's KV-read prose should say {figure!r}"
+
+
 def test_attention_section_is_the_committed_h200_run() -> None:
     """docs/benchmarks.md's GPU attention table is attention_h200.json's rendering, and
     the prose's claims hold in that run: cuDNN at parity (log-probs no further from

@@ -573,6 +573,15 @@ def test_shared_prompt_cache_equals_per_row_copies(model, tok, layers, greedy):
     np.testing.assert_allclose(rows[True].logprobs, rows[False].logprobs, atol=1e-5)
 
 
+def test_decode_chunks_split_the_budget_into_phases():
+    """One phase per 32 tokens, at most 4 (or as asked), near-equal, each >= 1 token."""
+    from gdpo_jax.sampling.decode import decode_chunks
+
+    assert decode_chunks(512) == (128, 128, 128, 128)
+    assert decode_chunks(33) == (17, 16) and decode_chunks(32) == (32,)
+    assert decode_chunks(10, 4) == (3, 3, 2, 2) and decode_chunks(3, 8) == (1, 1, 1)
+
+
 def test_decode_layers_default_and_bad_value(model, tok):
     from gdpo_jax.backend import target_backend
     from gdpo_jax.sampling.decode import decode_layers_default

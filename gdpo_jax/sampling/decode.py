@@ -80,6 +80,7 @@ __all__ = [
     "make_generate_fn",
     "weights_in",
     "DECODE_LAYERS",
+    "decode_chunks",
     "decode_layers_default",
     "shared_prompt_group",
 ]
@@ -105,6 +106,14 @@ class DecodeSpec:
 
 
 DECODE_LAYERS = ("scan", "unrolled", "fused")
+
+
+def decode_chunks(max_new_tokens: int, phases: int | None = None) -> tuple[int, ...]:
+    """``DecodeSpec.chunks``: `max_new_tokens` split into `phases` near-equal decode
+    phases (default: one per 32 tokens, at most 4), each at least one token."""
+    m = int(max_new_tokens)
+    n = max(1, min(phases or min(4, -(-m // 32)), m))
+    return tuple(m // n + (i < m % n) for i in range(n))
 
 
 def shared_prompt_group(enabled: bool, rows: int, prompts: int, group: int) -> int:

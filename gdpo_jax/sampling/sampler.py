@@ -333,12 +333,9 @@ class Sampler:
     # ------------------------------------------------------------- internals
     def _get_fn(self, params: SamplingParams, group: int = 0, rows_per_prompt: int = 1):
         m = int(params.max_new_tokens)
-        n = self.decode_chunks or min(4, -(-m // 32))
-        n = max(1, min(n, m))
-        chunks = tuple(m // n + (i < m % n) for i in range(n))
         spec = decode.DecodeSpec(
             max_new_tokens=m,
-            chunks=chunks,
+            chunks=decode.decode_chunks(m, self.decode_chunks),
             top_k=int(params.top_k),
             use_top_p=params.top_p < 1.0,
             greedy=bool(params.greedy),

@@ -121,11 +121,9 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
 
     s, g = cfg.sampling, cfg.algo.group_size
     m = int(s.max_new_tokens)
-    n = max(1, min(min(4, -(-m // 32)), m))  # Sampler's default decode phases
-    chunks = tuple(m // n + (i < m % n) for i in range(n))
     spec = decode.DecodeSpec(
         max_new_tokens=m,
-        chunks=chunks,
+        chunks=decode.decode_chunks(m),  # the Sampler's default phases
         top_k=int(s.top_k),
         use_top_p=s.top_p < 1.0,
         greedy=False,
