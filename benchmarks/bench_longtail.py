@@ -34,6 +34,7 @@ from benchmarks import common
 from benchmarks.bench_sampler import PROMPT_LEN
 
 DEFAULT_OUT = "runs/bench/longtail.json"
+SIZES = {"quick": (16, 128), "full": (64, 512)}  # slots, cap; rows = 8 x slots
 
 
 def longtail_lengths(n: int, *, median: float, sigma: float, cap: int, seed: int = 0) -> np.ndarray:
@@ -78,7 +79,10 @@ def kv_slot_reads(lengths: np.ndarray, slots: int, prompt_len: int, cap: int) ->
     from gdpo_jax.sampling.decode import decode_chunks
 
     ends = np.cumsum(decode_chunks(cap))
-    extent = lambda t: prompt_len + int(ends[np.searchsorted(ends, t, side="right")])  # noqa: E731
+
+    def extent(t: int) -> int:  # cache slots of the phase that step t falls in
+        return prompt_len + int(ends[np.searchsorted(ends, t, side="right")])
+
     static = 0
     for i in range(0, len(lengths), slots):
         call = lengths[i : i + slots]
@@ -217,9 +221,6 @@ def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dic
     }
 
 
-SIZES = {"quick": (16, 128), "full": (64, 512)}  # slots, cap; rows = 8 x slots
-
-
 def reads_table_markdown(prompt_lens: tuple[int, ...] = (24, 512, 2048)) -> str:
     """KV-cache slot reads (`kv_slot_reads`) of both sizes' drawn lengths at each
     prompt length, as multiples of what the rows need ("ragged")."""
@@ -259,10 +260,12 @@ def table_markdown(runs: list[dict], labels: list[str] | None = None) -> str:
     first column naming each run (e.g. its file, when the runs differ in a
     setting the JSON does not record)."""
     rows = []
+    cpus = {_cpu(r.get("machine", {})) for r in runs}
     for i, r in enumerate(runs):
         c, m = r["counts"], r["measured"]
         rows.append(
             ({"run": labels[i]} if labels else {})
+            | ({"CPU": _cpu(r.get("machine", {}))} if len(cpus) > 1 else {})
             | {
                 "size": "quick" if r["quick"] else "full",
                 "rows x slots, cap": f"{c['rows']} x {c['slots']}, {r['lengths']['cap']}",
@@ -282,12 +285,19 @@ def table_markdown(runs: list[dict], labels: list[str] | None = None) -> str:
             f"\n{mach.get('device_kind')} x{mach.get('device_count')} ({mach.get('backend')}, "
             f"jax {mach.get('versions', {}).get('jax', '?')}); best of the interleaved repeats."
         )
+    elif len(cpus) > 1:
+        lines.append("\nBest of the interleaved repeats; each run's CPU in its row.")
     elif mach:
-        lines.append(
-            f"\n{mach.get('cpu_model')} ({mach.get('cpu_isa', '')}), "
-            f"{mach.get('cpu_usable')} cores; best of the interleaved repeats."
-        )
+        lines.append(f"\n{_cpu(mach)}; best of the interleaved repeats.")
     return "\n".join(lines)
+
+
+def _cpu(machine: dict) -> str:
+    """A run's CPU as the tables label it: model (vector ISA), cores."""
+    return (
+        f"{machine.get('cpu_model')} ({machine.get('cpu_isa', '')}), "
+        f"{machine.get('cpu_usable')} cores"
+    )
 
 
 def main() -> None:

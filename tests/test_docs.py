@@ -739,6 +739,9 @@ def test_decode_forms_table_is_the_committed_run() -> None:
     assert f"unrolling alone {vs_scan(smol, 'unrolled')}" in flat
 
 
+_WORDS = dict(enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"]))
+
+
 def test_longtail_table_is_the_committed_runs() -> None:
     import json
 
@@ -753,6 +756,32 @@ def test_longtail_table_is_the_committed_runs() -> None:
         "(python -m benchmarks.bench_longtail [--quick] --out "
         "docs/benchmarks/longtail_<size>_<n>.json)"
     )
+    # The prose, the limits and the README quote these runs' ranges.
+    ratio = {
+        q: [r["measured"]["useful_throughput_ratio"] for r in runs if r["quick"] == q]
+        for q in (False, True)
+    }
+    full, quick = (f"{min(ratio[q]):.2f}-{max(ratio[q]):.2f}x" for q in (False, True))
+    step = [
+        r["measured"]["static"]["decoded_tokens_per_s"]
+        / r["measured"]["continuous"]["decoded_tokens_per_s"]
+        for r in runs
+    ]
+    met = sum(x >= 2.0 for xs in ratio.values() for x in xs)
+    flat = " ".join(doc.split())
+    for figure in (
+        f"Useful throughput is {full} the static calls' at the full size (cap 512) and {quick}",
+        f"is met in {_WORDS[met]} runs of {_WORDS[len(runs)]}",
+        f"decoded tok/s columns: {min(step):.2f}-{max(step):.2f}x",
+    ):
+        assert figure in flat, f"docs/benchmarks.md's long-tail prose should say {figure!r}"
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert (
+        f"useful throughput {full} and {quick} theirs ({_WORDS[len(runs)]} committed runs" in readme
+    )
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    assert f"met in {_WORDS[met]} of {_WORDS[len(runs)]} committed runs" in limits
+    assert f"({full}; [benchmarks]" in limits
 
 
 def test_longtail_reads_table_and_prose_are_the_counts() -> None:

@@ -105,8 +105,8 @@ def decode_layers(cfg, mesh) -> str:
 
 def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
     """(fn, args, rows per call padded to the batch shards, its DecodeSpec (``group``:
-    rows sharing a prompt's cache; ``layers``: the Sampler's default for the
-    backend), the mesh to call it under: None for continuous batching on one
+    rows sharing a prompt's cache; ``layers``: `decode_layers`, as the run's
+    Sampler), the mesh to call it under: None for continuous batching on one
     device) of the sampler's program: the static decode, or continuous batching's
     (``sampling.continuous_slots`` > 0: lanes per batch shard, every prompt copied
     into its lane, and on several devices the weights gathered once per call).
