@@ -63,46 +63,61 @@ def continuous_decode_steps(lengths: np.ndarray, slots: int) -> int:
     return end
 
 
-def kv_slot_reads(lengths: np.ndarray, slots: int, prompt_len: int, cap: int) -> dict[str, int]:
-    """KV-cache slots the decode's attention reads, summed over steps and rows
-    (each read is one slot's k and v in every layer), for the Sampler's decode
-    phases at this cap (`decode.decode_chunks`; rows hold their own prompt copy):
+def kv_slot_reads(
+    lengths: np.ndarray, slots: int, prompt_len: int, cap: int, group: int = 1
+) -> dict[str, int]:
+    """KV-cache slots the decode's attention reads, summed over steps (each read
+    is one slot's k and v in every layer), for the Sampler's decode phases at
+    this cap (`decode.decode_chunks`); rows prompt-major, `group` rows per prompt:
 
-      * "static": consecutive calls of `slots` rows, each to its longest row;
-        at step t every row of the call reads P + the end of t's phase;
+      * "static": consecutive calls of `slots` rows, each to its longest row; at
+        step t every row reads the end of t's phase of its own slots, and its
+        prompt's P slots, once per prompt when `group` > 1 (the shared prompt
+        cache, sampling.share_prompt_cache), else once per row;
       * "continuous": `slots` lanes, refilled in row order; every lane reads
-        P + the end of the phase, which grows when a live lane reaches it and
-        never shrinks;
-      * "ragged": what the rows need, each live row P + t + 1 slots at its
-        step t (no empty or other rows' slots): a lower bound for any layout.
+        P (its own prompt copy) + the end of the phase, which grows when a live
+        lane reaches it and never shrinks;
+      * "continuous_shared": the same schedule if lanes shared their prompts'
+        slots (each live row's prompt's P once per step; idle lanes none);
+      * "ragged": what the continuous schedule's rows need: each live prompt's P
+        (per row when `group` = 1) and each live row's t + 1 own slots at its
+        step t: a lower bound for any cache layout.
     """
     from gdpo_jax.sampling.decode import decode_chunks
 
     ends = np.cumsum(decode_chunks(cap))
 
-    def extent(t: int) -> int:  # cache slots of the phase that step t falls in
-        return prompt_len + int(ends[np.searchsorted(ends, t, side="right")])
+    def phase_end(t: int) -> int:  # own slots of the phase that step t falls in
+        return int(ends[np.searchsorted(ends, t, side="right")])
+
+    def prompt_reads(rows: list[int]) -> int:  # a step's prompt slots for these rows
+        return prompt_len * (len({r // group for r in rows}) if group > 1 else len(rows))
 
     static = 0
     for i in range(0, len(lengths), slots):
-        call = lengths[i : i + slots]
-        static += len(call) * sum(extent(t) for t in range(int(call.max())))
-    continuous, phase_end, lane_t, lane_row, nxt = 0, int(ends[0]), {}, {}, 0
+        call = list(range(i, min(i + slots, len(lengths))))
+        steps = int(lengths[call].max())
+        static += steps * prompt_reads(call) + len(call) * sum(map(phase_end, range(steps)))
+    lanes = min(slots, len(lengths))
+    out = dict(continuous=0, continuous_shared=0, ragged=0)
+    end, lane_t, lane_row, nxt = int(ends[0]), {}, {}, 0
     while True:
-        for b in range(min(slots, len(lengths))):  # refill free lanes in row order
+        for b in range(lanes):  # refill free lanes in row order
             if b not in lane_row and nxt < len(lengths):
                 lane_row[b], lane_t[b], nxt = nxt, 0, nxt + 1
         if not lane_row:
             break
-        while max(lane_t.values()) >= phase_end:  # a live lane reached it: grow
-            phase_end = int(ends[np.searchsorted(ends, phase_end, side="right")])
-        continuous += min(slots, len(lengths)) * (prompt_len + phase_end)
+        while max(lane_t.values()) >= end:  # a live lane reached it: grow
+            end = phase_end(end)
+        live = list(lane_row.values())
+        out["continuous"] += lanes * (prompt_len + end)
+        out["continuous_shared"] += prompt_reads(live) + lanes * end
+        out["ragged"] += prompt_reads(live) + sum(t + 1 for t in lane_t.values())
         for b in list(lane_row):
             lane_t[b] += 1
             if lane_t[b] >= lengths[lane_row[b]]:
                 del lane_row[b], lane_t[b]
-    ragged = int(sum(prompt_len * n + n * (n + 1) // 2 for n in lengths.tolist()))
-    return {"static": int(static), "continuous": int(continuous), "ragged": ragged}
+    return {"static": int(static), **{k: int(v) for k, v in out.items()}}
 
 
 def waste_table(lengths: np.ndarray, slots: int) -> dict[str, float]:
@@ -221,28 +236,36 @@ def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dic
     }
 
 
-def reads_table_markdown(prompt_lens: tuple[int, ...] = (24, 512, 2048)) -> str:
+def reads_table_markdown(
+    prompt_lens: tuple[int, ...] = (24, 2048), groups: tuple[int, ...] = (1, 8)
+) -> str:
     """KV-cache slot reads (`kv_slot_reads`) of both sizes' drawn lengths at each
-    prompt length, as multiples of what the rows need ("ragged")."""
+    prompt length and group size, as multiples of what the rows need ("ragged")."""
     rows = []
     for size, (slots, cap) in SIZES.items():
         lengths = longtail_lengths(8 * slots, median=24.0, sigma=1.0, cap=cap)
         for p in prompt_lens:
-            r = kv_slot_reads(lengths, slots, p, cap)
-            rows.append(
-                {
-                    "size": size,
-                    "rows x slots, cap": f"{8 * slots} x {slots}, {cap}",
-                    "prompt tokens": p,
-                    "slots the rows need (ragged)": f"{r['ragged']:,}",
-                    "static reads / need": f"{r['static'] / r['ragged']:.2f}x",
-                    "continuous reads / need": f"{r['continuous'] / r['ragged']:.2f}x",
-                    "static / continuous": f"{r['static'] / r['continuous']:.2f}x",
-                }
-            )
+            for g in groups:
+                r = kv_slot_reads(lengths, slots, p, cap, group=g)
+                rows.append(
+                    {
+                        "size": size,
+                        "rows x slots, cap": f"{8 * slots} x {slots}, {cap}",
+                        "prompt tokens": p,
+                        "rows per prompt": g,
+                        "slots the rows need": f"{r['ragged']:,}",
+                        "static / need": f"{r['static'] / r['ragged']:.2f}x",
+                        "continuous / need": f"{r['continuous'] / r['ragged']:.2f}x",
+                        "continuous, prompts shared / need": (
+                            f"{r['continuous_shared'] / r['ragged']:.2f}x" if g > 1 else "-"
+                        ),
+                    }
+                )
     return common.markdown_table(rows) + (
-        "\n\nCounts (no model run): median 24, log-std 1, the Sampler's decode phases, "
-        "every row with its own prompt copy."
+        "\n\nCounts (no model run): median 24, log-std 1, the Sampler's decode phases; "
+        "static calls share a prompt's slots among its rows when it has several (as the "
+        "Sampler does), continuous batching copies them into every lane; the last column "
+        "is the same schedule with shared prompts (not implemented)."
     )
 
 

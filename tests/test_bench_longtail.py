@@ -44,6 +44,21 @@ def test_kv_slot_reads_by_hand():
     assert with_p["continuous"] == got["continuous"] + 5 * 2 * 40
 
 
+def test_kv_slot_reads_with_shared_prompts_by_hand():
+    """Rows 0, 1 of prompt 0 and rows 2, 3 of prompt 1 (group 2), prompt 5 slots, cap 64."""
+    got = kv_slot_reads(np.array([40, 2, 2, 2]), 2, 5, 64, group=2)
+    # Static: call [0, 1] runs 40 steps, one prompt read per step, each row its own
+    # 32 slots for 32 steps then 64 for 8; call [2, 3]: 2 steps, one prompt, 32 each.
+    assert got["static"] == 40 * 5 + 2 * (32 * 32 + 8 * 64) + 2 * 5 + 2 * 2 * 32
+    # Continuous: lane 1 runs rows 1, 2, 3 (2 steps each) beside row 0; every lane
+    # copies its prompt: 32 steps x 2 lanes x (5 + 32), then 8 x 2 x (5 + 64).
+    assert got["continuous"] == 32 * 2 * 37 + 8 * 2 * 69
+    # Shared: live prompts per step {0} x 2, {0, 1} x 4, {0} x 34 steps.
+    prompt = 5 * (2 * 1 + 4 * 2 + 34 * 1)
+    assert got["continuous_shared"] == prompt + 32 * 2 * 32 + 8 * 2 * 64
+    assert got["ragged"] == prompt + 40 * 41 // 2 + 3 * 3
+
+
 def test_longtail_lengths_are_capped_and_skewed():
     x = longtail_lengths(4096, median=24, sigma=1.0, cap=512, seed=0)
     assert x.min() >= 1 and x.max() <= 512 and abs(np.median(x) - 24) <= 2
