@@ -365,8 +365,9 @@ def test_continuous_batching_plans_on_one_device_with_explicit_axes():
 @needs_cuda
 def test_one_gpu_bf16_roofline_counts_the_fused_decodes_bf16_weights():
     """On one GPU in bf16 the Sampler decodes in the fused form over a bf16 copy
-    of the f32 weights; the roofline counted the f32 weights at every step."""
-    from gdpo_jax.scale.plan import make_plan
+    of the f32 weights; the roofline counted the f32 weights at every step, and
+    the planner ignored sampling.decode_layers (it planned auto's pick)."""
+    from gdpo_jax.scale.plan import format_plan, make_plan
 
     plans = {}
     for layers in ("scan", "auto"):
@@ -375,6 +376,8 @@ def test_one_gpu_bf16_roofline_counts_the_fused_decodes_bf16_weights():
         c.sampling.decode_layers = layers
         plans[layers] = make_plan(c, targets_lib.parse_target("1xh100"))
     assert plans["auto"]["programs"]["generate"]["decode_layers"] == "fused"
+    assert "static decode, 32 rows per call, layers fused" in format_plan(plans["auto"])
+    assert "layers scan (sampling.decode_layers)" in format_plan(plans["scan"])
     f32 = (n_matrix() + n_vector()) * 4  # hand count; the copy is half of it
     bf16 = f32 // 2
     bw = targets_lib.parse_target("1xh100").chip.hbm_bw

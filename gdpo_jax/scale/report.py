@@ -34,12 +34,16 @@ def format_plan(plan: dict) -> str:
         + ")"
     )
     gen = plan["programs"].get("generate", {})
+    layers = f"layers {gen.get('decode_layers', '?')} (sampling.decode_layers)"
     if gen.get("decode") == "continuous":
         lines.append(
             f"sampler: continuous batching, {gen['lanes_per_shard']} lanes per batch shard "
-            f"(sampling.continuous_slots={gen['slots']}); weights gathered to every device "
-            f"once per call: {gen['gathered_params_bytes'] / GIB:.2f} GiB of its temporaries"
+            f"(sampling.continuous_slots={gen['slots']}), {layers}; weights gathered to every "
+            f"device once per call: {gen['gathered_params_bytes'] / GIB:.2f} GiB of its "
+            "temporaries"
         )
+    elif gen:
+        lines.append(f"sampler: static decode, {gen['rows_per_call']} rows per call, {layers}")
     if plan.get("attention_note"):
         lines.append(plan["attention_note"])
     return "\n".join(lines)
