@@ -197,27 +197,32 @@ def test_flops_against_a_token_by_token_count():
     assert got["train"] < 4 * fwd
 
 
+# A step shape for the roofline's memory-bound decode: 8 rows of 2 prompts, 100-token
+# prompts, 10 new tokens, 1000 B of weights, no training passes.
+ROOFLINE_SHAPE = dict(
+    rows=8,
+    prompts=2,
+    rows_per_call=8,
+    prompt_len=100,
+    new_tokens=10,
+    logprob_passes=0,
+    epochs=1,
+    remat=False,
+    micro_batches=1,
+    param_bytes=1000,
+    kv_bytes_per_token=10,
+)
+ROOFLINE_CHIP = dict(num_devices=1, peak_flops=1e30, hbm_bw=1000.0)
+
+
 def test_roofline_decode_reads_a_shared_prompt_once_per_group():
     """Decode's memory time: every step reads the weights and each row's
     cache, a shared prompt's slots once per prompt_share rows (hand-worked:
     10 steps x (1000 B + 8 rows x 10 B x (100 / share + 10 / 2)) / 1000 B/s)."""
     mc = ModelConfig.tiny()
-    base = dict(
-        rows=8,
-        prompts=2,
-        rows_per_call=8,
-        prompt_len=100,
-        new_tokens=10,
-        logprob_passes=0,
-        epochs=1,
-        remat=False,
-        micro_batches=1,
-        param_bytes=1000,
-        kv_bytes_per_token=10,
-    )
     for share, want in ((1, 94.0), (4, 34.0)):
-        s = flops_lib.StepShape(**base, prompt_share=share)
-        got = flops_lib.roofline(mc, s, num_devices=1, peak_flops=1e30, hbm_bw=1000.0)
+        s = flops_lib.StepShape(**ROOFLINE_SHAPE, prompt_share=share)
+        got = flops_lib.roofline(mc, s, **ROOFLINE_CHIP)
         assert got["decode"] == pytest.approx(want) and got["bound"]["decode"] == "memory"
 
 
@@ -227,22 +232,9 @@ def test_roofline_decode_reads_the_unrolled_forms_weight_copy():
     10 steps, 1000 B stored, 500 B copied, no KV cache:
     decode 2 x ((1000 + 500) + 10 x 500) / 1000 B/s = 13 s; prefill 2 x 500 / 1000."""
     mc = ModelConfig.tiny()
-    s = flops_lib.StepShape(
-        rows=8,
-        prompts=2,
-        rows_per_call=4,
-        prompt_len=100,
-        new_tokens=10,
-        logprob_passes=0,
-        epochs=1,
-        remat=False,
-        micro_batches=1,
-        param_bytes=1000,
-        kv_bytes_per_token=0,
-    )
-    kw = dict(num_devices=1, peak_flops=1e30, hbm_bw=1000.0)
-    scan = flops_lib.roofline(mc, s, **kw)
-    copy = flops_lib.roofline(mc, dataclasses.replace(s, decode_param_bytes=500), **kw)
+    s = flops_lib.StepShape(**{**ROOFLINE_SHAPE, "rows_per_call": 4, "kv_bytes_per_token": 0})
+    scan = flops_lib.roofline(mc, s, **ROOFLINE_CHIP)
+    copy = flops_lib.roofline(mc, dataclasses.replace(s, decode_param_bytes=500), **ROOFLINE_CHIP)
     assert scan["decode"] == pytest.approx(2 * 10 * 1000 / 1000.0)
     assert copy["decode"] == pytest.approx(13.0) and copy["prefill"] == pytest.approx(1.0)
     # The other phases read the stored weights.
