@@ -127,10 +127,19 @@ def test_cli_measures_each_program_in_fresh_processes(tmp_path) -> None:
 
     cfg = get_config()
     cfg.algo.beta = 0.04  # a reference: the plan has a log-prob pass
-    cfg.algo.num_prompts, cfg.algo.num_minibatches = 2, 1  # small and quick
+    # Small and quick: 2 prompts, one update, a one-layer model (the six processes
+    # each build it, and two of them compile the step: a deeper model only compiles
+    # longer). The same overrides on the command line give the plan's digest.
+    tiny = dict(num_layers=1, hidden_size=64, intermediate_size=128, head_dim=16)
+    cfg.algo.num_prompts, cfg.algo.num_minibatches = 2, 1
+    cfg.model.tiny.update(tiny)
     plan_path = tmp_path / "plan.json"
     plan_path.write_text(json.dumps(_plan(cfg)))
-    small = ("--config.algo.num_prompts=2", "--config.algo.num_minibatches=1")
+    small = (
+        "--config.algo.num_prompts=2",
+        "--config.algo.num_minibatches=1",
+        *(f"--config.model.tiny.{k}={v}" for k, v in tiny.items()),
+    )
     beta = "--config.algo.beta=0.04"
     # A cuda plan on this CPU: refused in one line before anything is compiled.
     refused = _run(*small, beta, f"--plan={plan_path}", "--steps=1")

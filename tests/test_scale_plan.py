@@ -264,19 +264,23 @@ def test_tiny_plan_on_tpu_bytes_per_device():
     assert plan["device_memory_gib"] == 16
 
 
-@pytest.mark.slow  # a few minutes on 2 busy cores: three TPU compiles
+@pytest.mark.slow  # four TPU compiles (two stop early, out of memory)
 @needs_tpu
 def test_oversized_sampler_does_not_fit_and_the_suggestion_does():
     from gdpo_jax.scale.plan import make_plan
     from gdpo_jax.scale.search import _apply, find_fit
 
-    # 131072 rows x (64 + 32) tokens of f32 KV (4 layers x 4 kv heads x 64 dims x k, v):
-    # 8 KiB per token and row, 32768 rows per chip -> 24 GiB of cache on a 16 GiB v5e
-    # chip. 32 new tokens = one decode phase (one loop body to compile). Each
+    # 4096 rows x (64 + 32) tokens of f32 KV (128 layers x 4 kv heads x 64 dims x k, v):
+    # 256 KiB per token and row, 1024 rows per chip -> 24 GiB of cache on a 16 GiB v5e
+    # chip. The cache is deep (many layers, scanned: one layer body to compile) rather
+    # than wide: libtpu's compile of the step grows with its rows far more than with
+    # its layers (a step of 131072 rows x 4 layers compiled in about 40 s, this one of
+    # 4096 rows x 128 layers in 10-20 s).
+    # 32 new tokens = one decode phase (one loop body to compile). Each
     # row holds a copy of its prompt's slots (a shared prompt cache would
     # make it 8 + 32 tokens per row, and fit).
-    cfg = tiny_config(num_prompts=16384, group_size=8, num_microbatches=256, old_logprobs="sampler")
-    cfg.model.tiny.update(dict(num_layers=4, num_kv_heads=4, head_dim=64))
+    cfg = tiny_config(num_prompts=512, group_size=8, num_microbatches=256, old_logprobs="sampler")
+    cfg.model.tiny.update(dict(num_layers=128, num_kv_heads=4, head_dim=64))
     cfg.sampling.max_prompt_len, cfg.sampling.max_new_tokens = 64, 32
     cfg.sampling.share_prompt_cache = False
     target = targets_lib.parse_target("tpu:v5e:2x2")

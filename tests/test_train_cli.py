@@ -108,10 +108,16 @@ def test_same_seed_same_metrics_across_processes(tmp_path):
 
 
 def _cmd_async8(workdir: str, num_steps: int) -> list[str]:
-    """The 8-device fake mesh (conftest's XLA_FLAGS reach the child), async saves, every step."""
+    """The 8-device fake mesh (conftest's XLA_FLAGS reach the child), async saves, every step.
+    No TensorBoard: importing its writer costs each of the three processes seconds, and
+    resuming with it on is test_sigkill_then_resume's."""
     cmd = _cmd(workdir, num_steps)
     cmd[cmd.index("--config.mesh.num_devices=2")] = "--config.mesh.num_devices=8"
-    return cmd + ["--config.checkpoint.async_save=True", "--config.checkpoint.keep=2"]
+    return cmd + [
+        "--config.checkpoint.async_save=True",
+        "--config.checkpoint.keep=2",
+        "--config.train.tensorboard=False",
+    ]
 
 
 def _final_state(ckpt_dir: str, step: int) -> dict:
