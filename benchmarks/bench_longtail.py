@@ -26,6 +26,7 @@ import argparse
 import heapq
 import tempfile
 import time
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -63,8 +64,55 @@ def continuous_decode_steps(lengths: np.ndarray, slots: int) -> int:
     return end
 
 
+def lane_schedule(
+    lengths: np.ndarray, lanes: int, group: int = 1, prompt_slots: int = 0
+) -> Iterator[dict[int, tuple[int, int]]]:
+    """Continuous batching's schedule: each step's live lanes {lane: (row, the
+    row's step t)}. Free lanes take waiting rows in row order (`continuous.py`);
+    with `prompt_slots` W > 0 (shared prompts, rows prompt-major, `group` per
+    prompt) a row starts only if its prompt holds a slot or a slot is free (no
+    live lane and no waiting row): the rows that start are a prefix of the
+    waiting ones."""
+    lane_row: dict[int, int] = {}
+    lane_t: dict[int, int] = {}
+    lane_slot: dict[int, int] = {}
+    slot_u, u_open, open_slot, nxt, n = [-1] * prompt_slots, -1, 0, 0, len(lengths)
+    while True:
+        if prompt_slots:
+            users = {lane_slot[b] for b in lane_row}
+            u_next = nxt // group if nxt < n else n
+            free = [s for s in range(prompt_slots) if s not in users and slot_u[s] < u_next]
+        n_new = 0
+        for b in range(lanes):
+            if b in lane_row or nxt >= n:
+                continue
+            if prompt_slots:
+                need = nxt // group - u_open
+                if need > len(free):
+                    break
+                lane_slot[b] = open_slot if need <= 0 else free[need - 1]
+                n_new = max(n_new, need)
+            lane_row[b], lane_t[b], nxt = nxt, 0, nxt + 1
+        if n_new:
+            for i in range(n_new):
+                slot_u[free[i]] = u_open + 1 + i
+            u_open, open_slot = u_open + n_new, free[n_new - 1]
+        if not lane_row:
+            return
+        yield {b: (lane_row[b], lane_t[b]) for b in lane_row}
+        for b in list(lane_row):
+            lane_t[b] += 1
+            if lane_t[b] >= lengths[lane_row[b]]:
+                del lane_row[b], lane_t[b]
+
+
 def kv_slot_reads(
-    lengths: np.ndarray, slots: int, prompt_len: int, cap: int, group: int = 1
+    lengths: np.ndarray,
+    slots: int,
+    prompt_len: int,
+    cap: int,
+    group: int = 1,
+    prompt_slots_per_shard: int = 0,
 ) -> dict[str, int]:
     """KV-cache slots the decode's attention reads, summed over steps (each read
     is one slot's k and v in every layer), for the Sampler's decode phases at
@@ -74,16 +122,22 @@ def kv_slot_reads(
         step t every row reads the end of t's phase of its own slots, and its
         prompt's P slots, once per prompt when `group` > 1 (the shared prompt
         cache, sampling.share_prompt_cache), else once per row;
-      * "continuous": `slots` lanes, refilled in row order; every lane reads
-        P (its own prompt copy) + the end of the phase, which grows when a live
-        lane reaches it and never shrinks;
-      * "continuous_shared": the same schedule if lanes shared their prompts'
-        slots (each live row's prompt's P once per step; idle lanes none);
-      * "ragged": what the continuous schedule's rows need: each live prompt's P
+      * "continuous": `slots` lanes (`lane_schedule`); every lane reads P (its
+        own prompt copy) + the end of the phase, which grows when a live lane
+        reaches it and never shrinks (share_prompt_cache=False);
+      * "continuous_shared" (`group` > 1, share_prompt_cache): the lanes read
+        W = `prompt_slots_per_shard` (sampling.continuous_prompt_slots; 0:
+        `prompt_slots.suggested_prompt_slots`) prompt slots of P, every slot at
+        every step, + their own slots to the phase's end; rows wait for a free
+        slot (`lane_schedule` with W), so the schedule may run longer;
+      * "ragged": what the (copies') schedule's rows need: each live prompt's P
         (per row when `group` = 1) and each live row's t + 1 own slots at its
         step t: a lower bound for any cache layout.
+
+    Also "continuous_steps" and "continuous_shared_steps": the schedules' steps.
     """
     from gdpo_jax.sampling.decode import decode_chunks
+    from gdpo_jax.sampling.prompt_slots import suggested_prompt_slots
 
     ends = np.cumsum(decode_chunks(cap))
 
@@ -99,25 +153,25 @@ def kv_slot_reads(
         steps = int(lengths[call].max())
         static += steps * prompt_reads(call) + len(call) * sum(map(phase_end, range(steps)))
     lanes = min(slots, len(lengths))
-    out = dict(continuous=0, continuous_shared=0, ragged=0)
-    end, lane_t, lane_row, nxt = int(ends[0]), {}, {}, 0
-    while True:
-        for b in range(lanes):  # refill free lanes in row order
-            if b not in lane_row and nxt < len(lengths):
-                lane_row[b], lane_t[b], nxt = nxt, 0, nxt + 1
-        if not lane_row:
-            break
-        while max(lane_t.values()) >= end:  # a live lane reached it: grow
+    out = {"static": int(static), "continuous": 0, "ragged": 0, "continuous_steps": 0}
+    end = int(ends[0])
+    for live in lane_schedule(lengths, lanes):
+        while max(t for _, t in live.values()) >= end:  # a live lane reached it: grow
             end = phase_end(end)
-        live = list(lane_row.values())
         out["continuous"] += lanes * (prompt_len + end)
-        out["continuous_shared"] += prompt_reads(live) + lanes * end
-        out["ragged"] += prompt_reads(live) + sum(t + 1 for t in lane_t.values())
-        for b in list(lane_row):
-            lane_t[b] += 1
-            if lane_t[b] >= lengths[lane_row[b]]:
-                del lane_row[b], lane_t[b]
-    return {"static": int(static), **{k: int(v) for k, v in out.items()}}
+        rows = [r for r, _ in live.values()]
+        out["ragged"] += prompt_reads(rows) + sum(t + 1 for _, t in live.values())
+        out["continuous_steps"] += 1
+    if group > 1:
+        w = prompt_slots_per_shard or suggested_prompt_slots(lanes, group)
+        end = int(ends[0])
+        out["continuous_shared"] = out["continuous_shared_steps"] = 0
+        for live in lane_schedule(lengths, lanes, group, w):
+            while max(t for _, t in live.values()) >= end:
+                end = phase_end(end)
+            out["continuous_shared"] += w * prompt_len + lanes * end
+            out["continuous_shared_steps"] += 1
+    return {k: int(v) for k, v in out.items()}
 
 
 def waste_table(lengths: np.ndarray, slots: int) -> dict[str, float]:
@@ -237,7 +291,7 @@ def run(quick: bool = False, *, median: float = 24.0, sigma: float = 1.0) -> dic
 
 
 def reads_table_markdown(
-    prompt_lens: tuple[int, ...] = (24, 2048), groups: tuple[int, ...] = (1, 8)
+    prompt_lens: tuple[int, ...] = (24, 2048), groups: tuple[int, ...] = (1, 4, 8)
 ) -> str:
     """KV-cache slot reads (`kv_slot_reads`) of both sizes' drawn lengths at each
     prompt length and group size, as multiples of what the rows need ("ragged")."""
@@ -259,13 +313,20 @@ def reads_table_markdown(
                         "continuous, prompts shared / need": (
                             f"{r['continuous_shared'] / r['ragged']:.2f}x" if g > 1 else "-"
                         ),
+                        "shared: steps vs copies": (
+                            f"{r['continuous_shared_steps'] / r['continuous_steps']:.2f}x"
+                            if g > 1
+                            else "-"
+                        ),
                     }
                 )
     return common.markdown_table(rows) + (
         "\n\nCounts (no model run): median 24, log-std 1, the Sampler's decode phases; "
         "static calls share a prompt's slots among its rows when it has several (as the "
-        "Sampler does), continuous batching copies them into every lane; the last column "
-        "is the same schedule with shared prompts (not implemented)."
+        "Sampler does); continuous batching copies them into every lane "
+        "(the default), or, with shared prompt slots (sampling.continuous_prompt_slots = "
+        "W = 3 x lanes / G, `prompt_slots.suggested_prompt_slots`), every lane reads all W "
+        "slots' prompts once per step, and rows may wait for a slot (last column)."
     )
 
 

@@ -53,9 +53,12 @@ def test_kv_slot_reads_with_shared_prompts_by_hand():
     # Continuous: lane 1 runs rows 1, 2, 3 (2 steps each) beside row 0; every lane
     # copies its prompt: 32 steps x 2 lanes x (5 + 32), then 8 x 2 x (5 + 64).
     assert got["continuous"] == 32 * 2 * 37 + 8 * 2 * 69
-    # Shared: live prompts per step {0} x 2, {0, 1} x 4, {0} x 34 steps.
+    # Shared: the same 40 steps (suggested_prompt_slots(2, 2) = 2: prompt 1 never
+    # waits); both slots' 5 prompt slots read at every step, each lane its own.
+    assert got["continuous_shared_steps"] == got["continuous_steps"] == 40
+    assert got["continuous_shared"] == 40 * 2 * 5 + 32 * 2 * 32 + 8 * 2 * 64
+    # Needed: live prompts per step {0} x 2, {0, 1} x 4, {0} x 34 steps.
     prompt = 5 * (2 * 1 + 4 * 2 + 34 * 1)
-    assert got["continuous_shared"] == prompt + 32 * 2 * 32 + 8 * 2 * 64
     assert got["ragged"] == prompt + 40 * 41 // 2 + 3 * 3
 
 
@@ -63,3 +66,19 @@ def test_longtail_lengths_are_capped_and_skewed():
     x = longtail_lengths(4096, median=24, sigma=1.0, cap=512, seed=0)
     assert x.min() >= 1 and x.max() <= 512 and abs(np.median(x) - 24) <= 2
     assert x.mean() > np.median(x)  # long right tail
+
+
+def test_shared_prompt_slots_schedule_by_hand():
+    """4 lanes, 3 prompts x 4 rows, 2 prompt slots (the schedule is worked step
+    by step in test_continuous_shared.py): copies 6 steps, shared
+    7 (prompt 2's rows wait 2 steps for a slot). Prompt 3 slots, cap 64 (one
+    phase of 32 own slots reached): copies read 6 x 4 x (3 + 32); shared 7 x
+    (2 slots x 3 + 4 x 32)."""
+    lengths = np.array([5, 1, 1, 1, 5, 1, 1, 1, 1, 1, 1, 1])
+    got = kv_slot_reads(lengths, 4, 3, 64, group=4, prompt_slots_per_shard=2)
+    assert (got["continuous_steps"], got["continuous_shared_steps"]) == (6, 7)
+    assert got["continuous"] == 6 * 4 * 35
+    assert got["continuous_shared"] == 7 * (2 * 3 + 4 * 32)
+    # suggested_prompt_slots(4, 4) = 3 slots: prompt 2 starts at once (6 steps).
+    auto = kv_slot_reads(lengths, 4, 3, 64, group=4)
+    assert auto["continuous_shared_steps"] == 6 and auto["continuous_shared"] == 6 * (9 + 128)

@@ -88,6 +88,14 @@ def test_valid_configs_pass():
             r"sampling\.continuous_slots=-1 must be >= 1 .*continuous_slots=0",
         ),
         (
+            lambda c: setattr(c.sampling, "continuous_prompt_slots", -2),
+            r"sampling\.continuous_prompt_slots=-2 must be >= 1 .*continuous_prompt_slots=0",
+        ),
+        (
+            lambda c: setattr(c.sampling, "continuous_prompt_slots", 4),
+            r"continuous_prompt_slots=4 .*needs sampling\.continuous_slots >= 1 \(is 0\)",
+        ),
+        (
             lambda c: setattr(c.sampling, "decode_layers", "unroll"),
             r"sampling\.decode_layers='unroll' must be one of .*decode_layers=auto",
         ),

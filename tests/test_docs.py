@@ -788,6 +788,7 @@ def test_longtail_reads_table_and_prose_are_the_counts() -> None:
     """docs/benchmarks.md's KV-read table is `bench_longtail --reads` (pure counts),
     and its prose quotes the full size's ratios from the same counts."""
     from benchmarks import bench_longtail
+    from gdpo_jax.sampling.prompt_slots import suggested_prompt_slots
 
     doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     table = bench_longtail.reads_table_markdown()
@@ -798,6 +799,7 @@ def test_longtail_reads_table_and_prose_are_the_counts() -> None:
     lengths = bench_longtail.longtail_lengths(8 * slots, median=24.0, sigma=1.0, cap=cap)
     short = bench_longtail.kv_slot_reads(lengths, slots, 24, cap)
     long = bench_longtail.kv_slot_reads(lengths, slots, 2048, cap, group=8)
+    assert "With W = 24 shared" in doc and suggested_prompt_slots(slots, 8) == 24
     prose = " ".join(doc.split("<!-- /longtail-reads -->", 1)[1].split("\n\n")[1].split())
 
     steps_saved = bench_longtail.waste_table(lengths, slots)["useful_throughput_gain"]
@@ -810,8 +812,10 @@ def test_longtail_reads_table_and_prose_are_the_counts() -> None:
         f"(static calls {x(short, 'static')})",
         f"reads {x(long, 'static')} the need, and continuous batching",
         f"every lane, {x(long, 'continuous')}: more than the static calls",
-        f"with shared prompts would read {x(long, 'continuous_shared')}",
         f"in {steps_saved:.2f}x fewer steps",
+        "(`sampling.continuous_prompt_slots`, 3 x lanes / G;",
+        f"it reads {x(long, 'continuous_shared')}, in "
+        f"{long['continuous_shared_steps'] / long['continuous_steps']:.2f}x the copies' steps",
     ):
         assert figure in prose, f"docs/benchmarks.md's KV-read prose should say {figure!r}"
 
@@ -1001,3 +1005,41 @@ def test_smollm2_results_table_is_the_committed_run() -> None:
     table = smollm2_demo.render(smollm2_demo.summarize(rows, eval0, wall_s), machine)
     assert (d / "summary.md").read_text().strip() == table
     assert table in (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+
+
+def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
+    """docs/benchmarks.md's shared-prompt-slots table renders the committed run, and
+    the figures its prose and sampling.md / limits.md quote are computed from it
+    (decode seconds: a call's less the fixed part, every row's budget at 1 token)."""
+    import json
+
+    from benchmarks import bench_prompt_slots
+
+    res = json.loads(
+        (ROOT / "docs" / "benchmarks" / "prompt_slots_amd-epyc-avx512-2c.json").read_text()
+    )
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert bench_prompt_slots.table_markdown(res) in doc, (
+        "docs/benchmarks.md's prompt-slots table: python -m benchmarks.bench_prompt_slots "
+        "--repeats 3 --out docs/benchmarks/prompt_slots_amd-epyc-avx512-2c.json"
+    )
+    runs = {r["prompt_slots"]: r for r in res["runs"]}
+    assert sorted(runs) == [0, 4, 6, 8] and all(r["greedy_rows_identical"] for r in runs.values())
+    fixed = res["fixed_s"]
+    dec = {w: r["best_s"] - fixed for w, r in runs.items()}
+    call = {w: runs[0]["best_s"] / r["best_s"] for w, r in runs.items()}
+    prose = " ".join(doc.split("<!-- /prompt-slots -->", 1)[1].split("\n## ", 1)[0].split())
+    for figure in (
+        f"{fixed:.2f} s of prefilling",
+        f"W = 4 took {dec[4]:.2f} s against the copies' {dec[0]:.2f} s",
+        f"({dec[0] / dec[4]:.2f}x faster; the whole call {call[4]:.2f}x)",
+        f"({runs[4]['decode_steps'] / runs[0]['decode_steps']:.2f}x the steps)",
+        f"reading {runs[0]['kv_slot_reads'] / runs[4]['kv_slot_reads']:.2f}x fewer KV slots",
+        f"took {1 / call[6]:.2f}x and {1 / call[8]:.2f}x the copies' time",
+    ):
+        assert figure in prose, f"docs/benchmarks.md's prompt-slots prose should say {figure!r}"
+    sampling = " ".join((ROOT / "docs" / "sampling.md").read_text(encoding="utf-8").split())
+    assert f"lanes decoded {dec[0] / dec[4]:.2f}x faster than the copies" in sampling
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    lo, hi = min(call.values()), max(call.values())
+    assert f"were {lo:.2f}-{hi:.2f}x as fast as the copies" in limits

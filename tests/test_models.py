@@ -137,17 +137,21 @@ def test_kv_cache_decode_matches_full_forward(models, name):
     assert not np.asarray(cache.mask[:, 8:]).any()
 
 
-@pytest.mark.parametrize("T", [1, 2])
-def test_shared_prefix_attention_matches_numpy(T):
+@pytest.mark.parametrize("T,cell", [(1, None), (2, None), (1, (5, 0, 9, 2, 3))])
+def test_shared_prefix_attention_matches_numpy(T, cell):
     """_attention_shared_prefix against a NumPy reference: each row's prompt
     slots copied in front of its own, one masked softmax (GQA: query head h
-    reads kv head h // G); left-padded prompts, a partly filled own cache."""
+    reads kv head h // G); left-padded prompts, a partly filled own cache.
+    cell: continuous batching's lanes in a [U, R] grid of prompt slots (lane b
+    reads slot cell[b] // R; two lanes share slot 1, cells 1 and 4 are empty,
+    lane 2 (cell 9 >= U * R) is idle: its output is not compared)."""
     from gdpo_jax.models.attention import _attention_shared_prefix
 
     cfg = ModelConfig.tiny()
     Hq, Hkv, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     U, R, P, S = 3, 2, 5, 4
-    B = U * R
+    B = U * R if cell is None else len(cell)
+    slot_of = np.arange(B) // R if cell is None else np.asarray(cell) // R
     rs = np.random.RandomState(0)
     q = rs.randn(B, T, Hq, Dh).astype(np.float32)
     pk, pv = (rs.randn(U, Hkv, P, Dh).astype(np.float32) for _ in range(2))
@@ -165,10 +169,13 @@ def test_shared_prefix_attention_matches_numpy(T):
         jnp.asarray(v),
         jnp.asarray(allowed),
         cfg,
+        **({} if cell is None else dict(cell=jnp.asarray(cell, jnp.int32), group=R)),
     )
     ref = np.zeros_like(q)
     for b in range(B):
-        u = b // R
+        u = slot_of[b]
+        if u >= U:  # an idle lane
+            continue
         for h in range(Hq):
             kv = h // (Hq // Hkv)
             keys = np.concatenate([pk[u, kv], k[b, kv]])  # [P+S, Dh]
@@ -178,7 +185,9 @@ def test_shared_prefix_attention_matches_numpy(T):
                 s = keys @ q[b, t, h] / np.sqrt(Dh)
                 w = np.where(ok, np.exp(s - s[ok].max()), 0.0)
                 ref[b, t, h] = (w / w.sum()) @ vals
-    np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5)
+    live = slot_of < U
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(np.asarray(out)[live], ref[live], atol=2e-5)
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3"])

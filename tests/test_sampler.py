@@ -404,7 +404,8 @@ def test_sharded_continuous_batching_equals_one_device(tok, axis_type):
     and finish reasons equal the static decode's on one device, row for row;
     sampled rows equal continuous batching's on one device (a row's key folds in
     its global index); 5 prompts x G=3 = 15 rows: padded to 16 (a padding row,
-    a group split across shards)."""
+    a group split across shards). Under explicit axes the shards' lanes read 2
+    shared prompt slots (continuous_prompt_slots), under auto axes copies."""
     from jax.sharding import AxisType
 
     types = (AxisType.Explicit if axis_type == "explicit" else AxisType.Auto,) * 3
@@ -421,10 +422,19 @@ def test_sharded_continuous_batching_equals_one_device(tok, axis_type):
     for greedy in (True, False):
         params = SamplingParams(max_new_tokens=M, greedy=greedy, temperature=1.0)
         one = Sampler(plain_model, tok, eos_token_ids=eos, continuous_slots=0 if greedy else 2)
-        sharded = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=eos, continuous_slots=2)
+        w = 2 if axis_type == "explicit" else 0
+        sharded = Sampler(
+            _make_model(mesh),
+            tok,
+            mesh=mesh,
+            eos_token_ids=eos,
+            continuous_slots=2,
+            continuous_prompt_slots=w,
+        )
         a = one.generate(prompts, params, num_generations=3, key=jax.random.key(3))
         b = sharded.generate(prompts, params, num_generations=3, key=jax.random.key(3))
         assert b.info["batch_rows"] == 16 and len(b) == 15
+        assert [key[2] for key in sharded._fns][-1] == (2, 3, w)
         if greedy:
             assert len(set(a.lengths.tolist())) > 1  # the EOS ends some rows early
         np.testing.assert_array_equal(b.completion_ids, a.completion_ids)

@@ -343,19 +343,30 @@ def test_continuous_batching_plans_on_one_device_with_explicit_axes():
     """On one device the Sampler calls continuous batching unmeshed, with plain
     device arrays; the planner lowered it under the (Explicit) mesh with
     batch-typed rows, and tracing failed in the refill's gather ("Use
-    `.at[...].get(out_sharding=)`"): `make plan` crashed for e.g. 1xh200."""
-    from gdpo_jax.scale.plan import make_plan
+    `.at[...].get(out_sharding=)`"): `make plan` crashed for e.g. 1xh200.
+    With 2 shared prompt slots (sampling.continuous_prompt_slots) the lanes
+    hold no prompt copies: the KV cache drops by (4 lanes - 2 slots) x P tokens."""
+    from gdpo_jax.scale.plan import format_plan, make_plan
 
-    c = tiny_config()
-    c.mesh.axis_types = "explicit"
-    c.sampling.continuous_slots = 4
-    c.model.dtype = "bfloat16"  # one GPU in bf16: the Sampler's fused decode, planned as such
-    plan = make_plan(c, targets_lib.parse_target("1xh100"))
-    gen = plan["programs"]["generate"]
-    assert gen["compiled"] and gen["decode"] == "continuous"
-    assert gen["decode_layers"] == "fused"
-    # One device: 4 lanes, nothing gathered.
-    assert gen["lanes_per_shard"] == 4 and gen["gathered_params_bytes"] == 0
+    plans = {}
+    for w in (0, 2):
+        c = tiny_config()
+        c.mesh.axis_types = "explicit"
+        c.sampling.continuous_slots = 4
+        c.sampling.continuous_prompt_slots = w
+        c.model.dtype = "bfloat16"  # one GPU in bf16: the Sampler's fused decode, planned so
+        plans[w] = make_plan(c, targets_lib.parse_target("1xh100"))
+        gen = plans[w]["programs"]["generate"]
+        assert gen["compiled"] and gen["decode"] == "continuous"
+        assert gen["decode_layers"] == "fused"
+        # One device: 4 lanes, nothing gathered.
+        assert gen["lanes_per_shard"] == 4 and gen["gathered_params_bytes"] == 0
+        assert gen["prompt_slots_per_shard"] == w
+    per_token = 2 * L * HKV * DH * 2  # k and v, bf16
+    drop = plans[0]["per_device"]["kv_cache"] - plans[2]["per_device"]["kv_cache"]
+    assert drop == per_token * (4 - 2) * c.sampling.max_prompt_len
+    assert "2 shared prompt slots (sampling.continuous_prompt_slots)" in format_plan(plans[2])
+    assert "a prompt copy per lane" in format_plan(plans[0])
 
 
 @needs_cuda

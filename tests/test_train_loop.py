@@ -184,14 +184,17 @@ def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path
 
 def test_continuous_batching_on_a_mesh_in_a_run(tmp_path):
     """Continuous batching under a 4-device mesh (fsdp over 4, each batch shard its
-    own slots): a run validates, samples through the sharded decoder and trains."""
+    own slots, reading 2 shared prompt slots): a run validates, samples through the
+    sharded decoder and trains."""
     cfg = tiny_config(str(tmp_path / "mesh"))
     cfg.mesh.num_devices, cfg.mesh.shape = 4, (1, -1, 1)
     cfg.sampling.continuous_slots = 2
+    cfg.sampling.continuous_prompt_slots = 2
     cfg.train.num_steps = 2
     cfg.checkpoint.every = 0
     trainer = Trainer(cfg)
     assert trainer.sampler.mesh is not None and trainer.sampler.continuous_slots == 2
+    assert trainer.sampler.continuous_prompt_slots == 2
     trainer.run()
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     assert all(math.isfinite(recs[s]["loss"]) for s in (1, 2))

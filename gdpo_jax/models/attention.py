@@ -57,9 +57,10 @@ def attention_masks(
     if cache.index.ndim == 1:  # per row: row b writes its one token at slot index[b]
         if T != 1:
             raise ValueError(f"a per-row cache index takes one token per step, got T={T}.")
-        if cache.prefix_k is not None:
+        if cache.prefix_k is not None and cache.prefix_cell is None:
             raise ValueError(
-                "a per-row cache index cannot read a shared prompt (KVCache.prefix_*)."
+                "a per-row cache index reads a shared prompt only through prompt slots "
+                "(KVCache.prefix_cell)."
             )
         key_mask = jnp.where(k_slot[None, :] == cache.index[:, None], valid, cache.mask)
         allowed = (k_slot[None, :] <= cache.index[:, None])[:, None, :] & key_mask[:, None, :]
@@ -107,6 +108,8 @@ def _attention_shared_prefix(
     v: jax.Array,
     allowed: jax.Array,
     cfg: ModelConfig,
+    cell: jax.Array | None = None,
+    group: int = 0,
 ) -> jax.Array:
     """`_attention` over [a shared prompt's slots | the row's own slots].
 
@@ -121,18 +124,50 @@ def _attention_shared_prefix(
     once per step instead of once per row. One softmax over the concatenated
     scores keeps the maths of a per-row copy of the prompt (only the order of
     the output's f32 sum differs: prompt part + own part).
+
+    cell i32[B] (continuous batching's lanes, `KVCache.prefix_cell`): the U
+    entries are prompt slots of R = `group` cells each, and row b sits in cell
+    cell[b] (slot cell[b] // R), or reads no slot (cell >= U * R: an idle lane,
+    its output is finite and unused). The rows' queries are scattered into the
+    [U, R] grid, the prompt part runs there as above, and its results are
+    gathered back: the same per-row maths (empty cells add zero rows).
     """
     B, T, Hq, Dh = q.shape
     U, Hkv = pkt.shape[0], cfg.num_kv_heads
-    G, R = Hq // Hkv, B // U
+    G = Hq // Hkv
+    R = B // U if cell is None else int(group)
+    C = U * R  # grid cells
     scale = Dh**-0.5
+    if cell is None:  # prompt-major rows: the grid is the batch
+
+        def to_grid(x: jax.Array) -> jax.Array:
+            return x
+
+        def from_grid(x: jax.Array) -> jax.Array:
+            return x
+
+        row_prefix_mask = jnp.repeat(prefix_mask, R, axis=0, total_repeat_length=B)  # [B,P]
+    else:
+        at = jnp.clip(cell, 0, C - 1)  # an idle lane reads any cell (finite, unused)
+
+        def to_grid(x: jax.Array) -> jax.Array:  # [B, ...] -> [C, ...], idle lanes dropped
+            return jnp.zeros((C, *x.shape[1:]), x.dtype).at[cell].set(x, mode="drop")
+
+        def from_grid(x: jax.Array) -> jax.Array:  # [C, ...] -> [B, ...]
+            return x[at]
+
+        row_prefix_mask = prefix_mask[at // R]
     qr = q.reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4)  # [B,Hkv,G,T,Dh]
     # Prompt part: a prompt's rows stacked into the matmul's M dim.
-    qp = qr.reshape(U, R, Hkv, G * T, Dh).transpose(0, 2, 1, 3, 4).reshape(U, Hkv, R * G * T, Dh)
-    sp = jnp.einsum("ukmd,ukds->ukms", qp, pkt.astype(q.dtype), preferred_element_type=jnp.float32)
-    sp = sp.reshape(U, Hkv, R, G, T, -1).transpose(0, 2, 1, 3, 4, 5).reshape(B, Hkv, G, T, -1)
-    row_prefix_mask = jnp.repeat(prefix_mask, R, axis=0, total_repeat_length=B)  # [B,P]
-    sp = jnp.where(row_prefix_mask[:, None, None, None], sp * scale, _NEG)
+    qp = to_grid(qr).reshape(U, R, Hkv, G * T, Dh).transpose(0, 2, 1, 3, 4)
+    sp = jnp.einsum(
+        "ukmd,ukds->ukms",
+        qp.reshape(U, Hkv, R * G * T, Dh),
+        pkt.astype(q.dtype),
+        preferred_element_type=jnp.float32,
+    )
+    sp = sp.reshape(U, Hkv, R, G, T, -1).transpose(0, 2, 1, 3, 4, 5).reshape(C, Hkv, G, T, -1)
+    sp = jnp.where(row_prefix_mask[:, None, None, None], from_grid(sp) * scale, _NEG)
     # Own part: as in _attention.
     so = jnp.einsum(
         "bkqd,bkds->bkqs",
@@ -143,7 +178,7 @@ def _attention_shared_prefix(
     so = jnp.where(allowed[:, None, None], so.reshape(B, Hkv, G, T, -1) * scale, _NEG)
     n_prefix = sp.shape[-1]
     p = jax.nn.softmax(jnp.concatenate([sp, so], axis=-1), axis=-1).astype(q.dtype)
-    pp = p[..., :n_prefix].reshape(U, R, Hkv, G * T, n_prefix).transpose(0, 2, 1, 3, 4)
+    pp = to_grid(p[..., :n_prefix]).reshape(U, R, Hkv, G * T, n_prefix).transpose(0, 2, 1, 3, 4)
     po = p[..., n_prefix:].reshape(B, Hkv, G * T, -1)
     # Both parts' sums in f32, rounded once (as one dot over all slots would be).
     op = jnp.einsum(
@@ -152,9 +187,9 @@ def _attention_shared_prefix(
         pv.astype(q.dtype),
         preferred_element_type=jnp.float32,
     )
-    op = op.reshape(U, Hkv, R, G * T, Dh).transpose(0, 2, 1, 3, 4).reshape(B, Hkv, G * T, Dh)
+    op = op.reshape(U, Hkv, R, G * T, Dh).transpose(0, 2, 1, 3, 4).reshape(C, Hkv, G * T, Dh)
     oo = jnp.einsum("bkqs,bksd->bkqd", po, v.astype(q.dtype), preferred_element_type=jnp.float32)
-    o = (op + oo).astype(q.dtype)
+    o = (from_grid(op) + oo).astype(q.dtype)
     return o.reshape(B, Hkv, G, T, Dh).transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh)
 
 

@@ -43,6 +43,14 @@ class KVCache:
     holds them once (``DecodeSpec.group``, docs/sampling.md). Training's pass
     over shared prompts (``models.prompt_sharing``) is fresh and keeps no
     buffers of its own: k and v are None there (nothing is written).
+
+    Shared prompt slots under continuous batching (``prefix_cell``): the U
+    prefix entries are prompt *slots* that lanes (rows at different steps) map
+    into, not prompt-major rows. Slot u has ``prefix_group`` cells; lane b sits
+    in cell prefix_cell[b] (i32[B]; slot cell // prefix_group; a value >= U *
+    prefix_group: an idle lane, it reads no slot). The rows in one slot's cells
+    read its slots once per step, as prompt-major rows do
+    (`sampling/continuous.py`).
     """
 
     # The slot axis of each buffer (where the cache grows).
@@ -57,6 +65,8 @@ class KVCache:
     prefix_k: jax.Array | tuple[jax.Array, ...] | None = None
     prefix_v: jax.Array | tuple[jax.Array, ...] | None = None
     prefix_mask: jax.Array | None = None
+    prefix_cell: jax.Array | None = None
+    prefix_group: int = flax.struct.field(pytree_node=False, default=0)
 
     @property
     def is_stacked(self) -> bool:

@@ -390,7 +390,8 @@ def _forward(
         if prefix is not None and self_attend and kind != "xla":  # training's own pass
             a = _attention_prefix_kernel(q, *prefix, cache.prefix_mask, k, v, mask, kind)
         elif prefix is not None:  # over a shared prompt (see KVCache)
-            a = _attention_shared_prefix(q, *prefix, cache.prefix_mask, k, v, allowed, cfg)
+            cells = dict(cell=cache.prefix_cell, group=cache.prefix_group)  # continuous.py's
+            a = _attention_shared_prefix(q, *prefix, cache.prefix_mask, k, v, allowed, cfg, **cells)
         elif kind == "xla":
             a = _attention(q, k, v, allowed, cfg)
         elif kind == "splash":

@@ -23,6 +23,23 @@ the same compiled ``while_loop`` (static shapes throughout):
   * rows are taken in order (row r before r + 1); outputs are scattered to
     their row, so the result has the static decode's layout [N, M].
 
+Shared prompt slots (``prompt_slots`` W > 0 with rows_per_prompt G > 1; the
+Sampler's ``continuous_prompt_slots``): a copy of the prompt per lane makes
+every lane read P prompt slots per step, though G lanes often answer the same
+prompt (at 2048-token prompts and G = 8 the copies read more KV than the
+static decode: ``python -m benchmarks.bench_longtail --reads``). Instead W
+prompt slots hold one prompt each, loaded once from the prompt cache; a
+lane's cache holds only its own decode slots, and the lane sits in cell
+(slot, rank of its row among the prompt's rows) of a [W, G] grid
+(``KVCache.prefix_cell``): a slot's rows read its prompt once per step
+(`attention._attention_shared_prefix`). A slot is freed when its prompt has
+no live and no waiting rows; a row starts only if its prompt holds a slot or
+a slot is free (rows are taken in order, so the rows that start are a prefix
+of the waiting ones). The prompt part's matmuls run over all W x G cells, the
+empty ones too: fewer KV reads per step, more FLOPs (docs/sampling.md has the
+trade-off, and `prompt_slots.py` the slots' bookkeeping and a W that rarely
+makes rows wait).
+
 Greedy rows equal the static decode's row for row (same prompt logits, same
 per-row maths; tests/test_sampler.py checks it). Sampled rows draw with
 ``fold_in(fold_in(key, row), t)``: a row's randomness does not depend on
@@ -44,7 +61,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax import sharding as mesh_lib
-from gdpo_jax.models.kvcache import KVCache
+from gdpo_jax.sampling import prompt_slots as slots_lib
 from gdpo_jax.sampling.decode import (
     FINISH_EOS,
     FINISH_LENGTH,
@@ -63,6 +80,7 @@ def make_continuous_generate_fn(
     on_trace: Callable[[], None] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     rows_per_prompt: int = 1,
+    prompt_slots: int = 0,
 ) -> Callable[..., dict[str, jax.Array]]:
     """Jitted ``generate`` with `decode.make_generate_fn`'s arguments and outputs,
     decoding with `slots` lanes (per batch shard under a mesh); also returns
@@ -73,8 +91,13 @@ def make_continuous_generate_fn(
     "fsdp") runs its own rows through its own lanes, with the weights gathered
     once per call; `rows_per_prompt` (the G of prompt-major rows) bounds how
     many prompts a shard's rows read, so each shard prefills only those.
+
+    prompt_slots W > 0 (with `rows_per_prompt` G > 1): lanes read their prompts
+    from min(W, lanes) shared prompt slots (per batch shard) instead of a copy
+    per lane (module docstring, "Shared prompt slots").
     """
     m_new = spec.max_new_tokens
+    group = int(rows_per_prompt) if prompt_slots > 0 and rows_per_prompt > 1 else 0
 
     def generate(
         state,
@@ -116,7 +139,19 @@ def make_continuous_generate_fn(
         p_logits = unembed_logits(hidden[:, -1], model.unembed_matrix()).astype(jnp.float32)
         p_len = jnp.sum(prompt_mask, axis=1)
         ends = [int(e) for e in np.cumsum(spec.chunks)]  # phase j: P + ends[j] slots
-        cache0 = model.init_cache(lanes, plen + ends[0])
+        base = 0 if group else plen  # a lane's first own slot (after its prompt copy)
+        cache0 = model.init_cache(lanes, base + ends[0])
+        n_slots = min(int(prompt_slots), lanes) if group else 0
+        if group:  # the prompt slots, and each row's cell in its prompt's slot
+            ps = model.init_cache(n_slots, plen)
+            cache0 = cache0.replace(
+                prefix_k=ps.k,
+                prefix_v=ps.v,
+                prefix_mask=jnp.zeros((n_slots, plen), bool),
+                prefix_cell=jnp.arange(lanes, dtype=jnp.int32) + n_slots * group,
+                prefix_group=group,
+            )
+            rank = slots_lib.rank_in_prompt(row_prompt)  # < G: rows are prompt-major
         layer_params = None
         if spec.layers != "scan":  # per-layer buffers and weights (decode.py's docstring)
             cache0 = cache0.unstacked()
@@ -124,44 +159,74 @@ def make_continuous_generate_fn(
         top_p_arg = top_p if spec.use_top_p else None
         win = max(int(stop_seqs.shape[1]), 1)
 
-        def refill(c):
-            free = c["row"] < 0
-            rank = jnp.cumsum(free.astype(jnp.int32)) - 1
-            cand = c["next"] + rank
-            take = free & (cand < n_active)
-            u = row_prompt[jnp.clip(cand, 0, n_rows - 1)]
-            cache = c["cache"]
+        def put_prompt(kv, b, pu):
+            """Prompt pu's prefilled K/V (pcache) into batch entry b of the
+            buffers kv = (k, v), stacked or per layer (in place: one entry)."""
+            if isinstance(kv[0], tuple):  # unstacked: entry b of each layer's buffer
+                return tuple(
+                    tuple(
+                        jax.lax.dynamic_update_slice(
+                            x, px[i, pu][None].astype(x.dtype), (b, 0, 0, 0)
+                        )
+                        for i, x in enumerate(xs)
+                    )
+                    for xs, px in zip(kv, (pcache.k, pcache.v))
+                )
+            return tuple(
+                jax.lax.dynamic_update_slice(
+                    x,
+                    jax.lax.dynamic_slice_in_dim(px, pu, 1, axis=1).astype(x.dtype),
+                    (0, b, 0, 0, 0),
+                )
+                for x, px in zip(kv, (pcache.k, pcache.v))
+            )
 
+        def load_slots(c, take, u):
+            """Shared prompt slots: the rows that fit start, and their new prompts'
+            K/V are copied into free slots (once per prompt, not per row)."""
+            live = c["row"] >= 0
+            take, slot, free_slots, n_new = slots_lib.take_rows(
+                c, take, u, live, row_prompt, n_active, n_prompts
+            )
+            updates, new_u, dest = slots_lib.loaded(c, take, slot, free_slots, n_new)
+            cache = c["cache"]
+            pk, pv = jax.lax.fori_loop(
+                0,
+                n_new,
+                lambda i, kv: put_prompt(kv, free_slots[i], new_u[i]),
+                (cache.prefix_k, cache.prefix_v),
+            )
+            pmask = cache.prefix_mask.at[dest].set(
+                prompt_mask[jnp.clip(new_u, 0, n_prompts - 1)].astype(bool), mode="drop"
+            )
+            cache = cache.replace(prefix_k=pk, prefix_v=pv, prefix_mask=pmask)
+            return take, dict(updates, cache=cache)
+
+        def load_lanes(c, take, u):
+            """Each taken lane's prompt cache copied into its slots [0, P)."""
+            cache = c["cache"]
             # Only the refilled lanes' slots [0, P) are written (in-place slice
             # updates, one lane per iteration): an all-lane gather + scatter, or
             # a cond that rewrites every lane, measured 1.4-1.7x slower per step.
             n_take = jnp.sum(take.astype(jnp.int32))
             order = jnp.nonzero(take, size=lanes, fill_value=0)[0]
-
-            def copy_prompt(j, kv):
-                b = order[j]
-
-                def put(x, px):
-                    new = jax.lax.dynamic_slice_in_dim(px, u[b], 1, axis=1).astype(x.dtype)
-                    return jax.lax.dynamic_update_slice(x, new, (0, b, 0, 0, 0))
-
-                if isinstance(kv[0], tuple):  # unstacked: lane b of each layer's buffer
-                    return tuple(
-                        tuple(
-                            jax.lax.dynamic_update_slice(
-                                x, px[i, u[b]][None].astype(x.dtype), (b, 0, 0, 0)
-                            )
-                            for i, x in enumerate(xs)
-                        )
-                        for xs, px in zip(kv, (pcache.k, pcache.v))
-                    )
-                return put(kv[0], pcache.k), put(kv[1], pcache.v)
-
-            k, v = jax.lax.fori_loop(0, n_take, copy_prompt, (cache.k, cache.v))
-            own = cache.mask.shape[1] - plen  # this phase's decode slots
-            fresh = jnp.concatenate(
-                [prompt_mask[u].astype(bool), jnp.zeros((lanes, own), bool)], axis=1
+            k, v = jax.lax.fori_loop(
+                0, n_take, lambda j, kv: put_prompt(kv, order[j], u[order[j]]), (cache.k, cache.v)
             )
+            return take, dict(cache=cache.replace(k=k, v=v))
+
+        def refill(c):
+            # Free lanes take waiting rows in row order (row `next` first).
+            free = c["row"] < 0
+            cand = c["next"] + jnp.cumsum(free.astype(jnp.int32)) - 1
+            take = free & (cand < n_active)
+            u = row_prompt[jnp.clip(cand, 0, n_rows - 1)]
+            take, updates = (load_slots if group else load_lanes)(c, take, u)
+            c = dict(c, **updates)
+            cache = c["cache"]
+            own = cache.mask.shape[1] - base  # this phase's decode slots
+            prompt_part = [] if group else [prompt_mask[u].astype(bool)]
+            fresh = jnp.concatenate([*prompt_part, jnp.zeros((lanes, own), bool)], axis=1)
             mask = jnp.where(take[:, None], fresh, cache.mask)
             return dict(
                 c,
@@ -171,7 +236,7 @@ def make_continuous_generate_fn(
                 logits=jnp.where(take[:, None], p_logits[u], c["logits"]),
                 window=jnp.where(take[:, None], -2, c["window"]),
                 next=c["next"] + jnp.sum(take.astype(jnp.int32)),
-                cache=KVCache(k=k, v=v, mask=mask, index=cache.index),
+                cache=cache.replace(mask=mask),
             )
 
         def body(c):
@@ -214,8 +279,11 @@ def make_continuous_generate_fn(
             )
             cache = c["cache"]
             # Live lanes fit (t < this phase's end); an idle lane's write is clamped.
-            slot = jnp.minimum(plen + t, cache.mask.shape[1] - 1)
-            cache = KVCache(k=cache.k, v=cache.v, mask=cache.mask, index=slot)
+            slot = jnp.minimum(base + t, cache.mask.shape[1] - 1)
+            cache = cache.replace(index=slot)
+            if group:  # a live lane's cell: (its prompt's slot, its row's rank)
+                cells = slots_lib.lane_cells(c["lane_slot"], rank[row], live, group, n_slots)
+                cache = cache.replace(prefix_cell=cells)
             logits, cache = model(
                 tok[:, None],
                 live.astype(jnp.int32)[:, None],
@@ -242,10 +310,10 @@ def make_continuous_generate_fn(
             logprobs=jnp.zeros((n_rows + 1, m_new), jnp.float32),
             lengths=jnp.zeros((n_rows + 1,), jnp.int32),
             finish=jnp.full((n_rows + 1,), FINISH_LENGTH, jnp.int32),
-            cache=KVCache(
-                k=cache0.k, v=cache0.v, mask=cache0.mask, index=jnp.zeros((lanes,), jnp.int32)
-            ),
+            cache=cache0.replace(index=jnp.zeros((lanes,), jnp.int32)),
         )
+        if group:
+            init.update(slots_lib.init_state(lanes, n_slots, row_prompt))
 
         def cond(c, end, last):
             work = (c["next"] < n_active) | jnp.any(c["row"] >= 0)
@@ -257,7 +325,7 @@ def make_continuous_generate_fn(
         for j, end in enumerate(ends):
             last = j == len(ends) - 1
             if j:  # a lane reached the phase's end (or all work is done): grow
-                out["cache"] = grow_cache(out["cache"], plen + end)
+                out["cache"] = grow_cache(out["cache"], base + end)
             out = jax.lax.while_loop(lambda c, end=end, last=last: cond(c, end, last), body, out)
         return dict(
             tokens=out["tokens"][:n_rows],

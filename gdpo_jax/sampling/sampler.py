@@ -70,6 +70,10 @@ class Sampler:
         (``DecodeSpec.group``) instead of a copy per row, when every prompt
         has its G rows and there are no batch-padding rows (else copies).
         Same tokens; prompt KV memory and reads drop G-fold.
+      continuous_prompt_slots: > 0 (with continuous_slots, share_prompt_cache
+        and G > 1): continuous batching's lanes read their prompts from this
+        many shared prompt slots per batch shard instead of a copy per lane
+        (`continuous.py`, "Shared prompt slots"); same tokens. 0 = copies.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class Sampler:
         continuous_slots: int = 0,
         decode_layers: str = "auto",
         share_prompt_cache: bool = True,
+        continuous_prompt_slots: int = 0,
     ):
         if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
             raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
@@ -117,6 +122,12 @@ class Sampler:
                 "shard for continuous batching, or 0 for static calls."
             )
         self.continuous_slots = int(continuous_slots)
+        if continuous_prompt_slots < 0:
+            raise ValueError(
+                f"continuous_prompt_slots={continuous_prompt_slots}: use >= 1 shared prompt "
+                "slots per batch shard, or 0 for a prompt copy per lane."
+            )
+        self.continuous_prompt_slots = int(continuous_prompt_slots)
         self._one_device = None
         if self.continuous_slots and one_device:
             # One device: the plain (unsharded) call path; weights typed on a
@@ -344,9 +355,11 @@ class Sampler:
             group=group,
         )
         graphdef = nnx.graphdef(self.model)
-        cache_key = (graphdef, spec, self.continuous_slots)
-        if self.continuous_slots and self.mesh is not None:  # it bounds a shard's prompts
-            cache_key += (int(rows_per_prompt),)
+        # Continuous batching: G bounds a shard's prompts (mesh) and, with shared
+        # prompt slots (W), places rows in them; key (graphdef, spec, (slots, G, W)).
+        w = self.continuous_prompt_slots if self.share_prompt_cache and rows_per_prompt > 1 else 0
+        cont = (self.continuous_slots, int(rows_per_prompt), w) if self.continuous_slots else 0
+        cache_key = (graphdef, spec, cont)
         if cache_key not in self._fns and self.continuous_slots:
             from gdpo_jax.sampling.continuous import make_continuous_generate_fn
 
@@ -357,6 +370,7 @@ class Sampler:
                 self._on_trace,
                 mesh=self.mesh,
                 rows_per_prompt=rows_per_prompt,
+                prompt_slots=w,
             )
         if cache_key not in self._fns:
             self._fns[cache_key] = decode.make_generate_fn(

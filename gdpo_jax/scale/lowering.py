@@ -103,13 +103,23 @@ def decode_layers(cfg, mesh) -> str:
     return layers
 
 
+def continuous_prompt_slots(cfg) -> int:
+    """Shared prompt slots per batch shard of the run's continuous batching (as
+    the Sampler decides: ``sampling.continuous_prompt_slots`` with
+    share_prompt_cache and G > 1), else 0 (a prompt copy per lane)."""
+    s = cfg.sampling
+    on = s.get("share_prompt_cache", True) and cfg.algo.group_size > 1
+    return int(s.get("continuous_prompt_slots", 0)) if on else 0
+
+
 def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
     """(fn, args, rows per call padded to the batch shards, its DecodeSpec (``group``:
     rows sharing a prompt's cache; ``layers``: `decode_layers`, as the run's
     Sampler), the mesh to call it under: None for continuous batching on one
     device) of the sampler's program: the static decode, or continuous batching's
     (``sampling.continuous_slots`` > 0: lanes per batch shard, every prompt copied
-    into its lane, and on several devices the weights gathered once per call).
+    into its lane or read from ``sampling.continuous_prompt_slots`` shared prompt
+    slots, and on several devices the weights gathered once per call).
 
     args: the call's inputs as ShapeDtypeStructs (after `model_state`, which is
     passed through): prompt_ids / prompt_mask i32[U, P], row_prompt i32[B],
@@ -146,7 +156,12 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
             model_state = jax.tree.map(lambda x: _sds(x.shape, x.dtype, rep), model_state)
     if slots:
         fn = make_continuous_generate_fn(
-            graphdef_full, spec, slots, mesh=call_mesh, rows_per_prompt=g
+            graphdef_full,
+            spec,
+            slots,
+            mesh=call_mesh,
+            rows_per_prompt=g,
+            prompt_slots=continuous_prompt_slots(cfg),
         )
     else:
         fn = decode.make_generate_fn(graphdef_full, spec, mesh)

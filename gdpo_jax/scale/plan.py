@@ -43,7 +43,12 @@ from gdpo_jax.models.attention import attention_kind
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.scale import flops as flops_lib
 from gdpo_jax.scale.arch import PlanError, model_config
-from gdpo_jax.scale.lowering import _abstract_state, _batch, _generate_lowering
+from gdpo_jax.scale.lowering import (
+    _abstract_state,
+    _batch,
+    _generate_lowering,
+    continuous_prompt_slots,
+)
 from gdpo_jax.scale.report import format_plan
 from gdpo_jax.scale.targets import GIB, Target, target_devices
 from gdpo_jax.train import mesh as mesh_lib
@@ -244,12 +249,14 @@ def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, full_b: i
     (a G-shared prompt counts 1/G per row), kv heads split over "tensor".
     Continuous batching (``sampling.continuous_slots`` = B): each batch shard
     decodes min(B, its rows) lanes of P + M slots, each lane holding a copy of
-    its row's prompt, beside the prefilled cache of the window of prompts its
-    rows read; on several devices the program runs per shard with the weights
-    gathered whole (every kv head on every device), so the gathered weights
-    (the full params, `full_b` bytes, less the device's own shard, `params_b`)
-    are part of its temporaries. Returns {"kv_cache_bytes", "decode", and for
-    continuous batching "slots", "lanes_per_shard", "gathered_params_bytes"}.
+    its row's prompt (or of M slots, beside min(W, lanes) shared prompt slots
+    of P: ``sampling.continuous_prompt_slots`` = W), beside the prefilled cache
+    of the window of prompts its rows read; on several devices the program runs
+    per shard with the weights gathered whole (every kv head on every device),
+    so the gathered weights (the full params, `full_b` bytes, less the device's
+    own shard, `params_b`) are part of its temporaries. Returns
+    {"kv_cache_bytes", "decode", and for continuous batching "slots",
+    "lanes_per_shard", "prompt_slots_per_shard", "gathered_params_bytes"}.
     """
     s, g = cfg.sampling, cfg.algo.group_size
     shards = mesh_lib.batch_axis_size(mesh)
@@ -265,12 +272,15 @@ def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, full_b: i
     lanes = min(slots, local)
     several = mesh.devices.size > 1
     window = min(rows // g, -(-local // g) + 1) if several else rows // g  # continuous._sharded
-    kv = per_head * mc.num_kv_heads * (lanes * (plen + m) + window * plen)
+    w = min(continuous_prompt_slots(cfg), lanes)  # shared prompt slots, or 0: copies
+    own = lanes * (m if w else plen + m)
+    kv = per_head * mc.num_kv_heads * (own + w * plen + window * plen)
     return dict(
         kv_cache_bytes=int(kv),
         decode="continuous",
         slots=slots,
         lanes_per_shard=lanes,
+        prompt_slots_per_shard=w,
         gathered_params_bytes=int(full_b - params_b) if several else 0,
     )
 

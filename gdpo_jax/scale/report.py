@@ -38,7 +38,14 @@ def format_plan(plan: dict) -> str:
     if gen.get("decode") == "continuous":
         lines.append(
             f"sampler: continuous batching, {gen['lanes_per_shard']} lanes per batch shard "
-            f"(sampling.continuous_slots={gen['slots']}), {layers}; weights gathered to every "
+            f"(sampling.continuous_slots={gen['slots']}), "
+            + (
+                f"{gen['prompt_slots_per_shard']} shared prompt slots "
+                "(sampling.continuous_prompt_slots), "
+                if gen.get("prompt_slots_per_shard")
+                else "a prompt copy per lane, "
+            )
+            + f"{layers}; weights gathered to every "
             f"device once per call: {gen['gathered_params_bytes'] / GIB:.2f} GiB of its "
             "temporaries"
         )

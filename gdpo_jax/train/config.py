@@ -240,6 +240,19 @@ def validate_config(
             f"config.sampling.continuous_slots={slots} must be >= 1 (decode slots per batch "
             "shard) or 0 (static calls); e.g. --config.sampling.continuous_slots=0."
         )
+    pslots = int(cfg.sampling.get("continuous_prompt_slots", 0))
+    if pslots < 0:
+        raise ConfigError(
+            f"config.sampling.continuous_prompt_slots={pslots} must be >= 1 (shared prompt "
+            "slots per batch shard) or 0 (a prompt copy per lane); e.g. "
+            "--config.sampling.continuous_prompt_slots=0."
+        )
+    if pslots and not (slots and cfg.sampling.get("share_prompt_cache", True)):
+        raise ConfigError(
+            f"config.sampling.continuous_prompt_slots={pslots} shares prompts among continuous "
+            f"batching's lanes: it needs sampling.continuous_slots >= 1 (is {slots}) and "
+            "sampling.share_prompt_cache=True; set --config.sampling.continuous_prompt_slots=0."
+        )
     from gdpo_jax.sampling.decode import DECODE_LAYERS
 
     layers = cfg.sampling.get("decode_layers", "auto")

@@ -89,6 +89,7 @@ class Trainer:
             continuous_slots=int(cfg.sampling.get("continuous_slots", 0)),
             decode_layers=cfg.sampling.get("decode_layers", "auto"),
             share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
+            continuous_prompt_slots=int(cfg.sampling.get("continuous_prompt_slots", 0)),
         )
         s = cfg.sampling
         self.sampling_params = SamplingParams(

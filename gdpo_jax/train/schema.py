@@ -157,6 +157,11 @@ def base_config() -> mlc.ConfigDict:
     # Keep each prompt's KV cache once for its G rows, not a copy per row
     # (fewer cache reads and G-fold less prompt KV memory; same tokens).
     c.sampling.share_prompt_cache = True
+    # > 0 (continuous batching, share_prompt_cache, G > 1): lanes read their
+    # prompts from this many shared prompt slots per batch shard instead of a
+    # copy per lane (fewer prompt KV reads per step; rows may wait for a slot;
+    # docs/sampling.md). 0 = a copy per lane.
+    c.sampling.continuous_prompt_slots = 0
 
     c.eval = mlc.ConfigDict()
     c.eval.greedy = True
