@@ -367,6 +367,14 @@ def test_continuous_batching_plans_on_one_device_with_explicit_axes():
     assert drop == per_token * (4 - 2) * c.sampling.max_prompt_len
     assert "2 shared prompt slots (sampling.continuous_prompt_slots)" in format_plan(plans[2])
     assert "a prompt copy per lane" in format_plan(plans[0])
+    # The decode roofline: each step's lanes read 2 prompts' P slots, not 4 (prompt_share
+    # 4 / 2): per call, C steps x rows x (P / 1 - P / 2) KV tokens fewer.
+    roof = {w: plans[w]["roofline"] for w in plans}
+    assert roof[0]["bound"]["decode"] == roof[2]["bound"]["decode"] == "memory"
+    rows, m = c.algo.num_prompts * c.algo.group_size, c.sampling.max_new_tokens
+    saved = m * rows * per_token * c.sampling.max_prompt_len / 2
+    bw = targets_lib.parse_target("1xh100").chip.hbm_bw
+    assert roof[0]["decode"] - roof[2]["decode"] == pytest.approx(saved / bw, rel=1e-9)
 
 
 @needs_cuda

@@ -6,8 +6,8 @@ of the row among its prompt's rows) of a [W, G] grid (``KVCache.prefix_cell``).
 Rows are prompt-major (row r answers prompt row_prompt[r], non-decreasing) and
 are taken in order. The state (a dict of arrays, part of the decode loop's
 carry): lane_slot i32[lanes] (a live lane's slot), slot_u i32[W] (the prompt a
-slot holds, -1: none yet), u_open i32[] (the last taken row's prompt: the
-newest loaded) and open_slot i32[] (its slot).
+slot holds or last held, -1: none yet) and u_open i32[] (the last taken row's
+prompt: the newest loaded, so the one slot whose slot_u equals it holds it).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ def init_state(lanes: int, n_slots: int, row_prompt: jax.Array) -> dict[str, jax
         lane_slot=jnp.zeros((lanes,), jnp.int32),
         slot_u=jnp.full((n_slots,), -1, jnp.int32),
         u_open=row_prompt[0] - 1,
-        open_slot=jnp.zeros((), jnp.int32),
     )
 
 
@@ -66,7 +65,8 @@ def take_rows(
     need = u - c["u_open"]
     take = take & (need <= jnp.sum(slot_free.astype(jnp.int32)))
     free_slots = jnp.nonzero(slot_free, size=n_slots, fill_value=0)[0]
-    slot = jnp.where(need <= 0, c["open_slot"], free_slots[jnp.clip(need - 1, 0, n_slots - 1)])
+    open_slot = jnp.argmax(c["slot_u"] == c["u_open"])  # read only while u_open is loaded
+    slot = jnp.where(need <= 0, open_slot, free_slots[jnp.clip(need - 1, 0, n_slots - 1)])
     last = c["next"] + jnp.sum(take.astype(jnp.int32)) - 1
     n_new = jnp.where(jnp.any(take), row_prompt[jnp.clip(last, 0, n_rows - 1)] - c["u_open"], 0)
     return take, slot, free_slots, n_new
@@ -85,7 +85,6 @@ def loaded(
         lane_slot=jnp.where(take, slot, c["lane_slot"]),
         slot_u=c["slot_u"].at[dest].set(new_u, mode="drop"),
         u_open=c["u_open"] + n_new,
-        open_slot=jnp.where(n_new > 0, free_slots[jnp.maximum(n_new - 1, 0)], c["open_slot"]),
     )
     return updates, new_u, dest
 

@@ -52,7 +52,9 @@ class StepShape:
     micro_batches: int  # per step: epochs * minibatches * microbatches
     param_bytes: int  # storage bytes of the whole model (all devices)
     kv_bytes_per_token: int  # one token of one row, all layers, k and v
-    prompt_share: int = 1  # rows reading one prompt's KV cache (G when shared)
+    # Rows reading one prompt's KV cache: G when shared; lanes / W for continuous
+    # batching's W shared prompt slots (sampling.continuous_prompt_slots).
+    prompt_share: float = 1
     train_prompt_share: int = 1  # rows per prompt forward in the step / log-prob pass
     # Bytes of the weights one sampler step reads (prefill and decode): the
     # unrolled decode forms' compute-dtype copy (sampling.decode.weights_in),

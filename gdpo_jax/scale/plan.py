@@ -328,6 +328,8 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         )
     sampler = _sampler_memory(cfg, mc, mesh, gen_rows, share, full_b, params_b)
     kv_b = sampler.pop("kv_cache_bytes")
+    if sampler.get("prompt_slots_per_shard"):  # the lanes read W prompts' slots per step
+        share = sampler["lanes_per_shard"] / sampler["prompt_slots_per_shard"]
 
     # name -> (lowering, bytes resident beside it that are not its arguments, breakdown)
     progs = {
