@@ -27,6 +27,13 @@ def suggested_prompt_slots(lanes: int, group: int) -> int:
     return max(1, min(int(lanes), 3 * -(-int(lanes) // int(group))))
 
 
+def prompt_slots_used(prompt_slots: int, share_prompt_cache: bool, group: int) -> int:
+    """The W a call uses: `prompt_slots` when prompts are shared
+    (share_prompt_cache) and have several rows (G > 1), else 0 (a prompt copy
+    per lane). The Sampler and the planner both decide with this."""
+    return int(prompt_slots) if share_prompt_cache and int(group) > 1 else 0
+
+
 def init_state(lanes: int, n_slots: int, row_prompt: jax.Array) -> dict[str, jax.Array]:
     """No slot loaded; the open prompt is "the one before the first row's"."""
     return dict(

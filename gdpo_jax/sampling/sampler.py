@@ -34,6 +34,7 @@ from gdpo_jax.sampling.params import (
     bucket_length,
     default_prompt_buckets,
 )
+from gdpo_jax.sampling.prompt_slots import prompt_slots_used
 from gdpo_jax.sampling.stopping import apply_stop_strings
 
 __all__ = [
@@ -357,7 +358,8 @@ class Sampler:
         graphdef = nnx.graphdef(self.model)
         # Continuous batching: G bounds a shard's prompts (mesh) and, with shared
         # prompt slots (W), places rows in them; key (graphdef, spec, (slots, G, W)).
-        w = self.continuous_prompt_slots if self.share_prompt_cache and rows_per_prompt > 1 else 0
+        w = self.continuous_prompt_slots
+        w = prompt_slots_used(w, self.share_prompt_cache, rows_per_prompt)
         cont = (self.continuous_slots, int(rows_per_prompt), w) if self.continuous_slots else 0
         cache_key = (graphdef, spec, cont)
         if cache_key not in self._fns and self.continuous_slots:

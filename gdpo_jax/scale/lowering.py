@@ -107,9 +107,11 @@ def continuous_prompt_slots(cfg) -> int:
     """Shared prompt slots per batch shard of the run's continuous batching (as
     the Sampler decides: ``sampling.continuous_prompt_slots`` with
     share_prompt_cache and G > 1), else 0 (a prompt copy per lane)."""
+    from gdpo_jax.sampling.prompt_slots import prompt_slots_used
+
     s = cfg.sampling
-    on = s.get("share_prompt_cache", True) and cfg.algo.group_size > 1
-    return int(s.get("continuous_prompt_slots", 0)) if on else 0
+    w = int(s.get("continuous_prompt_slots", 0))
+    return prompt_slots_used(w, s.get("share_prompt_cache", True), cfg.algo.group_size)
 
 
 def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
