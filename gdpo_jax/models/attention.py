@@ -218,14 +218,14 @@ def _attention_prefix_kernel(
     """
     B, T = mask.shape
     U, P = prefix_mask.shape
-    if kind == "splash":
-        # The own keys start on a block boundary (the kernel's causal offset),
-        # behind prompt slots padded with segment 0 (never read by a real query).
-        pad = -(-P // SPLASH_BLOCK) * SPLASH_BLOCK - P
-        pkt = jnp.pad(pkt, ((0, 0), (0, 0), (0, 0), (0, pad)))
-        pv = jnp.pad(pv, ((0, 0), (0, 0), (0, pad), (0, 0)))
-        prefix_mask = jnp.pad(prefix_mask, ((0, 0), (0, pad)))
-        P += pad
+    if kind == "splash" and P % SPLASH_BLOCK:
+        # The own keys start on a block boundary (the kernel's causal offset).
+        # `shared_prompt_hidden` pads the prompt's tokens so its cache arrives
+        # aligned; padding the cache here miscompiles on sharded TPUs (see there).
+        raise ValueError(
+            f"splash over a shared prompt needs its cache width ({P}) a multiple of "
+            f"{SPLASH_BLOCK}; pad the prompt's tokens (models.prompt_sharing does)."
+        )
 
     def rows(x: jax.Array) -> jax.Array:  # [U, ...] -> [B, ...], prompt u to its rows
         return jnp.repeat(x, B // U, axis=0, total_repeat_length=B)

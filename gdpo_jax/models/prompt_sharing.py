@@ -28,6 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from gdpo_jax.models.attention import SPLASH_BLOCK, attention_kind
 from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.models.transformer import Transformer, _constrain
 from gdpo_jax.sharding import BATCH_AXES
@@ -68,9 +69,17 @@ def shared_prompt_hidden(
     pid = prompt_ids.reshape(U, group, P)[:, 0]
     pmask = prompt_mask.reshape(U, group, P)[:, 0].astype(jnp.int32)
     pmask = pmask * (jnp.arange(P) < P - 1).astype(jnp.int32)
+    if attention_kind(model.cfg) == "splash":
+        # The splash kernel reads the rows' own keys from a block boundary. Pad the
+        # prompt's tokens on the left (masked out) so its K/V come out of the prefix
+        # pass block aligned. Padding the K/V instead puts a pad's gradient (a slice)
+        # on the cache; on a sharded TPU with head_dim 128 libtpu then miscompiles the
+        # step ("Bitcast cannot have different shape sizes", libtpu 0.0.42).
+        pad = -(-P // SPLASH_BLOCK) * SPLASH_BLOCK - P
+        pid, pmask = (jnp.pad(x, ((0, 0), (pad, 0))) for x in (pid, pmask))
     pid, pmask = (_constrain(x, (BATCH_AXES, None)) for x in (pid, pmask))
     # init_cache places the buffers by the context mesh (batch-sharded).
-    prefix = model.init_cache(U, P)
+    prefix = model.init_cache(U, pid.shape[1])
     if not model.cfg.scan_layers:
         # Per-layer buffers: the unrolled layers each write their own, and the
         # rows read them (no stacked [L, ...] buffer sliced per layer, nor its
