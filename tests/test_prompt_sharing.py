@@ -8,6 +8,7 @@ layouts, and SGD updates written out by hand on whole-group mini-batches.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -346,3 +347,49 @@ def test_shared_prompt_splash_gradient_compiles_for_a_sharded_tpu(monkeypatch):
     with target_backend("tpu"), jax.set_mesh(mesh):
         text = jax.jit(jax.grad(loss)).lower(state, *args).compile().as_text()
     assert "tpu_custom_call" in text  # the splash kernel, not the einsum path
+
+
+def test_splash_reads_each_prompt_once_and_needs_fewer_temporaries_than_copies(monkeypatch):
+    """The shared forward's gradient compiled for a v5e (one layer, bf16, 2 kv
+    heads x 128, one prompt of 1024 tokens x R = 8 rows of 256): splash runs the
+    prompt's rows in one call over its K/V (`splash_prompt_rows`). The layout it
+    replaced, each row in its own call over its own copy of the prompt's K/V
+    (built here by repeating them), needs more temporary memory."""
+    from jax.sharding import SingleDeviceSharding
+
+    from gdpo_jax.backend import target_backend
+    from gdpo_jax.models import attention as attention_lib
+    from gdpo_jax.models.splash import splash_prompt_rows
+    from gdpo_jax.scale import targets as targets_lib
+    from tests.test_models import _random_model
+
+    if not targets_lib.has_module("libtpu"):
+        pytest.skip('needs the [aot] extra: pip install -e ".[aot]"')
+    monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4")
+    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
+    one = SingleDeviceSharding(targets_lib.target_devices(targets_lib.parse_target("v5e-4"))[0])
+    U, R, P, C = 1, 8, 1024, 256
+    args = [jax.ShapeDtypeStruct((U * R, w), jnp.int32, sharding=one) for w in (P, P, C, C)]
+    cfg = ModelConfig.tiny(
+        dtype="bfloat16", head_dim=128, num_heads=8, num_kv_heads=2, num_layers=1
+    )
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: _random_model(cfg)))
+    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), state)
+
+    def loss(state, *batch):
+        h = shared_prompt_hidden(nnx.merge(graphdef, state), *batch, group=R)
+        return jnp.sum(h.astype(jnp.float32))
+
+    def temp_bytes() -> int:
+        with target_backend("tpu"):
+            compiled = jax.jit(jax.grad(loss)).lower(state, *args).compile()
+        assert "tpu_custom_call" in compiled.as_text()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    def copies(q, pkt, pv, prefix_mask, kt, v, mask):  # each row its own prompt copy
+        rows = functools.partial(jnp.repeat, repeats=R, axis=0)
+        return splash_prompt_rows(q, rows(pkt), rows(pv), rows(prefix_mask), kt, v, mask)
+
+    shared = temp_bytes()
+    monkeypatch.setattr(attention_lib, "splash_prompt_rows", copies)
+    assert shared < temp_bytes()

@@ -7,6 +7,7 @@ also compiled for an abstract TPU: the kernel lowers to Mosaic, and it needs
 less temporary memory than the einsum path.
 """
 
+import functools
 import os
 
 import jax
@@ -17,8 +18,14 @@ from flax import nnx
 
 from gdpo_jax.backend import target_backend
 from gdpo_jax.models import ModelConfig
-from gdpo_jax.models.attention import SPLASH_BLOCK, _splash_attention, attention_kind
+from gdpo_jax.models.attention import attention_kind
 from gdpo_jax.models.sharding import abstract_model
+from gdpo_jax.models.splash import (
+    SPLASH_BLOCK,
+    prompt_rows_mask,
+    splash_attention,
+    splash_prompt_rows,
+)
 from gdpo_jax.scale import targets as targets_lib
 from gdpo_jax.sharding import make_mesh
 from tests.test_models import _random_model
@@ -62,7 +69,7 @@ def test_splash_kernel_equals_numpy_attention():
     mask = _mask(B, T)
     kt = jnp.asarray(k.transpose(0, 2, 3, 1), jnp.float32)  # the cache layout [B,Hkv,D,T]
     vv = jnp.asarray(v.transpose(0, 2, 1, 3), jnp.float32)  # [B,Hkv,T,D]
-    got = np.asarray(_splash_attention(jnp.asarray(q, jnp.float32), kt, vv, jnp.asarray(mask)))
+    got = np.asarray(splash_attention(jnp.asarray(q, jnp.float32), kt, vv, jnp.asarray(mask)))
     assert T % SPLASH_BLOCK and got.shape == (B, T, Hq, D) and np.isfinite(got).all()
     want = _numpy_attention(q, k, v, mask)
     valid = mask.astype(bool)
@@ -204,3 +211,78 @@ def test_splash_compiles_for_a_tpu_and_saves_temporaries(_libtpu_env):
     assert "tpu_custom_call" in splash.as_text() and "tpu_custom_call" not in xla.as_text()
     temps = [c.memory_analysis().temp_size_in_bytes for c in (splash, xla)]
     assert temps[0] < temps[1], temps
+
+
+# ------------------------------------------------------ a prompt's rows in one call
+def _numpy_prompt_rows(q, pk, pv, pmask, k, v, mask, R):
+    """Row b's query t over its prompt's valid slots then its own valid keys <= t.
+    q [B,T,Hq,D], pk/pv [U,P,Hkv,D], pmask [U,P], k/v [B,T,Hkv,D], mask [B,T]."""
+    B, T, Hq, D = q.shape
+    G = Hq // k.shape[2]
+    out = np.zeros_like(q)
+    for b in range(B):
+        u = b // R
+        for h in range(Hq):
+            keys = np.concatenate([pk[u, :, h // G], k[b, :, h // G]])
+            vals = np.concatenate([pv[u, :, h // G], v[b, :, h // G]])
+            for t in range(T):
+                ok = [s for s in range(pk.shape[1]) if pmask[u, s]]
+                ok += [pk.shape[1] + s for s in range(t + 1) if mask[b, s]]
+                if not mask[b, t]:
+                    continue
+                s = keys[ok] @ q[b, t, h] / np.sqrt(D)
+                p = np.exp(s - s.max())
+                out[b, t, h] = (p / p.sum()) @ vals[ok]
+    return out
+
+
+def test_prompt_rows_mask_is_its_rule_in_numpy_and_in_the_kernel_form():
+    rows, prompt, row_len = 3, 256, 128
+    m = prompt_rows_mask(rows, prompt, row_len)
+    assert m.shape == (rows * row_len, prompt + rows * row_len)
+    want = np.zeros(m.shape, bool)
+    for i in range(m.shape[0]):
+        want[i, :prompt] = True
+        r, t = divmod(i, row_len)
+        want[i, prompt + r * row_len : prompt + r * row_len + t + 1] = True
+    np.testing.assert_array_equal(m[:, :], want)
+    # The form the kernel evaluates on traced block indices (lax.div, not //).
+    qi, ki = jnp.arange(m.shape[0])[:, None], jnp.arange(m.shape[1])[None, :]
+    np.testing.assert_array_equal(np.asarray(m.mask_function(qi, ki)), want)
+    assert m == prompt_rows_mask(rows, prompt, row_len) != prompt_rows_mask(rows, prompt, 256)
+
+
+def test_splash_prompt_rows_equals_numpy_attention():
+    """U = 2 prompts x R = 3 rows: prompt 0 left padded, prompt 1 of one real slot;
+    rows of full, right-padded and one-token lengths; GQA 4 on 2 heads; T = 7."""
+    U, R, P, T, Hq, Hkv, D = 2, 3, SPLASH_BLOCK, 7, 4, 2, 8
+    B = U * R
+    rs = np.random.RandomState(1)
+    q, k, v = rs.randn(B, T, Hq, D), rs.randn(B, T, Hkv, D), rs.randn(B, T, Hkv, D)
+    pk, pv = rs.randn(U, P, Hkv, D), rs.randn(U, P, Hkv, D)
+    pmask = np.zeros((U, P), np.int32)
+    pmask[0, 100:], pmask[1, -1] = 1, 1
+    mask = (np.arange(T)[None] < np.array([7, 4, 1, 7, 6, 2])[:, None]).astype(np.int32)
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    args = [
+        f32(q),
+        f32(pk.transpose(0, 2, 3, 1)),  # the cache layouts: kt [U,Hkv,D,P], v [U,Hkv,P,D]
+        f32(pv.transpose(0, 2, 1, 3)),
+        jnp.asarray(pmask),
+        f32(k.transpose(0, 2, 3, 1)),
+        f32(v.transpose(0, 2, 1, 3)),
+        jnp.asarray(mask),
+    ]
+    got = np.asarray(splash_prompt_rows(*args))
+    assert got.shape == (B, T, Hq, D) and np.isfinite(got).all()
+    want = _numpy_prompt_rows(q, pk, pv, pmask, k, v, mask, R)
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(got[valid], want[valid], rtol=1e-5, atol=1e-5)
+
+    short = list(args)
+    short[1], short[2], short[3] = args[1][..., :100], args[2][:, :, :100], args[3][:, :100]
+    with pytest.raises(ValueError, match="cache width \\(100\\) a multiple of 128"):
+        splash_prompt_rows(*short)
+    with pytest.raises(ValueError, match="each shard must hold whole prompts"):
+        with jax.set_mesh(make_mesh((4, 2, 1))):  # 2 prompts over 8 batch shards
+            splash_prompt_rows(*args)

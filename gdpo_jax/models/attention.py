@@ -12,8 +12,6 @@ read key s) -> f[B,T,Hq,Dh].
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,7 +19,7 @@ import numpy as np
 from gdpo_jax.backend import effective_backend, target_backend
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.kvcache import KVCache
-from gdpo_jax.sharding import BATCH_AXES, context_mesh, sanitize_spec
+from gdpo_jax.models.splash import splash_prompt_rows
 
 # target_backend / effective_backend live in the leaf gdpo_jax.backend (core uses
 # them too); re-exported here for existing imports.
@@ -211,30 +209,23 @@ def _attention_prefix_kernel(
     f[B,Hkv,T,Dh], mask {0,1}[B,T] -> f[B,T,Hq,Dh]. Rows are prompt-major.
 
     Each row's keys are its prompt's slots then its own: query t reads the
-    prompt's valid slots and its own valid slots <= t. The prompt's K/V are
-    repeated to its R = B // U rows (the prompt's projections and MLP still
-    run once; autodiff sums the repeat's gradient into it), so the kernel never
-    materializes the [B, Hq, T, P + T] scores that the einsum path holds.
+    prompt's valid slots and its own valid slots <= t. Splash runs a prompt's
+    rows in one call over [prompt | row 0 | ... | row R-1] keys
+    (`splash.splash_prompt_rows`: the prompt's K/V enter once). cuDNN / dpa get
+    the prompt's K/V repeated to its R = B // U rows (the prompt's projections
+    and MLP still run once; autodiff sums the repeat's gradient into it). No
+    kernel materializes the [B, Hq, T, P + T] scores that the einsum path holds.
     """
+    if kind == "splash":  # each prompt's K/V once, its rows in one kernel call
+        return splash_prompt_rows(q, pkt, pv, prefix_mask, kt, v, mask)
     B, T = mask.shape
     U, P = prefix_mask.shape
-    if kind == "splash" and P % SPLASH_BLOCK:
-        # The own keys start on a block boundary (the kernel's causal offset).
-        # `shared_prompt_hidden` pads the prompt's tokens so its cache arrives
-        # aligned; padding the cache here miscompiles on sharded TPUs (see there).
-        raise ValueError(
-            f"splash over a shared prompt needs its cache width ({P}) a multiple of "
-            f"{SPLASH_BLOCK}; pad the prompt's tokens (models.prompt_sharing does)."
-        )
 
     def rows(x: jax.Array) -> jax.Array:  # [U, ...] -> [B, ...], prompt u to its rows
         return jnp.repeat(x, B // U, axis=0, total_repeat_length=B)
 
     kt_all = jnp.concatenate([rows(pkt).astype(q.dtype), kt.astype(q.dtype)], axis=-1)
     v_all = jnp.concatenate([rows(pv).astype(q.dtype), v.astype(q.dtype)], axis=2)
-    if kind == "splash":
-        kv_mask = jnp.concatenate([rows(prefix_mask), mask], axis=1).astype(jnp.int32)
-        return _splash_attention(q, kt_all, v_all, mask, kv_mask=kv_mask, offset=P)
     own = attention_masks(mask, None)[1]  # causal over the valid own slots
     prompt = jnp.broadcast_to(rows(prefix_mask).astype(bool)[:, None, :], (B, T, P))
     allowed = jnp.concatenate([prompt, own], axis=-1)
@@ -284,93 +275,3 @@ def _dpa_attention(
     return jax.nn.dot_product_attention(
         q, k, v, mask=allowed[:, None], implementation=implementation
     )
-
-
-# Splash kernel blocks: sequences are padded up to a multiple of this.
-SPLASH_BLOCK = 128
-
-
-def _splash_attention(
-    q: jax.Array,
-    kt: jax.Array,
-    v: jax.Array,
-    mask: jax.Array,
-    kv_mask: jax.Array | None = None,
-    offset: int = 0,
-) -> jax.Array:
-    """Causal self-attention over one call's T tokens (no cache) with the Pallas
-    splash kernel: q f[B,T,Hq,Dh], kt f[B,Hkv,Dh,T], v f[B,Hkv,T,Dh], mask
-    {0,1}[B,T] (valid tokens) -> f[B,T,Hq,Dh].
-
-    With kv_mask {0,1}[B,S] the S >= T keys are `offset` slots (a multiple of
-    SPLASH_BLOCK) followed by the T tokens' own: query t reads key s <= t + offset
-    (`_attention_prefix_kernel`'s [prompt | own] keys).
-
-    The kernel never materializes the [T, T] scores (the einsum path's largest
-    temporary in training). Padding is a segment id: token t may read key s <= t
-    of the same segment, so a valid token reads exactly the valid keys before it
-    (as `_attention`), and a padding position reads padding (finite, never read).
-    GQA runs the multi-query kernel once per kv head (vmapped), so K/V are not
-    repeated. T is padded to a multiple of SPLASH_BLOCK. Under a mesh the kernel
-    runs per shard (`jax.shard_map`: batch over ("data", "fsdp"), heads over
-    "tensor" when both head counts divide it). Off TPU it runs in Pallas
-    interpret mode (a slow reference for tests).
-    """
-    kv_mask = mask if kv_mask is None else kv_mask
-    local = functools.partial(_splash_local, offset=offset)
-    mesh = context_mesh()
-    if mesh is None:
-        return local(q, kt, v, mask, kv_mask)
-    Hq, Hkv = q.shape[2], kt.shape[1]
-    tensor = dict(mesh.shape).get("tensor", 1)
-    heads = "tensor" if Hq % tensor == 0 and Hkv % tensor == 0 else None
-    specs = [
-        sanitize_spec((BATCH_AXES, None, heads, None), q.shape, mesh),
-        sanitize_spec((BATCH_AXES, heads, None, None), kt.shape, mesh),
-        sanitize_spec((BATCH_AXES, heads, None, None), v.shape, mesh),
-        sanitize_spec((BATCH_AXES, None), mask.shape, mesh),
-        sanitize_spec((BATCH_AXES, None), kv_mask.shape, mesh),
-    ]
-    # check_vma=False: the kernel's pallas_call declares no per-axis variance.
-    return jax.shard_map(
-        local, mesh=mesh, in_specs=tuple(specs), out_specs=specs[0], check_vma=False
-    )(q, kt, v, mask, kv_mask)
-
-
-def _splash_local(
-    q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array, kv_mask: jax.Array, offset: int
-) -> jax.Array:
-    """`_splash_attention` on one device's (or shard's) arrays."""
-    # Imported here: Pallas's TPU ops load only for a model that uses the kernel.
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_kernel as splash,
-    )
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_mask as splash_mask,
-    )
-
-    B, T, Hq, Dh = q.shape
-    Hkv = kt.shape[1]
-    G = Hq // Hkv
-    Tp = -(-T // SPLASH_BLOCK) * SPLASH_BLOCK
-    pad = Tp - T  # the own keys are padded as the queries: a padded query reads padding
-    # [B,T,Hq,Dh] -> [B,Hkv,G,Tp,Dh], scaled here (the kernel does not scale).
-    qh = (q * jnp.asarray(Dh**-0.5, q.dtype)).reshape(B, T, Hkv, G, Dh).transpose(0, 2, 3, 1, 4)
-    qh = jnp.pad(qh, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
-    k = jnp.pad(kt.astype(q.dtype).transpose(0, 1, 3, 2), ((0, 0), (0, 0), (0, pad), (0, 0)))
-    vv = jnp.pad(v.astype(q.dtype), ((0, 0), (0, 0), (0, pad), (0, 0)))
-    seg = jnp.pad(mask.astype(jnp.int32), ((0, 0), (0, pad)))  # block padding: segment 0
-    kv_seg = jnp.pad(kv_mask.astype(jnp.int32), ((0, 0), (0, pad)))
-    kernel = splash.make_splash_mqa(
-        splash_mask.MultiHeadMask([splash_mask.CausalMask((Tp, k.shape[2]), offset=offset)] * G),
-        head_shards=1,
-        q_seq_shards=1,
-        interpret=effective_backend() != "tpu",
-    )
-
-    def one_row(qb, kb, vb, sb, kvb):  # [Hkv,G,Tp,Dh], [Hkv,S,Dh] x2, [Tp], [S]
-        ids = splash.SegmentIds(q=sb, kv=kvb)
-        return jax.vmap(lambda qh_, kh_, vh_: kernel(qh_, kh_, vh_, segment_ids=ids))(qb, kb, vb)
-
-    o = jax.vmap(one_row)(qh, k, vv, seg, kv_seg)[:, :, :, :T]  # [B,Hkv,G,T,Dh]
-    return o.transpose(0, 3, 1, 2, 4).reshape(B, T, Hq, Dh).astype(q.dtype)

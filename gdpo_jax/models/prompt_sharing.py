@@ -28,8 +28,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from gdpo_jax.models.attention import SPLASH_BLOCK, attention_kind
+from gdpo_jax.models.attention import attention_kind
 from gdpo_jax.models.kvcache import KVCache
+from gdpo_jax.models.splash import SPLASH_BLOCK
 from gdpo_jax.models.transformer import Transformer, _constrain
 from gdpo_jax.sharding import BATCH_AXES
 

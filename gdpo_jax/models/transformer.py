@@ -27,13 +27,13 @@ from gdpo_jax.models.attention import (
     _attention_prefix_kernel,
     _attention_shared_prefix,
     _dpa_attention,
-    _splash_attention,
     attention_kind,
     attention_masks,
 )
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.models.rope import apply_rope, rope_cos_sin
+from gdpo_jax.models.splash import splash_attention
 from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
 
 # Mesh axes per param dim. Matmul kernels: input dim over "fsdp" (ZeRO-3 style
@@ -395,7 +395,7 @@ def _forward(
         elif kind == "xla":
             a = _attention(q, k, v, allowed, cfg)
         elif kind == "splash":
-            a = _splash_attention(q, k, v, mask)
+            a = splash_attention(q, k, v, mask)
         else:
             a = _dpa_attention(q, k, v, allowed, "cudnn" if kind == "cudnn" else "xla")
         a = a.reshape(B, T, Hq * Dh)
