@@ -114,6 +114,16 @@ def test_target_table():
         assert f"device_memory_size: {targets_lib.CHIPS[chip].memory_bytes}" in text
 
 
+@needs_tpu
+def test_every_tpu_target_gets_its_device_count_from_libtpu():
+    """Each TPU target's abstract devices are its chips (v4-16: 8 chips of 2
+    TensorCores, each chip one device as JAX runs a v4; libtpu's default
+    describes every core, and the v4 targets failed to plan)."""
+    for name, target in targets_lib.TARGETS.items():
+        if target.platform == "tpu":
+            assert len(targets_lib.target_devices(target)) == target.num_devices, name
+
+
 def test_missing_extra_is_one_line_naming_it(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -48,10 +48,15 @@ class Chip:
     hbm_bw: float
     spec: str = ""
     tpu_prefix: str = ""  # the topology-name prefix libtpu expects ("v5p")
+    # libtpu's chip_config_name. A v4 chip's two TensorCores are one JAX device
+    # ("megacore", as JAX runs a v4 slice); libtpu's default describes each core.
+    tpu_chip_config: str = ""
 
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("TPU v4", "tpu", 32 * GIB, 275e12, 1.2e12, tpu_prefix="v4"),
+    "v4": Chip(
+        "TPU v4", "tpu", 32 * GIB, 275e12, 1.2e12, tpu_prefix="v4", tpu_chip_config="megacore"
+    ),
     "v5e": Chip("TPU v5e", "tpu", 16 * GIB, 197e12, 0.819e12, tpu_prefix="v5e"),
     "v5p": Chip("TPU v5p", "tpu", 95 * GIB, 459e12, 2.765e12, tpu_prefix="v5p"),
     "v6e": Chip("TPU v6e", "tpu", 32 * GIB, 918e12, 1.64e12, tpu_prefix="v6e"),
@@ -212,8 +217,12 @@ def target_devices(target: Target) -> list[Any]:
     from jax.experimental import topologies
 
     if target.platform == "tpu":
+        extra = {"chip_config_name": target.chip.tpu_chip_config}
         topo = topologies.get_topology_desc(
-            platform="tpu", topology_name=target.topology, num_slices=target.num_slices
+            platform="tpu",
+            topology_name=target.topology,
+            num_slices=target.num_slices,
+            **(extra if target.chip.tpu_chip_config else {}),
         )
     else:
         topo = topologies.get_topology_desc(
