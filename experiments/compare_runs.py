@@ -144,20 +144,25 @@ def run_one(cfg: Any) -> dict[str, Any]:
     this) and keeps its step-0 eval: evaluating again would score the resumed
     weights, not the warm start.
     """
+    from gdpo_jax import compile_cache
     from gdpo_jax.train.loop import Trainer
     from gdpo_jax.train.metrics import MetricsWriter
 
     t0, c0 = time.perf_counter(), time.process_time()
-    trainer = Trainer(cfg)
-    t_build = time.perf_counter() - t0
-    resumed_from = trainer.start_step
-    if resumed_from == 0:
-        with MetricsWriter(cfg.workdir, tensorboard=False, progress_bar=False) as w:
-            w.write(0, trainer.evaluate())
-    else:
-        log.info("%s: resuming from step %d", cfg.workdir, resumed_from)
-    t_eval0 = time.perf_counter() - t0 - t_build
-    final = trainer.run()
+    # The cache enable_compilation_cache turned on, unless the run spans several CPU devices.
+    with compile_cache.cpu_collectives_compiled_fresh(
+        compile_cache.run_devices(cfg.mesh.num_devices)
+    ):
+        trainer = Trainer(cfg)
+        t_build = time.perf_counter() - t0
+        resumed_from = trainer.start_step
+        if resumed_from == 0:
+            with MetricsWriter(cfg.workdir, tensorboard=False, progress_bar=False) as w:
+                w.write(0, trainer.evaluate())
+        else:
+            log.info("%s: resuming from step %d", cfg.workdir, resumed_from)
+        t_eval0 = time.perf_counter() - t0 - t_build
+        final = trainer.run()
     info = {
         "estimator": cfg.algo.estimator,
         "seed": cfg.seed,

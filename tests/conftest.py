@@ -29,3 +29,30 @@ os.environ.setdefault(
     os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "jax"),
 )
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
+
+
+def _cache_single_device_programs_only() -> None:
+    """This process's programs over several CPU devices bypass the shared cache:
+    XLA:CPU can deadlock running one loaded from it (gdpo_jax/compile_cache.py).
+
+    Single-device programs, most of the suite's, stay cached. JAX offers no
+    per-program switch, so the (private, jax 0.10.2) cache-key function answers
+    "no key" for them, as it does with the cache off: compiled, never stored.
+    The CLIs a test starts guard themselves (`compile_cache` in `train` /
+    `run_sft`)."""
+    import numpy as np
+    from jax._src import compiler
+
+    from gdpo_jax.compile_cache import cache_is_safe
+
+    key = compiler._get_cache_key
+
+    def single_device_key(options, backend, computation, devices, *args, **kwargs):
+        if not cache_is_safe(backend.platform, int(np.size(devices))):
+            return None
+        return key(options, backend, computation, devices, *args, **kwargs)
+
+    compiler._get_cache_key = single_device_key
+
+
+_cache_single_device_programs_only()

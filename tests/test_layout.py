@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.errors",
             "gdpo_jax.hostenv",
             "gdpo_jax.backend",
+            "gdpo_jax.compile_cache",
         ),
     ),
     ("core", ("gdpo_jax.core",)),

@@ -27,24 +27,6 @@ SC = StepConfig(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _compiled_fresh():
-    """This module's steps are compiled, never loaded from the session's persistent
-    compilation cache (tests/conftest.py): XLA:CPU (jaxlib 0.10.2) deadlocks running
-    the (8, 1, 1) explicit-mesh step deserialized from that cache (its collectives'
-    rendezvous times out and the process aborts), while the same step compiled in the
-    process runs. Seen on every warm rerun of this file; a clean clone's cold cache
-    never showed it."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()  # the cache's on/off is read once per process
-    yield
-    jax.config.update("jax_enable_compilation_cache", enabled)
-    compilation_cache.reset_cache()
-
-
 def _run(mesh, batches, sc: StepConfig = SC):
     optim = base_config().optim
     optim.lr, optim.warmup_steps, optim.schedule = 1e-2, 1, "cosine"

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from gdpo_jax import compile_cache
 from gdpo_jax.data.stream import PromptStream
 from gdpo_jax.train import build, distributed, rollout
 from gdpo_jax.train import mesh as mesh_lib
@@ -377,5 +378,9 @@ class Trainer:
 
 
 def train(cfg, *, task: build.TaskData | None = None) -> dict[str, float]:
-    """Builds a Trainer for `cfg` and runs it; returns the last step's metrics."""
-    return Trainer(cfg, task=task).run()
+    """Builds a Trainer for `cfg` and runs it; returns the last step's metrics.
+
+    On several CPU devices it compiles every program afresh (`compile_cache`)."""
+    devices = compile_cache.run_devices(cfg.mesh.num_devices)
+    with compile_cache.cpu_collectives_compiled_fresh(devices):
+        return Trainer(cfg, task=task).run()

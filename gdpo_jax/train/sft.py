@@ -38,6 +38,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax import compile_cache
 from gdpo_jax.data.corrupt import SFT_TASKS, make_targets
 from gdpo_jax.tasks import load_task
 from gdpo_jax.train import build, paths, rollout
@@ -389,5 +390,8 @@ _validate = validate_sft_config
 
 
 def run_sft(cfg: mlc.ConfigDict) -> dict[str, Any]:
-    """Builds an `SFT` from the config and runs it (see `SFT.run`)."""
-    return SFT(cfg).run()
+    """Builds an `SFT` from the config and runs it (see `SFT.run`); on several CPU
+    devices it compiles every program afresh (`compile_cache`)."""
+    devices = compile_cache.run_devices(cfg.mesh.num_devices)
+    with compile_cache.cpu_collectives_compiled_fresh(devices):
+        return SFT(cfg).run()

@@ -1,0 +1,67 @@
+"""JAX's persistent compilation cache, and the executables it must not serve.
+
+XLA:CPU in jaxlib 0.10.2 can deadlock when it runs a program over several CPU
+devices (`--xla_force_host_platform_device_count`) that was loaded from the
+persistent cache. Every device's thread then waits in a collective's rendezvous,
+but not all in the same one. Seen on the 8-device training step: device 0 waited
+in an all-gather while devices 1-7 waited in an all-reduce. After 40 s
+(`--xla_cpu_collective_call_terminate_timeout_seconds`) the process aborts.
+
+Freshly compiled, the step ran every time under load: 5 of 5 runs of
+tests/test_train_sharded.py on a 2-core machine kept busy by three spinning
+processes. Loaded from the cache it aborted in 3 of 4 such runs, and in none
+without the load: a race that load exposes, in the loaded executable only.
+
+GPU and TPU collectives are not affected, and neither is a single CPU device.
+So a run on several CPU devices compiles its programs and neither reads nor
+writes the cache (`cpu_collectives_compiled_fresh`). The test suite keeps the
+cache for every single-device program (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import jax
+
+__all__ = ["cache_is_safe", "cpu_collectives_compiled_fresh", "run_devices"]
+
+log = logging.getLogger(__name__)
+
+
+def cache_is_safe(platform: str, num_devices: int) -> bool:
+    """Whether an executable for `num_devices` devices of `platform` ("cpu",
+    "gpu", "tpu") may be stored in and loaded from the persistent cache."""
+    return platform != "cpu" or num_devices <= 1
+
+
+def run_devices(num_devices: int) -> int:
+    """How many devices a run with `config.mesh.num_devices` (0: all) spans."""
+    return len(jax.devices()[: num_devices or None])
+
+
+@contextlib.contextmanager
+def cpu_collectives_compiled_fresh(num_devices: int) -> Iterator[bool]:
+    """Within the block, the persistent cache is off when this process runs
+    XLA:CPU programs over `num_devices` > 1 devices (yields whether it turned
+    it off); the setting is restored on exit."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    on = bool(jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir)
+    off = on and not cache_is_safe(jax.default_backend(), num_devices)
+    if off:
+        log.info(
+            "persistent compilation cache off for this run: XLA:CPU programs over %d devices "
+            "loaded from it can deadlock in their collectives (gdpo_jax/compile_cache.py)",
+            num_devices,
+        )
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()  # the on/off is read once per process
+    try:
+        yield off
+    finally:
+        if off:
+            jax.config.update("jax_enable_compilation_cache", True)
+            compilation_cache.reset_cache()

@@ -1,0 +1,73 @@
+"""Programs over several CPU devices never go through the persistent compilation
+cache (gdpo_jax/compile_cache.py): in a run (`cpu_collectives_compiled_fresh`)
+and in this suite's processes (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.compilation_cache import compilation_cache
+
+from gdpo_jax import compile_cache
+from gdpo_jax.sharding import batch_sharding, make_mesh
+
+
+@pytest.fixture
+def fresh_cache_dir(tmp_path):
+    """The persistent cache in an empty directory, every program stored (no minimum
+    compile time); the session's settings come back afterwards."""
+    saved = {
+        k: getattr(jax.config, k)
+        for k in (
+            "jax_compilation_cache_dir",
+            "jax_enable_compilation_cache",
+            "jax_persistent_cache_min_compile_time_secs",
+            "jax_persistent_cache_min_entry_size_bytes",
+        )
+    }
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    compilation_cache.reset_cache()
+    yield tmp_path
+    for k, v in saved.items():
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()
+
+
+def _lambdas(path) -> set[str]:
+    """The cache entries of jitted lambdas (not of the inputs' own small programs)."""
+    return {f for f in os.listdir(path) if f.startswith("jit__lambda") and f.endswith("-cache")}
+
+
+def test_only_single_device_cpu_programs_are_safe_to_cache():
+    assert compile_cache.cache_is_safe("cpu", 1)
+    assert not compile_cache.cache_is_safe("cpu", 2)
+    assert compile_cache.cache_is_safe("gpu", 8) and compile_cache.cache_is_safe("tpu", 8)
+
+
+def test_the_suite_stores_single_device_programs_but_not_sharded_ones(fresh_cache_dir):
+    salt = float(np.random.default_rng().integers(1 << 20))  # a program no one compiled yet
+
+    jax.jit(lambda x: jnp.sin(x) * salt)(jnp.ones(8)).block_until_ready()
+    stored = _lambdas(fresh_cache_dir)
+    assert len(stored) == 1  # the one-device program
+
+    x = jax.device_put(jnp.ones(8), batch_sharding(make_mesh((8, 1, 1)), 1))
+    jax.jit(lambda x: jnp.sum(jnp.cos(x) * salt))(x).block_until_ready()  # an all-reduce
+    assert _lambdas(fresh_cache_dir) == stored
+
+
+def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cache_dir):
+    assert jax.device_count() == 8
+    with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(0)) as off:
+        assert off and not jax.config.jax_enable_compilation_cache
+    assert jax.config.jax_enable_compilation_cache
+    with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(1)) as off:
+        assert not off and jax.config.jax_enable_compilation_cache
+    assert compile_cache.run_devices(2) == 2
