@@ -16,7 +16,8 @@ summed over U rows instead of B), about 1e-6 in f32. What it saves is the
 prompt's share of the tokens times (G - 1) / G: little for short prompts,
 most of the step for the paper's tool-calling prompts (up to 2048 tokens
 against 1024 new ones). The completions' attention runs through the kernel
-`model.attention` picks (`_attention_prefix_kernel`: splash or cuDNN flash
+`model.attention` picks (`_attention_prefix_kernel`: splash over a prompt's rows
+in one call that reads its K/V once, `splash.splash_prompt_rows`; cuDNN flash
 attention over each row's [prompt | own] keys, the prompt's K/V repeated to its
 rows), so no [B, Hq, C, P + C] scores are held on TPUs and GPUs; on CPU it is
 the einsum path (`_attention_shared_prefix`), which reads each prompt's keys
