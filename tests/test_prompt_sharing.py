@@ -351,7 +351,7 @@ def test_shared_prompt_splash_gradient_compiles_for_a_sharded_tpu(monkeypatch):
 
 def test_splash_reads_each_prompt_once_and_needs_fewer_temporaries_than_copies(monkeypatch):
     """The shared forward's gradient compiled for a v5e (one layer, bf16, 2 kv
-    heads x 128, one prompt of 1024 tokens x R = 8 rows of 256): splash runs the
+    heads x 128, one prompt of 512 tokens x R = 4 rows of 256): splash runs the
     prompt's rows in one call over its K/V (`splash_prompt_rows`). The layout it
     replaced, each row in its own call over its own copy of the prompt's K/V
     (built here by repeating them), needs more temporary memory."""
@@ -368,7 +368,7 @@ def test_splash_reads_each_prompt_once_and_needs_fewer_temporaries_than_copies(m
     monkeypatch.setenv("TPU_ACCELERATOR_TYPE", "v5litepod-4")
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
     one = SingleDeviceSharding(targets_lib.target_devices(targets_lib.parse_target("v5e-4"))[0])
-    U, R, P, C = 1, 8, 1024, 256
+    U, R, P, C = 1, 4, 512, 256
     args = [jax.ShapeDtypeStruct((U * R, w), jnp.int32, sharding=one) for w in (P, P, C, C)]
     cfg = ModelConfig.tiny(
         dtype="bfloat16", head_dim=128, num_heads=8, num_kv_heads=2, num_layers=1
