@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from gdpo_jax.models.attention import attention_kind
 from gdpo_jax.models.kvcache import KVCache
-from gdpo_jax.models.splash import SPLASH_BLOCK
+from gdpo_jax.models.splash import block_ceil
 from gdpo_jax.models.transformer import Transformer, _constrain
 from gdpo_jax.sharding import BATCH_AXES
 
@@ -77,7 +77,7 @@ def shared_prompt_hidden(
         # pass block aligned. Padding the K/V instead puts a pad's gradient (a slice)
         # on the cache; on a sharded TPU with head_dim 128 libtpu then miscompiles the
         # step ("Bitcast cannot have different shape sizes", libtpu 0.0.42).
-        pad = -(-P // SPLASH_BLOCK) * SPLASH_BLOCK - P
+        pad = block_ceil(P) - P
         pid, pmask = (jnp.pad(x, ((0, 0), (pad, 0))) for x in (pid, pmask))
     pid, pmask = (_constrain(x, (BATCH_AXES, None)) for x in (pid, pmask))
     # init_cache places the buffers by the context mesh (batch-sharded).

@@ -41,7 +41,13 @@ import numpy as np
 from gdpo_jax.backend import effective_backend
 from gdpo_jax.sharding import BATCH_AXES, batch_axis_size, context_mesh, sanitize_spec
 
-__all__ = ["SPLASH_BLOCK", "prompt_rows_mask", "splash_attention", "splash_prompt_rows"]
+__all__ = [
+    "SPLASH_BLOCK",
+    "block_ceil",
+    "prompt_rows_mask",
+    "splash_attention",
+    "splash_prompt_rows",
+]
 
 # Splash kernel blocks: sequences are padded up to a multiple of this.
 SPLASH_BLOCK = 128
@@ -59,7 +65,8 @@ def _splash_modules() -> tuple[Any, Any]:
     return kernel, masks
 
 
-def _block_ceil(n: int) -> int:
+def block_ceil(n: int) -> int:
+    """n rounded up to a multiple of SPLASH_BLOCK (the width the kernel runs on)."""
     return -(-n // SPLASH_BLOCK) * SPLASH_BLOCK
 
 
@@ -140,7 +147,7 @@ def _self_local(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> j
     """`splash_attention` on one device's (or shard's) arrays."""
     _, masks = _splash_modules()
     B, T, Hq, Dh = q.shape
-    Hkv, Tp = kt.shape[1], _block_ceil(T)
+    Hkv, Tp = kt.shape[1], block_ceil(T)
     # A padded query reads padding (block padding is segment 0, as padding tokens).
     qh = _pad_axis(_scaled_heads(q, Hkv).transpose(0, 2, 3, 1, 4), 3, Tp)  # [B,Hkv,G,Tp,Dh]
     k = _pad_axis(kt.astype(q.dtype).transpose(0, 1, 3, 2), 2, Tp)
@@ -162,7 +169,7 @@ def _prompt_rows_local(
     """`splash_prompt_rows` on one device's (or shard's) arrays."""
     B, T, Hq, Dh = q.shape
     U, Hkv, _, P = pkt.shape
-    R, G, Tp = B // U, Hq // Hkv, _block_ceil(T)
+    R, G, Tp = B // U, Hq // Hkv, block_ceil(T)
     # Row-major within a prompt: query / own key r * Tp + t is row r's token t.
     qh = _pad_axis(_scaled_heads(q, Hkv), 1, Tp).reshape(U, R, Tp, Hkv, G, Dh)
     qh = qh.transpose(0, 3, 4, 1, 2, 5).reshape(U, Hkv, G, R * Tp, Dh)

@@ -217,12 +217,12 @@ def target_devices(target: Target) -> list[Any]:
     from jax.experimental import topologies
 
     if target.platform == "tpu":
-        extra = {"chip_config_name": target.chip.tpu_chip_config}
+        chip = target.chip.tpu_chip_config
         topo = topologies.get_topology_desc(
             platform="tpu",
             topology_name=target.topology,
             num_slices=target.num_slices,
-            **(extra if target.chip.tpu_chip_config else {}),
+            **({"chip_config_name": chip} if chip else {}),
         )
     else:
         topo = topologies.get_topology_desc(
