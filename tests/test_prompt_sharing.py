@@ -150,15 +150,38 @@ def test_shared_prompt_hidden_rejects_rows_that_are_not_whole_groups():
 
 
 # ------------------------------------------------------------------ the layout
-def test_grouped_blocks_are_contiguous_runs_of_every_shard():
+def test_block_layout_by_hand():
+    """Mini-batch u = units u, u + U, ...; micro-batch m of it = its units m, m + M, ..."""
     x = jnp.arange(8)
-    # Hand-worked: 2 shards [0..3] [4..7], 2 blocks: runs of 2 rows per shard.
-    np.testing.assert_array_equal(_to_blocks(x, 2, shards=2), [[0, 1, 4, 5], [2, 3, 6, 7]])
-    np.testing.assert_array_equal(_to_blocks(x, 2, shards=1), [[0, 1, 2, 3], [4, 5, 6, 7]])
-    np.testing.assert_array_equal(_to_blocks(x, 2), [[0, 2, 4, 6], [1, 3, 5, 7]])  # strided
-    y = jnp.arange(24).reshape(12, 2)
-    for shards in (0, 1, 2, 3):
-        np.testing.assert_array_equal(_from_blocks(_to_blocks(y, 2, shards), shards), y)
+    # Hand-worked. Rows: U=2 -> rows 0::2, 1::2.
+    np.testing.assert_array_equal(_to_blocks(x, 2, 1), [[[0, 2, 4, 6]], [[1, 3, 5, 7]]])
+    # Groups of 2 (groups 0..3 = rows 01 23 45 67): U=2 -> groups {0, 2}, {1, 3}.
+    np.testing.assert_array_equal(_to_blocks(x, 2, 1, (2, 2)), [[[0, 1, 4, 5]], [[2, 3, 6, 7]]])
+    # U=2 x M=2 over rows: mini 0 = rows 0 2 4 6 -> micro 0 = 0 4, micro 1 = 2 6.
+    want = [[[0, 4], [2, 6]], [[1, 5], [3, 7]]]
+    np.testing.assert_array_equal(_to_blocks(x, 2, 2), want)
+    # Whole-group mini-batches, micro-batches of rows: mini 0 = rows 0 1 4 5 -> 0 4, 1 5.
+    want = [[[0, 4], [1, 5]], [[2, 6], [3, 7]]]
+    np.testing.assert_array_equal(_to_blocks(x, 2, 2, (2, 1)), want)
+    y = jnp.arange(48).reshape(24, 2)
+    for mini, micro, units in [(1, 1, (1, 1)), (2, 3, (1, 1)), (3, 2, (2, 2)), (2, 2, (3, 1))]:
+        np.testing.assert_array_equal(_from_blocks(_to_blocks(y, mini, micro, units), units), y)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4])
+def test_block_layout_keeps_every_shards_rows_on_it(shards):
+    """Each block's rows, cut into `shards` equal runs, come run s from shard s."""
+    n, g, mini, micro = 64, 4, 2, 2  # 16 groups: whole per shard x mini x micro up to 4 shards
+    sc = StepConfig(
+        num_groups=n // g, num_minibatches=mini, num_microbatches=micro, group_size=g,
+        batch_shards=shards,
+    )  # fmt: skip
+    for units in [(1, 1), sc.layout_units(n)]:
+        blocks = np.asarray(_to_blocks(jnp.arange(n), mini, micro, units)).reshape(
+            mini * micro, shards, -1
+        )
+        assert (blocks // (n // shards) == np.arange(shards)[None, :, None]).all(), units
+    assert sc.layout_units(n) == (g, g)
 
 
 def test_from_config_shares_only_whole_groups_per_device_micro_batch():
@@ -166,18 +189,24 @@ def test_from_config_shares_only_whole_groups_per_device_micro_batch():
     c.algo.num_prompts, c.algo.group_size, c.algo.num_microbatches = 8, 4, 4
     sc = StepConfig.from_config(c, batch_shards=2)
     assert (sc.share_prompt, sc.shared_group, sc.batch_shards) == (True, 4, 2)
-    assert sc.layout_shards(32) == 2
+    assert sc.layout_units(32) == (4, 4)
     with pytest.raises(ValueError, match="share_prompt=False"):
-        sc.layout_shards(24)  # not the configured groups
+        sc.layout_units(24)  # not the configured groups
     c.algo.num_minibatches = 2  # 8 prompts over 2 shards x 8 blocks: a group would split
-    assert not StepConfig.from_config(c, batch_shards=2).share_prompt
+    sc = StepConfig.from_config(c, batch_shards=2)
+    assert not sc.share_prompt
+    assert sc.layout_units(32) == (4, 1)  # mini-batches stay whole groups, micro-batches rows
     assert "num_prompts=8 is not a multiple of 2 batch shard(s) x 8" in share_prompt_blocker(
         8, 8, 2
     )
     assert share_prompt_blocker(16, 8, 2) == ""
     c.algo.num_minibatches, c.algo.share_prompt = 1, False
     sc = StepConfig.from_config(c, batch_shards=2)
-    assert not sc.share_prompt and sc.shared_group == 0 and sc.layout_shards(32) == 0
+    assert not sc.share_prompt and sc.shared_group == 0 and sc.layout_units(32) == (4, 4)
+    c.algo.num_minibatches = (
+        8  # 8 prompts, 2 shards: a shard's share of a mini-batch splits a group
+    )
+    assert StepConfig.from_config(c, batch_shards=2).layout_units(32) == (1, 1)
 
 
 def test_check_group_prompts_names_the_first_mixed_group():
@@ -215,15 +244,16 @@ def test_step_with_shared_prompts_equals_the_per_row_step(micro, beta, old_in_st
 
 
 def test_shared_minibatches_are_whole_groups_updated_in_order():
-    """2 mini-batches with sharing == SGD by hand on groups {0, 1} then {2, 3}
-    (verl's contiguous split), each with the whole batch's advantages."""
+    """2 mini-batches with sharing == SGD by hand on groups {0, 2} then {1, 3}
+    (whole groups, as verl's), each with the whole batch's advantages."""
     batch = shared_batch(3)
     sc = _share(StepConfig(num_groups=NUM_GROUPS, num_minibatches=2))
     graphdef, state, step = _sgd_step(sc, create_model(CFG, seed=0))
     params = jax.tree.map(jnp.asarray, jax.tree.map(np.asarray, state.params))
     got, _ = step(state, distributed.to_global(batch, None))
     adv = np_advantages(batch["rewards"], batch["group_ids"], "gdpo", np.ones(K))
-    for rows in (slice(0, N // 2), slice(N // 2, N)):
+    groups = np.arange(N) // G
+    for rows in (groups % 2 == 0, groups % 2 == 1):
         sub = {k: jnp.asarray(v[rows]) for k, v in batch.items()}
         g = jax.grad(reference_loss)(params, graphdef, sub, jnp.asarray(adv[rows], jnp.float32), sc)
         params = jax.tree.map(lambda p, d: p - d, params, g)
@@ -255,8 +285,37 @@ def test_shared_step_sharded_equals_unsharded(axis_types):
     want = ref_step.logprobs(ref_state.params, distributed.to_global(batches[0], None))
     got = step.logprobs(state.params, distributed.to_global(batches[0], mesh))
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+    # Built for 1 shard: on 2 the layout is the same (4 groups, 2 micro-batches);
+    # on 4 a shard's micro-batch would be half a group, so the layout differs.
+    assert _share(SC).layout_units(N) == _share(SC, shards=2).layout_units(N) == (G, G)
+    mesh4 = mesh_lib.make_mesh((4, 1, 2), axis_types=axis_types)
     with pytest.raises(ValueError, match="built for 1 batch shard"):
-        _run(mesh, batches[:1], _share(SC, shards=1))
+        _run(mesh4, batches[:1], _share(SC, shards=1))
+
+
+def test_minibatches_are_the_same_on_any_mesh_with_or_without_prompt_sharing():
+    """2 mini-batches, per row or with shared prompts, on one device or two batch
+    shards: one result, because each mini-batch holds the same whole groups
+    (the layout once cut each shard's rows into contiguous runs instead)."""
+    batches = [shared_batch(12, with_ref=True)]
+    base = dataclasses.replace(SC, num_minibatches=2, num_microbatches=1, group_size=G)
+    ref_state, ref_metrics, _ = _run(None, batches, base)
+    mesh = mesh_lib.make_mesh((2, 1, 4))
+    for share, m in [(True, None), (False, mesh), (True, mesh)]:
+        sc = dataclasses.replace(base, share_prompt=share, batch_shards=1 if m is None else 2)
+        assert sc.layout_units(N) == (G, G)
+        state, metrics, _ = _run(m, batches, sc)
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(
+                np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6
+            ),
+            state.params,
+            ref_state.params,
+        )
+        for k in ref_metrics[0]:
+            np.testing.assert_allclose(
+                metrics[0][k], ref_metrics[0][k], rtol=1e-4, atol=1e-6, err_msg=k
+            )
 
 
 # ------------------------------------------------------------------ accelerator kernels

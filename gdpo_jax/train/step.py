@@ -7,14 +7,15 @@ over `num_microbatches` micro-batches with a `lax.scan`. The loss is a
 (sum, denominator) pair, so the accumulated gradient is exactly the gradient
 of the whole mini-batch's loss: grad(sum_1 + ... + sum_M) / (den_1 + ... + den_M).
 
-Row layout: the batch is sharded over ("data", "fsdp") in contiguous blocks.
-Micro-batch j of U*M takes rows j, j + U*M, j + 2*U*M, ... ; as a reshape
-[N] -> [b, U*M] -> transpose, this keeps every micro-batch spread evenly over
-all batch shards (each device keeps its rows; no communication). With
-`StepConfig.share_prompt` a block is instead a contiguous run of whole prompt
-groups from every shard (`_to_blocks`), so each prompt runs once per
-micro-batch (`models.prompt_sharing`) and a mini-batch is whole groups (as
-verl's contiguous mini-batch split of prompt-ordered rows).
+Row layout (`_to_blocks`): mini-batch u takes units u, u + U, u + 2U, ... of
+the batch, and micro-batch m of it that mini-batch's units m, m + M, ...;
+a unit is a whole prompt group (G rows, prompt-major) where every batch
+shard's share of every mini- (micro-) batch is whole groups, else one row
+(`StepConfig.layout_units`). So a mini-batch is whole groups (as verl's),
+which rows it holds does not depend on the mesh, and every device keeps its
+own rows (no communication). With `StepConfig.share_prompt` each micro-batch
+runs each of its prompts once (`models.prompt_sharing`); the layout is the
+same with it or without.
 
 Batch (global arrays, leading dim N = num_prompts * group_size):
   prompt_ids i32[N,P] (left padded), prompt_mask i32[N,P],
@@ -26,6 +27,7 @@ Batch (global arrays, leading dim N = num_prompts * group_size):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -60,45 +62,47 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- #
-def _to_blocks(x: jax.Array, n_blocks: int, shards: int = 0) -> jax.Array:
-    """[N, ...] -> [n_blocks, N / n_blocks, ...].
-
-    shards == 0 (strided): block j = rows j, j + n_blocks, j + 2 n_blocks, ...
-    shards >= 1 (grouped): the N rows are `shards` contiguous shards, and block
-    j = the j-th contiguous run of N / (shards n_blocks) rows of every shard,
-    shard by shard: whole prompt groups when the runs are multiples of G.
-    Either way every block keeps its rows on the shards that hold them.
-    """
-    if not shards:
-        y = jnp.swapaxes(x.reshape(x.shape[0] // n_blocks, n_blocks, *x.shape[1:]), 0, 1)
-    else:
-        run = x.shape[0] // (shards * n_blocks)
-        y = jnp.swapaxes(x.reshape(shards, n_blocks, run, *x.shape[1:]), 0, 1)
-        y = y.reshape(n_blocks, shards * run, *x.shape[1:])
-    # Keep the rows' batch sharding in the type (Explicit axes). Without it, a
-    # strided split of N rows sharded ("data", "fsdp") into [N / n, n] can give
-    # "data" the first dim and "fsdp" the second (when N / n is the data axis'
-    # size), so the block axis the step scans over ends up sharded on "fsdp".
+def _rows_reshape(x: jax.Array, shape: tuple[int, ...], rows_dim: int) -> jax.Array:
+    """x.reshape(shape), the batch's rows (sharded over ("data", "fsdp")) in dim
+    `rows_dim` of the result. Explicit axes need the result's sharding spelled
+    out (JAX does not infer it for a split or merge of a sharded dim)."""
     mesh = context_mesh()
     if mesh is None:
-        return y
-    return constrain(y, mesh, sanitize_spec((None, BATCH_AXES), y.shape, mesh))
+        return x.reshape(shape)
+    spec = sanitize_spec((None,) * rows_dim + (BATCH_AXES,), shape, mesh)
+    if is_explicit(mesh):
+        return jax.lax.reshape(x, shape, out_sharding=spec)
+    return constrain(x.reshape(shape), mesh, spec)
 
 
-def _from_blocks(x: jax.Array, shards: int = 0) -> jax.Array:
-    """Inverse of _to_blocks: [n_blocks, b, ...] -> [b * n_blocks, ...]."""
-    if not shards:
-        y = jnp.swapaxes(x, 0, 1)
-        return y.reshape(y.shape[0] * y.shape[1], *y.shape[2:])
-    n_blocks, b = x.shape[:2]
-    y = jnp.swapaxes(x.reshape(n_blocks, shards, b // shards, *x.shape[2:]), 0, 1)
-    shape = (n_blocks * b, *x.shape[2:])
-    mesh = context_mesh()
-    if mesh is None or not is_explicit(mesh):
-        return y.reshape(shape)
-    # Explicit axes: JAX does not infer the merged dim's sharding; the rows go
-    # back to the batch shards that hold them.
-    return jax.lax.reshape(y, shape, out_sharding=sanitize_spec((BATCH_AXES,), shape, mesh))
+def _to_blocks(x: jax.Array, mini: int, micro: int, units: tuple[int, int] = (1, 1)) -> jax.Array:
+    """[N, ...] -> [mini, micro, N / (mini micro), ...]: the step's batch layout.
+
+    `units` = (a, b), rows per unit (1: single rows, G: whole prompt groups).
+    Mini-batch u takes units u, u + mini, u + 2 mini, ... of a rows; micro-batch
+    m of it takes its units m, m + micro, ... of b rows. Which rows land in
+    which mini- and micro-batch depends on N, mini, micro and the units, never
+    on the mesh; and when every batch shard holds a multiple of mini x micro
+    units, each block keeps its rows on the shards that hold them.
+    """
+    a, b = units
+    n, rest = x.shape[0], x.shape[1:]
+    y = jnp.swapaxes(_rows_reshape(x, (n // (mini * a), mini, a, *rest), 0), 0, 1)
+    y = _rows_reshape(y, (mini, n // mini, *rest), 1)
+    y = jnp.swapaxes(_rows_reshape(y, (mini, n // (mini * micro * b), micro, b, *rest), 1), 1, 2)
+    return _rows_reshape(y, (mini, micro, n // (mini * micro), *rest), 2)
+
+
+def _from_blocks(x: jax.Array, units: tuple[int, int] = (1, 1)) -> jax.Array:
+    """Inverse of _to_blocks: [mini, micro, N / (mini micro), ...] -> [N, ...]."""
+    a, b = units
+    mini, micro, per = x.shape[:3]
+    rest = x.shape[3:]
+    n = mini * micro * per
+    y = jnp.swapaxes(_rows_reshape(x, (mini, micro, per // b, b, *rest), 2), 1, 2)
+    y = _rows_reshape(y, (mini, n // mini, *rest), 1)
+    y = jnp.swapaxes(_rows_reshape(y, (mini, n // (mini * a), a, *rest), 1), 0, 1)
+    return _rows_reshape(y, (n, *rest), 0)
 
 
 def _combine(a: dict, b: dict) -> dict:
@@ -169,9 +173,8 @@ def train_step(
     if use_ref:
         data["ref_logp"] = batch["ref_logp"]
     U, M = cfg.num_minibatches, cfg.num_microbatches
-    shards = cfg.layout_shards(batch["prompt_ids"].shape[0])
-    blocks = jax.tree.map(lambda x: _to_blocks(x, U * M, shards), data)
-    blocks = jax.tree.map(lambda x: x.reshape(U, M, *x.shape[1:]), blocks)
+    units = cfg.layout_units(batch["prompt_ids"].shape[0])
+    blocks = jax.tree.map(lambda x: _to_blocks(x, U, M, units), data)
 
     # Unrolled layers: per-layer weight views made once per update, not once per
     # micro-batch (train/layer_views.py); the layer scan reads the stacks in place.
@@ -311,10 +314,10 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
 
     Run micro-batch by micro-batch (same layout as the step) to bound memory.
     """
-    n_blocks = cfg.num_minibatches * cfg.num_microbatches
+    U, M = cfg.num_minibatches, cfg.num_microbatches
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
-    shards = cfg.layout_shards(batch["prompt_ids"].shape[0])
-    blocks = {k: _to_blocks(batch[k], n_blocks, shards) for k in keys}
+    units = cfg.layout_units(batch["prompt_ids"].shape[0])
+    blocks = {k: _to_blocks(batch[k], U, M, units) for k in keys}
     model = nnx.merge(graphdef, params)
     # Unrolled layers: slice the weights once for all blocks.
     views = None if model.cfg.scan_layers else model.layer_params()
@@ -329,7 +332,9 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
             layer_params=views,
         )[0]
 
-    return _from_blocks(jax.lax.map(one, blocks), shards)
+    flat = {k: v.reshape(U * M, *v.shape[2:]) for k, v in blocks.items()}
+    out = jax.lax.map(one, flat)
+    return _from_blocks(out.reshape(U, M, *out.shape[1:]), units)
 
 
 class CompiledStep:
@@ -357,10 +362,14 @@ class CompiledStep:
                 f"{cfg.updates_per_step}) and kl_in_reward == 0 (got {cfg.kl_in_reward}): "
                 "otherwise the old log-probs must be computed before the update."
             )
-        if cfg.share_prompt and cfg.batch_shards != mesh_lib.batch_axis_size(mesh):
+        shards = mesh_lib.batch_axis_size(mesh)
+        rows = cfg.num_groups * cfg.group_size
+        if cfg.batch_shards != shards and cfg.layout_units(rows) != dataclasses.replace(
+            cfg, batch_shards=shards, share_prompt=False
+        ).layout_units(rows):
             raise ValueError(
-                f"StepConfig(share_prompt=True) was built for {cfg.batch_shards} batch shard(s), "
-                f"the mesh has {mesh_lib.batch_axis_size(mesh)}; build it with "
+                f"StepConfig was built for {cfg.batch_shards} batch shard(s), the mesh has "
+                f"{shards}, and the batch layout differs between them; build it with "
                 "StepConfig.from_config(cfg, batch_shards=sharding.batch_axis_size(mesh))."
             )
         base = tuple(k for k in BATCH_KEYS if not (cfg.old_logp_in_step and k == "old_logp"))

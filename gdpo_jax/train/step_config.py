@@ -53,9 +53,11 @@ class StepConfig:
     # True: the old log-probs are stop_gradient(the step's own log-probs), no
     # separate forward pass and no "old_logp" batch key (see old_logp_in_step).
     old_logp_in_step: bool = False
-    # True: each micro-batch runs each distinct prompt once (models.prompt_sharing),
-    # and micro-/mini-batches are whole groups (`layout_shards`). Needs rows
-    # grouped by prompt, group_size rows each, and the batch's `batch_shards`.
+    # True: each micro-batch runs each distinct prompt once (models.prompt_sharing).
+    # Needs micro-batches of whole groups (`layout_units`): rows grouped by
+    # prompt, group_size rows each.
+    # group_size and batch_shards (the mesh's batch shard count) decide the
+    # layout's units (`layout_units`), with or without share_prompt.
     share_prompt: bool = False
     group_size: int = 0
     batch_shards: int = 1
@@ -69,22 +71,24 @@ class StepConfig:
         """Rows per shared prompt in `completion_logprobs` (0: every row runs its own)."""
         return self.group_size if self.share_prompt else 0
 
-    def layout_shards(self, rows: int) -> int:
-        """The step's row layout for a batch of `rows` rows: 0 = strided blocks
-        (block j = rows j, j + n, ...), else the grouped layout over this many
-        contiguous batch shards (step._to_blocks). Raises if `rows` cannot be cut
-        into whole groups that way."""
-        if not self.share_prompt:
-            return 0
-        blocks = self.num_minibatches * self.num_microbatches
-        why = share_prompt_blocker(self.num_groups, blocks, self.batch_shards)
-        if why or rows != self.num_groups * self.group_size:
+    def layout_units(self, rows: int) -> tuple[int, int]:
+        """Rows per unit of the step's mini- and micro-batch split (`step._to_blocks`):
+        `group_size` (whole prompt groups) where each of the `batch_shards`
+        shards holds whole groups of every mini- (micro-) batch, else 1 (rows).
+        Raises if `share_prompt` is set and a micro-batch would split a group."""
+        G, S = self.group_size, self.batch_shards
+        U, M = self.num_minibatches, self.num_microbatches
+        grouped = G > 0 and rows == self.num_groups * G
+        mini = G if grouped and self.num_groups % (S * U) == 0 else 1
+        micro = G if mini > 1 and self.num_groups % (S * U * M) == 0 else 1
+        if self.share_prompt and micro == 1:
+            why = share_prompt_blocker(self.num_groups, U * M, S)
             raise ValueError(
                 f"StepConfig(share_prompt=True): {rows} rows, {self.num_groups} groups of "
-                f"{self.group_size}: {why or 'rows != groups x group_size'}; "
+                f"{G}: {why or 'rows != groups x group_size'}; "
                 "set config.algo.share_prompt=False."
             )
-        return self.batch_shards
+        return mini, micro
 
     @property
     def updates_per_step(self) -> int:
