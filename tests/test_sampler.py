@@ -447,10 +447,12 @@ def test_sharded_continuous_batching_equals_one_device(tok, axis_type):
         assert b.info["decoded_tokens"] >= b.info["generated_tokens"]
 
 
-def test_chunked_rollout_equals_one_call_greedy(sampler):
-    # Greedy rows do not depend on the key, so chunking the sampler calls
-    # (train.rollout, sampling.rows_per_call) must give the same batch, with each
-    # chunk left padded to its own prompt bucket and re-padded to max_prompt_len.
+@pytest.mark.parametrize("greedy", [True, False])
+def test_chunked_rollouts_equal_one_call(sampler, greedy):
+    # Chunking the sampler calls (train.rollout, sampling.rows_per_call) gives the
+    # same batch: each row draws from its own stream (its id continues across
+    # chunks), and each chunk is left padded to its own prompt bucket and
+    # re-padded to max_prompt_len.
     from gdpo_jax.train.rollout import sample_and_score
 
     records = [{"prompt": p} for p in ("w6 w7 w8 w9 w10", "w11", "w12 w13", "w14 w15 w16")]
@@ -461,7 +463,7 @@ def test_chunked_rollout_equals_one_call_greedy(sampler):
     kw = dict(
         sampler=sampler,
         runner=runner,
-        params=SamplingParams(max_new_tokens=M, greedy=True),
+        params=SamplingParams(max_new_tokens=M, greedy=greedy, temperature=1.0),
         group_size=2,
         key=jax.random.key(0),
         max_prompt_len=32,
@@ -549,6 +551,48 @@ def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots,
     assert b.info["decoded_tokens"] <= a.info["decode_steps"] * len(a) or slots > len(a)
     if slots == 1:  # one slot runs the rows back to back: nothing wasted
         assert b.info["decoded_tokens"] == b.info["generated_tokens"]
+
+
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.9)])
+def test_continuous_batching_sampled_equals_static_row_for_row(model, tok, top_k, top_p):
+    """Sampled rows: a row draws its t-th token from fold_in(fold_in(key, row), t)
+    in both decoders, so the rows equal the static decode's although lanes start
+    rows at different steps (EOS ends some rows early)."""
+    prompts = [[6 + (5 * i + j) % 40 for j in range(1 + i % 4)] for i in range(5)]
+    params = SamplingParams(max_new_tokens=M, temperature=1.0, top_k=top_k, top_p=top_p)
+    probe = Sampler(model, tok, eos_token_ids=()).generate(
+        prompts, params, num_generations=3, key=jax.random.key(3)
+    )
+    # EOS: the most frequent token the rows sample before their last step.
+    eos = (int(np.bincount(probe.completion_ids[:, : M - 1].ravel()).argmax()),)
+    static = Sampler(model, tok, eos_token_ids=eos).generate(
+        prompts, params, num_generations=3, key=jax.random.key(3)
+    )
+    cont = Sampler(model, tok, eos_token_ids=eos, continuous_slots=4).generate(
+        prompts, params, num_generations=3, key=jax.random.key(3)
+    )
+    assert len(set(static.lengths.tolist())) > 1  # rows end at different steps
+    np.testing.assert_array_equal(cont.completion_ids, static.completion_ids)
+    np.testing.assert_array_equal(cont.lengths, static.lengths)
+    np.testing.assert_allclose(cont.logprobs, static.logprobs, atol=1e-5)
+
+
+@pytest.mark.parametrize("slots", [0, 3])
+def test_chunks_with_their_first_row_sample_what_one_call_does(model, tok, slots):
+    """generate(first_row=...) over consecutive chunks == one call over the batch
+    (each row's stream is its id's), and not what restarting the ids gives."""
+    params = SamplingParams(max_new_tokens=M, temperature=1.0)
+    s = Sampler(model, tok, eos_token_ids=(), continuous_slots=slots)
+    key = jax.random.key(5)
+    whole = s.generate(PROMPTS, params, num_generations=2, key=key)
+    a = s.generate(PROMPTS[:1], params, num_generations=2, key=key)
+    b = s.generate(PROMPTS[1:], params, num_generations=2, key=key, first_row=2)
+    assert a.info["batch_rows"] == 2
+    np.testing.assert_array_equal(
+        np.concatenate([a.completion_ids, b.completion_ids]), whole.completion_ids
+    )
+    restarted = s.generate(PROMPTS[1:], params, num_generations=2, key=key)
+    assert (restarted.completion_ids != whole.completion_ids[2:]).any()
 
 
 @pytest.mark.parametrize(

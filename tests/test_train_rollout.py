@@ -29,7 +29,7 @@ def test_group_signal_per_reward_vs_sum():
 class FakeSampler:
     """Completion text = the prompt; token ids are irrelevant here."""
 
-    def generate(self, prompts, params, *, num_generations, key, chat_template):
+    def generate(self, prompts, params, *, num_generations, key, chat_template, first_row=0):
         n = len(prompts) * num_generations
         gid = np.repeat(np.arange(len(prompts)), num_generations).astype(np.int32)
         return types.SimpleNamespace(
@@ -42,6 +42,7 @@ class FakeSampler:
             group_ids=gid,
             finish_reason=["length"] * n,
             texts=[prompts[g] for g in gid],
+            info={"batch_rows": n},
         )
 
 
@@ -127,13 +128,13 @@ def test_prompt_stream_starts_no_threads_and_keeps_grains_order():
 
 
 class RecordingSampler(FakeSampler):
-    """FakeSampler that records each call's prompts and key."""
+    """FakeSampler that records each call's prompts, key and first row id."""
 
     def __init__(self):
         self.calls = []
 
-    def generate(self, prompts, params, *, num_generations, key, chat_template):
-        self.calls.append((list(prompts), jax.random.key_data(key).tolist()))
+    def generate(self, prompts, params, *, num_generations, key, chat_template, first_row=0):
+        self.calls.append((list(prompts), jax.random.key_data(key).tolist(), first_row))
         return super().generate(
             prompts, params, num_generations=num_generations, key=key, chat_template=chat_template
         )
@@ -158,7 +159,9 @@ def test_sample_and_score_chunks_the_sampler_calls():
     rec = RecordingSampler()
     out = sample_and_score(records, sampler=rec, prompts_per_call=2, **kw)
     assert [c[0] for c in rec.calls] == [["s0", "s1"], ["s2", "s3"], ["s4", "s5"]]
-    assert len({str(c[1]) for c in rec.calls}) == 3  # a different key per chunk
+    # One key; each chunk's row ids continue the previous chunks' (Sampler.generate).
+    assert len({str(c[1]) for c in rec.calls}) == 1
+    assert [c[2] for c in rec.calls] == [0, 2 * G, 4 * G]
     assert out["sample_calls"] == 3
     # Rows stay grouped by prompt in input order: row r answers prompt r // G.
     np.testing.assert_array_equal(out["group_ids"], np.repeat(np.arange(6), G))
@@ -229,7 +232,7 @@ def test_row_stats_give_the_mask_metrics_with_o_n_bytes():
 class WidthSampler(FakeSampler):
     """Prompt "s<k>" has k % 7 + 1 tokens, left padded to the chunk's widest."""
 
-    def generate(self, prompts, params, *, num_generations, key, chat_template):
+    def generate(self, prompts, params, *, num_generations, key, chat_template, first_row=0):
         ro = super().generate(
             prompts, params, num_generations=num_generations, key=key, chat_template=chat_template
         )

@@ -41,9 +41,10 @@ trade-off, and `prompt_slots.py` the slots' bookkeeping and a W that rarely
 makes rows wait).
 
 Greedy rows equal the static decode's row for row (same prompt logits, same
-per-row maths; tests/test_sampler.py checks it). Sampled rows draw with
-``fold_in(fold_in(key, row), t)``: a row's randomness does not depend on
-which lane or step it ran in (it differs from the static decode's stream).
+per-row maths; tests/test_sampler.py checks it). Sampled rows draw from the
+static decode's per-row streams (``filters.row_keys``: the row's id and its own
+token index), so a row's randomness does not depend on which lane or step it
+ran in, and sampled rows equal the static decode's too.
 
 Under a mesh of several devices every batch shard runs this loop over its own
 rows and lanes (`_sharded`); `row` is then the global row index, so the rows
@@ -70,7 +71,7 @@ from gdpo_jax.sampling.decode import (
     grow_cache,
     weights_in,
 )
-from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
+from gdpo_jax.sampling.filters import row_keys, sample_tokens, stop_sequence_hit
 
 
 def make_continuous_generate_fn(
@@ -112,9 +113,12 @@ def make_continuous_generate_fn(
         stop_ids,
         stop_seqs,
         row_limit,
-        row_offset=0,
+        first_row=0,
+        *,
+        shard_offset=0,
     ) -> dict[str, jax.Array]:
-        """One device's decode; row_offset: its first row's global index (keys)."""
+        """One device's decode; shard_offset: its first row's index in the call
+        (a row's id is first_row + that index: decode.make_generate_fn)."""
         if on_trace is not None:
             on_trace()
         if spec.layers != "scan":  # weights copied once, in the compute dtype (decode.py)
@@ -247,16 +251,11 @@ def make_continuous_generate_fn(
                 tok, lp = sample_tokens(
                     c["logits"], key, temperature, top_p_arg, top_k=spec.top_k, greedy=True
                 )
-            else:
-                keys = jax.vmap(lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s))(
-                    row + row_offset, t
+            else:  # each lane's row draws from its own stream (as the static decode's)
+                keys = row_keys(key, first_row + shard_offset + row, t)
+                tok, lp = sample_tokens(
+                    c["logits"], keys, temperature, top_p_arg, top_k=spec.top_k, greedy=False
                 )
-                tok, lp = jax.vmap(
-                    lambda lg, k: sample_tokens(
-                        lg[None], k, temperature, top_p_arg, top_k=spec.top_k, greedy=False
-                    )
-                )(c["logits"], keys)
-                tok, lp = tok[:, 0], lp[:, 0]
             tok = tok.astype(jnp.int32)
             tok = jnp.where(live, tok, spec.pad_id)
             window = jnp.concatenate([c["window"][:, 1:], tok[:, None]], axis=1)
@@ -362,12 +361,13 @@ def _sharded(generate: Callable, mesh: jax.sharding.Mesh, group: int) -> Callabl
         ids = jax.lax.dynamic_slice_in_dim(prompt_ids, lo, width)
         pmask = jax.lax.dynamic_slice_in_dim(prompt_mask, lo, width)
         shard = jax.lax.axis_index(mesh_lib.batch_axes(mesh))
-        out = generate(state, ids, pmask, row_prompt - lo, *rest, row_offset=shard * n_local)
+        out = generate(state, ids, pmask, row_prompt - lo, *rest, shard_offset=shard * n_local)
         return {k: v[None] if k in counters else v for k, v in out.items()}
 
     def sharded(state, prompt_ids, prompt_mask, row_prompt, active, key, *rest):
-        # rest: temperature, top_p, eos_ids, stop_ids, stop_seqs (whole), row_limit (rows)
-        specs = (rep, rep, rep, rows, rows, rep) + (rep,) * (len(rest) - 1) + (rows,)
+        # rest: temperature, top_p, eos_ids, stop_ids, stop_seqs (whole), row_limit
+        # (rows), and first_row (whole) when given
+        specs = (rep, rep, rep, rows, rows, rep) + (rep,) * 5 + (rows,) + (rep,) * (len(rest) - 6)
         args = (state, prompt_ids, prompt_mask, row_prompt, active, key, *rest)
         # Explicit axes: each input takes its spec (the weights' all-gather) before the map.
         args = tuple(

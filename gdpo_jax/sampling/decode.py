@@ -64,7 +64,7 @@ from jax.sharding import PartitionSpec as P
 from gdpo_jax.backend import effective_backend
 from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.models.kvcache import KVCache
-from gdpo_jax.sampling.filters import sample_tokens, stop_sequence_hit
+from gdpo_jax.sampling.filters import row_keys, sample_tokens, stop_sequence_hit
 from gdpo_jax.sharding import BATCH_AXES, batch_axes, constrain, is_explicit
 from gdpo_jax.sharding import batch_axis_size as batch_shards
 
@@ -198,12 +198,16 @@ def make_generate_fn(
         padded, >= 1 token each; prefilled once each.
       row_prompt i32[B]: the prompt of each of the B rows (G-fold expansion).
       active bool[B]: False for batch-padding rows (finished from the start).
-      key: PRNG key; step t samples with ``fold_in(key, t)``.
+      key: PRNG key; row r samples its t-th token with
+        ``row_keys(key, first_row + r, t)`` (filters.py): its id and step only.
       temperature f32[], top_p f32[]: traced, changing them does not recompile.
       eos_ids i32[E], stop_ids i32[S1]: finish with "eos" / "stop".
       stop_seqs i32[S2, L]: right-aligned token sequences, -1 padded on the left.
       row_limit i32[B]: per-row token budget (<= M); a row reaching it ends
         with finish "length".
+      first_row i32[] (optional, 0): the id of row 0; the call's rows are rows
+        first_row.. of a larger batch (the Sampler's chunks), whose draws then
+        equal one call's over the whole batch.
 
     Returns a dict: tokens i32[B, M], logprobs f32[B, M] (tempered, unfiltered),
     finish i32[B] (0 length, 1 eos, 2 stop), lengths i32[B] (tokens incl. the
@@ -275,6 +279,7 @@ def make_generate_fn(
         stop_ids,
         stop_seqs,
         row_limit,
+        first_row=0,
     ) -> dict[str, jax.Array]:
         if on_trace is not None:
             on_trace()
@@ -329,12 +334,13 @@ def make_generate_fn(
             layer_params = model.layer_params(fuse=spec.layers == "fused")
         top_p_arg = top_p if spec.use_top_p else None
         win = max(int(stop_seqs.shape[1]), 1)
+        row_ids = place(first_row + jnp.arange(batch, dtype=jnp.int32))
 
         def body(c):
             t = c["t"]
             tok, lp = sample_tokens(
                 c["logits"],
-                jax.random.fold_in(key, t),
+                key if spec.greedy else row_keys(key, row_ids, t),
                 temperature,
                 top_p_arg,
                 top_k=spec.top_k,

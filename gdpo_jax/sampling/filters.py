@@ -88,14 +88,32 @@ def top_k_candidates(
     return w, ids.astype(jnp.int32)
 
 
+def row_keys(key: jax.Array, rows: jax.Array, t: jax.Array | int) -> jax.Array:
+    """Per-row PRNG keys [B]: ``fold_in(fold_in(key, row), t)`` for rows i32[B]
+    (each row's id) at step t (a scalar, or i32[B], each row's own step).
+
+    A row's draws then depend on its id and step only: not on the batch it
+    ran in, its position there, the mesh, or (continuous batching) its lane.
+    """
+    t = jnp.asarray(t, jnp.int32)
+    return jax.vmap(
+        lambda r, s: jax.random.fold_in(jax.random.fold_in(key, r), s),
+        in_axes=(0, 0 if t.ndim else None),
+    )(rows, t)
+
+
 def inverse_cdf_sample(key: jax.Array, weights: jax.Array) -> jax.Array:
     """i32[B]: index drawn with probability weights / sum (one uniform per row).
 
+    key: one PRNG key (a [B] draw), or one key per row ([B], e.g. `row_keys`).
     Never returns a zero-weight index (the chosen index is where the CDF rises).
     """
     cdf = jnp.cumsum(weights, axis=-1)
     total = cdf[:, -1:]
-    u = jax.random.uniform(key, total.shape, jnp.float32) * total
+    if key.shape:
+        u = jax.vmap(lambda k: jax.random.uniform(k, (1,), jnp.float32))(key) * total
+    else:
+        u = jax.random.uniform(key, total.shape, jnp.float32) * total
     idx = jnp.sum(cdf <= u, axis=-1)
     last = jnp.sum(cdf < total, axis=-1)  # first index reaching the total (weight > 0)
     return jnp.minimum(idx, last).astype(jnp.int32)
@@ -114,7 +132,7 @@ def sample_tokens(
 
     Args:
       logits: f[B, V] next-token logits (any float dtype; computed in f32).
-      key: PRNG key for this step (unused when greedy).
+      key: PRNG key for this step, or one per row ([B], `row_keys`); unused when greedy.
       temperature: f32[] > 0. Also used for the log-probs when greedy.
       top_p: f32[] or None (off; a static choice).
       top_k: static; 0 = off.

@@ -195,6 +195,7 @@ class Sampler:
         key: jax.Array,
         chat_template: bool = True,
         max_new_tokens_per_row: Sequence[int] | None = None,
+        first_row: int = 0,
     ) -> Rollouts:
         """Samples ``num_generations`` completions for every prompt (rows grouped:
         row r answers prompt r // G). Deterministic given key (and the mesh-
@@ -211,6 +212,10 @@ class Sampler:
         max_new_tokens_per_row: optional budget of each of the len(prompts) * G
         rows (<= params.max_new_tokens); a row reaching it finishes "length"
         (e.g. to benchmark a given length distribution).
+        first_row: the id of this call's first row; a row's random stream is its
+        id's (``filters.row_keys``), so calls over consecutive chunks of a batch,
+        each passing the rows before it (``info["batch_rows"]`` summed), sample
+        what one call over the whole batch does (one process, no batch padding).
         """
         g = int(num_generations)
         if g < 1:
@@ -271,6 +276,7 @@ class Sampler:
             np.asarray(params.stop_token_ids, np.int32).reshape(-1),
             self._stop_sequences(params.stop_strings),
             self._row_limit(max_new_tokens_per_row, n, n_local_pad, params.max_new_tokens),
+            np.int32(first_row),
         )
         traces = self.num_traces
         lo = block * n_local_pad

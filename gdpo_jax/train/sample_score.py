@@ -64,10 +64,12 @@ def _generate_chunked(
 
     Bounds the rows one decode holds (KV cache: k and v, L x rows x Hkv x S x Dh each) so a
     paper-size rollout batch (e.g. 8192 rows x 8000 tokens) fits. One chunk
-    (prompts_per_call 0 or >= len(prompts)) is a single call with `key`, so
-    results equal an unchunked run; with several chunks, chunk c uses fold_in(key, c). With
-    several processes every process passes the same number of prompts, hence
-    makes the same number of (collective) calls.
+    (prompts_per_call 0 or >= len(prompts)) is a single call. Every chunk uses
+    `key`, and its rows' ids (their random streams) continue the previous
+    chunks' (`Sampler.generate(first_row=...)`), so the chunks sample what one
+    call would (in one process without batch padding; otherwise still distinct
+    streams). With several processes every process passes the same number of
+    prompts, hence makes the same number of (collective) calls.
     Returns the Rollouts fields concatenated over chunks (group ids offset to
     index `prompts`), with "prompt_ids"/"prompt_mask" as lists of per-chunk
     arrays (each chunk has its own prompt bucket width).
@@ -75,12 +77,17 @@ def _generate_chunked(
     n = len(prompts)
     per = n if prompts_per_call <= 0 else min(int(prompts_per_call), n)
     chunks = [(i, prompts[i : i + per]) for i in range(0, n, per)] if n else [(0, [])]
-    outs = []
-    for c, (start, part) in enumerate(chunks):
-        k = key if len(chunks) == 1 else jax.random.fold_in(key, c)
+    outs, first_row = [], 0
+    for start, part in chunks:
         ro = sampler.generate(
-            part, params, num_generations=group_size, key=k, chat_template=chat_template
+            part,
+            params,
+            num_generations=group_size,
+            key=key,
+            chat_template=chat_template,
+            first_row=first_row,
         )
+        first_row += int(ro.info["batch_rows"])
         outs.append((start, ro))
         if on_chunk is not None:
             on_chunk(start, ro)

@@ -148,8 +148,8 @@ def base_config() -> mlc.ConfigDict:
     # batch at once. Bounds the KV cache of one decode at paper scale.
     c.sampling.rows_per_call = 0
     # > 0: continuous batching with this many decode slots per batch shard (a row
-    # that finishes hands its slot to a waiting row of its shard). Greedy
-    # rows equal the static decode's; sampled rows use a per-row key stream.
+    # that finishes hands its slot to a waiting row of its shard). Greedy and
+    # sampled rows equal the static decode's (per-row key streams).
     c.sampling.continuous_slots = 0
     # How the decode loop runs the layers: "auto" (fused on CPU in f32, else the
     # scan), "scan", "unrolled" or "fused"; same tokens (docs/sampling.md).
