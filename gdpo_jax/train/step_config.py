@@ -80,9 +80,9 @@ class StepConfig:
         U, M = self.num_minibatches, self.num_microbatches
         grouped = G > 0 and rows == self.num_groups * G
         mini = G if grouped and self.num_groups % (S * U) == 0 else 1
-        micro = G if mini > 1 and self.num_groups % (S * U * M) == 0 else 1
+        why = share_prompt_blocker(self.num_groups, U * M, S)  # the micro-batch rule
+        micro = G if mini > 1 and not why else 1
         if self.share_prompt and micro == 1:
-            why = share_prompt_blocker(self.num_groups, U * M, S)
             raise ValueError(
                 f"StepConfig(share_prompt=True): {rows} rows, {self.num_groups} groups of "
                 f"{G}: {why or 'rows != groups x group_size'}; "
