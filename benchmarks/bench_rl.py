@@ -375,12 +375,17 @@ def run(quick: bool = False, rounds: int | None = None, model: str = "tiny") -> 
     """Both frameworks at beta 0 and 0.04. Returns a JSON-able dict of results.
 
     rounds: per framework and beta (default ROUNDS; 1 with quick). model: a SHAPES key."""
-    import jax
-
     shape = SHAPES[model]
     warmup, iters = (1, 1) if quick else (2, 5) if model == "tiny" else (1, 3)
     rounds = rounds or (1 if quick else ROUNDS)
-    ckpt = make_checkpoint(tempfile.mkdtemp(prefix="bench_ckpt_"), shape)
+    with tempfile.TemporaryDirectory(prefix="bench_ckpt_") as tmp:
+        return _measure(make_checkpoint(tmp, shape), shape, model, warmup, iters, rounds)
+
+
+def _measure(ckpt: str, shape: Shape, model: str, warmup: int, iters: int, rounds: int) -> dict:
+    """`run` on a written checkpoint."""
+    import jax
+
     device = common.torch_device()  # TRL on CUDA where our side runs on a GPU
     peak = {"jax": matmul_peak("jax"), "torch": matmul_peak("torch", device=device)}
     out: dict[str, Any] = {

@@ -5,10 +5,11 @@ vocab 2048) is written with transformers to a temp dir and loaded by both
 sides (ours through gdpo_jax.models.load_pretrained). Batch: 8 prompts of 24
 tokens x G = 8 generations = 64 rows; every row generates exactly
 max_new_tokens (EOS off on our side, min_new_tokens on transformers' side).
-Greedy and sampled (temperature 1, no top-k/top-p), timed interleaved on the
-same cores; transformers (PyTorch CPU) runs at its default thread count and
-single-threaded, and the faster counts (on an oversubscribed machine OpenMP
-spin-waiting can make the default 30x slower). Ours is timed end to end
+Greedy, sampled (temperature 1, no top-k/top-p) and top-k 50 (transformers'
+default sampling filter), timed interleaved on the same cores; transformers
+(PyTorch CPU) runs at its default thread count and single-threaded, and the
+faster counts (on an oversubscribed machine OpenMP spin-waiting can make the
+default 30x slower). Ours is timed end to end
 (token-id prompts in, NumPy Rollouts with log-probs out), after one compiling
 call whose time is reported apart. Greedy rows are also checked against
 transformers' tokens (same checkpoint, same maths).
@@ -55,6 +56,9 @@ HF_CONFIG = dict(
 )
 # SmolLM2-135M's architecture (bench_model's config), random init; pad 0 as the tiny one's.
 SMOLLM2_HF_CONFIG = {**SMOLLM2_135M.to_hf(), "pad_token_id": 0}
+# Decoding modes: name -> top-k (0 = off). Temperature 1 and top-p 1 throughout.
+MODES = {"greedy": 0, "sampled": 0, "top-k 50": 50}
+
 # model name -> (HF config, prompts, generations per prompt, prompt tokens, new tokens)
 MODELS = {
     "tiny": (HF_CONFIG, 8, 8, 24, 128),
@@ -96,8 +100,8 @@ def run(quick: bool = False, model_name: str = "tiny") -> dict:
 
     results, greedy_tokens = [], {}
     default_threads = torch.get_num_threads()
-    for mode in ("greedy", "sampled"):
-        params = SamplingParams(max_new_tokens=max_new, greedy=mode == "greedy")
+    for mode in MODES:
+        params = SamplingParams(max_new_tokens=max_new, greedy=mode == "greedy", top_k=MODES[mode])
         calls = iter(range(10**6))
 
         # This iteration's mode / params / calls are bound as defaults (the closures
@@ -120,9 +124,9 @@ def run(quick: bool = False, model_name: str = "tiny") -> dict:
                     attention_mask=torch.ones_like(hf_ids),
                     max_new_tokens=max_new,
                     min_new_tokens=max_new,
-                    do_sample=mode == "sampled",
+                    do_sample=mode != "greedy",
                     temperature=1.0,
-                    top_k=0,
+                    top_k=MODES[mode],
                     top_p=1.0,
                     pad_token_id=0,
                 )

@@ -276,9 +276,9 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
         row[f"rl_iter_b{beta}"] = r["speedup_iter"] if r else None
         row[f"rl_step_b{beta}"] = r["speedup_step"] if r else None
     sampler = res("bench_sampler")
-    for mode in ("greedy", "sampled"):
+    for mode, key in (("greedy", "greedy"), ("sampled", "sampled"), ("top-k 50", "top_k")):
         r = [x for x in (sampler or {}).get("results", []) if x.get("mode") == mode]
-        row[f"sampler_{mode}"] = r[0]["speedup"] if r else None
+        row[f"sampler_{key}"] = r[0]["speedup"] if r else None
     adv = res("bench_advantages")
     r = [x for x in (adv or {}).get("results", []) if x.get("estimator") == "gdpo"]
     row["advantages_gdpo"] = r[0]["speedup"] if r else None
@@ -292,6 +292,7 @@ HEADLINE_COLUMNS = {
     "rl_step_b0.04": "step vs TRL's, beta 0.04",
     "sampler_greedy": "sampler vs generate(), greedy",
     "sampler_sampled": "sampler vs generate(), sampled",
+    "sampler_top_k": "sampler vs generate(), top-k 50",
     "advantages_gdpo": "GDPO advantages vs NumPy",
 }
 

@@ -158,8 +158,12 @@ def test_run_all_main_writes_latest_with_peak(fake_benchmarks, tmp_path, monkeyp
 
 
 # ---------------------------------------------------------- one table per machine kind
-def _fake_report(cpu: str, cores: int, iter0: float, sampler_greedy: float) -> dict:
-    """A full-run report shaped like run_all's, with hand-set ratios."""
+def _fake_report(
+    cpu: str, cores: int, iter0: float, sampler_greedy: float, top_k: bool = True
+) -> dict:
+    """A full-run report shaped like run_all's, with hand-set ratios (top_k: whether
+    bench_sampler had its top-k mode, which runs before 2026-11-27 lack)."""
+    top = [{"mode": "top-k 50", "speedup": sampler_greedy + 1.0}] if top_k else []
     rl = {
         f"beta={b}": {"speedup_iter": iter0 + d, "speedup_step": 1.0 + d}
         for b, d in (("0.0", 0.0), ("0.04", 0.1))
@@ -178,6 +182,7 @@ def _fake_report(cpu: str, cores: int, iter0: float, sampler_greedy: float) -> d
                         {"mode": "greedy", "speedup": sampler_greedy},
                         {"mode": "sampled", "speedup": sampler_greedy + 0.5},
                     ]
+                    + top
                 },
             },
             "bench_advantages": {"status": "error", "error": "boom"},
@@ -198,7 +203,8 @@ def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypat
     monkeypatch.setattr(run_all, "report_to_markdown", lambda r: "stub")
     out = tmp_path / "bench"
     run_all.write_report(_fake_report("AMD EPYC", 2, 1.7, 2.1), str(out))
-    run_all.write_report(_fake_report("Intel(R) Xeon(R) CPU @ 2.20GHz", 2, 0.8, 1.3), str(out))
+    xeon = _fake_report("Intel(R) Xeon(R) CPU @ 2.20GHz", 2, 0.8, 1.3, top_k=False)
+    run_all.write_report(xeon, str(out))
     # A later full run of a kind replaces its row; a quick run never does.
     run_all.write_report(_fake_report("AMD EPYC", 2, 1.5, 2.0), str(out))
     run_all.write_report(dict(_fake_report("AMD EPYC", 2, 9.0, 9.0), quick=True), str(out))
@@ -213,9 +219,13 @@ def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypat
     assert run_all.ratio_range(rows, "rl_iter_b0.0") == (0.8, 1.5)
     assert run_all.ratio_range(rows, "sampler_sampled") == (1.8, 2.5)
     assert run_all.ratio_range(rows, "advantages_gdpo") is None
+    # A mode one machine's run lacks: its cell is empty, the range counts one machine.
+    assert rows[1]["sampler_top_k"] is None
+    assert run_all.ratio_range(rows, "sampler_top_k") == (3.0, 3.0)
     text = (out / "summary.md").read_text()
     assert "| amd-epyc-2c | AMD EPYC | 2 |" in text
     assert "| RL iteration vs TRL, beta 0 | 0.80x | 1.50x | 2 |" in text
+    assert "| sampler vs generate(), top-k 50 | 3.00x | 3.00x | 1 |" in text
 
 
 def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
@@ -294,10 +304,12 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     monkeypatch.setattr(
         bench_rl, "bench_trl_clean_env", fake("trl", [[10.0, 10.0, 10.0], [20.0, 30.0, 40.0]])
     )
-    monkeypatch.setattr(bench_rl, "make_checkpoint", lambda d, shape=None: d)
+    ckpts: list[str] = []
+    monkeypatch.setattr(bench_rl, "make_checkpoint", lambda d, shape=None: ckpts.append(d) or d)
     monkeypatch.setattr(bench_rl, "matmul_peak", lambda fw, device="cpu": 1e11)
     monkeypatch.setattr(bench_rl, "ROUNDS", 2)
     res = bench_rl.run(quick=False)
+    assert len(ckpts) == 1 and not os.path.exists(ckpts[0])  # the checkpoint is removed
     # Round 0: ours then TRL; round 1: TRL then ours; per beta.
     order = [n for n, b in calls if b == 0.0]
     assert order == ["ours", "trl", "trl", "ours"]

@@ -15,7 +15,7 @@ def test_bench_sampler_runs_both_sides_and_greedy_rows_match_transformers(monkey
     monkeypatch.setitem(bench_sampler.MODELS, "tiny", (bench_sampler.HF_CONFIG, 2, 2, 8, 8))
     res = bench_sampler.run(quick=True, model_name="tiny")
     assert res["hf_device"] == "cpu" and res["model_name"] == "tiny"
-    assert [r["mode"] for r in res["results"]] == ["greedy", "sampled"]
+    assert [r["mode"] for r in res["results"]] == ["greedy", "sampled", "top-k 50"]
     for r in res["results"]:
         assert r["rows"] == 4 and r["new_tokens"] == 4
         assert r["ours_s"] > 0 and r["hf_s"] > 0 and r["hf_1_thread_s"] is not None

@@ -78,12 +78,15 @@ def kernel_env(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch):
+def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch, tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
     for k, v in kernel_env.items():
         monkeypatch.setenv(k, v)
+    # The notebooks keep their results in tempfile.mkdtemp() folders for the user to
+    # open; under test those go to pytest's tmp_path, which pytest prunes.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     nb = nbformat.read(path, as_version=4)
     # First, prove the kernel is this interpreter (not whatever "python3" resolves to).
     nb.cells.insert(
