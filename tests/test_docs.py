@@ -1043,3 +1043,45 @@ def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
     limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
     lo, hi = min(call.values()), max(call.values())
     assert f"were {lo:.2f}-{hi:.2f}x as fast as the copies" in limits
+
+
+def test_token_choice_table_and_prose_are_the_committed_run() -> None:
+    """docs/benchmarks.md's token-choice table renders the committed run, and the
+    ranges its prose quotes are that table's."""
+    import json
+
+    from benchmarks import bench_token_choice
+
+    res = json.loads(
+        (ROOT / "docs" / "benchmarks" / "token_choice_amd-epyc-avx512-2c.json").read_text()
+    )
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    table = bench_token_choice.format_table(res).split("\n\n", 1)[1]
+    assert table in doc, (
+        "docs/benchmarks.md's token-choice table: python -m benchmarks.bench_token_choice "
+        "--out docs/benchmarks/token_choice_amd-epyc-avx512-2c.json"
+    )
+    rows = res["results"]
+
+    def span(pred) -> str:
+        x = [r["speedup"] for r in rows if pred(r)]
+        return f"{min(x):.2f}x-{max(x):.2f}x"
+
+    def top_p(logits: str | None, big: bool) -> str:
+        return span(
+            lambda r: (
+                r["mode"] == "top-p 0.95"
+                and (r["vocab"] > 2048) == big
+                and logits in (None, r["logits"])
+            )
+        )
+
+    flat = " ".join(doc.split("## Choosing a token", 1)[1].split("\n## ", 1)[0].split())
+    for figure in (
+        f"top-k 50 {span(lambda r: r['mode'] == 'top-k 50')} faster",
+        f"plain sampling {span(lambda r: r['mode'] == 'sampled')}",
+        f"peaked logits {top_p('peaked', True)}",
+        f"flat ones {top_p('flat', True)}",
+        f"at 2,048 tokens {top_p(None, False)}",
+    ):
+        assert figure in flat, f"docs/benchmarks.md's token-choice prose should say {figure!r}"

@@ -17,7 +17,13 @@ from jax.sharding import PartitionSpec as P
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.sharding import abstract_model, create_model
 from gdpo_jax.sampling import Sampler, SamplingParams, bucket_length, nucleus_mask, top_k_candidates
-from gdpo_jax.sampling.filters import inverse_cdf_sample, sample_tokens
+from gdpo_jax.sampling.filters import (
+    CDF_BLOCK,
+    NUCLEUS_CANDIDATES,
+    inverse_cdf_sample,
+    row_keys,
+    sample_tokens,
+)
 
 M = 10  # max_new_tokens shared by most tests (one compilation per config)
 PROMPTS = ["w6 w7 w8 w9 w10", "w11", [{"role": "user", "content": "w12 w13"}]]
@@ -157,6 +163,9 @@ def test_nucleus_mask_matches_sorting_reference():
     rng = np.random.default_rng(0)
     lg = rng.normal(size=(16, 300)).astype(np.float32) * rng.uniform(0.5, 5, (16, 1))
     lg[0, :5] = 2.0  # ties
+    lg[1, 10:80] = 30.0  # 70 tied maxima: more than the candidates, all in the nucleus
+    lg[2, :] = 0.0  # flat: the nucleus is nearly everything
+    sizes = set()
     for top_p in (0.3, 0.9, 0.99):
         got = np.asarray(nucleus_mask(jnp.asarray(lg), top_p))
         p = np.exp(lg - lg.max(-1, keepdims=True))
@@ -166,15 +175,22 @@ def test_nucleus_mask_matches_sorting_reference():
         # float rounding of the masses may only flip tokens right at the boundary
         unsure = np.abs(mass_above - top_p) < 1e-5
         np.testing.assert_array_equal(got[~unsure], want[~unsure])
+        # A row's mask is its own: the same alone as in the batch.
+        for r in (0, 1, 2, 7):
+            alone = np.asarray(nucleus_mask(jnp.asarray(lg[r : r + 1]), top_p))[0]
+            np.testing.assert_array_equal(alone, got[r])
+        sizes |= set(want.sum(-1).tolist())
+    # Both ways were taken: nuclei within the 64 candidates and beyond them.
+    assert min(sizes) < NUCLEUS_CANDIDATES < max(sizes)
 
 
-@pytest.mark.parametrize("top_p", [None, 0.9])
-def test_top_k_compiles_to_a_top_k_not_a_vocabulary_sort(top_p):
+@pytest.mark.parametrize("top_k,top_p", [(50, None), (50, 0.9), (0, 0.9)])
+def test_top_k_compiles_to_a_top_k_not_a_vocabulary_sort(top_k, top_p):
     """A top-k sampling step holds no full-vocabulary sort. Slicing top_k's output
     (the shift by its first value) once made XLA:CPU lower top_k to a sort of all
     [B, V] logits: 20x slower, 4.4x the whole decode of the tiny benchmark model."""
     z = jnp.zeros((8, 512))
-    f = jax.jit(lambda z, k: sample_tokens(z, k, 1.0, top_p, top_k=50))
+    f = jax.jit(lambda z, k: sample_tokens(z, k, 1.0, top_p, top_k=top_k))
     hlo = f.lower(z, jax.random.key(0)).compile().as_text()
     sorts = [line.strip() for line in hlo.splitlines() if " sort(" in line]
     assert not sorts, sorts
@@ -194,6 +210,45 @@ def test_inverse_cdf_sampling_frequencies():
     freq = np.bincount(idx, minlength=6) / idx.size
     assert freq[[0, 2, 5]].sum() == 0  # zero weights never drawn
     np.testing.assert_allclose(freq, [0, 0.5, 0, 0.3, 0.2, 0], atol=0.03)
+
+
+@pytest.mark.parametrize("v", [3 * CDF_BLOCK + 37, 7 * 128])  # padded; 128-wide blocks
+def test_inverse_cdf_picks_where_one_running_sum_passes_u(v):
+    """The two-level running sums (blocks, then within one) choose the index a single
+    cumsum does: a NumPy searchsorted on the same uniforms, across block edges."""
+    rng = np.random.default_rng(0)
+    rows = 64
+    w = rng.integers(0, 4, size=(rows, v)).astype(np.float32)  # integer sums are exact
+    w[:5, : 2 * CDF_BLOCK] = 0  # whole blocks without weight first
+    w[5] = 0
+    w[5, v - 1] = 1  # only the last index
+    w[6] = 0
+    w[6, 0] = 2  # only the first
+    w[7] = 0
+    w[7, CDF_BLOCK - 1 : CDF_BLOCK + 1] = 1  # the two sides of a block edge
+    keys = row_keys(jax.random.key(3), jnp.arange(rows), 0)
+    got = np.asarray(inverse_cdf_sample(keys, jnp.asarray(w)))
+    u = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (1,), jnp.float32))(keys))[:, 0]
+    cdf = np.cumsum(w, axis=-1)
+    x = u * cdf[:, -1]  # f32, as the sampler scales it
+    want = np.array([np.searchsorted(cdf[r], x[r], side="right") for r in range(rows)])
+    np.testing.assert_array_equal(got, want)
+    assert (w[np.arange(rows), got] > 0).all()
+    assert got[5] == v - 1 and got[6] == 0 and got[7] in (CDF_BLOCK - 1, CDF_BLOCK)
+
+
+@pytest.mark.parametrize("u", [0.0, float(np.nextafter(np.float32(1), np.float32(0)))])
+def test_inverse_cdf_extreme_uniforms_land_on_weight(monkeypatch, u):
+    """jax.random.uniform returns 0 about once in 2^23 draws: the first index with
+    weight must be chosen then (not a zero-weight one before it), and the last one
+    for the largest uniform below 1, with zero-weight blocks on both sides."""
+    w = np.zeros((2, 4 * CDF_BLOCK), np.float32)
+    w[0, CDF_BLOCK + 3] = w[0, 2 * CDF_BLOCK + 5] = 1.0
+    w[1, 2 * CDF_BLOCK - 1] = w[1, 2 * CDF_BLOCK] = 0.5
+    monkeypatch.setattr(jax.random, "uniform", lambda key, shape, dtype: jnp.full(shape, u, dtype))
+    got = np.asarray(inverse_cdf_sample(jax.random.key(0), jnp.asarray(w)))
+    want = [CDF_BLOCK + 3, 2 * CDF_BLOCK - 1] if u == 0 else [2 * CDF_BLOCK + 5, 2 * CDF_BLOCK]
+    assert got.tolist() == want
 
 
 @pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.6)])

@@ -35,34 +35,56 @@ def _sortable_key(x: jax.Array) -> jax.Array:
     return jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
 
 
+# How many of the most likely tokens `nucleus_mask` tries before bisecting.
+NUCLEUS_CANDIDATES = 64
+
+
 def nucleus_mask(z: jax.Array, top_p: jax.Array | float) -> jax.Array:
     """bool[B, V]: tokens whose strictly-more-likely mass is < top_p.
 
-    Exact without sorting: bisection over the 2^32 ordered f32 values of the
-    threshold (32 masked sums over the vocabulary).
+    Exact without sorting the vocabulary. A row whose nucleus lies among its
+    `NUCLEUS_CANDIDATES` most likely tokens (`jax.lax.top_k`, a partial selection)
+    takes its threshold from them; any other row bisects over the 2^32 ordered f32
+    values of the threshold (up to 32 masked sums over the vocabulary, only while
+    some row still needs them). Either way a row's mask depends on its own logits
+    only. At T 0.6 an LLM's nucleus is a few tokens; at [64, 49152] on XLA:CPU the
+    bisection alone cost 40 ms per sampling step.
 
     Args:
       z: f32[B, V] tempered logits (any shift).
       top_p: f32[] in (0, 1].
     """
     z = z - jnp.max(z, axis=-1, keepdims=True)
-    p = jnp.exp(z)
-    target = top_p * jnp.sum(p, axis=-1)
-    kz = _sortable_key(z)
-    # Invariant: mass(z > lo) >= target > mass(z > hi); the threshold token t
-    # (the least likely kept one) satisfies lo < key(t) <= hi.
-    lo = jnp.min(kz, axis=-1) - 1
-    hi = jnp.max(kz, axis=-1)
+    return _nucleus_of(z, jnp.exp(z), top_p)
 
-    def body(_, c):
+
+def _nucleus_of(z: jax.Array, p: jax.Array, top_p: jax.Array | float) -> jax.Array:
+    """`nucleus_mask` of z f32[B, V] with max 0 and p = exp(z)."""
+    target = top_p * jnp.sum(p, axis=-1)
+    k = min(NUCLEUS_CANDIDATES, z.shape[-1])
+    vals, _ = jax.lax.top_k(z, k)  # reductions only: a slice of it lowers to a sort
+    pv = jnp.exp(vals)
+    # Mass of the tokens strictly more likely than each candidate: all of them are
+    # candidates (any other token is at most as likely as the least likely one).
+    above = jnp.sum(jnp.where(vals[:, None, :] > vals[:, :, None], pv[:, None, :], 0.0), -1)
+    kept = above < target[:, None]  # [B, k]
+    # A candidate left out (or every token a candidate): the threshold, the least
+    # likely kept token, is a candidate. Otherwise it is below all of them.
+    found = ~jnp.all(kept, axis=-1) | (k == z.shape[-1])
+    hi = _sortable_key(jnp.min(jnp.where(kept, vals, jnp.inf), axis=-1))
+    # Invariant: mass(z > lo) >= target > mass(z > hi); the threshold token t
+    # satisfies lo < key(t) <= hi, so hi = lo + 1 is the answer.
+    lo = jnp.where(found, hi - 1, _sortable_key(jnp.float32(-jnp.inf)) - 1)
+
+    def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         lo, hi = c
-        mid = lo + (hi - lo) // 2
-        mass = jnp.sum(jnp.where(kz > mid[:, None], p, 0.0), axis=-1)
+        mid = lo + (hi - lo) // 2  # a settled row (hi = lo + 1) stays as it is
+        mass = jnp.sum(jnp.where(_sortable_key(z) > mid[:, None], p, 0.0), axis=-1)
         ok = mass < target
         return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
 
-    _, hi = jax.lax.fori_loop(0, 32, body, (lo, hi))
-    return kz >= hi[:, None]
+    _, hi = jax.lax.while_loop(lambda c: jnp.any(c[1] - c[0] > 1), body, (lo, hi))
+    return _sortable_key(z) >= hi[:, None]
 
 
 def top_k_candidates(
@@ -104,21 +126,57 @@ def row_keys(key: jax.Array, rows: jax.Array, t: jax.Array | int) -> jax.Array:
     )(rows, t)
 
 
+# Widest block `inverse_cdf_sample` sums first. A cumsum over the whole vocabulary
+# costs 15 ms per step at [64, 49152] on XLA:CPU; block sums, a cumsum over the
+# blocks and one over the chosen block cost 0.3 ms.
+CDF_BLOCK = 256
+
+
+def _cdf_block(v: int) -> int:
+    """The block width for a vocabulary of v: the largest power of two <= CDF_BLOCK
+    dividing v, or CDF_BLOCK (the weights then padded) when that is under 32. Padding
+    [64, 151936] weights made XLA:CPU's block sums 20x slower than the plain sum."""
+    width = CDF_BLOCK
+    while v % width:
+        width //= 2
+    return width if width >= 32 else CDF_BLOCK
+
+
 def inverse_cdf_sample(key: jax.Array, weights: jax.Array) -> jax.Array:
     """i32[B]: index drawn with probability weights / sum (one uniform per row).
 
-    key: one PRNG key (a [B] draw), or one key per row ([B], e.g. `row_keys`).
-    Never returns a zero-weight index (the chosen index is where the CDF rises).
+    The index is the first whose running sum exceeds u * total, u ~ U[0, 1).
+    Running sums are taken in two levels: over blocks of weights (`_cdf_block`), then
+    within the block u falls in (the same index as one cumsum, up to f32 rounding
+    of the sums, and far cheaper: see `CDF_BLOCK`).
+
+    Args:
+      key: one PRNG key (a [B] draw), or one key per row ([B], e.g. `row_keys`).
+      weights: f32[B, V] >= 0, each row with a positive sum.
+
+    Never returns a zero-weight index (the chosen index is where a running sum rises).
     """
-    cdf = jnp.cumsum(weights, axis=-1)
-    total = cdf[:, -1:]
+    rows, v = weights.shape
+    width = _cdf_block(v)
+    nb = -(-v // width)
+    w = weights if nb * width == v else jnp.pad(weights, ((0, 0), (0, nb * width - v)))
+    w = w.reshape(rows, nb, width)
+    block_cdf = jnp.cumsum(jnp.sum(w, axis=-1), axis=-1)  # [B, nb], nondecreasing
+    total = jnp.max(block_cdf, axis=-1, keepdims=True)
     if key.shape:
         u = jax.vmap(lambda k: jax.random.uniform(k, (1,), jnp.float32))(key) * total
     else:
         u = jax.random.uniform(key, total.shape, jnp.float32) * total
-    idx = jnp.sum(cdf <= u, axis=-1)
-    last = jnp.sum(cdf < total, axis=-1)  # first index reaching the total (weight > 0)
-    return jnp.minimum(idx, last).astype(jnp.int32)
+    # The block: first whose running sum exceeds u, at most the last with weight.
+    last_block = jnp.sum(block_cdf < total, axis=-1)
+    b = jnp.minimum(jnp.sum(block_cdf <= u, axis=-1), last_block)
+    before = jnp.take_along_axis(block_cdf, jnp.maximum(b - 1, 0)[:, None], axis=-1)[:, 0]
+    rest = u[:, 0] - jnp.where(b > 0, before, 0.0)  # >= 0: before <= u
+    # Within it: the same rule; rounding may put `rest` past the block's own sum.
+    cdf = jnp.cumsum(jnp.take_along_axis(w, b[:, None, None], axis=1)[:, 0], axis=-1)
+    last = jnp.sum(cdf < jnp.max(cdf, axis=-1, keepdims=True), axis=-1)
+    idx = jnp.minimum(jnp.sum(cdf <= rest[:, None], axis=-1), last)
+    return (b * width + idx).astype(jnp.int32)
 
 
 def sample_tokens(
@@ -156,7 +214,7 @@ def sample_tokens(
         tokens = jnp.take_along_axis(ids, j[:, None], axis=-1)[:, 0]
     else:
         if top_p is not None:
-            p = jnp.where(nucleus_mask(z, top_p), p, 0.0)
+            p = jnp.where(_nucleus_of(z, p, top_p), p, 0.0)
         tokens = inverse_cdf_sample(key, p)
     logp = jnp.take_along_axis(z, tokens[:, None], axis=-1)[:, 0] - log_total
     return tokens, logp
