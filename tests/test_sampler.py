@@ -186,9 +186,9 @@ def test_nucleus_mask_matches_sorting_reference():
 
 @pytest.mark.parametrize("top_k,top_p", [(50, None), (50, 0.9), (0, 0.9)])
 def test_top_k_compiles_to_a_top_k_not_a_vocabulary_sort(top_k, top_p):
-    """A top-k sampling step holds no full-vocabulary sort. Slicing top_k's output
-    (the shift by its first value) once made XLA:CPU lower top_k to a sort of all
-    [B, V] logits: 20x slower, 4.4x the whole decode of the tiny benchmark model."""
+    """A top-k or top-p sampling step holds no full-vocabulary sort. Slicing top_k's
+    output (the shift by its first value) once made XLA:CPU lower top_k to a sort of
+    all [B, V] logits: 20x slower, 4.4x the whole decode of the tiny benchmark model."""
     z = jnp.zeros((8, 512))
     f = jax.jit(lambda z, k: sample_tokens(z, k, 1.0, top_p, top_k=top_k))
     hlo = f.lower(z, jax.random.key(0)).compile().as_text()
@@ -459,10 +459,11 @@ def test_sharded_equals_unsharded(sampler, tok):
 
 def test_sharded_shared_prompt_cache_equals_unsharded_copies(tok):
     """4 prompts x G=2 = 8 rows fill the 4 batch shards (no padding): the
-    prompts' cache is shared across a prompt's rows and sharded by prompt."""
+    prompts' cache is shared across a prompt's rows and sharded by prompt. Top-p
+    on: the nucleus's candidates and its batch-wide bisection loop run sharded."""
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
     prompts = ["w6 w7 w8", "w9", "w10 w11 w12 w13", "w14 w15"]
-    params = SamplingParams(max_new_tokens=M, temperature=0.8)
+    params = SamplingParams(max_new_tokens=M, temperature=0.8, top_p=0.9)
     sharded = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=())
     plain = Sampler(_make_model(), tok, eos_token_ids=(), share_prompt_cache=False)
     a = plain.generate(prompts, params, num_generations=2, key=jax.random.key(6))
