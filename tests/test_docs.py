@@ -1085,3 +1085,5 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
         f"at 2,048 tokens {top_p(None, False)}",
     ):
         assert figure in flat, f"docs/benchmarks.md's token-choice prose should say {figure!r}"
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    assert f"save ({top_p(None, False)} on CPU" in limits
