@@ -2,8 +2,10 @@
 
 64 rows of next-token logits at three vocabulary sizes: 2,048 (bench_sampler's model),
 49,152 (SmolLM2) and 151,936 (the paper's Qwen models); two synthetic logit shapes:
-"flat" (N(0, 3^2), like a random-init model: a 0.95 nucleus of thousands of tokens) and
-"peaked" (N(0, 8^2): a nucleus of at most a few dozen, as a trained model's at T 0.6).
+"flat" (N(0, 3^2), like a random-init model: a 0.95 nucleus of thousands of tokens),
+"peaked" (N(0, 8^2): a nucleus of at most a few dozen, as a trained model's at T 0.6) and
+"mixed" (peaked, but one row in 32 flat: a few rows whose nucleus lies beyond top-p's
+candidates, as in a trained model's batches).
 Modes: plain sampling, top-p 0.95 and top-k 50, each against the form the sampler used
 before 2026-11-27, written here as the reference: one cumsum over the vocabulary for the
 inverse CDF, 32 bisection steps for every top-p row, and top-k shifted by a slice of
@@ -29,7 +31,7 @@ from gdpo_jax.sampling.filters import _sortable_key, row_keys, sample_tokens
 
 ROWS = 64
 VOCABS = (2048, 49152, 151936)
-SCALES = {"flat": 3.0, "peaked": 8.0}
+SHAPES = ("flat", "peaked", "mixed")
 MODES = {"sampled": (0, None), "top-p 0.95": (0, 0.95), "top-k 50": (50, None)}
 DEFAULT_OUT = "runs/bench/token_choice.json"
 
@@ -79,6 +81,15 @@ def reference_sample_tokens(
 
 
 # --------------------------------------------------------------------------- #
+def synthetic_logits(shape: str, rows: int, vocab: int) -> jax.Array:
+    """f32[rows, vocab] logits of one of `SHAPES`."""
+    z = jax.random.normal(jax.random.key(1), (rows, vocab), jnp.float32)
+    if shape == "flat":
+        return z * 3.0
+    z = z * 8.0
+    return z.at[::32].multiply(3.0 / 8.0) if shape == "mixed" else z
+
+
 def _loop(choose: Callable[..., tuple[jax.Array, jax.Array]], steps: int) -> Callable:
     """jit(z, key) -> (first step's tokens, logp sum): `steps` choices in a fori_loop."""
 
@@ -101,8 +112,8 @@ def run(quick: bool = False) -> dict[str, Any]:
     key = jax.random.key(0)
     rows_out = []
     for v in vocabs:
-        for shape, scale in SCALES.items():
-            z = jax.random.normal(jax.random.key(1), (ROWS, v), jnp.float32) * scale
+        for shape in SHAPES:
+            z = synthetic_logits(shape, ROWS, v)
             for mode, (top_k, top_p) in MODES.items():
                 ours = _loop(
                     lambda z, k, tk=top_k, tp=top_p: sample_tokens(z, k, 1.0, tp, top_k=tk), steps

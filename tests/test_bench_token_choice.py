@@ -8,7 +8,7 @@ from benchmarks import bench_token_choice
 def test_bench_token_choice_matches_the_replaced_forms() -> None:
     res = bench_token_choice.run(quick=True)
     got = {(r["logits"], r["mode"]) for r in res["results"]}
-    assert got == {(s, m) for s in bench_token_choice.SCALES for m in bench_token_choice.MODES}
+    assert got == {(s, m) for s in bench_token_choice.SHAPES for m in bench_token_choice.MODES}
     for r in res["results"]:
         assert r["vocab"] == 2048 and r["ours_ms"] > 0 and r["reference_ms"] > 0
         # The two-level inverse CDF, the candidate nucleus and the unsliced top-k pick

@@ -1081,6 +1081,7 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
         f"top-k 50 {span(lambda r: r['mode'] == 'top-k 50')} faster",
         f"plain sampling {span(lambda r: r['mode'] == 'sampled')}",
         f"peaked logits {top_p('peaked', True)}",
+        f"mixed ones {top_p('mixed', True)}",
         f"flat ones {top_p('flat', True)}",
         f"at 2,048 tokens {top_p(None, False)}",
     ):

@@ -17,8 +17,12 @@ A token is in the nucleus iff the mass of the strictly more likely tokens is
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+
+from gdpo_jax.sharding import is_explicit
 
 
 def first_argmax(x: jax.Array) -> jax.Array:
@@ -35,20 +39,27 @@ def _sortable_key(x: jax.Array) -> jax.Array:
     return jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
 
 
-# How many of the most likely tokens `nucleus_mask` tries before bisecting.
+# How many of the most likely tokens `nucleus_mask` tries before bisecting, by
+# backend. XLA:GPU's TopK kernel takes k <= 16: a larger k lowers to a cub sort of
+# the whole [B, V] there (seen compiling for an H100). XLA:CPU and TPU select any k.
 NUCLEUS_CANDIDATES = 64
+NUCLEUS_CANDIDATES_GPU = 16
+# Rows the bisection works on at a time. The rows whose nucleus lies beyond their
+# candidates are gathered first (a few per batch at T 0.6), so that one such row
+# does not make the whole batch bisect.
+BISECT_ROWS = 8
 
 
 def nucleus_mask(z: jax.Array, top_p: jax.Array | float) -> jax.Array:
     """bool[B, V]: tokens whose strictly-more-likely mass is < top_p.
 
     Exact without sorting the vocabulary. A row whose nucleus lies among its
-    `NUCLEUS_CANDIDATES` most likely tokens (`jax.lax.top_k`, a partial selection)
-    takes its threshold from them; any other row bisects over the 2^32 ordered f32
-    values of the threshold (up to 32 masked sums over the vocabulary, only while
-    some row still needs them). Either way a row's mask depends on its own logits
-    only. At T 0.6 an LLM's nucleus is a few tokens; at [64, 49152] on XLA:CPU the
-    bisection alone cost 40 ms per sampling step.
+    `NUCLEUS_CANDIDATES` most likely tokens (`jax.lax.top_k`, a partial selection;
+    `NUCLEUS_CANDIDATES_GPU` on GPU) takes its threshold from them. Other rows,
+    `BISECT_ROWS` at a time, bisect over the 2^32 ordered f32 values of the
+    threshold (up to 32 masked sums over the vocabulary). Either way a row's mask
+    depends on its own logits only. At T 0.6 an LLM's nucleus is a few tokens; at
+    [64, 49152] on XLA:CPU bisecting every row cost 40 ms per sampling step.
 
     Args:
       z: f32[B, V] tempered logits (any shift).
@@ -61,7 +72,21 @@ def nucleus_mask(z: jax.Array, top_p: jax.Array | float) -> jax.Array:
 def _nucleus_of(z: jax.Array, p: jax.Array, top_p: jax.Array | float) -> jax.Array:
     """`nucleus_mask` of z f32[B, V] with max 0 and p = exp(z)."""
     target = top_p * jnp.sum(p, axis=-1)
-    k = min(NUCLEUS_CANDIDATES, z.shape[-1])
+    gpu = functools.partial(_nucleus_from_candidates, k=NUCLEUS_CANDIDATES_GPU)
+    return jax.lax.platform_dependent(
+        z,
+        p,
+        target,
+        cuda=gpu,
+        rocm=gpu,
+        default=functools.partial(_nucleus_from_candidates, k=NUCLEUS_CANDIDATES),
+    )
+
+
+def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array, *, k: int) -> jax.Array:
+    """The nucleus mask bool[B, V] of z f32[B, V] (max 0), p = exp(z), target f32[B]
+    (top_p * sum p), from the k most likely tokens where they hold it."""
+    k = min(k, z.shape[-1])
     vals, _ = jax.lax.top_k(z, k)  # reductions only: a slice of it lowers to a sort
     pv = jnp.exp(vals)
     # Mass of the tokens strictly more likely than each candidate: all of them are
@@ -75,6 +100,14 @@ def _nucleus_of(z: jax.Array, p: jax.Array, top_p: jax.Array | float) -> jax.Arr
     # Invariant: mass(z > lo) >= target > mass(z > hi); the threshold token t
     # satisfies lo < key(t) <= hi, so hi = lo + 1 is the answer.
     lo = jnp.where(found, hi - 1, _sortable_key(jnp.float32(-jnp.inf)) - 1)
+    return _sortable_key(z) >= _bisect_rows(z, p, target, lo, hi)[:, None]
+
+
+def _bisect(
+    z: jax.Array, p: jax.Array, target: jax.Array, lo: jax.Array, hi: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Bisects every row of z, p f32[R, V] until hi = lo + 1 (i32[R] keys, the
+    invariant above); runs only while some row is unsettled."""
 
     def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         lo, hi = c
@@ -83,8 +116,33 @@ def _nucleus_of(z: jax.Array, p: jax.Array, top_p: jax.Array | float) -> jax.Arr
         ok = mass < target
         return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
 
-    _, hi = jax.lax.while_loop(lambda c: jnp.any(c[1] - c[0] > 1), body, (lo, hi))
-    return _sortable_key(z) >= hi[:, None]
+    return jax.lax.while_loop(lambda c: jnp.any(c[1] - c[0] > 1), body, (lo, hi))
+
+
+def _bisect_rows(
+    z: jax.Array, p: jax.Array, target: jax.Array, lo: jax.Array, hi: jax.Array
+) -> jax.Array:
+    """The settled hi i32[B] of `_bisect`, which runs on `BISECT_ROWS` gathered rows
+    at a time: the first unsettled ones, padded with settled rows (fixed points)."""
+    if z.shape[0] <= BISECT_ROWS:
+        return _bisect(z, p, target, lo, hi)[1]
+
+    def settle(
+        z: jax.Array, p: jax.Array, target: jax.Array, lo: jax.Array, hi: jax.Array
+    ) -> jax.Array:
+        def chunk(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            lo, hi = c
+            rows = jnp.argsort(hi - lo <= 1, stable=True)[:BISECT_ROWS]  # unsettled first
+            lo_r, hi_r = _bisect(z[rows], p[rows], target[rows], lo[rows], hi[rows])
+            return lo.at[rows].set(lo_r), hi.at[rows].set(hi_r)
+
+        return jax.lax.while_loop(lambda c: jnp.any(c[1] - c[0] > 1), chunk, (lo, hi))[1]
+
+    if is_explicit(jax.sharding.get_abstract_mesh()):
+        # Explicit axes: the chosen rows may come from any batch shard (a sort and a
+        # gather across the row-sharded batch); GSPMD places them.
+        settle = jax.sharding.auto_axes(settle, out_sharding=jax.typeof(hi).sharding)
+    return settle(z, p, target, lo, hi)
 
 
 def top_k_candidates(
