@@ -35,6 +35,12 @@ def main() -> None:
     result["sampler"] = run_sampler(
         jax.devices(), SAMPLER_PROMPTS[pid::nproc][0] if nproc > 1 else sum(SAMPLER_PROMPTS, [])
     )
+    # The trainer's chunked calls (sampling.rows_per_call): 4 prompts per process in
+    # calls of 2, each process numbering its rows from its place in the whole batch.
+    mine = CHUNKED_PROMPTS[4 * pid : 4 * pid + 4] if nproc > 1 else CHUNKED_PROMPTS
+    result["sampler_chunked"] = run_sampler(
+        jax.devices(), mine, prompts_per_call=2, first_row=4 * pid * 2 if nproc > 1 else 0
+    )
     result["loop"] = run_loop(workdir, num_devices=4)
     # Chunked generation: 16 rows in calls of 8 (1 prompt x G 4 per process per call).
     # Also a reward that fails on process 1 only (scored NaN): both report its failures.
@@ -98,11 +104,15 @@ def run_step(devices) -> dict:
 
 # Process 0 / process 1 prompts (unequal counts); one process samples all five.
 SAMPLER_PROMPTS = [[[7, 8, 9], [10], [11, 12]], [[13, 14, 15, 16], [17, 18]]]
+CHUNKED_PROMPTS = [[7 + i, 20 - i] if i % 2 else [9 + i] for i in range(8)]
 
 
-def run_sampler(devices, prompts) -> dict:
-    """Temperature-1 sampling on a (2, 2, 1) mesh; this process passes only `prompts`."""
+def run_sampler(devices, prompts, prompts_per_call: int = 0, first_row: int = 0) -> dict:
+    """Temperature-1 sampling on a (2, 2, 1) mesh; this process passes only `prompts`.
+    prompts_per_call > 0: through the trainer's chunked calls (`sample_and_score`),
+    this process's rows numbered from `first_row`."""
     import jax
+    import numpy as np
 
     from gdpo_jax.models.sharding import create_model
     from gdpo_jax.sampling import Sampler, SamplingParams
@@ -112,12 +122,29 @@ def run_sampler(devices, prompts) -> dict:
     mesh = mesh_lib.make_mesh((2, 2, 1), devices=devices)
     model = create_model(CFG, mesh=mesh, seed=1)
     sampler = Sampler(model, None, mesh=mesh, prompt_buckets=(8,))
-    ro = sampler.generate(
-        prompts,
-        SamplingParams(max_new_tokens=5, temperature=1.0),
-        num_generations=2,
-        key=jax.random.key(3),
-    )
+    params = SamplingParams(max_new_tokens=5, temperature=1.0)
+    if prompts_per_call:
+        from gdpo_jax.train.rollout import sample_and_score
+
+        out = sample_and_score(
+            [{"prompt": p} for p in prompts],
+            sampler=sampler,
+            runner=lambda prompts, completions, examples, **kw: (np.zeros((len(prompts), 1)), {}),
+            params=params,
+            group_size=2,
+            key=jax.random.key(3),
+            max_prompt_len=8,
+            pad_id=0,
+            chat_template=False,
+            prompts_per_call=prompts_per_call,
+            first_row=first_row,
+        )
+        return {
+            "tokens": out["completion_ids"].tolist(),
+            "logprobs": out["old_logp"].tolist(),
+            "calls": out["sample_calls"],
+        }
+    ro = sampler.generate(prompts, params, num_generations=2, key=jax.random.key(3))
     return {
         "tokens": ro.completion_ids.tolist(),
         "logprobs": ro.logprobs.tolist(),

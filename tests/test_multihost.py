@@ -108,6 +108,29 @@ def test_sampler_process_local_rows_match_one_process(two):
 
 
 @pytest.mark.slow
+def test_chunked_sampler_calls_over_two_processes_match_one_call(two):
+    """The trainer's chunked calls (4 prompts per process, 2 per call) sample what
+    one process's single call over all 8 prompts does: each process numbers its
+    rows from its place in the whole batch. Numbering them from each call's
+    global start gave process 0's second chunk the ids process 1's first holds."""
+    import jax
+
+    from tests._multihost_worker import CHUNKED_PROMPTS, run_sampler
+
+    one = run_sampler(jax.devices()[:4], CHUNKED_PROMPTS)
+    p0, p1 = two[0]["sampler_chunked"], two[1]["sampler_chunked"]
+    assert p0["calls"] == p1["calls"] == 2
+    np.testing.assert_array_equal(p0["tokens"] + p1["tokens"], one["tokens"])
+    np.testing.assert_allclose(
+        np.asarray(p0["logprobs"] + p1["logprobs"]),
+        np.asarray(one["logprobs"]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    assert len({tuple(t) for t in one["tokens"]}) > 8  # really sampled, not constant
+
+
+@pytest.mark.slow
 def test_rl_loop_two_processes_match_one(two, tmp_path):
     from tests._multihost_worker import run_loop
 

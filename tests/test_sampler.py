@@ -671,6 +671,35 @@ def test_chunks_with_their_first_row_sample_what_one_call_does(model, tok, slots
     assert (restarted.completion_ids != whole.completion_ids[2:]).any()
 
 
+@pytest.mark.parametrize("slots", [0, 2])
+def test_padded_chunks_on_a_mesh_sample_what_one_call_does(tok, slots):
+    """Chunks of 1 prompt x G=2 on 4 batch shards: each call pads 2 rows to 4. The
+    chunks' row ids count real rows only, so they equal one call over the 3 prompts
+    (6 rows, padded to 8). Numbering padding rows too gave the second chunk's rows
+    the ids 4 and 5 where the one call has 2 and 3."""
+    from gdpo_jax.train.rollout import sample_and_score
+
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
+    s = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=(), continuous_slots=slots)
+    records = [{"prompt": p} for p in ("w6 w7 w8", "w9", "w10 w11 w12 w13")]
+    kw = dict(
+        sampler=s,
+        runner=lambda prompts, completions, examples, **kw: (np.zeros((len(completions), 1)), {}),
+        params=SamplingParams(max_new_tokens=M, temperature=1.0),
+        group_size=2,
+        key=jax.random.key(8),
+        max_prompt_len=16,
+        pad_id=0,
+        chat_template=False,
+    )
+    one = sample_and_score(records, **kw)
+    chunked = sample_and_score(records, prompts_per_call=1, **kw)
+    assert chunked["sample_calls"] == 3
+    np.testing.assert_array_equal(chunked["completion_ids"], one["completion_ids"])
+    np.testing.assert_allclose(chunked["old_logp"], one["old_logp"], atol=1e-5)
+    assert len({tuple(r) for r in one["completion_ids"].tolist()}) == 6  # really sampled
+
+
 @pytest.mark.parametrize(
     "layers,slots,greedy",
     [("fused", 0, True), ("fused", 0, False), ("fused", 3, True), ("unrolled", 0, False)],

@@ -113,12 +113,12 @@ def make_continuous_generate_fn(
         stop_ids,
         stop_seqs,
         row_limit,
-        first_row=0,
+        row_ids=None,
         *,
         shard_offset=0,
     ) -> dict[str, jax.Array]:
-        """One device's decode; shard_offset: its first row's index in the call
-        (a row's id is first_row + that index: decode.make_generate_fn)."""
+        """One device's decode of its rows; row_ids i32[rows] their ids (random
+        streams: decode.make_generate_fn), by default shard_offset + their index."""
         if on_trace is not None:
             on_trace()
         if spec.layers != "scan":  # weights copied once, in the compute dtype (decode.py)
@@ -128,6 +128,7 @@ def make_continuous_generate_fn(
         n_rows = row_prompt.shape[0]
         lanes = min(int(slots), n_rows)
         n_active = jnp.sum(active.astype(jnp.int32))  # active rows come first
+        ids = shard_offset + jnp.arange(n_rows, dtype=jnp.int32) if row_ids is None else row_ids
         prompt_mask = prompt_mask.astype(jnp.int32)
         positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
         hidden, pcache = model(
@@ -252,7 +253,7 @@ def make_continuous_generate_fn(
                     c["logits"], key, temperature, top_p_arg, top_k=spec.top_k, greedy=True
                 )
             else:  # each lane's row draws from its own stream (as the static decode's)
-                keys = row_keys(key, first_row + shard_offset + row, t)
+                keys = row_keys(key, ids[row], t)
                 tok, lp = sample_tokens(
                     c["logits"], keys, temperature, top_p_arg, top_k=spec.top_k, greedy=False
                 )
@@ -366,8 +367,8 @@ def _sharded(generate: Callable, mesh: jax.sharding.Mesh, group: int) -> Callabl
 
     def sharded(state, prompt_ids, prompt_mask, row_prompt, active, key, *rest):
         # rest: temperature, top_p, eos_ids, stop_ids, stop_seqs (whole), row_limit
-        # (rows), and first_row (whole) when given
-        specs = (rep, rep, rep, rows, rows, rep) + (rep,) * 5 + (rows,) + (rep,) * (len(rest) - 6)
+        # and row_ids (rows) when given
+        specs = (rep, rep, rep, rows, rows, rep) + (rep,) * 5 + (rows,) * (len(rest) - 5)
         args = (state, prompt_ids, prompt_mask, row_prompt, active, key, *rest)
         # Explicit axes: each input takes its spec (the weights' all-gather) before the map.
         args = tuple(

@@ -199,15 +199,15 @@ def make_generate_fn(
       row_prompt i32[B]: the prompt of each of the B rows (G-fold expansion).
       active bool[B]: False for batch-padding rows (finished from the start).
       key: PRNG key; row r samples its t-th token with
-        ``row_keys(key, first_row + r, t)`` (filters.py): its id and step only.
+        ``row_keys(key, row_ids[r], t)`` (filters.py): its id and step only.
       temperature f32[], top_p f32[]: traced, changing them does not recompile.
       eos_ids i32[E], stop_ids i32[S1]: finish with "eos" / "stop".
       stop_seqs i32[S2, L]: right-aligned token sequences, -1 padded on the left.
       row_limit i32[B]: per-row token budget (<= M); a row reaching it ends
         with finish "length".
-      first_row i32[] (optional, 0): the id of row 0; the call's rows are rows
-        first_row.. of a larger batch (the Sampler's chunks), whose draws then
-        equal one call's over the whole batch.
+      row_ids i32[B] (optional, 0..B-1): each row's id, its random stream. The
+        Sampler numbers a call's rows by their place in the whole batch (its
+        chunks, its processes), so their draws equal one call's over that batch.
 
     Returns a dict: tokens i32[B, M], logprobs f32[B, M] (tempered, unfiltered),
     finish i32[B] (0 length, 1 eos, 2 stop), lengths i32[B] (tokens incl. the
@@ -279,7 +279,7 @@ def make_generate_fn(
         stop_ids,
         stop_seqs,
         row_limit,
-        first_row=0,
+        row_ids=None,
     ) -> dict[str, jax.Array]:
         if on_trace is not None:
             on_trace()
@@ -334,7 +334,7 @@ def make_generate_fn(
             layer_params = model.layer_params(fuse=spec.layers == "fused")
         top_p_arg = top_p if spec.use_top_p else None
         win = max(int(stop_seqs.shape[1]), 1)
-        row_ids = place(first_row + jnp.arange(batch, dtype=jnp.int32))
+        row_ids = place(jnp.arange(batch, dtype=jnp.int32) if row_ids is None else row_ids)
 
         def body(c):
             t = c["t"]

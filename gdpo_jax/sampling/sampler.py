@@ -195,7 +195,7 @@ class Sampler:
         key: jax.Array,
         chat_template: bool = True,
         max_new_tokens_per_row: Sequence[int] | None = None,
-        first_row: int = 0,
+        first_row: int | None = None,
     ) -> Rollouts:
         """Samples ``num_generations`` completions for every prompt (rows grouped:
         row r answers prompt r // G). Deterministic given key (and the mesh-
@@ -212,10 +212,14 @@ class Sampler:
         max_new_tokens_per_row: optional budget of each of the len(prompts) * G
         rows (<= params.max_new_tokens); a row reaching it finishes "length"
         (e.g. to benchmark a given length distribution).
-        first_row: the id of this call's first row; a row's random stream is its
-        id's (``filters.row_keys``), so calls over consecutive chunks of a batch,
-        each passing the rows before it (``info["batch_rows"]`` summed), sample
-        what one call over the whole batch does (one process, no batch padding).
+        first_row: the id of this process's first row in this call; its row j has
+        id first_row + j, and a row's random stream is its id's
+        (``filters.row_keys``). Default: the rows the processes before this one
+        pass (mesh block order; 0 in one process), so a call equals one over the
+        processes' concatenated prompts. Calls over chunks of a larger batch, each
+        process passing the place of its rows there (the trainer's
+        ``sampling.rows_per_call``), sample what one call over the whole batch does,
+        whatever the chunking, the process count or the batch padding.
         """
         g = int(num_generations)
         if g < 1:
@@ -257,6 +261,9 @@ class Sampler:
         local_row = np.minimum(np.arange(n_local_pad), max(n - 1, 0)) // g
         row_prompt = (block * u_max + local_row).astype(np.int32)
         active = np.arange(n_local_pad) < n
+        if first_row is None:  # the real rows of the blocks before this one
+            first_row = int(facts[facts[:, 0] < block, 1].sum()) * g
+        row_ids = (first_row + np.arange(n_local_pad)).astype(np.int32)  # padding rows too
 
         share = self.share_prompt_cache and not self.continuous_slots
         group = decode.shared_prompt_group(share, n_local_pad, u_max, g)
@@ -276,7 +283,7 @@ class Sampler:
             np.asarray(params.stop_token_ids, np.int32).reshape(-1),
             self._stop_sequences(params.stop_strings),
             self._row_limit(max_new_tokens_per_row, n, n_local_pad, params.max_new_tokens),
-            np.int32(first_row),
+            row_ids,
         )
         traces = self.num_traces
         lo = block * n_local_pad
@@ -287,7 +294,7 @@ class Sampler:
         else:
             args = tuple(
                 hostio.to_global_rows(a, self.mesh, axes, nblocks)
-                if i in (2, 3, 10)  # row_prompt, active, row_limit
+                if i in (2, 3, 10, 11)  # row_prompt, active, row_limit, row_ids
                 else hostio.replicate_key(a, self.mesh)
                 if i == 4
                 else hostio.to_global_replicated(a, self.mesh)

@@ -126,7 +126,7 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
     args: the call's inputs as ShapeDtypeStructs (after `model_state`, which is
     passed through): prompt_ids / prompt_mask i32[U, P], row_prompt i32[B],
     active bool[B], key, temperature f32[], top_p f32[], eos_ids i32[1],
-    stop_ids i32[0], stop_seqs i32[0, 1], row_limit i32[B], first_row i32[]
+    stop_ids i32[0], stop_seqs i32[0, 1], row_limit i32[B], row_ids i32[B]
     (``decode.make_generate_fn``).
     """
     from gdpo_jax.sampling import decode
@@ -182,7 +182,7 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
         _sds((0,), jnp.int32, rep),
         _sds((0, 1), jnp.int32, rep),
         _sds((b,), jnp.int32, rows_sh),  # row_limit: per-row token budgets
-        _sds((), jnp.int32, rep),  # first_row: the call's first row id
+        _sds((b,), jnp.int32, rows_sh),  # row_ids: each row's id (random stream)
     )
 
     return fn, args, b, spec, call_mesh

@@ -91,7 +91,7 @@ def _generate_inputs(cfg, args, rows: int, vocab: int, seed: int) -> tuple:
     (eos -1 is never sampled: every row decodes to the cap, the planned worst case)."""
     rng = np.random.default_rng(seed)
     g = int(cfg.algo.group_size)
-    ids_sds, mask_sds, row_prompt, active, key, temp, top_p, eos, stop, seqs, limit, first = args
+    ids_sds, mask_sds, row_prompt, active, key, temp, top_p, eos, stop, seqs, limit, row_ids = args
     b = row_prompt.shape[0]
 
     def put(x, sds):
@@ -110,7 +110,7 @@ def _generate_inputs(cfg, args, rows: int, vocab: int, seed: int) -> tuple:
         put(np.zeros(stop.shape), stop),
         put(np.zeros(seqs.shape), seqs),
         put(np.full((b,), int(cfg.sampling.max_new_tokens)), limit),
-        put(0, first),
+        put(np.arange(b), row_ids),
     )
 
 

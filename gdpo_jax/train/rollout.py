@@ -119,7 +119,11 @@ def collect_batch(
     while True:
         records = stream.take(num_prompts)
         out = sample_and_score(
-            records, group_size=group_size, key=jax.random.fold_in(key, tries), **kw
+            records,
+            group_size=group_size,
+            key=jax.random.fold_in(key, tries),
+            first_row=group_offset * group_size,  # rows numbered as in one process
+            **kw,
         )
         tries += 1
         sample_s += out["sample_s"]

@@ -56,6 +56,7 @@ def _generate_chunked(
     chat_template: bool,
     prompts_per_call: int,
     on_chunk: Callable[[int, Any], None] | None = None,
+    first_row: int | None = None,
 ) -> dict[str, Any]:
     """Sampler.generate over consecutive chunks of `prompts_per_call` prompts.
 
@@ -66,10 +67,12 @@ def _generate_chunked(
     paper-size rollout batch (e.g. 8192 rows x 8000 tokens) fits. One chunk
     (prompts_per_call 0 or >= len(prompts)) is a single call. Every chunk uses
     `key`, and its rows' ids (their random streams) continue the previous
-    chunks' (`Sampler.generate(first_row=...)`), so the chunks sample what one
-    call would (in one process without batch padding; otherwise still distinct
-    streams). With several processes every process passes the same number of
-    prompts, hence makes the same number of (collective) calls.
+    chunks' from first_row, this process's first row in the whole batch
+    (`Sampler.generate(first_row=...)`), so the chunks sample what one call over
+    the whole batch would, in any number of processes. first_row None: the
+    Sampler's default (one call, or one process). With several processes every
+    process passes the same number of prompts, hence makes the same number of
+    (collective) calls.
     Returns the Rollouts fields concatenated over chunks (group ids offset to
     index `prompts`), with "prompt_ids"/"prompt_mask" as lists of per-chunk
     arrays (each chunk has its own prompt bucket width).
@@ -77,7 +80,14 @@ def _generate_chunked(
     n = len(prompts)
     per = n if prompts_per_call <= 0 else min(int(prompts_per_call), n)
     chunks = [(i, prompts[i : i + per]) for i in range(0, n, per)] if n else [(0, [])]
-    outs, first_row = [], 0
+    if first_row is None and len(chunks) > 1:
+        if jax.process_count() > 1:  # each call's default would restart the ids
+            raise ValueError(
+                "chunked generation over several processes needs first_row, this "
+                "process's first row in the whole batch (e.g. its first prompt x group_size)."
+            )
+        first_row = 0
+    outs = []
     for start, part in chunks:
         ro = sampler.generate(
             part,
@@ -87,7 +97,8 @@ def _generate_chunked(
             chat_template=chat_template,
             first_row=first_row,
         )
-        first_row += int(ro.info["batch_rows"])
+        if first_row is not None:
+            first_row += len(part) * group_size  # real rows: batch padding takes no id
         outs.append((start, ro))
         if on_chunk is not None:
             on_chunk(start, ro)
@@ -120,11 +131,15 @@ def sample_and_score(
     prompts_per_call: int = 0,
     prompt_buckets: Sequence[int] = (),
     overlap_rewards: bool = False,
+    first_row: int | None = None,
 ) -> dict[str, Any]:
     """Generates G completions for each record and scores them. Host NumPy out.
 
     prompts_per_call: this process's prompts per Sampler.generate call (0 =
     all in one call).
+    first_row: the id of this process's first row in the whole batch (the
+    rows' random streams, `_generate_chunked`); needed for chunked calls over
+    several processes.
     overlap_rewards: score each chunk's rows on a background thread while the
     next chunk generates (slow rewards hide behind decoding); the runner is
     per row, so the rewards equal scoring all rows at once after the last
@@ -163,6 +178,7 @@ def sample_and_score(
             key=key,
             chat_template=chat_template,
             prompts_per_call=prompts_per_call,
+            first_row=first_row,
             on_chunk=(lambda start, r: futures.append(pool.submit(score, start, r)))
             if pool is not None
             else None,
