@@ -523,31 +523,41 @@ def test_sharded_continuous_batching_equals_one_device(tok, axis_type):
         assert b.info["decoded_tokens"] >= b.info["generated_tokens"]
 
 
+def _one_call_and_chunks(sampler, prompts, params, key, max_prompt_len):
+    """`sample_and_score` of G=2 rows per prompt, in one call and one prompt per call;
+    each row scores its completion's length."""
+    from gdpo_jax.train.rollout import sample_and_score
+
+    kw = dict(
+        sampler=sampler,
+        runner=lambda prompts, completions, examples, **kw: (
+            np.asarray([[len(c)] for c in completions], np.float32),
+            {},
+        ),
+        params=params,
+        group_size=2,
+        key=key,
+        max_prompt_len=max_prompt_len,
+        pad_id=0,
+        chat_template=False,
+    )
+    records = [{"prompt": p} for p in prompts]
+    return sample_and_score(records, **kw), sample_and_score(records, prompts_per_call=1, **kw)
+
+
 @pytest.mark.parametrize("greedy", [True, False])
 def test_chunked_rollouts_equal_one_call(sampler, greedy):
     # Chunking the sampler calls (train.rollout, sampling.rows_per_call) gives the
     # same batch: each row draws from its own stream (its id continues across
     # chunks), and each chunk is left padded to its own prompt bucket and
     # re-padded to max_prompt_len.
-    from gdpo_jax.train.rollout import sample_and_score
-
-    records = [{"prompt": p} for p in ("w6 w7 w8 w9 w10", "w11", "w12 w13", "w14 w15 w16")]
-    runner = lambda prompts, completions, examples, **kw: (  # noqa: E731
-        np.asarray([[len(c)] for c in completions], np.float32),
-        {},
+    one, chunked = _one_call_and_chunks(
+        sampler,
+        ("w6 w7 w8 w9 w10", "w11", "w12 w13", "w14 w15 w16"),
+        SamplingParams(max_new_tokens=M, greedy=greedy, temperature=1.0),
+        jax.random.key(0),
+        32,
     )
-    kw = dict(
-        sampler=sampler,
-        runner=runner,
-        params=SamplingParams(max_new_tokens=M, greedy=greedy, temperature=1.0),
-        group_size=2,
-        key=jax.random.key(0),
-        max_prompt_len=32,
-        pad_id=0,
-        chat_template=False,
-    )
-    one = sample_and_score(records, **kw)
-    chunked = sample_and_score(records, prompts_per_call=1, **kw)
     assert chunked["sample_calls"] == 4
     for k in (
         "prompt_ids",
@@ -677,23 +687,15 @@ def test_padded_chunks_on_a_mesh_sample_what_one_call_does(tok, slots):
     chunks' row ids count real rows only, so they equal one call over the 3 prompts
     (6 rows, padded to 8). Numbering padding rows too gave the second chunk's rows
     the ids 4 and 5 where the one call has 2 and 3."""
-    from gdpo_jax.train.rollout import sample_and_score
-
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
     s = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=(), continuous_slots=slots)
-    records = [{"prompt": p} for p in ("w6 w7 w8", "w9", "w10 w11 w12 w13")]
-    kw = dict(
-        sampler=s,
-        runner=lambda prompts, completions, examples, **kw: (np.zeros((len(completions), 1)), {}),
-        params=SamplingParams(max_new_tokens=M, temperature=1.0),
-        group_size=2,
-        key=jax.random.key(8),
-        max_prompt_len=16,
-        pad_id=0,
-        chat_template=False,
+    one, chunked = _one_call_and_chunks(
+        s,
+        ("w6 w7 w8", "w9", "w10 w11 w12 w13"),
+        SamplingParams(max_new_tokens=M, temperature=1.0),
+        jax.random.key(8),
+        16,
     )
-    one = sample_and_score(records, **kw)
-    chunked = sample_and_score(records, prompts_per_call=1, **kw)
     assert chunked["sample_calls"] == 3
     np.testing.assert_array_equal(chunked["completion_ids"], one["completion_ids"])
     np.testing.assert_allclose(chunked["old_logp"], one["old_logp"], atol=1e-5)
