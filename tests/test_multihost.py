@@ -25,9 +25,17 @@ def _free_port() -> int:
 def _launch(nproc: int, tmp_path) -> list[dict]:
     wd = str(tmp_path / "workdir")
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    # No persistent compilation cache: each worker runs XLA:CPU programs over 2 local
+    # devices, which can deadlock when loaded from it (gdpo_jax/compile_cache.py). Across
+    # processes nothing aborts: both workers waited in their collectives until the timeout.
+    drop = ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PYTHONPATH"] = ROOT
     outs = [str(tmp_path / f"p{nproc}_{i}.json") for i in range(nproc)]
+    # Each worker logs to its own file, not a pipe: a pipe read only after the other
+    # worker ends could fill up and block its writer inside a collective.
+    log_paths = [tmp_path / f"p{nproc}_{i}.log" for i in range(nproc)]
+    log_files = [open(path, "w") for path in log_paths]
     procs = [
         subprocess.Popen(
             [
@@ -42,23 +50,23 @@ def _launch(nproc: int, tmp_path) -> list[dict]:
             ],
             cwd=ROOT,
             env=env,
-            stdout=subprocess.PIPE,
+            stdout=log_files[i],
             stderr=subprocess.STDOUT,
-            text=True,
         )
         for i in range(nproc)
     ]
-    logs = []
     try:
         for p in procs:
             # Generous: a loaded CI machine runs the two processes several times slower.
-            logs.append(p.communicate(timeout=600)[0])
+            p.wait(timeout=600)
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
+        for f in log_files:
+            f.close()
+    for p, path in zip(procs, log_paths):
+        assert p.returncode == 0, path.read_text()[-3000:]
     return [json.load(open(o)) for o in outs]
 
 
