@@ -4,8 +4,9 @@
     python -m benchmarks.run_all --summary_only --out_dir docs/benchmarks
 
 Each benchmark is a module ``benchmarks/<name>.py`` exposing
-``run(quick: bool) -> dict``: advantages, model forward/backward, sampler vs
-transformers, RL iteration vs TRL, the code sandbox's cost per program. A
+``run(quick: bool) -> dict``: advantages, XLA's matmuls vs PyTorch's, model
+forward/backward, sampler vs transformers, RL iteration vs TRL, the code
+sandbox's and math-verify's cost. A
 module that does not exist yet is noted as "missing"; one that raises is noted
 as "error" with its traceback, and the others still run. By default each
 benchmark runs in its own Python process (``--isolate``), so one benchmark's
@@ -40,6 +41,7 @@ from benchmarks import common
 
 BENCHMARKS = (
     "bench_advantages",
+    "bench_matmul",
     "bench_model",
     "bench_sampler",
     "bench_rl",
@@ -282,6 +284,8 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
     adv = res("bench_advantages")
     r = [x for x in (adv or {}).get("results", []) if x.get("estimator") == "gdpo"]
     row["advantages_gdpo"] = r[0]["speedup"] if r else None
+    fams = (res("bench_matmul") or {}).get("families", {})
+    row["matmul_step"], row["matmul_decode"] = fams.get("step"), fams.get("decode")
     return row
 
 
@@ -294,6 +298,9 @@ HEADLINE_COLUMNS = {
     "sampler_sampled": "sampler vs generate(), sampled",
     "sampler_top_k": "sampler vs generate(), top-k 50",
     "advantages_gdpo": "GDPO advantages vs NumPy",
+    # Not a speed-up of ours: the matmul library's, which bounds the ratios above.
+    "matmul_step": "XLA matmuls vs PyTorch's, step shapes",
+    "matmul_decode": "XLA matmuls vs PyTorch's, decode shapes",
 }
 
 
@@ -322,7 +329,9 @@ def summary_markdown(machines_dir: str) -> str:
         "",
         "Written by `python -m benchmarks.run_all` from `machines/*.json` (one full run per "
         "machine kind, the latest). Ratios are the reference's seconds over ours: above 1, "
-        "ours is faster. Details per machine: `machines/<kind>.md`.",
+        "ours is faster. The two matmul columns are the matmul libraries' ratio alone "
+        "(bench_matmul: XLA's and PyTorch's products at the step's and the decode's shapes), "
+        "which bounds the step's and the sampler's. Details per machine: `machines/<kind>.md`.",
         "",
     ]
     table = [

@@ -158,11 +158,14 @@ def test_run_all_main_writes_latest_with_peak(fake_benchmarks, tmp_path, monkeyp
 
 
 # ---------------------------------------------------------- one table per machine kind
+MATMUL = {"step": 0.75, "decode": 1.25}  # bench_matmul's family ratios, hand-set
+
+
 def _fake_report(
     cpu: str, cores: int, iter0: float, sampler_greedy: float, top_k: bool = True
 ) -> dict:
     """A full-run report shaped like run_all's, with hand-set ratios (top_k: whether
-    bench_sampler had its top-k mode, which runs before 2026-11-27 lack)."""
+    bench_sampler had its top-k mode and bench_matmul ran, which older runs lack)."""
     top = [{"mode": "top-k 50", "speedup": sampler_greedy + 1.0}] if top_k else []
     rl = {
         f"beta={b}": {"speedup_iter": iter0 + d, "speedup_step": 1.0 + d}
@@ -186,7 +189,8 @@ def _fake_report(
                 },
             },
             "bench_advantages": {"status": "error", "error": "boom"},
-        },
+        }
+        | ({"bench_matmul": {"status": "ok", "result": {"families": MATMUL}}} if top_k else {}),
     }
 
 
@@ -226,6 +230,9 @@ def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypat
     assert "| amd-epyc-2c | AMD EPYC | 2 |" in text
     assert "| RL iteration vs TRL, beta 0 | 0.80x | 1.50x | 2 |" in text
     assert "| sampler vs generate(), top-k 50 | 3.00x | 3.00x | 1 |" in text
+    # bench_matmul's families (runs before 2026-11-28 lack it, as the Xeon one here).
+    assert rows[1]["matmul_step"] is None and rows[0]["matmul_decode"] == 1.25
+    assert "| XLA matmuls vs PyTorch's, step shapes | 0.75x | 0.75x | 1 |" in text
 
 
 def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):

@@ -710,6 +710,31 @@ def test_kernel_layout_table_is_the_committed_run() -> None:
     )
 
 
+def test_matmul_tables_are_the_machine_files_runs() -> None:
+    """Every bench_matmul table in benchmarks.md (between its markers, named by machine
+    kind) renders that kind's committed machine file, and the README's kernel ratios
+    are the Intel Xeon kind's family ratios."""
+    import json
+
+    from benchmarks import bench_matmul
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    found = re.findall(r"<!-- bench_matmul:(\S+) -->\n(.*?)\n<!-- /bench_matmul -->", doc, re.S)
+    assert found, "docs/benchmarks.md shows no bench_matmul table"
+    for kind, table in found:
+        run = json.loads((ROOT / "docs" / "benchmarks" / "machines" / f"{kind}.json").read_text())
+        res = run["benchmarks"]["bench_matmul"]["result"] | {"machine": run["machine"]}
+        assert table == bench_matmul.format_table(res), (
+            f"the {kind} bench_matmul table differs from machines/{kind}.json "
+            "(python -m benchmarks.run_all --out_dir docs/benchmarks)"
+        )
+    xeon = json.loads((ROOT / "docs/benchmarks/machines/intel-xeon-avx512-2c.json").read_text())
+    fams = xeon["benchmarks"]["bench_matmul"]["result"]["families"]
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"{fams['step']:.2f}x as fast as PyTorch's at the step's" in readme
+    assert f"{fams['decode']:.2f}x at the decode's" in readme
+
+
 def test_decode_forms_table_is_the_committed_run() -> None:
     import json
 

@@ -20,6 +20,7 @@ from gdpo_jax.sampling.filters import (
     NUCLEUS_CANDIDATES,
     NUCLEUS_CANDIDATES_GPU,
     nucleus_mask,
+    row_keys,
     sample_tokens,
 )
 from gdpo_jax.scale import targets as targets_lib
@@ -99,8 +100,7 @@ def test_sharded_rows_choose_as_on_one_device(axis_type):
     rows = jnp.arange(32, dtype=jnp.int32)
 
     def choose(z):
-        keys = jax.vmap(lambda r: jax.random.fold_in(key, r))(rows)
-        tok, lp = sample_tokens(z, keys, 0.7, TOP_P)
+        tok, lp = sample_tokens(z, row_keys(key, rows, 0), 0.7, TOP_P)
         return tok, lp, nucleus_mask(z, TOP_P)
 
     want = jax.jit(choose)(jnp.asarray(lg))

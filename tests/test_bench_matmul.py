@@ -1,0 +1,56 @@
+"""bench_matmul: its products follow the benchmarks' configs, both sides compute
+the same product, and a family's ratio is its summed times' ratio."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import bench_matmul, bench_rl, bench_sampler
+
+
+def test_products_are_the_step_and_decode_shapes() -> None:
+    rows = bench_matmul.products()
+    s = bench_rl.SHAPES["tiny"]
+    step = {r["product"]: r for r in rows if r["family"] == "step"}
+    tokens = s.prompts * s.generations * s.new_tokens // s.microbatches  # one micro-batch
+    assert (step["gate or up projection"]["m"], step["gate or up projection"]["n"]) == (
+        tokens,
+        s.inter,
+    )
+    assert step["unembedding"]["n"] == s.vocab
+    # The weight gradient contracts the micro-batch's tokens.
+    wg = step["weight gradient xᵀ @ dY (up)"]
+    assert (wg["m"], wg["k"], wg["n"]) == (s.hidden, tokens, s.inter)
+    assert step["input gradient dY @ Wᵀ (up)"]["rhs_t"]
+    dec = {r["product"]: r for r in rows if r["family"] == "decode"}
+    c = bench_sampler.HF_CONFIG
+    rows_decoded = bench_sampler.MODELS["tiny"][1] * bench_sampler.MODELS["tiny"][2]
+    assert {r["m"] for r in dec.values()} == {rows_decoded}
+    assert dec["gate/up fused"]["n"] == 2 * c["intermediate_size"]
+    assert dec["q/k/v fused"]["n"] == 8 * c["head_dim"]  # 4 q + 2 k + 2 v heads
+
+
+def test_quick_run_times_both_sides_of_the_same_product(monkeypatch) -> None:
+    small = [
+        dict(family="step", product="a", m=32, k=16, n=24, rhs_t=False),
+        dict(family="step", product="b", m=32, k=24, n=16, rhs_t=True),
+        dict(family="decode", product="c", m=8, k=16, n=40, rhs_t=False),
+    ]
+    monkeypatch.setattr(bench_matmul, "products", lambda: small)
+    res = bench_matmul.run(quick=True)
+    assert [r["product"] for r in res["results"]] == ["a", "b", "c"]
+    for r in res["results"]:
+        assert r["xla_ms"] > 0 and r["torch_ms"] > 0
+        assert r["max_rel_diff"] < 1e-5, r  # the transposed operand is read as such
+        assert r["ratio"] == pytest.approx(r["torch_ms"] / r["xla_ms"], rel=1e-2)
+    assert set(res["families"]) == {"step", "decode"}
+    assert "| step | b | 32 x 24 x 16 |" in bench_matmul.format_table(res)
+
+
+def test_family_ratio_is_summed_torch_over_summed_xla() -> None:
+    rows = [
+        {"family": "step", "xla_ms": 1.0, "torch_ms": 3.0},
+        {"family": "step", "xla_ms": 3.0, "torch_ms": 1.0},  # a mean of ratios would say 1.67x
+        {"family": "peak", "xla_ms": 2.0, "torch_ms": 1.0},
+    ]
+    assert bench_matmul.family_ratios(rows) == {"step": 1.0, "peak": 0.5}
