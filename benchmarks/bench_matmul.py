@@ -94,8 +94,9 @@ def _blocks(fns: list[Callable[[], Any]], calls: int, rounds: int) -> list[dict[
 
 
 def _time_product(p: dict[str, Any], a: np.ndarray, b: np.ndarray, reps: int) -> dict[str, Any]:
-    """One product on both sides, called in turn: best ms, GFLOP/s, their ratio and
-    the largest difference of the results (relative to the largest entry)."""
+    """One product on both sides, in blocks of calls taken in turn: best ms, GFLOP/s,
+    their ratio and the largest difference of the results (relative to the largest
+    entry)."""
     import jax
     import jax.numpy as jnp
     import torch
@@ -125,9 +126,14 @@ def _time_product(p: dict[str, Any], a: np.ndarray, b: np.ndarray, reps: int) ->
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    """Returns a JSON-able dict (used by benchmarks/run_all.py)."""
+    """Returns a JSON-able dict (used by benchmarks/run_all.py); on an accelerator
+    backend, a skip (the question is the CPU libraries': there PyTorch would run on
+    another device, or at another default f32 precision)."""
+    import jax
     import torch
 
+    if jax.default_backend() != "cpu":
+        return {"benchmark": "matmul", "skipped": f"CPU only ({jax.default_backend()})"}
     rs = np.random.RandomState(0)
     results = []
     for p in products():
@@ -157,6 +163,8 @@ def family_ratios(results: list[dict[str, Any]]) -> dict[str, float]:
 
 def format_table(res: dict[str, Any]) -> str:
     """The markdown table of a run (docs/benchmarks.md shows committed runs')."""
+    if "skipped" in res:
+        return f"bench_matmul skipped: {res['skipped']}."
     rows = [
         {
             "shapes of": r["family"],

@@ -54,3 +54,21 @@ def test_family_ratio_is_summed_torch_over_summed_xla() -> None:
         {"family": "peak", "xla_ms": 2.0, "torch_ms": 1.0},
     ]
     assert bench_matmul.family_ratios(rows) == {"step": 1.0, "peak": 0.5}
+
+
+def test_an_accelerator_backend_is_skipped_not_compared_with_cpu_torch(monkeypatch) -> None:
+    import jax
+
+    from benchmarks import run_all
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    res = bench_matmul.run(quick=True)
+    assert res["skipped"] == "CPU only (gpu)" and "results" not in res
+    assert bench_matmul.format_table(res) == "bench_matmul skipped: CPU only (gpu)."
+    report = {
+        "created": "2026-11-28T00:00:00Z",
+        "machine": {"cpu_model": "AMD EPYC", "cpu_usable": 2},
+        "benchmarks": {"bench_matmul": {"status": "ok", "result": res}},
+    }
+    row = run_all.headline(report)
+    assert row["matmul_step"] is None and row["matmul_decode"] is None
