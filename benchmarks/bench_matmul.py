@@ -26,7 +26,6 @@ product once), the figure run_all's summary shows per machine kind.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -76,21 +75,18 @@ def products() -> list[dict[str, Any]]:
     return rows
 
 
-def _blocks(fns: list[Callable[[], Any]], calls: int, rounds: int) -> list[dict[str, float]]:
-    """Best seconds of each function over `rounds` rounds of `calls` back-to-back
-    calls, the functions' blocks in turn. Blocks, not single calls in turn: after a
-    call, each framework's idle worker threads spin-wait (PyTorch's OpenMP, XLA's
-    pool) and slow the other framework's next call (interleaving single calls made
-    XLA's step-shape products up to 2x slower on the Intel Xeon kind)."""
+def _blocks(fns: list[Callable[[], Any]], calls: int, rounds: int) -> list[float]:
+    """Best seconds of each function over `rounds` blocks of `calls` back-to-back calls
+    (`common.time_fn`, one untimed call first), the functions' blocks in turn. Blocks,
+    not single calls in turn: after a call, each framework's idle worker threads
+    spin-wait (PyTorch's OpenMP, XLA's pool) and slow the other framework's next call
+    (interleaving single calls made XLA's step-shape products up to 2x slower on the
+    Intel Xeon kind); the untimed call lets them settle."""
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, fn in enumerate(fns):
-            fn()  # the other framework's threads settle during this untimed call
-            for _ in range(calls):
-                t0 = time.perf_counter()
-                fn()
-                best[i] = min(best[i], time.perf_counter() - t0)
-    return [{"best_s": b} for b in best]
+            best[i] = min(best[i], common.time_fn(fn, repeats=calls, warmup=1)["best_s"])
+    return best
 
 
 def _time_product(p: dict[str, Any], a: np.ndarray, b: np.ndarray, reps: int) -> dict[str, Any]:
@@ -116,11 +112,11 @@ def _time_product(p: dict[str, Any], a: np.ndarray, b: np.ndarray, reps: int) ->
     diff = float(np.abs(np.asarray(ours()) - want).max() / np.abs(want).max())
     flops = 2.0 * p["m"] * p["k"] * p["n"]
     return {
-        "xla_ms": t_xla["best_s"] * 1e3,
-        "torch_ms": t_torch["best_s"] * 1e3,
-        "xla_gflops": round(flops / t_xla["best_s"] / 1e9, 1),
-        "torch_gflops": round(flops / t_torch["best_s"] / 1e9, 1),
-        "ratio": round(t_torch["best_s"] / t_xla["best_s"], 3),
+        "xla_ms": t_xla * 1e3,
+        "torch_ms": t_torch * 1e3,
+        "xla_gflops": round(flops / t_xla / 1e9, 1),
+        "torch_gflops": round(flops / t_torch / 1e9, 1),
+        "ratio": round(t_torch / t_xla, 3),
         "max_rel_diff": diff,
     }
 
