@@ -401,7 +401,10 @@ def test_one_gpu_bf16_roofline_counts_the_fused_decodes_bf16_weights():
         c.sampling.decode_layers = layers
         plans[layers] = make_plan(c, targets_lib.parse_target("1xh100"))
     assert plans["auto"]["programs"]["generate"]["decode_layers"] == "fused"
-    assert "static decode, 32 rows per call, layers fused" in format_plan(plans["auto"])
+    assert plans["auto"]["programs"]["generate"]["decode_phases"] == 1  # 16 new tokens
+    assert "static decode, 32 rows per call, 1 phase (sampling.decode_phases), layers fused" in (
+        format_plan(plans["auto"])
+    )
     assert "layers scan (sampling.decode_layers)" in format_plan(plans["scan"])
     f32 = (n_matrix() + n_vector()) * 4  # hand count; the copy is half of it
     bf16 = f32 // 2
@@ -413,6 +416,40 @@ def test_one_gpu_bf16_roofline_counts_the_fused_decodes_bf16_weights():
     want = calls * ((f32 + bf16) + steps * (bf16 - f32)) / bw
     assert fused["decode"] - scan["decode"] == pytest.approx(want, rel=1e-9)
     assert fused["prefill"] - scan["prefill"] == pytest.approx(calls * (bf16 - f32) / bw)
+
+
+@needs_cuda
+def test_decode_phases_reach_the_compiled_sampler_and_one_phase_holds_fewer_temporaries():
+    """sampling.decode_phases is the run's Sampler's phase count, and the planner
+    compiles that decode: on XLA:GPU the phases' growth copies hold more
+    temporaries than one cache of all slots (about a quarter of the cache here)."""
+    import jax
+    from flax import nnx
+
+    from gdpo_jax.backend import target_backend
+    from gdpo_jax.scale.arch import model_config
+    from gdpo_jax.scale.lowering import _abstract_state, generate_program
+    from gdpo_jax.train import mesh as mesh_lib
+
+    target = targets_lib.parse_target("cuda:1x1x1:h100")
+    devices = targets_lib.target_devices(target)
+    mesh = mesh_lib.make_mesh((1, -1, 1), axis_types="explicit", devices=devices)  # as runs
+    temps, caches = {}, {}
+    for phases in (0, 1):  # 0: the Sampler's default, 4 phases of 64 tokens
+        c = tiny_config(num_prompts=64)  # 256 rows: a cache large beside the rest
+        c.model.tiny.update(num_layers=8, max_position_embeddings=512)
+        c.sampling.max_new_tokens = 256
+        c.sampling.decode_phases = phases
+        mc = model_config(c)
+        *_, full, _tx, _sched, _sc, model = _abstract_state(c, mc, mesh)
+        with target_backend(target.platform):  # the GPU's decode form (scan), as the planner
+            fn, args, rows, spec, _ = generate_program(c, nnx.graphdef(model), full, mesh, 256)
+            assert spec.chunks == ((64,) * 4 if phases == 0 else (256,))
+            with jax.set_mesh(mesh):
+                temps[phases] = fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
+        # The rows' own slots (the prompt's are shared: 16 slots per prompt), f32 k and v.
+        caches[phases] = 2 * 8 * HKV * DH * 4 * (rows * 256 + 64 * 16)
+    assert caches[0] < temps[1] < temps[0] - caches[0] // 8
 
 
 def test_search_halves_continuous_slots_first_for_the_sampler():
@@ -517,6 +554,29 @@ def test_oom_message_bytes():
     assert oom_bytes(msg) == int(30.31 * 2**30)
     assert oom_bytes("RESOURCE_EXHAUSTED: Used 120.5G of 95.74G hbm.") == int(120.5 * 2**30)
     assert oom_bytes("something else") == 0
+
+
+def test_search_offers_one_decode_phase_after_the_row_halvings():
+    from gdpo_jax.scale.search import candidates
+
+    c = tiny_config()
+    c.sampling.max_new_tokens = 128  # the Sampler's default: 4 phases
+    knobs = [k for k in candidates(c, "generate", 4) if "mesh.shape" not in k]
+    sampler = [k for k in knobs if any(path.startswith("sampling.") for path in k)]
+    assert sampler == [
+        *({"sampling.rows_per_call": n} for n in (16, 8, 4)),  # 32 rows, G = 4
+        {"sampling.decode_phases": 1},
+    ]
+    assert knobs[: len(sampler)] == sampler  # the sampler's knobs first when it binds
+    for one_phase in (
+        dict(decode_phases=1),  # already one
+        dict(max_new_tokens=32),  # the default is one phase
+        dict(continuous_slots=8),  # continuous batching has no phases
+    ):
+        c2 = tiny_config()
+        c2.sampling.max_new_tokens = 128
+        c2.sampling.update(one_phase)
+        assert {"sampling.decode_phases": 1} not in candidates(c2, "generate", 4)
 
 
 def test_search_offers_prompt_sharing_off_last_for_the_step():

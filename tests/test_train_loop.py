@@ -109,13 +109,17 @@ def test_incompatible_checkpoint_names_fields(uninterrupted):
 
 def test_rows_per_call_splits_generation(tmp_path):
     # 4 prompts x G 4 = 16 rows, 8 rows per sampler call -> 2 calls per step
-    # (and per held-out chunk); the run trains and evaluates as usual.
+    # (and per held-out chunk); the run trains and evaluates as usual. Its decode
+    # runs in sampling.decode_phases = 2 phases (6 new tokens: 1 by default).
     cfg = tiny_config(str(tmp_path / "chunked"))
     cfg.sampling.rows_per_call = 8
+    cfg.sampling.decode_phases = 2
     cfg.train.num_steps = 2
     cfg.train.eval_every = 2
     cfg.checkpoint.every = 0
-    train(cfg)
+    trainer = Trainer(cfg)
+    assert trainer.sampler.decode_chunks == 2
+    trainer.run()
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     assert [recs[s]["data/sample_calls"] for s in (1, 2)] == [2, 2]
     assert math.isfinite(recs[2]["loss"]) and "eval/test_short" in recs[2]

@@ -136,7 +136,8 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
     m = int(s.max_new_tokens)
     spec = decode.DecodeSpec(
         max_new_tokens=m,
-        chunks=decode.decode_chunks(m),  # the Sampler's default phases
+        # The run's Sampler's phases (sampling.decode_phases; 0 = its default).
+        chunks=decode.decode_chunks(m, int(s.get("decode_phases", 0)) or None),
         top_k=int(s.top_k),
         use_top_p=s.top_p < 1.0,
         greedy=False,

@@ -378,6 +378,8 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         )
         if name == "generate":
             r.update(rows_per_call=gen_rows, decode_layers=gen_spec.layers, **sampler)
+            if r.get("decode") != "continuous":  # continuous batching has no phases
+                r["decode_phases"] = len(gen_spec.chunks)
         if name == "logprob":
             r["runs_per_step"] = n_lp
         programs[name] = r

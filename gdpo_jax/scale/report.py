@@ -50,7 +50,11 @@ def format_plan(plan: dict) -> str:
             "temporaries"
         )
     elif gen:
-        lines.append(f"sampler: static decode, {gen['rows_per_call']} rows per call, {layers}")
+        phases = gen.get("decode_phases", "?")
+        lines.append(
+            f"sampler: static decode, {gen['rows_per_call']} rows per call, {phases} "
+            f"phase{'' if phases == 1 else 's'} (sampling.decode_phases), {layers}"
+        )
     if plan.get("attention_note"):
         lines.append(plan["attention_note"])
     return "\n".join(lines)

@@ -6,7 +6,10 @@ dearest, aimed at the program that does not fit:
 
   generate  sampling.continuous_slots halved (continuous batching: fewer lanes
             per batch shard, each holding a prompt copy and P + M slots);
-            sampling.rows_per_call halved (more, smaller sampler calls)
+            sampling.rows_per_call halved (more, smaller sampler calls);
+            sampling.decode_phases=1 (static decode: one cache of all slots from
+            the start, no growth copy between phases; every step then reads the
+            empty slots too, which for long completions costs more than more calls)
   step      model.remat on; algo.logprob_chunk_size on / halved;
             algo.num_microbatches doubled (fewer rows per device at a time);
             algo.share_prompt off (per-row rows hold no repeated prompt K/V,
@@ -28,6 +31,7 @@ from typing import Any
 
 import ml_collections as mlc
 
+from gdpo_jax.sampling.decode import decode_chunks
 from gdpo_jax.scale.plan import make_plan
 from gdpo_jax.scale.targets import Target
 from gdpo_jax.train.config import ConfigError, validate_config
@@ -70,6 +74,9 @@ def candidates(cfg: mlc.ConfigDict, binding: str, num_devices: int) -> list[dict
         if rpc // d >= a.group_size and (rpc // d) % a.group_size == 0
     ]
     slots = int(s.get("continuous_slots", 0))
+    m = int(s.max_new_tokens)
+    if not slots and len(decode_chunks(m, int(s.get("decode_phases", 0)) or None)) > 1:
+        sampler.append({"sampling.decode_phases": 1})
     sampler = [
         {"sampling.continuous_slots": slots // d} for d in (2, 4, 8) if slots // d >= 1
     ] + sampler

@@ -154,6 +154,11 @@ def base_config() -> mlc.ConfigDict:
     # How the decode loop runs the layers: "auto" (fused on CPU in f32, else the
     # scan), "scan", "unrolled" or "fused"; same tokens (docs/sampling.md).
     c.sampling.decode_layers = "auto"
+    # Static decode phases (the cache grows by one copy between them, so early
+    # steps read fewer empty slots); 0 = auto: one per 32 new tokens, at most 4.
+    # 1 = one cache of all slots from the start: no growth copy (a smaller
+    # sampler peak) for more attention reads (docs/sampling.md).
+    c.sampling.decode_phases = 0
     # Keep each prompt's KV cache once for its G rows, not a copy per row
     # (fewer cache reads and G-fold less prompt KV memory; same tokens).
     c.sampling.share_prompt_cache = True
