@@ -34,6 +34,7 @@ RESUMABLE_FIELDS = (
     "benchmark.",
     # Memory, not maths: lowered to fit a decode after an OOM (changes later rollouts' keys).
     "sampling.rows_per_call",
+    "sampling.decode_phases",  # the decode's cache growth (same tokens, per-row keys)
     # How rewards are computed, not what they are.
     "rewards.num_workers",
     "rewards.executor",
