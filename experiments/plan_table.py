@@ -3,7 +3,8 @@ r"""The committed table of docs/scale.md: every paper config on the targets a la
     JAX_PLATFORMS=cpu python -m experiments.plan_table            # all plans (an hour on 2 cores)
     JAX_PLATFORMS=cpu python -m experiments.plan_table --only=tool-1.5b@8xh100
 
-Plans each (config, target) pair with gdpo_jax.scale.plan.make_plan, writes
+Plans each (config, target) pair with gdpo_jax.scale.plan.make_plan (and, for a
+plan that does not fit, the change the planner's search finds), writes
 every plan to docs/scale/plans.json as soon as it is made (a long run can be
 stopped and resumed: finished entries are kept unless --redo) and rewrites
 the table between the `<!-- plan-table -->` markers of docs/scale.md.
@@ -66,7 +67,7 @@ PAPER = (
         "configs/paper_math.py",
         "qwen3-4b",
         "8 GPUs, one node (verl)",
-        ("8xh100", "v5p-16"),
+        ("8xh100", "v5p-8", "v5p-16"),
     ),
     (
         "code-r1-7b",
@@ -118,7 +119,13 @@ def render(plans: dict) -> str:
             fits = (
                 "yes"
                 if p["fits"]
-                else "**no**" + (f"; fits with {' '.join(sug['overrides'])}" if sug else "")
+                else "**no**"
+                + (
+                    f"; fits with `{' '.join(sug['overrides'])}` ({sug['peak_gib']:.1f} GiB, "
+                    f"roofline {sug['est_step_s']:.0f} s)"
+                    if sug
+                    else ""
+                )
             )
             rows.append(
                 f"| {name.split('/')[-1]}:{arg} | {t} | {ran} | {fits} | {p['peak_gib']:.1f} of "
@@ -158,26 +165,29 @@ def attention_table(directory: str = "docs/scale/attention") -> str:
 
 
 def sampler_table(directory: str = "docs/scale/sampler") -> str:
-    """The static decode against continuous batching, for docs/scale.md: one row per
-    committed plan in `directory` (`python -m experiments.plan ...
-    --config.sampling.continuous_slots=<B> --nosearch
-    --json=<directory>/<config>_<target>_<decode>.json`), GiB per device."""
+    """The sampler's forms and knobs, for docs/scale.md: one row per committed plan in
+    `directory` (`python -m experiments.plan ... --config.sampling.<knob>=<value>
+    --nosearch --json=<directory>/<config>_<target>_<variant>.json`), GiB per device;
+    the decode's roofline seconds per RL step (all its calls)."""
     rows = [
         "| plan | target | sampler | lanes per device | KV cache GiB | gathered weights GiB | "
-        "sampler temporaries GiB | sampler total GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "sampler temporaries GiB | sampler total of usable GiB | fits | decode roofline s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (name, _target, _decode), p in _committed(directory):
         g = p["programs"]["generate"]
         if g.get("decode") == "continuous":
             kind, lanes = f"continuous, {g['slots']} slots", str(g["lanes_per_shard"])
         else:
-            kind, lanes = "static", f"{g['rows_per_call'] // p['num_devices']} rows"
+            n = g["decode_phases"]
+            kind = f"static, {n} phase{'s' if n > 1 else ''}"
+            lanes = f"{g['rows_per_call'] // p['num_devices']} rows"
         rows.append(
             f"| {name} | {p['target']} | {kind} | {lanes} | "
             f"{p['per_device']['kv_cache'] / 2**30:.2f} | "
             f"{g.get('gathered_params_bytes', 0) / 2**30:.2f} | {g['temp_gib']:.2f} | "
-            f"{g['total_gib']:.2f} |"
+            f"{g['total_gib']:.2f} of {p['usable_gib']:.0f} | {'yes' if g['fits'] else '**no**'} | "
+            f"{p['roofline']['decode']:.0f} |"
         )
     return "\n".join(rows)
 
@@ -249,6 +259,7 @@ def rederive(plan: dict) -> dict:
 def main(argv: list[str]) -> None:
     del argv
     from gdpo_jax.scale.plan import make_plan
+    from gdpo_jax.scale.search import find_fit
     from gdpo_jax.scale.targets import parse_target
 
     os.makedirs(_OUT.value, exist_ok=True)
@@ -268,6 +279,8 @@ def main(argv: list[str]) -> None:
             print(f"planning {key} ...", flush=True)
             try:
                 plan = make_plan(cfg, target)
+                if not plan["fits"]:  # the table names the change that fits (search.py)
+                    plan["suggestion"] = find_fit(cfg, target, plan)
             except Exception as e:  # noqa: BLE001 - recorded in the table, the run goes on
                 print(f"  failed: {e}", file=sys.stderr, flush=True)
                 continue

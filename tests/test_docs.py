@@ -320,9 +320,9 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
     import json
 
     directory = ROOT / "docs" / "scale" / "sampler"
-    doc = _committed_table_in(monkeypatch, "sampler_table", "sampler", "scale.md")
-    plans = {p.stem.rsplit("_", 1)[1]: json.loads(p.read_text()) for p in directory.glob("*.json")}
-    static, cont = plans["static"], plans["continuous-64"]
+    doc = _committed_table_in(monkeypatch, "sampler_table", "sampler", "scale.md", rows=7)
+    plans = {p.stem: json.loads(p.read_text()) for p in directory.glob("*.json")}
+    static, cont = plans["math-1.5b_8xh100_static"], plans["math-1.5b_8xh100_continuous-64"]
     gib = 2**30
     temps = cont["programs"]["generate"]["temp_gib"] - static["programs"]["generate"]["temp_gib"]
     gathered = cont["programs"]["generate"]["gathered_params_bytes"] / gib
@@ -336,6 +336,32 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
     )
     for figure in figures:
         assert figure in prose, f"docs/scale.md's sampler prose should say {figure!r}"
+
+    # The decode's phases: one phase against 4, and fewer rows per call.
+    def gen(name: str, key: str) -> float:
+        return plans[name]["programs"]["generate"][key]
+
+    def decode_s(name: str) -> float:
+        return plans[name]["roofline"]["decode"]
+
+    r4, r1 = "math-1.5b_8xh100_static", "math-1.5b_8xh100_static-1"
+    q4, q1, q64 = (f"math-qwen3-4b_v5p-8_{v}" for v in ("static", "static-1", "static-rows-64"))
+    assert [gen(n, "decode_phases") for n in (r4, r1, q4, q1, q64)] == [4, 1, 4, 1, 4]
+    assert not gen(q4, "fits") and gen(q1, "fits") and gen(q64, "fits")
+    prose = doc.split("## The static decode's phases", 1)[1].split("\n## ", 1)[0]
+    figures = (
+        f"{gen(r4, 'temp_gib') - gen(r1, 'temp_gib'):.2f} GiB more temporaries",
+        f"({gen(r4, 'temp_gib'):.2f} against {gen(r1, 'temp_gib'):.2f})",
+        f"{gen(q4, 'temp_gib') - gen(q1, 'temp_gib'):.2f} GiB more",
+        f"({gen(q4, 'temp_gib'):.2f} against {gen(q1, 'temp_gib'):.2f})",
+        f"{gen(q4, 'total_gib'):.2f} of {plans[q4]['usable_gib']:.0f} GiB",
+        f"fits at {gen(q1, 'total_gib'):.2f}",
+        f"{decode_s(r1) / decode_s(r4):.2f}x",
+        f"{decode_s(q1) / decode_s(q4):.2f}x",
+        f"{gen(q64, 'total_gib'):.2f} GiB and {decode_s(q64) / decode_s(q4):.2f}x",
+    )
+    for figure in figures:
+        assert figure in prose, f"docs/scale.md's phases prose should say {figure!r}"
 
 
 def test_check_table_and_its_prose_are_the_committed_runs(
@@ -464,6 +490,22 @@ def test_tune_table_is_the_committed_run() -> None:
     rerun = json.loads(path.with_name(path.stem + "_rerun.json").read_text(encoding="utf-8"))
     med = {int(k): v["median_s"] for k, v in rerun["counts"].items()}
     assert f"{med[1] / med[2]:.2f}x in a rerun" in prose
+
+
+def test_scale_prose_roofline_minutes_are_the_committed_plans() -> None:
+    # "What the table says" quotes the 7B and 4B math / code recipes' roofline on 8xH100.
+    import json
+
+    plans = json.loads((ROOT / "docs" / "scale" / "plans.json").read_text(encoding="utf-8"))
+    minutes = [
+        p["est_step_s"] / 60
+        for key, p in plans.items()
+        if key.endswith("@8xh100")
+        and key.split("@")[0] in ("math-r1-7b", "math-qwen3-4b", "code-r1-7b")
+    ]
+    figure = f"({min(minutes):.0f}-{max(minutes):.0f} min per RL step on"
+    doc = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
+    assert len(minutes) == 3 and figure in doc, f"docs/scale.md should say {figure!r}"
 
 
 def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.MonkeyPatch) -> None:

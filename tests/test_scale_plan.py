@@ -236,6 +236,24 @@ def test_roofline_decode_reads_a_shared_prompt_once_per_group():
         assert got["decode"] == pytest.approx(want) and got["bound"]["decode"] == "memory"
 
 
+def test_roofline_decode_reads_each_phases_whole_cache():
+    """The static decode's phase j holds P + E_j slots and its steps read them all
+    (the planner counted only the filled ones, C / 2 per step, so one phase cost
+    what 4 did). Hand-worked, 10 new tokens: 2 phases (5, 5) read own slots
+    5 x 5 + 5 x 10 = 75 over the 10 steps, one phase 10 x 10 = 100; decode
+    10 x 1000 B of weights + 8 rows x 10 B x (100 x 10 + own slots), at 1000 B/s."""
+    from gdpo_jax.scale.flops import own_slots_per_step
+
+    assert own_slots_per_step(10, (5, 5)) == pytest.approx(7.5)
+    assert own_slots_per_step(10, (10,)) == pytest.approx(10.0)
+    assert own_slots_per_step(8, (2, 2, 2, 2)) == pytest.approx(8 * 5 / 8)  # 4 phases: 5/8 C
+    mc = ModelConfig.tiny()
+    for chunks, own in (((5, 5), 75), ((10,), 100), ((), 50)):
+        s = flops_lib.StepShape(**ROOFLINE_SHAPE, decode_chunks=chunks)
+        got = flops_lib.roofline(mc, s, **ROOFLINE_CHIP)
+        assert got["decode"] == pytest.approx((10 * 1000 + 8 * 10 * (100 * 10 + own)) / 1000)
+
+
 def test_roofline_decode_reads_the_unrolled_forms_weight_copy():
     """The unrolled decode forms read a compute-dtype copy of the weights, made
     once per call (sampling.decode.weights_in): hand-worked, 2 calls of 4 rows,
@@ -577,6 +595,50 @@ def test_search_offers_one_decode_phase_after_the_row_halvings():
         c2.sampling.max_new_tokens = 128
         c2.sampling.update(one_phase)
         assert {"sampling.decode_phases": 1} not in candidates(c2, "generate", 4)
+
+
+def test_search_orders_the_static_decode_knobs_by_their_roofline():
+    """Halving sampling.rows_per_call doubles the calls (the weights read per
+    step twice as often); one decode phase reads 8/5 the own KV slots of 4. The
+    search tries whichever costs less first (it tried the halvings first, and
+    the roofline counted every phase count's reads as equal)."""
+    from gdpo_jax.scale.search import candidates, estimate
+
+    c = tiny_config()
+    c.sampling.max_new_tokens = 128  # 4 phases of 32
+    rows = c.algo.num_prompts * c.algo.group_size
+    target = targets_lib.parse_target("1xh100")
+
+    def plan(param_bytes: int, kv_bytes_per_token: int) -> dict:
+        shape = {
+            **ROOFLINE_SHAPE,
+            **dict(rows=rows, prompts=8, rows_per_call=rows, prompt_len=16, new_tokens=128),
+            **dict(param_bytes=param_bytes, kv_bytes_per_token=kv_bytes_per_token),
+        }
+        return {"step_shape": {**shape, "decode_chunks": (32, 32, 32, 32)}}
+
+    def sampler_order(p: dict) -> list[dict]:
+        cost = lambda cfg: estimate(cfg, p, target)  # noqa: E731
+        knobs = candidates(c, "generate", 1, cost)
+        return [k for k in knobs if any(path.startswith("sampling.") for path in k)]
+
+    one_phase = {"sampling.decode_phases": 1}
+    assert sampler_order(plan(10**12, 1))[0] == one_phase  # weight reads dominate
+    assert sampler_order(plan(1, 10**9))[-1] == one_phase  # KV reads dominate
+    # The estimate of the config itself is the plan's roofline (nothing changed) ...
+    p = plan(10**6, 10**3)
+    shape = flops_lib.StepShape(**p["step_shape"])
+    mc, chip = ModelConfig.tiny(**c.model.tiny), target.chip
+    roof = lambda s: flops_lib.roofline(  # noqa: E731
+        mc, s, num_devices=1, peak_flops=chip.peak_flops, hbm_bw=chip.hbm_bw
+    )["total"]
+    assert estimate(c, p, target) == pytest.approx(roof(shape), rel=1e-12)
+    # ... and one phase adds the slots its early steps read: 128 steps x 32 rows x
+    # 1000 B x (128 - 80) own slots on average.
+    c1 = c.copy_and_resolve_references()
+    c1.sampling.decode_phases = 1
+    extra = 128 * rows * 10**3 * (128 - 80) / chip.hbm_bw
+    assert estimate(c1, p, target) - roof(shape) == pytest.approx(extra, rel=1e-9)
 
 
 def test_search_offers_prompt_sharing_off_last_for_the_step():

@@ -19,7 +19,11 @@ kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
 
 The roofline time of a phase is max(FLOPs / (n * peak), bytes / (n * HBM bw))
 summed over phases (n devices). Bytes: decode streams the whole weight matrix
-(FSDP all-gathers it) and the rows' KV cache once per step, the weights in the
+(FSDP all-gathers it) and the rows' KV cache once per step (the whole cache of
+the step's decode phase: phase j of `decode_chunks` c_0..c_{K-1} holds
+P + E_j slots, E_j = c_0 + ... + c_j, and its steps read them all, the slots
+no token has reached yet too; a row's own-slot reads average sum_j c_j E_j / C
+per step, 5/8 C with 4 equal phases, C with one), the weights in the
 dtype the decode form reads (`StepShape.decode_param_bytes`: the storage dtype
 under the layer scan; the unrolled forms read a compute-dtype copy, made once
 per call, which also costs one read and one write of the weights per call);
@@ -60,12 +64,25 @@ class StepShape:
     # unrolled decode forms' compute-dtype copy (sampling.decode.weights_in),
     # made once per call. None: param_bytes (the scan reads the stored weights).
     decode_param_bytes: int | None = None
+    # The decode's phases (DecodeSpec.chunks, summing to new_tokens); () reads
+    # only the slots filled so far (C / 2 own slots per step on average).
+    decode_chunks: tuple[int, ...] = ()
 
 
 def _matmul_flops(mc: ModelConfig) -> float:
     d, f = mc.hidden_size, mc.intermediate_size
     q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
     return 2.0 * mc.num_layers * (d * (q + 2 * kv) + q * d + 3 * d * f)
+
+
+def own_slots_per_step(new_tokens: int, chunks: tuple[int, ...] = ()) -> float:
+    """A row's own (completion) KV slots one decode step reads, averaged over the
+    `new_tokens` steps: sum_j c_j E_j / C over the phases (module docstring);
+    C / 2 with no phases given (only the filled slots)."""
+    if not chunks:
+        return new_tokens / 2
+    ends = np.cumsum(chunks)
+    return float(np.dot(chunks, ends) / max(new_tokens, 1))
 
 
 def _attn(mc: ModelConfig) -> float:
@@ -102,13 +119,13 @@ def roofline(
     compute = {k: fl[k] / (n * peak_flops) for k in ("prefill", "decode", "logprob", "train")}
     calls = -(-s.rows // s.rows_per_call)
     # Decode: every step of every call reads all weights (per device, gathered) and
-    # the call's KV cache shard (average context P + C / 2; a prompt's slots once
+    # the call's KV cache shard (P + the phase's own slots; a prompt's slots once
     # per prompt_share rows when its cache is shared).
     kv_step = (
         s.rows_per_call
         / n
         * s.kv_bytes_per_token
-        * (s.prompt_len / s.prompt_share + s.new_tokens / 2)
+        * (s.prompt_len / s.prompt_share + own_slots_per_step(s.new_tokens, s.decode_chunks))
     )
     read = s.param_bytes if s.decode_param_bytes is None else s.decode_param_bytes
     copy = 0 if s.decode_param_bytes is None else s.param_bytes + s.decode_param_bytes

@@ -85,8 +85,7 @@ _CACHE: dict[tuple, dict] = {}
 
 
 # --------------------------------------------------------------------------- #
-# Memory accounting: bytes per device, compile and measure. (The abstract inputs
-# and the lowerings are in lowering.py.)
+# Memory accounting: bytes per device, compile, measure (the inputs: lowering.py).
 # --------------------------------------------------------------------------- #
 def per_device_bytes(tree: Any) -> int:
     """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
@@ -401,6 +400,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         prompt_share=share,
         train_prompt_share=max(sc.shared_group, 1),
         decode_param_bytes=decode_b,
+        decode_chunks=tuple(int(c) for c in gen_spec.chunks),
     )
     fl = flops_lib.step_flops(mc, shape)
     roof = flops_lib.roofline(
@@ -432,6 +432,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         "flops": fl,
         "est_step_s": roof["total"],
         "roofline": roof,
+        "step_shape": dataclasses.asdict(shape),  # the roofline's inputs (search re-estimates)
         "per_device": dict(
             params=params_b, optimizer=opt_b, batch=batch_b, ref_params=ref_b, kv_cache=kv_b
         ),

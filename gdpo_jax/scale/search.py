@@ -2,7 +2,9 @@
 when it fits: the fewest micro-batches that still fit (`fewest_microbatches`).
 
 Candidates are single changes, ordered from the cheapest in step time to the
-dearest, aimed at the program that does not fit:
+dearest, aimed at the program that does not fit (the static decode's two knobs
+by their roofline, `estimate`: more calls read the weights more often, one
+phase reads more KV slots per step; which costs less depends on the shapes):
 
   generate  sampling.continuous_slots halved (continuous batching: fewer lanes
             per batch shard, each holding a prompt copy and P + M slots);
@@ -26,12 +28,15 @@ of each knob are combined, one more at a time.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import ml_collections as mlc
 
 from gdpo_jax.sampling.decode import decode_chunks
+from gdpo_jax.scale import flops as flops_lib
+from gdpo_jax.scale.arch import model_config
 from gdpo_jax.scale.plan import make_plan
 from gdpo_jax.scale.targets import Target
 from gdpo_jax.train.config import ConfigError, validate_config
@@ -62,8 +67,37 @@ def _override(path: str, value: Any) -> str:
     return f"--config.{path}={value}"
 
 
-def candidates(cfg: mlc.ConfigDict, binding: str, num_devices: int) -> list[dict[str, Any]]:
-    """Single-knob changes, most promising for `binding` (the program over memory) first."""
+def estimate(cfg: mlc.ConfigDict, plan: dict, target: Target) -> float:
+    """Roofline seconds per step of `cfg`, a sampler-knob change of the config
+    `plan` was made for, from the plan's step shape (no compile): the rows per
+    call and the decode phases are read from `cfg`, the rest from the plan."""
+    shape = flops_lib.StepShape(**plan["step_shape"])
+    s = cfg.sampling
+    m = int(s.max_new_tokens)
+    shape = dataclasses.replace(
+        shape,
+        rows_per_call=int(s.rows_per_call) or shape.rows,
+        decode_chunks=decode_chunks(m, int(s.get("decode_phases", 0)) or None),
+    )
+    chip = target.chip
+    return flops_lib.roofline(
+        model_config(cfg),
+        shape,
+        num_devices=target.num_devices,
+        peak_flops=chip.peak_flops,
+        hbm_bw=chip.hbm_bw,
+    )["total"]
+
+
+def candidates(
+    cfg: mlc.ConfigDict,
+    binding: str,
+    num_devices: int,
+    cost: Callable[[mlc.ConfigDict], float] | None = None,
+) -> list[dict[str, Any]]:
+    """Single-knob changes, most promising for `binding` (the program over memory)
+    first; `cost` (e.g. `estimate`) orders the static decode's knobs, else the
+    row halvings come before one phase."""
     a, s = cfg.algo, cfg.sampling
     rows = a.num_prompts * a.group_size
     out: list[dict[str, Any]] = []
@@ -77,6 +111,8 @@ def candidates(cfg: mlc.ConfigDict, binding: str, num_devices: int) -> list[dict
     m = int(s.max_new_tokens)
     if not slots and len(decode_chunks(m, int(s.get("decode_phases", 0)) or None)) > 1:
         sampler.append({"sampling.decode_phases": 1})
+    if cost is not None and not slots:
+        sampler.sort(key=lambda change: cost(_apply(cfg, change)))  # stable: ties keep order
     sampler = [
         {"sampling.continuous_slots": slots // d} for d in (2, 4, 8) if slots // d >= 1
     ] + sampler
@@ -161,7 +197,9 @@ def find_fit(
             (k for k, p in current["programs"].items() if not p["fits"]), current["peak_program"]
         )
         best: tuple[float, dict, dict] | None = None
-        for change in candidates(_apply(cfg, base), binding, n):
+        now = _apply(cfg, base)
+        cost = (lambda c, p=current: estimate(c, p, target)) if "step_shape" in current else None
+        for change in candidates(now, binding, n, cost):
             trial = {**base, **change}
             c = _apply(cfg, trial)
             if not _valid(c, n):
