@@ -1,6 +1,6 @@
 r"""The committed table of docs/scale.md: every paper config on the targets a lab would use.
 
-    JAX_PLATFORMS=cpu python -m experiments.plan_table            # all plans (an hour on 2 cores)
+    JAX_PLATFORMS=cpu python -m experiments.plan_table            # all plans (~20 min on 2 cores)
     JAX_PLATFORMS=cpu python -m experiments.plan_table --only=tool-1.5b@8xh100
 
 Plans each (config, target) pair with gdpo_jax.scale.plan.make_plan (and, for a
@@ -227,9 +227,11 @@ def check_table(directory: str = "docs/scale/check") -> str:
 def write_doc(plans: dict, md_path: str) -> None:
     table = render(plans)
     total = sum(p["plan_s"] for p in plans.values())
+    kinds = sorted({p.get("planned_on", "an unrecorded machine") for p in plans.values()})
     table += (
-        f"\n\n{len(plans)} plans, {total / 60:.0f} min of planning in all on a shared "
-        "2-core CPU (`python -m experiments.plan_table`)."
+        f"\n\n{len(plans)} plans, {total / 60:.0f} min of planning in all on "
+        f"{', '.join(kinds)} (`python -m experiments.plan_table`; the machine kind as "
+        "`benchmarks.run_all` names it)."
     )
     text = open(md_path).read() if os.path.exists(md_path) else f"{TABLE_START}\n{TABLE_END}\n"
     if TABLE_START not in text:
@@ -258,9 +260,12 @@ def rederive(plan: dict) -> dict:
 
 def main(argv: list[str]) -> None:
     del argv
+    from benchmarks.common import machine_info, machine_kind
     from gdpo_jax.scale.plan import make_plan
     from gdpo_jax.scale.search import find_fit
     from gdpo_jax.scale.targets import parse_target
+
+    kind = machine_kind(machine_info())  # the plan times' machine
 
     os.makedirs(_OUT.value, exist_ok=True)
     path = os.path.join(_OUT.value, "plans.json")
@@ -285,6 +290,7 @@ def main(argv: list[str]) -> None:
                 print(f"  failed: {e}", file=sys.stderr, flush=True)
                 continue
             plan["overrides"], plan["plan_s"] = overrides, time.perf_counter() - t0
+            plan["planned_on"] = kind
             plans[key] = plan
             print(
                 f"  {key}: fits={plan['fits']} peak {plan['peak_gib']:.1f} GiB "
