@@ -293,6 +293,12 @@ def test_scale_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> 
     )
 
 
+def _assert_quotes(text: str, figures: tuple[str, ...], where: str) -> None:
+    """Every figure (computed by the test from committed data) stands in `text`."""
+    for figure in figures:
+        assert figure in text, f"{where} should say {figure!r}"
+
+
 def _committed_table_in(
     monkeypatch: pytest.MonkeyPatch, renderer: str, data: str, page: str, rows: int = 2
 ) -> str:
@@ -334,8 +340,7 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
         f"({kv:.2f} GiB",
         f"{gathered + kv:.1f} of it",
     )
-    for figure in figures:
-        assert figure in prose, f"docs/scale.md's sampler prose should say {figure!r}"
+    _assert_quotes(prose, figures, "docs/scale.md's sampler prose")
 
     # The decode's phases: one phase against 4, and fewer rows per call.
     def gen(name: str, key: str) -> float:
@@ -360,8 +365,7 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
         f"{decode_s(q1) / decode_s(q4):.2f}x",
         f"{gen(q64, 'total_gib'):.2f} GiB and {decode_s(q64) / decode_s(q4):.2f}x",
     )
-    for figure in figures:
-        assert figure in prose, f"docs/scale.md's phases prose should say {figure!r}"
+    _assert_quotes(prose, figures, "docs/scale.md's phases prose")
 
 
 def test_check_table_and_its_prose_are_the_committed_runs(
@@ -419,11 +423,10 @@ def test_check_table_and_its_prose_are_the_committed_runs(
         f"{per_step_ms:.1f} ms per decode step against {roof_ms:.1f} ms",
         f"{cont:.2f} s",
     )
-    for figure in figures:
-        assert figure in prose, f"docs/scale.md's check prose should say {figure!r}"
+    _assert_quotes(prose, figures, "docs/scale.md's check prose")
     limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
-    for figure in (figures[0], f"{min(ratios):.1f}-{max(ratios):.1f}x the roofline"):
-        assert figure in limits, f"docs/limits.md should say {figure!r}"
+    roofline = f"{min(ratios):.1f}-{max(ratios):.1f}x the roofline"
+    _assert_quotes(limits, (figures[0], roofline), "docs/limits.md")
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert figures[0] in readme, f"README.md should say {figures[0]!r}"
 
