@@ -181,6 +181,7 @@ def sampler_table(directory: str = "docs/scale/sampler") -> str:
         else:
             n = g["decode_phases"]
             kind = f"static, {n} phase{'s' if n > 1 else ''}"
+            kind += f", {g['decode_growth']} growth" if n > 1 else ""
             lanes = f"{g['rows_per_call'] // p['num_devices']} rows"
         rows.append(
             f"| {name} | {p['target']} | {kind} | {lanes} | "

@@ -100,6 +100,10 @@ def test_valid_configs_pass():
             r"sampling\.decode_layers='unroll' must be one of .*decode_layers=auto",
         ),
         (
+            lambda c: setattr(c.sampling, "decode_growth", "pad"),
+            r"sampling\.decode_growth='pad' must be one of .*decode_growth=auto",
+        ),
+        (
             lambda c: setattr(c.sampling, "decode_phases", -1),
             r"sampling\.decode_phases=-1 must be an int >= 1 .*decode_phases=0",
         ),
@@ -223,6 +227,7 @@ def test_checkpoint_config_from_before_a_new_field():
     c = _cfg()
     c.sampling.rows_per_call = 8  # memory knobs: may change on resume
     c.sampling.decode_phases = 1
+    c.sampling.decode_growth = "copy"
     assert config_diff(config_to_dict(_cfg()), c) == []
 
 

@@ -342,28 +342,30 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
     )
     _assert_quotes(prose, figures, "docs/scale.md's sampler prose")
 
-    # The decode's phases: one phase against 4, and fewer rows per call.
+    # The decode's phases: a prefix of one cache (the default), copies, one phase.
     def gen(name: str, key: str) -> float:
         return plans[name]["programs"]["generate"][key]
 
     def decode_s(name: str) -> float:
         return plans[name]["roofline"]["decode"]
 
-    r4, r1 = "math-1.5b_8xh100_static", "math-1.5b_8xh100_static-1"
-    q4, q1, q64 = (f"math-qwen3-4b_v5p-8_{v}" for v in ("static", "static-1", "static-rows-64"))
-    assert [gen(n, "decode_phases") for n in (r4, r1, q4, q1, q64)] == [4, 1, 4, 1, 4]
-    assert not gen(q4, "fits") and gen(q1, "fits") and gen(q64, "fits")
+    r4, rc, r1 = (f"math-1.5b_8xh100_{v}" for v in ("static", "static-copy", "static-1"))
+    q4, qc, q1 = (f"math-qwen3-4b_v5p-8_{v}" for v in ("static", "static-copy", "static-1"))
+    assert [gen(n, "decode_phases") for n in (r4, rc, r1, q4, qc, q1)] == [4, 4, 1, 4, 4, 1]
+    assert [gen(n, "decode_growth") for n in (r4, rc, q4, qc)] == ["prefix", "copy"] * 2
+    assert gen(q4, "fits") and not gen(qc, "fits") and gen(q1, "fits")
+    assert decode_s(r4) == decode_s(rc) and decode_s(q4) == decode_s(qc)  # the same reads
     prose = doc.split("## The static decode's phases", 1)[1].split("\n## ", 1)[0]
     figures = (
-        f"{gen(r4, 'temp_gib') - gen(r1, 'temp_gib'):.2f} GiB more temporaries",
-        f"({gen(r4, 'temp_gib'):.2f} against {gen(r1, 'temp_gib'):.2f})",
-        f"{gen(q4, 'temp_gib') - gen(q1, 'temp_gib'):.2f} GiB more",
-        f"({gen(q4, 'temp_gib'):.2f} against {gen(q1, 'temp_gib'):.2f})",
-        f"{gen(q4, 'total_gib'):.2f} of {plans[q4]['usable_gib']:.0f} GiB",
-        f"fits at {gen(q1, 'total_gib'):.2f}",
+        f"{gen(rc, 'temp_gib') - gen(r1, 'temp_gib'):.2f} GiB more temporaries",
+        f"({gen(rc, 'temp_gib'):.2f} against {gen(r1, 'temp_gib'):.2f})",
+        f"{gen(qc, 'temp_gib') - gen(q1, 'temp_gib'):.2f} GiB more",
+        f"({gen(qc, 'temp_gib'):.2f} against {gen(q1, 'temp_gib'):.2f})",
+        f"{gen(qc, 'total_gib'):.2f} of {plans[qc]['usable_gib']:.0f} GiB",
+        f"{gen(r4, 'temp_gib'):.2f} and {gen(q4, 'temp_gib'):.2f} GiB",
+        f"fits at {gen(q4, 'total_gib'):.2f}",
         f"{decode_s(r1) / decode_s(r4):.2f}x",
         f"{decode_s(q1) / decode_s(q4):.2f}x",
-        f"{gen(q64, 'total_gib'):.2f} GiB and {decode_s(q64) / decode_s(q4):.2f}x",
     )
     _assert_quotes(prose, figures, "docs/scale.md's phases prose")
 
@@ -509,6 +511,25 @@ def test_scale_prose_roofline_minutes_are_the_committed_plans() -> None:
     figure = f"({min(minutes):.0f}-{max(minutes):.0f} min per RL step on"
     doc = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
     assert len(minutes) == 3 and figure in doc, f"docs/scale.md should say {figure!r}"
+
+
+def test_scale_prose_binding_program_figures_are_the_committed_plans() -> None:
+    # "What the table says": which program binds, and tool calling 1.5B's sampler.
+    import json
+
+    plans = json.loads((ROOT / "docs" / "scale" / "plans.json").read_text(encoding="utf-8"))
+    not_sampler = [k for k, p in plans.items() if p["peak_program"] != "generate"]
+    assert not_sampler == ["math-r1-7b@v5p-32"], not_sampler
+    p7 = plans["math-r1-7b@v5p-32"]["programs"]
+    tool = plans["tool-1.5b@8xh100"]
+    figures = (
+        f"(the step, by {p7['step']['total_gib'] - p7['generate']['total_gib']:.1f} GiB)",
+        f"{tool['programs']['generate']['rows_per_call']} rows in one call",
+        f"{tool['per_device']['kv_cache'] / 2**30:.1f} GiB of bf16 cache per device",
+        f"{tool['programs']['generate']['temp_gib']:.1f} GiB of temporaries",
+    )
+    doc = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
+    _assert_quotes(doc, figures, "docs/scale.md's 'What the table says'")
 
 
 def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -807,6 +828,25 @@ def test_decode_forms_table_is_the_committed_run() -> None:
     assert f"the fused form decodes {vs_scan(smol, 'fused')} faster" in flat
     assert f"per-row prompt copies is {vs_scan(smol, 'fused, prompt copied')}" in flat
     assert f"unrolling alone {vs_scan(smol, 'unrolled')}" in flat
+
+
+def test_decode_growth_table_is_the_committed_run() -> None:
+    import json
+
+    from benchmarks import bench_decode_growth
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "decode_growth.json").read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert bench_decode_growth.table_markdown(res) in doc, (
+        "docs/benchmarks.md's decode growth table differs from docs/benchmarks/"
+        "decode_growth.json (python -m benchmarks.bench_decode_growth --out <it>)"
+    )
+    forms = res["forms"]
+    assert all(r["tokens_equal_copy"] for f in forms.values() for r in f.values())
+    ratio = {f: forms[f]["prefix"]["median_s"] / forms[f]["copy"]["median_s"] for f in forms}
+    flat = " ".join(doc.split())
+    assert f"the fused form takes {ratio['fused']:.2f}x the time" in flat
+    assert f"the scan {ratio['scan']:.2f}x" in flat
 
 
 _WORDS = dict(enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"]))

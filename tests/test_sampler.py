@@ -89,10 +89,22 @@ def base_run(sampler):
 # ----------------------------------------------------------------- greedy
 
 
-@pytest.mark.parametrize("decode_chunks", [1, 3])
-def test_greedy_equals_stepwise_argmax_of_uncached_forward(model, tok, sampler, decode_chunks):
-    if decode_chunks != 1:  # decode phases with a growing cache (4 + 3 + 3 steps)
-        sampler = Sampler(model, tok, eos_token_ids=(), decode_chunks=decode_chunks)
+@pytest.mark.parametrize(
+    "decode_chunks,growth,layers", [(1, "auto", "auto"), (3, "copy", "auto"), (3, "prefix", "scan")]
+)
+def test_greedy_equals_stepwise_argmax_of_uncached_forward(
+    model, tok, sampler, decode_chunks, growth, layers
+):
+    if decode_chunks != 1:  # decode phases (4 + 3 + 3 steps): a longer cache, or a prefix
+        sampler = Sampler(
+            model,
+            tok,
+            eos_token_ids=(),
+            decode_chunks=decode_chunks,
+            decode_growth=growth,
+            decode_layers=layers,
+        )
+        assert sampler.decode_growth == growth
     ro = sampler.generate(
         PROMPTS,
         SamplingParams(max_new_tokens=M, greedy=True),
@@ -734,6 +746,47 @@ def test_shared_prompt_cache_equals_per_row_copies(model, tok, layers, greedy):
     np.testing.assert_allclose(rows[True].logprobs, rows[False].logprobs, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "layers,share,slots,on_mesh",
+    [
+        ("scan", True, 0, False),
+        ("fused", True, 0, False),
+        ("fused", False, 0, False),
+        ("scan", True, 3, False),
+        ("scan", True, 0, True),
+    ],
+)
+def test_prefix_growth_samples_what_copy_growth_does(model, tok, layers, share, slots, on_mesh):
+    """DecodeSpec.growth "prefix" (one cache of all slots, each phase reads a
+    prefix of it) samples the rows of "copy" (a longer cache per phase): the
+    static decode in its forms, with and without a shared prompt cache, on a
+    (2, 2, 2) mesh, and continuous batching (lanes at different steps across
+    the phase ends)."""
+    mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor")) if on_mesh else None
+    if on_mesh:
+        model = _make_model(mesh)
+    params = SamplingParams(max_new_tokens=M, temperature=1.0)
+    rows = {}
+    for growth in ("copy", "prefix"):
+        s = Sampler(
+            model,
+            tok,
+            mesh=mesh,
+            eos_token_ids=(),
+            decode_chunks=4,
+            decode_growth=growth,
+            decode_layers=layers,
+            share_prompt_cache=share,
+            continuous_slots=slots,
+        )
+        rows[growth] = s.generate(PROMPTS, params, num_generations=4, key=jax.random.key(5))
+        assert [(spec.growth, spec.group) for _, spec, _ in s._fns] == [
+            (growth, 4 if share and not slots else 0)
+        ]
+    np.testing.assert_array_equal(rows["prefix"].completion_ids, rows["copy"].completion_ids)
+    np.testing.assert_allclose(rows["prefix"].logprobs, rows["copy"].logprobs, atol=1e-5)
+
+
 def test_decode_chunks_split_the_budget_into_phases():
     """One phase per 32 tokens, at most 4 (or as asked), near-equal, each >= 1 token."""
     from gdpo_jax.sampling.decode import decode_chunks
@@ -761,6 +814,21 @@ def test_decode_layers_default_and_bad_value(model, tok):
         assert decode_layers_default("bfloat16", True) == "scan"
     with pytest.raises(ValueError, match="decode_layers='unroll'"):
         Sampler(model, tok, decode_layers="unroll")
+
+
+def test_decode_growth_default_and_bad_value(model, tok):
+    from gdpo_jax.backend import target_backend
+    from gdpo_jax.sampling.decode import decode_growth_default
+
+    # XLA:CPU copies a prefix slice out for the unrolled forms' dots: they keep "copy".
+    assert Sampler(model, tok).decode_growth == "copy"  # CPU, fused
+    assert Sampler(model, tok, decode_layers="scan").decode_growth == "prefix"
+    assert decode_growth_default("unrolled") == "copy"
+    for backend in ("cuda", "tpu"):  # the compiled programs read the prefix in place
+        with target_backend(backend):
+            assert decode_growth_default("fused") == decode_growth_default("scan") == "prefix"
+    with pytest.raises(ValueError, match="decode_growth='grow'"):
+        Sampler(model, tok, decode_growth="grow")
 
 
 def test_weights_in_casts_floating_arrays_once_and_keeps_the_model_exact():

@@ -436,11 +436,9 @@ def test_one_gpu_bf16_roofline_counts_the_fused_decodes_bf16_weights():
     assert fused["prefill"] - scan["prefill"] == pytest.approx(calls * (bf16 - f32) / bw)
 
 
-@needs_cuda
-def test_decode_phases_reach_the_compiled_sampler_and_one_phase_holds_fewer_temporaries():
-    """sampling.decode_phases is the run's Sampler's phase count, and the planner
-    compiles that decode: on XLA:GPU the phases' growth copies hold more
-    temporaries than one cache of all slots (about a quarter of the cache here)."""
+def _compiled_decode(target_name: str, phases: int, growth: str, new_tokens: int = 256):
+    """(temporaries in bytes, optimized HLO text, rows, DecodeSpec) of a tiny
+    config's compiled sampler for a target: 256 rows, `new_tokens`, 8 layers."""
     import jax
     from flax import nnx
 
@@ -449,25 +447,65 @@ def test_decode_phases_reach_the_compiled_sampler_and_one_phase_holds_fewer_temp
     from gdpo_jax.scale.lowering import _abstract_state, generate_program
     from gdpo_jax.train import mesh as mesh_lib
 
-    target = targets_lib.parse_target("cuda:1x1x1:h100")
+    target = targets_lib.parse_target(target_name)
     devices = targets_lib.target_devices(target)
     mesh = mesh_lib.make_mesh((1, -1, 1), axis_types="explicit", devices=devices)  # as runs
-    temps, caches = {}, {}
-    for phases in (0, 1):  # 0: the Sampler's default, 4 phases of 64 tokens
-        c = tiny_config(num_prompts=64)  # 256 rows: a cache large beside the rest
-        c.model.tiny.update(num_layers=8, max_position_embeddings=512)
-        c.sampling.max_new_tokens = 256
-        c.sampling.decode_phases = phases
-        mc = model_config(c)
-        *_, full, _tx, _sched, _sc, model = _abstract_state(c, mc, mesh)
-        with target_backend(target.platform):  # the GPU's decode form (scan), as the planner
-            fn, args, rows, spec, _ = generate_program(c, nnx.graphdef(model), full, mesh, 256)
-            assert spec.chunks == ((64,) * 4 if phases == 0 else (256,))
-            with jax.set_mesh(mesh):
-                temps[phases] = fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
-        # The rows' own slots (the prompt's are shared: 16 slots per prompt), f32 k and v.
-        caches[phases] = 2 * 8 * HKV * DH * 4 * (rows * 256 + 64 * 16)
-    assert caches[0] < temps[1] < temps[0] - caches[0] // 8
+    c = tiny_config(num_prompts=64)  # 256 rows: a cache large beside the rest
+    c.model.tiny.update(num_layers=8, max_position_embeddings=256 + new_tokens)
+    c.sampling.max_new_tokens = new_tokens
+    c.sampling.update(decode_phases=phases, decode_growth=growth)
+    mc = model_config(c)
+    *_, full, _tx, _sched, _sc, model = _abstract_state(c, mc, mesh)
+    with target_backend(target.platform):  # the target's decode form, as the planner
+        fn, args, rows, spec, _ = generate_program(c, nnx.graphdef(model), full, mesh, 256)
+        with jax.set_mesh(mesh):
+            compiled = fn.lower(*args).compile()
+    return compiled.memory_analysis().temp_size_in_bytes, compiled.as_text(), rows, spec
+
+
+@needs_cuda
+def test_decode_phases_and_growth_reach_the_compiled_sampler_and_prefix_holds_one_cache():
+    """sampling.decode_phases and decode_growth are the run's Sampler's, and the
+    planner compiles that decode. On XLA:GPU the phases' growth copies hold more
+    temporaries than one cache of all slots (about a quarter of the cache here);
+    "prefix" growth (the GPU's default) holds what one phase does."""
+    temps = {}
+    for phases, growth in ((0, "copy"), (0, "auto"), (1, "auto")):  # 0: 4 phases of 64
+        temps[phases, growth], _, rows, spec = _compiled_decode("cuda:1x1x1:h100", phases, growth)
+        assert spec.chunks == ((64,) * 4 if phases == 0 else (256,))
+        assert spec.growth == ("copy" if growth == "copy" else "prefix")
+    # The rows' own slots (the prompt's are shared: 16 slots per prompt), f32 k and v.
+    cache = 2 * 8 * HKV * DH * 4 * (rows * 256 + 64 * 16)
+    one = temps[1, "auto"]
+    assert cache < one < temps[0, "copy"] - cache // 8
+    assert abs(temps[0, "auto"] - one) < cache // 64
+
+
+@pytest.mark.slow  # two TPU compiles of the sampler
+@needs_tpu
+def test_tpu_prefix_growth_reads_each_phases_slots_and_holds_one_cache():
+    """On a TPU the phases' growth copies keep about one more cache alive; the
+    "prefix" growth holds one cache of all slots, and each phase's steps read
+    only its slots: the compiled program slices a layer's 256 / 512 / 768
+    slots out of the 1024, as the copies' program reads its 256 / 512 /
+    768-slot caches (a step before the last phase never reads all 1024)."""
+    import re
+    from collections import Counter
+
+    temps, hlo = {}, {}
+    for growth in ("copy", "prefix"):
+        temps[growth], hlo[growth], rows, spec = _compiled_decode("tpu:v5p:2x2x1", 0, growth, 1024)
+        assert spec.growth == growth and spec.chunks == (256,) * 4
+    cache = 2 * 8 * HKV * DH * 2 * (rows * 1024 + 64 * 16) // 4  # bf16 k and v, per device
+    assert temps["prefix"] < temps["copy"] - cache // 2
+    # A step's read of a layer's k: [1, rows per device, Hkv, Dh, S_j], S_j the
+    # phase's slots. The same reads, of the same sizes, in both programs (a
+    # prefix read as a slice of all 1024 slots would show 1024s instead).
+    reads = {
+        g: Counter(re.findall(rf"bf16\[1,{rows // 4},{HKV},{DH},(\d+)\]", hlo[g])) for g in hlo
+    }
+    assert {"256", "512", "768", "1024"} <= set(reads["copy"])
+    assert reads["prefix"] == reads["copy"]
 
 
 def test_search_halves_continuous_slots_first_for_the_sampler():
@@ -595,6 +633,8 @@ def test_search_offers_one_decode_phase_after_the_row_halvings():
         c2.sampling.max_new_tokens = 128
         c2.sampling.update(one_phase)
         assert {"sampling.decode_phases": 1} not in candidates(c2, "generate", 4)
+    # A decode whose phases read a prefix of one cache: one phase saves no memory.
+    assert {"sampling.decode_phases": 1} not in candidates(c, "generate", 4, growth="prefix")
 
 
 def test_search_orders_the_static_decode_knobs_by_their_roofline():

@@ -177,9 +177,10 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
 
     cfg = _config(tmp_path / "sft")
     cfg.checkpoint.every = 4
-    cfg.sampling.decode_phases = 2  # reaches the evaluation's Sampler
+    cfg.sampling.decode_phases = 2  # reach the evaluation's Sampler
+    cfg.sampling.decode_growth = "prefix"
     trainer = S.SFT(cfg)
-    assert trainer.sampler.decode_chunks == 2
+    assert trainer.sampler.decode_chunks == 2 and trainer.sampler.decode_growth == "prefix"
     batch = trainer.batch(0)
     # The compiled loss equals an independent NumPy cross-entropy at init.
     loss0 = S.sft_loss(

@@ -110,15 +110,17 @@ def test_incompatible_checkpoint_names_fields(uninterrupted):
 def test_rows_per_call_splits_generation(tmp_path):
     # 4 prompts x G 4 = 16 rows, 8 rows per sampler call -> 2 calls per step
     # (and per held-out chunk); the run trains and evaluates as usual. Its decode
-    # runs in sampling.decode_phases = 2 phases (6 new tokens: 1 by default).
+    # runs in sampling.decode_phases = 2 phases (6 new tokens: 1 by default) that
+    # read a prefix of one cache (sampling.decode_growth; CPU's fused auto: copy).
     cfg = tiny_config(str(tmp_path / "chunked"))
     cfg.sampling.rows_per_call = 8
     cfg.sampling.decode_phases = 2
+    cfg.sampling.decode_growth = "prefix"
     cfg.train.num_steps = 2
     cfg.train.eval_every = 2
     cfg.checkpoint.every = 0
     trainer = Trainer(cfg)
-    assert trainer.sampler.decode_chunks == 2
+    assert trainer.sampler.decode_chunks == 2 and trainer.sampler.decode_growth == "prefix"
     trainer.run()
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     assert [recs[s]["data/sample_calls"] for s in (1, 2)] == [2, 2]

@@ -67,6 +67,9 @@ class KVCache:
     prefix_mask: jax.Array | None = None
     prefix_cell: jax.Array | None = None
     prefix_group: int = flax.struct.field(pytree_node=False, default=0)
+    # Slots a step reads: the first read_slots (0: all). The static decode's
+    # phases hold one cache of all slots and read a growing prefix of it.
+    read_slots: int = flax.struct.field(pytree_node=False, default=0)
 
     @property
     def is_stacked(self) -> bool:

@@ -341,6 +341,8 @@ def _forward(
     )
     cos, sin = rope_cos_sin(positions, cfg)
     key_mask, allowed, self_attend, per_row = attention_masks(mask, cache, fresh_cache)
+    if cache is not None and cache.read_slots and not self_attend:
+        allowed = allowed[..., : cache.read_slots]
     # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
     # read the cache in its stored layout with the einsum path. Splash's causal
     # mask is static, so it takes self-attending calls only (not a write at a
@@ -386,7 +388,10 @@ def _forward(
                     vc, v[None].astype(vc.dtype), (i, 0, 0, cache.index, 0)
                 )
             if not self_attend:  # else attend to the new k, v themselves
-                k, v = kc[i], vc[i]
+                # The phase's prefix (KVCache.read_slots, static; the slots past
+                # it are empty), sliced with the layer: one read of r slots.
+                r = cache.read_slots or None
+                k, v = kc[i, ..., :r], vc[i, :, :, :r]
         if prefix is not None and self_attend and kind != "xla":  # training's own pass
             a = _attention_prefix_kernel(q, *prefix, cache.prefix_mask, k, v, mask, kind)
         elif prefix is not None:  # over a shared prompt (see KVCache)

@@ -145,7 +145,8 @@ def make_continuous_generate_fn(
         p_len = jnp.sum(prompt_mask, axis=1)
         ends = [int(e) for e in np.cumsum(spec.chunks)]  # phase j: P + ends[j] slots
         base = 0 if group else plen  # a lane's first own slot (after its prompt copy)
-        cache0 = model.init_cache(lanes, base + ends[0])
+        prefix_growth = spec.growth == "prefix" and len(ends) > 1  # as decode.py's
+        cache0 = model.init_cache(lanes, base + (ends[-1] if prefix_growth else ends[0]))
         n_slots = min(int(prompt_slots), lanes) if group else 0
         if group:  # the prompt slots, and each row's cell in its prompt's slot
             ps = model.init_cache(n_slots, plen)
@@ -279,7 +280,7 @@ def make_continuous_generate_fn(
             )
             cache = c["cache"]
             # Live lanes fit (t < this phase's end); an idle lane's write is clamped.
-            slot = jnp.minimum(base + t, cache.mask.shape[1] - 1)
+            slot = jnp.minimum(base + t, (cache.read_slots or cache.mask.shape[1]) - 1)
             cache = cache.replace(index=slot)
             if group:  # a live lane's cell: (its prompt's slot, its row's rank)
                 cells = slots_lib.lane_cells(c["lane_slot"], rank[row], live, group, n_slots)
@@ -324,7 +325,9 @@ def make_continuous_generate_fn(
         out = init
         for j, end in enumerate(ends):
             last = j == len(ends) - 1
-            if j:  # a lane reached the phase's end (or all work is done): grow
+            if prefix_growth:  # the phase reads the cache's first slots
+                out["cache"] = out["cache"].replace(read_slots=base + end)
+            elif j:  # a lane reached the phase's end (or all work is done): grow
                 out["cache"] = grow_cache(out["cache"], base + end)
             out = jax.lax.while_loop(lambda c, end=end, last=last: cond(c, end, last), body, out)
         return dict(

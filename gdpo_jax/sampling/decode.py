@@ -10,11 +10,21 @@ Row-level semantics (B rows, prompt bucket P, M = max_new_tokens):
     t-th new token of a row sits at position ``prompt_len + t``;
   * the new token of step t goes to KV-cache slot ``P + t``; padded prompt slots
     are masked out of attention by the cache mask;
-  * decoding runs in phases (``DecodeSpec.chunks``): phase j's cache has only
+  * decoding runs in phases (``DecodeSpec.chunks``): phase j's steps read only
     ``P + chunks[0] + ... + chunks[j]`` slots, so early steps do not attend
-    over (read) the empty tail of the cache, then grows by one copy. One phase
-    = one cache of ``P + M`` slots; more phases = less attention work, more
-    compile time (one loop body per phase);
+    over (read) the empty tail of the cache. One phase = every step reads all
+    ``P + M`` slots; more phases = less attention work, more compile time (one
+    loop body per phase). ``DecodeSpec.growth`` says how a phase gets its
+    slots: "prefix" holds one cache of all ``P + M`` slots from the start and
+    phase j reads a static prefix of it (``KVCache.read_slots``): one phase's
+    memory. "copy" starts with phase 0's slots and zero-pads the cache into
+    a longer one at each phase; the step into a phase holds both (on a TPU
+    about one more cache: docs/scale.md, "The static decode's phases"). The
+    compiled TPU and GPU programs read the prefix in place (a dynamic-slice
+    of the phase's slots on a TPU, a slice fused into the dot on a GPU;
+    test_scale_plan checks the TPU program's reads). XLA:CPU copies a slice
+    out for its dots, which slows the unrolled forms, so
+    `decode_growth_default` keeps "copy" for them on CPU;
   * a row finishes on an EOS id (code 1), a stop token id or a stop token
     sequence (code 2), or after M tokens (code 0, "length"); finished rows emit
     ``pad_id`` with log-prob 0 and stop counting length;
@@ -79,7 +89,9 @@ __all__ = [
     "batch_shards",
     "make_generate_fn",
     "weights_in",
+    "DECODE_GROWTH",
     "DECODE_LAYERS",
+    "decode_growth_default",
     "decode_chunks",
     "decode_layers_default",
     "shared_prompt_group",
@@ -103,9 +115,13 @@ class DecodeSpec:
     # (B = U * group): the prompts' cache is shared, not copied per row
     # (module docstring). 0: a per-row copy (any row_prompt).
     group: int = 0
+    # How a phase gets its slots: "prefix" (one cache of all slots, phase j
+    # reads its first ones) or "copy" (a longer cache per phase); docstring.
+    growth: str = "prefix"
 
 
 DECODE_LAYERS = ("scan", "unrolled", "fused")
+DECODE_GROWTH = ("prefix", "copy")
 
 
 def decode_chunks(max_new_tokens: int, phases: int | None = None) -> tuple[int, ...]:
@@ -132,6 +148,13 @@ def decode_layers_default(compute_dtype: Any, one_device: bool) -> str:
     if backend != "cpu" or dtype != jnp.float32:
         return "scan"
     return "fused" if one_device else "unrolled"
+
+
+def decode_growth_default(layers: str) -> str:
+    """``DecodeSpec.growth`` by default: "copy" for the unrolled forms on CPU
+    (XLA:CPU copies a prefix slice out for its dots), else "prefix" (module
+    docstring)."""
+    return "copy" if effective_backend() == "cpu" and layers != "scan" else "prefix"
 
 
 def weights_in(state: Any, dtype: Any) -> Any:
@@ -305,7 +328,9 @@ def make_generate_fn(
                 f"got {batch} rows; use group=0 (a per-row prompt copy)."
             )
         # Shared: prefill only the prompt slots (the rows' own cache is apart).
-        prefill_slots = plen if shared else plen + ends[0]
+        prefix_growth = spec.growth == "prefix" and len(ends) > 1
+        first = ends[-1] if prefix_growth else ends[0]  # own slots the cache starts with
+        prefill_slots = plen if shared else plen + first
         cache = jax.tree.map(place_cache_leaf, model.init_cache(n_prompts, prefill_slots))
         prompt_mask = prompt_mask.astype(jnp.int32)
         positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
@@ -313,8 +338,8 @@ def make_generate_fn(
         prompt_len = jnp.sum(prompt_mask, axis=1)
         logits = place(gather_rows(logits, row_prompt, 0))
         prompt_len = place(gather_rows(prompt_len, row_prompt, 0))
-        if shared:  # the prompts' cache as is; each row gets ends[0] empty slots
-            own = model.init_cache(batch, ends[0])
+        if shared:  # the prompts' cache as is; each row gets `first` empty slots
+            own = model.init_cache(batch, first)
             cache = jax.tree.map(
                 place_cache_leaf,
                 own.replace(prefix_k=cache.k, prefix_v=cache.v, prefix_mask=cache.mask),
@@ -392,8 +417,11 @@ def make_generate_fn(
         )
         out = init
         for j, end in enumerate(ends):
-            if j:  # next phase: a longer cache (one copy), empty slots masked out
-                out["cache"] = grow(out["cache"], end if shared else plen + end)
+            slots = end if shared else plen + end
+            if prefix_growth:  # the phase reads the cache's first `slots` slots
+                out["cache"] = out["cache"].replace(read_slots=slots)
+            elif j:  # next phase: a longer cache (one copy), empty slots masked out
+                out["cache"] = grow(out["cache"], slots)
             out = jax.lax.while_loop(
                 lambda c, end=end: (c["t"] < end) & ~jnp.all(c["done"]), body, out
             )

@@ -63,6 +63,11 @@ class Sampler:
       decode_layers: how the decode loop runs the layers (``DecodeSpec.layers``):
         "scan", "unrolled", "fused", or "auto" (`decode.decode_layers_default`:
         fused on CPU in f32, else the scan). Same tokens either way.
+      decode_growth: how the decode's phases get their slots
+        (``DecodeSpec.growth``): "prefix" (one cache, phases read a prefix of
+        it), "copy" (a longer cache per phase), or "auto"
+        (`decode.decode_growth_default`: copy for the unrolled forms on CPU,
+        else prefix). Same tokens either way.
       continuous_slots: > 0: continuous batching with this many decode slots
         per batch shard (`continuous.py`: a finished row's slot takes the next
         waiting row of its shard). 0 = static batch (every row decodes until
@@ -90,6 +95,7 @@ class Sampler:
         decode_layers: str = "auto",
         share_prompt_cache: bool = True,
         continuous_prompt_slots: int = 0,
+        decode_growth: str = "auto",
     ):
         if not prompt_buckets or any(int(b) < 1 for b in prompt_buckets):
             raise ValueError(f"prompt_buckets={prompt_buckets!r} must be positive lengths.")
@@ -138,6 +144,13 @@ class Sampler:
         if decode_layers == "auto":
             decode_layers = decode.decode_layers_default(model.cfg.dtype, one_device)
         self.decode_layers = decode_layers
+        if decode_growth not in ("auto", *decode.DECODE_GROWTH):
+            raise ValueError(
+                f"decode_growth={decode_growth!r}: use 'auto' or one of {decode.DECODE_GROWTH}."
+            )
+        if decode_growth == "auto":
+            decode_growth = decode.decode_growth_default(decode_layers)
+        self.decode_growth = decode_growth
         self.share_prompt_cache = bool(share_prompt_cache)
         self._fns: dict[tuple, Any] = {}
         self.num_traces = 0  # jit traces so far (a compile-once check for tests)
@@ -367,6 +380,7 @@ class Sampler:
             pad_id=self.pad_id,
             layers=self.decode_layers,
             group=group,
+            growth=self.decode_growth,
         )
         graphdef = nnx.graphdef(self.model)
         # Continuous batching: G bounds a shard's prompts (mesh) and, with shared

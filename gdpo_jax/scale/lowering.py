@@ -144,6 +144,10 @@ def generate_program(cfg, graphdef_full, model_state, mesh, rows: int):
         pad_id=0,
         layers=decode_layers(cfg, mesh),
     )
+    growth = s.get("decode_growth", "auto")  # as the run's Sampler resolves it
+    if growth == "auto":
+        growth = decode.decode_growth_default(spec.layers)
+    spec = dataclasses.replace(spec, growth=growth)
     rep, rows_sh = NamedSharding(mesh, P()), mesh_lib.batch_sharding(mesh, 1)
     shards = mesh_lib.batch_axis_size(mesh)
     b = -(-rows // shards) * shards

@@ -54,8 +54,7 @@ from gdpo_jax.scale.targets import GIB, Target, target_devices
 from gdpo_jax.train import mesh as mesh_lib
 
 PROGRAMS = ("step", "logprob", "generate")
-# Config fields each program's compiled code depends on (the rest leave it alone),
-# so a search that changes sampling.rows_per_call re-compiles only the sampler.
+# Config fields each program's compiled code depends on (a search re-compiles only those).
 _COMMON = ("model.", "mesh.")
 _DEPENDS = {
     "step": (
@@ -377,6 +376,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         )
         if name == "generate":
             r.update(rows_per_call=gen_rows, decode_layers=gen_spec.layers, **sampler)
+            r["decode_growth"] = gen_spec.growth  # continuous batching's phases too
             if r.get("decode") != "continuous":  # continuous batching has no phases
                 r["decode_phases"] = len(gen_spec.chunks)
         if name == "logprob":

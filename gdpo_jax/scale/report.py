@@ -51,9 +51,10 @@ def format_plan(plan: dict) -> str:
         )
     elif gen:
         phases = gen.get("decode_phases", "?")
+        growth = f", growth {gen['decode_growth']} (sampling.decode_growth)" if phases != 1 else ""
         lines.append(
             f"sampler: static decode, {gen['rows_per_call']} rows per call, {phases} "
-            f"phase{'' if phases == 1 else 's'} (sampling.decode_phases), {layers}"
+            f"phase{'' if phases == 1 else 's'} (sampling.decode_phases){growth}, {layers}"
         )
     if plan.get("attention_note"):
         lines.append(plan["attention_note"])

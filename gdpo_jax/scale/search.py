@@ -9,9 +9,11 @@ phase reads more KV slots per step; which costs less depends on the shapes):
   generate  sampling.continuous_slots halved (continuous batching: fewer lanes
             per batch shard, each holding a prompt copy and P + M slots);
             sampling.rows_per_call halved (more, smaller sampler calls);
-            sampling.decode_phases=1 (static decode: one cache of all slots from
-            the start, no growth copy between phases; every step then reads the
-            empty slots too, which for long completions costs more than more calls)
+            sampling.decode_phases=1 (a static decode whose phases grow by copies,
+            sampling.decode_growth=copy: one cache of all slots from the start;
+            every step then reads the empty slots too, which for long
+            completions costs more than more calls; "prefix" growth already
+            holds one cache)
   step      model.remat on; algo.logprob_chunk_size on / halved;
             algo.num_microbatches doubled (fewer rows per device at a time);
             algo.share_prompt off (per-row rows hold no repeated prompt K/V,
@@ -94,10 +96,12 @@ def candidates(
     binding: str,
     num_devices: int,
     cost: Callable[[mlc.ConfigDict], float] | None = None,
+    growth: str = "copy",
 ) -> list[dict[str, Any]]:
     """Single-knob changes, most promising for `binding` (the program over memory)
     first; `cost` (e.g. `estimate`) orders the static decode's knobs, else the
-    row halvings come before one phase."""
+    row halvings come before one phase. `growth`: the planned decode's
+    ``DecodeSpec.growth``; one phase saves memory only over "copy"."""
     a, s = cfg.algo, cfg.sampling
     rows = a.num_prompts * a.group_size
     out: list[dict[str, Any]] = []
@@ -109,7 +113,8 @@ def candidates(
     ]
     slots = int(s.get("continuous_slots", 0))
     m = int(s.max_new_tokens)
-    if not slots and len(decode_chunks(m, int(s.get("decode_phases", 0)) or None)) > 1:
+    phased = len(decode_chunks(m, int(s.get("decode_phases", 0)) or None)) > 1
+    if not slots and phased and growth == "copy":
         sampler.append({"sampling.decode_phases": 1})
     if cost is not None and not slots:
         sampler.sort(key=lambda change: cost(_apply(cfg, change)))  # stable: ties keep order
@@ -199,7 +204,8 @@ def find_fit(
         best: tuple[float, dict, dict] | None = None
         now = _apply(cfg, base)
         cost = (lambda c, p=current: estimate(c, p, target)) if "step_shape" in current else None
-        for change in candidates(now, binding, n, cost):
+        growth = current["programs"].get("generate", {}).get("decode_growth", "copy")
+        for change in candidates(now, binding, n, cost, growth):
             trial = {**base, **change}
             c = _apply(cfg, trial)
             if not _valid(c, n):

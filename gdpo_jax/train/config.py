@@ -261,6 +261,14 @@ def validate_config(
             f"config.sampling.decode_layers={layers!r} must be one of "
             f"{('auto', *DECODE_LAYERS)}; e.g. --config.sampling.decode_layers=auto."
         )
+    from gdpo_jax.sampling.decode import DECODE_GROWTH
+
+    growth = cfg.sampling.get("decode_growth", "auto")
+    if growth not in ("auto", *DECODE_GROWTH):
+        raise ConfigError(
+            f"config.sampling.decode_growth={growth!r} must be one of "
+            f"{('auto', *DECODE_GROWTH)}; e.g. --config.sampling.decode_growth=auto."
+        )
     phases = int(cfg.sampling.get("decode_phases", 0))
     if phases < 0:
         raise ConfigError(

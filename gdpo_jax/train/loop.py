@@ -90,6 +90,7 @@ class Trainer:
             continuous_slots=int(cfg.sampling.get("continuous_slots", 0)),
             decode_layers=cfg.sampling.get("decode_layers", "auto"),
             decode_chunks=int(cfg.sampling.get("decode_phases", 0)) or None,
+            decode_growth=cfg.sampling.get("decode_growth", "auto"),
             share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
             continuous_prompt_slots=int(cfg.sampling.get("continuous_prompt_slots", 0)),
         )

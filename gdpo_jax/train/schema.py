@@ -35,6 +35,7 @@ RESUMABLE_FIELDS = (
     # Memory, not maths: lowered to fit a decode after an OOM (changes later rollouts' keys).
     "sampling.rows_per_call",
     "sampling.decode_phases",  # the decode's cache growth (same tokens, per-row keys)
+    "sampling.decode_growth",
     # How rewards are computed, not what they are.
     "rewards.num_workers",
     "rewards.executor",
@@ -155,11 +156,14 @@ def base_config() -> mlc.ConfigDict:
     # How the decode loop runs the layers: "auto" (fused on CPU in f32, else the
     # scan), "scan", "unrolled" or "fused"; same tokens (docs/sampling.md).
     c.sampling.decode_layers = "auto"
-    # Static decode phases (the cache grows by one copy between them, so early
-    # steps read fewer empty slots); 0 = auto: one per 32 new tokens, at most 4.
-    # 1 = one cache of all slots from the start: no growth copy (a smaller
-    # sampler peak) for more attention reads (docs/sampling.md).
+    # Static decode phases (early steps read fewer, empty, slots); 0 = auto:
+    # one per 32 new tokens, at most 4. 1 = every step reads all slots.
     c.sampling.decode_phases = 0
+    # How the phases get their slots: "prefix" (one cache of all slots, each
+    # phase reads a prefix of it: one phase's memory), "copy" (a longer cache
+    # per phase: the step into a phase holds both), or "auto" (copy for the
+    # unrolled decode forms on CPU, else prefix); same tokens (docs/sampling.md).
+    c.sampling.decode_growth = "auto"
     # Keep each prompt's KV cache once for its G rows, not a copy per row
     # (fewer cache reads and G-fold less prompt KV memory; same tokens).
     c.sampling.share_prompt_cache = True

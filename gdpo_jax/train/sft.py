@@ -166,6 +166,7 @@ class SFT:
             prompt_buckets=(cfg.sampling.max_prompt_len,),
             decode_layers=cfg.sampling.get("decode_layers", "auto"),
             decode_chunks=int(cfg.sampling.get("decode_phases", 0)) or None,
+            decode_growth=cfg.sampling.get("decode_growth", "auto"),
             share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
         )
         task = load_task(cfg)
