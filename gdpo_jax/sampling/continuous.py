@@ -14,12 +14,13 @@ the same compiled ``while_loop`` (static shapes throughout):
     P + t (a per-row cache index, `KVCache.index` i32[B]) at position
     prompt_len + t;
   * the cache grows in phases, as in the static decode (``DecodeSpec.chunks``,
-    ends E_0 < ... < E_{K-1} = M): phase j's cache has P + E_j slots, and
-    its loop runs until a live lane's counter reaches E_j; then the cache
-    grows by one copy. Early steps, and whole runs whose rows stay short, do
-    not attend over (read) slots no lane has reached (with a cap of 512 and
-    long-tailed lengths, a full-length cache made each step cost about 1.9x
-    a static step: docs/benchmarks.md, bench_longtail);
+    ends E_0 < ... < E_{K-1} = M): phase j reads P + E_j slots, and its
+    loop runs until a live lane's counter reaches E_j; then the next phase
+    reads more (``DecodeSpec.growth``: a longer prefix of one cache, or a
+    longer copy, as decode.py's). Early steps, and whole runs whose rows
+    stay short, do not attend over (read) slots no lane has reached (with
+    a cap of 512 and long-tailed lengths, a full-length cache made each
+    step cost about 1.9x a static step: docs/benchmarks.md, bench_longtail);
   * rows are taken in order (row r before r + 1); outputs are scattered to
     their row, so the result has the static decode's layout [N, M].
 

@@ -20,8 +20,8 @@ kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
 The roofline time of a phase is max(FLOPs / (n * peak), bytes / (n * HBM bw))
 summed over phases (n devices). Bytes: decode streams the whole weight matrix
 (FSDP all-gathers it) and the rows' KV cache once per step (the whole cache of
-the step's decode phase: phase j of `decode_chunks` c_0..c_{K-1} holds
-P + E_j slots, E_j = c_0 + ... + c_j, and its steps read them all, the slots
+the step's decode phase: phase j of `decode_chunks` c_0..c_{K-1} reads
+P + E_j slots, E_j = c_0 + ... + c_j, at every step, the slots
 no token has reached yet too; a row's own-slot reads average sum_j c_j E_j / C
 per step, 5/8 C with 4 equal phases, C with one), the weights in the
 dtype the decode form reads (`StepShape.decode_param_bytes`: the storage dtype
