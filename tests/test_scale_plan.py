@@ -205,6 +205,13 @@ def test_flops_against_a_token_by_token_count():
         [got["logprob"], got["train"]], [2 * (prompt_once + own), 4 * (prompt_once + own)]
     )
     assert got["train"] < 4 * fwd
+    # Decode in phases (2, 1): steps 1-2 attend over the first phase's P + 2 slots,
+    # step 3 over P + 3, the slots no token has reached yet included.
+    phased = dataclasses.replace(s, decode_chunks=(2, 1))
+    ctx = (P_ + 2, P_ + 2, P_ + 3)
+    want = U * G * sum(per_tok + 2 * D * V + attn(c) for c in ctx)
+    assert flops_lib.step_flops(mc, phased)["decode"] == pytest.approx(want, rel=1e-12)
+    assert want > decode  # more than the filled slots' count
 
 
 # A step shape for the roofline's memory-bound decode: 8 rows of 2 prompts, 100-token

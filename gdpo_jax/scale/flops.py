@@ -12,6 +12,8 @@ kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
 
   sampling (per call):  prefill U prompts: U * (P m + u + a(P) * (P + 1) / 2)
                         decode B rows:     B * (C (m + u) + 4 L q (C P + C (C + 1) / 2))
+                        ... in phases:     B * (C (m + u) + 4 L q C (P + sum_j c_j E_j / C))
+                                           (a phase's steps attend over all its slots)
   log-prob pass:        N * (T m + C u + a(T) * (T + 1) / 2)        (causal attention)
   ... prompts shared:   N / S * (P m + a(P) (P + 1) / 2)             (algo.share_prompt: each
                         + N * (C (m + u) + 4 L q (C P + C (C + 1) / 2))  prompt once per S = G rows)
@@ -65,7 +67,8 @@ class StepShape:
     # made once per call. None: param_bytes (the scan reads the stored weights).
     decode_param_bytes: int | None = None
     # The decode's phases (DecodeSpec.chunks, summing to new_tokens); () reads
-    # only the slots filled so far (C / 2 own slots per step on average).
+    # and attends over only the slots filled so far (C / 2 own slots per step on
+    # average).
     decode_chunks: tuple[int, ...] = ()
 
 
@@ -95,7 +98,10 @@ def step_flops(mc: ModelConfig, s: StepShape) -> dict[str, float]:
     P, C = s.prompt_len, s.new_tokens
     T = P + C
     prefill = s.prompts * (P * m + u + a * P * (P + 1) / 2)
-    decode = s.rows * (C * (m + u) + a * (C * P + C * (C + 1) / 2))
+    # A phased decode computes attention over its phase's every slot (masked or
+    # not: own_slots_per_step), an unphased count over the filled ones.
+    own = C * own_slots_per_step(C, s.decode_chunks) if s.decode_chunks else C * (C + 1) / 2
+    decode = s.rows * (C * (m + u) + a * (C * P + own))
     if s.train_prompt_share > 1:  # each prompt once, its rows' completions over it
         prompts = s.rows / s.train_prompt_share
         one_pass = prompts * (P * m + a * P * (P + 1) / 2) + s.rows * (
