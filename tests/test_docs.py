@@ -1235,3 +1235,29 @@ def test_committed_plans_flops_are_todays_count() -> None:
         assert p["flops"] == pytest.approx(want, rel=1e-9), f"{key}: regenerate it"
         checked += 1
     assert checked >= 20, checked
+
+
+def test_attention_kernel_prose_is_the_committed_plans() -> None:
+    # docs/models.md quotes what each kernel saves against the einsum path ("xla").
+    import json
+
+    d = ROOT / "docs" / "scale" / "attention"
+
+    def temps(name: str) -> dict[str, float]:
+        p = json.loads((d / f"toolcall-1.5b_{name}.json").read_text(encoding="utf-8"))
+        return {k: v["temp_gib"] for k, v in p["programs"].items()}
+
+    h_xla, h_dpa, h_cudnn = temps("8xh100_xla"), temps("8xh100_dpa"), temps("8xh100_cudnn")
+    v_xla, v_splash = temps("v5p-8_xla"), temps("v5p-8_auto")
+    figures = (
+        f"einsum path ({h_xla['step'] - h_dpa['step']:.2f} GiB apart)",
+        f"step's temporaries by {h_xla['step'] - h_cudnn['step']:.2f} GiB per device",
+        f"the sampler's by {h_xla['generate'] - h_cudnn['generate']:.2f} GiB (its prefill",
+        f"step's by {v_xla['step'] - v_splash['step']:.2f} GiB and the sampler's by "
+        f"{v_xla['generate'] - v_splash['generate']:.2f} GiB",
+    )
+    doc = " ".join((ROOT / "docs" / "models.md").read_text(encoding="utf-8").split())
+    _assert_quotes(doc, figures, "docs/models.md")
+    assert h_dpa["generate"] == h_xla["generate"]
+    for a, b in ((h_xla, h_dpa), (h_xla, h_cudnn), (v_xla, v_splash)):
+        assert a["logprob"] == pytest.approx(b["logprob"], abs=0.01)  # "within 0.01 GiB"
