@@ -1261,3 +1261,19 @@ def test_attention_kernel_prose_is_the_committed_plans() -> None:
     assert h_dpa["generate"] == h_xla["generate"]
     for a, b in ((h_xla, h_dpa), (h_xla, h_cudnn), (v_xla, v_splash)):
         assert a["logprob"] == pytest.approx(b["logprob"], abs=0.01)  # "within 0.01 GiB"
+
+
+def test_scale_prose_v5e_figures_are_the_committed_plan() -> None:
+    # "What the table says" quotes tool calling 1.5B's v5e-16 plan (splash kernel).
+    import json
+
+    plans = json.loads((ROOT / "docs" / "scale" / "plans.json").read_text(encoding="utf-8"))
+    p = plans["tool-1.5b@v5e-16"]
+    g, st = p["programs"]["generate"], p["programs"]["step"]
+    assert p["peak_program"] == "generate"
+    figure = (
+        f"({g['total_gib']:.1f} of {p['usable_gib']:.0f} GiB, in the sampler; "
+        f"the step {st['total_gib']:.1f})"
+    )
+    doc = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
+    _assert_quotes(doc, (figure,), "docs/scale.md")
