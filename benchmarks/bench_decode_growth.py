@@ -19,7 +19,6 @@ load); each form's "prefix" tokens are checked equal to its "copy" tokens.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from typing import Any
@@ -83,6 +82,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             times[f].append(time.perf_counter() - t0)
     return {
         "benchmark": "decode_growth",
+        "machine": common.machine_info(),
         "rows": PROMPTS * GROUP,
         "new_tokens": new,
         "phases": PHASES,
@@ -130,18 +130,11 @@ def table_markdown(res: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=DEFAULT_OUT)
-    a = ap.parse_args()
-    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
-
-    relaunch_with_cpu_tunables()
-    res = run(a.quick)
-    res["machine"] = common.machine_info()
-    print(table_markdown(res))
-    print(f"wrote {common.write_json(a.out, res)}")
+    common.quick_out_main(__doc__, run, table_markdown, DEFAULT_OUT)
 
 
 if __name__ == "__main__":
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # huge pages for XLA:CPU buffers (gdpo_jax/hostenv.py)
     main()

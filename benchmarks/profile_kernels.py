@@ -17,7 +17,6 @@ project met it (best of `repeats` after a warm-up, same process):
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +81,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     forward_ms = _best_ms(lambda x, w: x @ w, x, w, repeats=repeats)
     return {
         "benchmark": "profile_kernels",
+        "machine": common.machine_info(),
         "repeats": repeats,
         "rows": rows,
         "forward_same_weight_ms": forward_ms,
@@ -112,18 +112,11 @@ def table_markdown(res: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="runs/bench/profile_kernels.json")
-    a = ap.parse_args()
-    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
-
-    relaunch_with_cpu_tunables()
-    res = run(a.quick)
-    res["machine"] = common.machine_info()
-    print(table_markdown(res))
-    print(f"wrote {common.write_json(a.out, res)}")
+    common.quick_out_main(__doc__, run, table_markdown, "runs/bench/profile_kernels.json")
 
 
 if __name__ == "__main__":
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # huge pages for XLA:CPU buffers (gdpo_jax/hostenv.py)
     main()
