@@ -800,7 +800,10 @@ def test_matmul_tables_are_the_machine_files_runs() -> None:
         if "bench_matmul" in run["benchmarks"]:
             fams[path.stem] = run["benchmarks"]["bench_matmul"]["result"]["families"]
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
-    for family, phrase in (("step", "as fast as PyTorch's at the step's"), ("decode", "at the")):
+    for family, phrase in (
+        ("step", "as fast as PyTorch's at the step's"),
+        ("decode", "at the decode's"),
+    ):
         ratios = [f[family] for f in fams.values()]
         lo, hi = min(ratios), max(ratios)
         assert min(fams, key=lambda k: fams[k][family]) == "intel-xeon-avx512-2c"
@@ -1224,7 +1227,7 @@ def test_committed_plans_flops_are_todays_count() -> None:
         plans[str(path.relative_to(scale))] = json.loads(path.read_text(encoding="utf-8"))
     checked = 0
     for key, p in plans.items():
-        if "step_shape" not in p:  # the check runs' own records, not plans
+        if "step_shape" not in p:  # docs/scale/check: runs, and plans older than step_shape
             continue
         shape = dict(p["step_shape"], decode_chunks=tuple(p["step_shape"]["decode_chunks"]))
         cfg = mlc.ConfigDict(
@@ -1234,7 +1237,7 @@ def test_committed_plans_flops_are_todays_count() -> None:
         want = flops_lib.step_flops(arch.model_config(cfg), flops_lib.StepShape(**shape))
         assert p["flops"] == pytest.approx(want, rel=1e-9), f"{key}: regenerate it"
         checked += 1
-    assert checked >= 20, checked
+    assert checked >= 27, checked  # plans.json 14, sampler/ 8, attention/ 5
 
 
 def test_attention_kernel_prose_is_the_committed_plans() -> None:
