@@ -8,7 +8,8 @@ r"""Will this config fit, and how fast will it go? An ahead-of-time plan on a CP
 Compiles every program a run executes (fused step, log-prob pass, sampler
 prefill + decode) for the target's abstract devices with the config's mesh and
 abstract params, prints per-device memory, whether it fits, analytic FLOPs and
-a roofline step time; --json writes the same as JSON. When it does not fit,
+a roofline step time; --json writes the same as JSON, with the command line
+that made it (`command`), the machine kind and the UTC time. When it does not fit,
 --search (on by default) tries the knobs a user would turn and prints the
 smallest change that fits as --config overrides; when it fits,
 --fewest_microbatches halves algo.num_microbatches while it still fits (fewer,
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 # Before JAX starts: compile-only use of libtpu needs the CPU backend (libtpu's
 # process lock would otherwise stop every other JAX process on this machine);
@@ -91,6 +93,12 @@ def main(argv: list[str]) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if _JSON.value:
+        from benchmarks.common import machine_info, machine_kind
+        from experiments.plan_command import plan_command
+
+        plan["command"] = plan_command(sys.argv[1:])  # rebuilt by plan_command.parse_plan_command
+        plan["planned_on"] = machine_kind(machine_info())
+        plan["planned_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         with open(_JSON.value, "w") as f:
             json.dump(plan, f, indent=1, default=str)
         print(f"wrote {_JSON.value}")

@@ -4,9 +4,10 @@ r"""The committed table of docs/scale.md: every paper config on the targets a la
     JAX_PLATFORMS=cpu python -m experiments.plan_table --only=tool-1.5b@8xh100
 
 Plans each (config, target) pair with gdpo_jax.scale.plan.make_plan (and, for a
-plan that does not fit, the change the planner's search finds), writes
-every plan to docs/scale/plans.json as soon as it is made (a long run can be
-stopped and resumed: finished entries are kept unless --redo) and rewrites
+plan that does not fit, the change the planner's search finds) and writes
+every plan to docs/scale/plans.json as soon as it is made, each with the
+equivalent `experiments.plan` command line (`command`). A long run can be
+stopped and resumed: finished entries are kept unless --redo. It rewrites
 the table between the `<!-- plan-table -->` markers of docs/scale.md.
 `algo.num_microbatches` is scaled from the configs' 8-device value to the
 target's device count (same rows per device per micro-batch), as the
@@ -262,6 +263,7 @@ def rederive(plan: dict) -> dict:
 def main(argv: list[str]) -> None:
     del argv
     from benchmarks.common import machine_info, machine_kind
+    from experiments.plan_command import table_command
     from gdpo_jax.scale.plan import make_plan
     from gdpo_jax.scale.search import find_fit
     from gdpo_jax.scale.targets import parse_target
@@ -292,6 +294,7 @@ def main(argv: list[str]) -> None:
                 continue
             plan["overrides"], plan["plan_s"] = overrides, time.perf_counter() - t0
             plan["planned_on"] = kind
+            plan["command"] = table_command(name, arg, t, overrides)  # the same plan, one CLI call
             plans[key] = plan
             print(
                 f"  {key}: fits={plan['fits']} peak {plan['peak_gib']:.1f} GiB "

@@ -1240,6 +1240,57 @@ def test_committed_plans_flops_are_todays_count() -> None:
     assert checked >= 27, checked  # plans.json 14, sampler/ 8, attention/ 5
 
 
+def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
+    # Every committed plan names the experiments.plan command that reproduces it; the
+    # config that command builds today must be the one planned (equal config_digest),
+    # or the configs changed under the plan and it must be made again (the message
+    # says how).
+    import json
+
+    from experiments.plan_command import parse_plan_command
+    from gdpo_jax.scale.plan import config_digest
+
+    monkeypatch.chdir(ROOT)  # the commands' paths are relative to the repository
+    scale = ROOT / "docs" / "scale"
+    plans = json.loads((scale / "plans.json").read_text(encoding="utf-8"))
+    for sub in ("sampler", "attention"):
+        for path in sorted((scale / sub).glob("*.json")):
+            plans[f"{sub}/{path.name}"] = json.loads(path.read_text(encoding="utf-8"))
+    assert len(plans) >= 27, len(plans)
+    for key, p in plans.items():
+        assert "command" in p, f"{key}: no command recorded; make it with experiments.plan --json"
+        cfg, topology = parse_plan_command(p["command"])
+        assert topology == p["target"], key
+        assert config_digest(cfg) == p["config_digest"], f"{key}: stale, rerun {p['command']}"
+        if "/" in key:  # made by experiments.plan --json, not by the plan table
+            assert p["command"].endswith(f"--json=docs/scale/{key}"), key
+
+
+def test_plan_command_round_trips_overrides(monkeypatch) -> None:
+    # The parser must apply --config.x overrides (ml_collections reads them from the
+    # args it is given, not sys.argv) and ignore the CLI's other flags.
+    from experiments.plan_command import parse_plan_command, plan_command
+
+    argv = [
+        "--config=configs/tiny_cpu.py",
+        "--topology=v5p-8",
+        "--config.algo.num_microbatches=4",
+        "--config.sampling.decode_growth=copy",
+        "--nosearch",
+        "--json=/tmp/a b.json",
+    ]
+    monkeypatch.chdir(ROOT)
+    command = plan_command(argv)
+    assert "'--json=/tmp/a b.json'" in command  # quoted for a shell
+    cfg, topology = parse_plan_command(command)
+    assert topology == "v5p-8"
+    assert (cfg.algo.num_microbatches, cfg.sampling.decode_growth) == (4, "copy")
+    with pytest.raises(ValueError, match="not an experiments.plan command"):
+        parse_plan_command("python -m experiments.train --config=configs/tiny_cpu.py")
+    with pytest.raises(ValueError, match="no --config or no --topology"):
+        parse_plan_command("python -m experiments.plan --config=configs/tiny_cpu.py")
+
+
 def test_attention_kernel_prose_is_the_committed_plans() -> None:
     # docs/models.md quotes what each kernel saves against the einsum path ("xla").
     import json
