@@ -178,8 +178,11 @@ def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
     total: collections.Counter = collections.Counter()
     for e in events:
         name = e.get("name", "")
-        # Executor, Python and loop frames nest the operations: skip them.
+        # Executor, Python and loop frames nest the operations: skip them. A C++
+        # qualified name ("CommonPjRtLoadedExecutable::Execute...") is a host frame too.
         if e.get("ph") != "X" or name.startswith(("ThunkExecutor", "$", "while", "Slinky")):
+            continue
+        if "::" in name:
             continue
         if name.startswith(("PjitFunction", "np.asarray")):
             continue

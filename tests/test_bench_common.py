@@ -248,6 +248,7 @@ def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
         {"ph": "X", "name": "copy_bitcast_fusion.7", "dur": 2000},
         {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 99000},  # a frame: skipped
         {"ph": "X", "name": "$model.py:38 t", "dur": 99000},
+        {"ph": "X", "name": "CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice", "dur": 9},
         {"ph": "i", "name": "ynn_fusion.9", "dur": 5000},  # not a duration event
     ]
     with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
