@@ -12,8 +12,9 @@ one, one sampler call) on this machine's devices, each in a fresh process
 (`gdpo_jax/scale/measure.py`: random weights of the planned architecture,
 synthetic inputs at the config's widest shapes), and prints the plan's
 per-device memory and roofline time beside the measured peak memory, median
-time and MFU; --json writes the table with the machine. A plan for another
-platform, device count, mesh or model is refused (one line naming the fix).
+time and MFU; --json writes the table with the machine, the command line and
+the UTC time. A plan for another platform, device count, mesh or model is
+refused (one line naming the fix).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
+import time
 
 from absl import app, flags
 
@@ -159,6 +162,9 @@ def main(argv: list[str]) -> None:
         with open(_JSON.value, "w") as f:
             json.dump(
                 dict(
+                    # The line that reran it (check_plan's own flags, as typed).
+                    command=shlex.join(["python", "-m", "experiments.check_plan", *sys.argv[1:]]),
+                    measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     plan_file=_PLAN.value,
                     target=plan["target"],
                     model=plan["model"],

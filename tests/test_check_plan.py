@@ -152,6 +152,8 @@ def test_cli_measures_each_program_in_fresh_processes(tmp_path) -> None:
     done = _run(*small, beta, f"--plan={plan_path}", "--any_platform", "--steps=2", f"--json={out}")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
+    assert result["command"].startswith("python -m experiments.check_plan ")
+    assert f"--plan={plan_path}" in result["command"] and beta in result["command"]
     assert [r["program"] for r in result["rows"]] == ["step", "logprob", "generate"]
     for name, m in result["measured"].items():
         assert len(m["times_s"]) == 2 and all(t > 0 for t in m["times_s"]), name
