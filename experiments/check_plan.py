@@ -162,7 +162,7 @@ def main(argv: list[str]) -> None:
         with open(_JSON.value, "w") as f:
             json.dump(
                 dict(
-                    # The line that reran it (check_plan's own flags, as typed).
+                    # The line that made it (check_plan's own flags, as typed).
                     command=shlex.join(["python", "-m", "experiments.check_plan", *sys.argv[1:]]),
                     measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     plan_file=_PLAN.value,
