@@ -67,20 +67,27 @@ CONSOLE_SCRIPTS = [
     "gdpo-compare=experiments.compare_estimators:run",
 ]
 
+# Directories of shipped files (sample datasets; XLA's GPU target descriptions).
+DATA_PACKAGES = ["gdpo_jax.data.samples", "gdpo_jax.scale.gpu_specs"]
+
 setup(
     name="gdpo_jax",
     version="0.1.0",
     description="GDPO (group reward-decoupled normalization) and GRPO for LLM RL in JAX/Flax NNX",
     # configs/ and experiments/ ship too: the console scripts and `configs.<name>`
     # imports between config files need them outside the repository.
-    packages=find_packages(include=["gdpo_jax", "gdpo_jax.*", "configs", "experiments"]),
+    # The two data directories are listed as packages of their own (they have no
+    # __init__.py): setuptools treats every shipped directory as a package and warns
+    # that it may stop shipping one that is missing from this list.
+    packages=find_packages(include=["gdpo_jax", "gdpo_jax.*", "configs", "experiments"])
+    + DATA_PACKAGES,
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     package_data={
-        "gdpo_jax": ["data/samples/*", "data/samples/**/*"],
-        "gdpo_jax.scale": ["targets/*.txtpb"],
+        "gdpo_jax.data.samples": ["*.jsonl", "*.parquet"],
+        "gdpo_jax.scale.gpu_specs": ["*.txtpb"],
     },
     include_package_data=True,
 )

@@ -6,7 +6,7 @@ compiles real TPU or GPU programs on a CPU machine:
   * TPU: `jax.experimental.topologies.get_topology_desc(platform="tpu",
     topology_name="v5p:2x2x2")` through libtpu (the `[tpu]` / `[aot]` extra);
   * GPU: the CUDA plugin (`[cuda12]` / `[aot]`) with a GpuTargetConfigProto text
-    proto describing the card (targets/*.txtpb, from openxla/xla) and a
+    proto describing the card (gpu_specs/*.txtpb, from openxla/xla) and a
     "<slices>x<hosts>x<gpus>" topology.
 
 Names: `v5p-16` (Cloud TPU naming: the number counts TensorCores, 2 per v4 /
@@ -28,7 +28,7 @@ import re
 from typing import Any
 
 GIB = 1024**3
-_SPEC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "targets")
+_SPEC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs")
 # Memory a GPU process cannot give to XLA's programs: CUDA context, cuBLAS /
 # cuDNN workspaces, NCCL buffers, fragmentation (XLA's own default caps the
 # pool at 75-90 % of the card; 4 GiB is what a tuned run with
@@ -39,7 +39,7 @@ GPU_RUNTIME_RESERVE_BYTES = 4 * GIB
 @dataclasses.dataclass(frozen=True)
 class Chip:
     """One accelerator. memory_bytes: HBM per chip; peak_flops: dense bf16 FLOP/s;
-    hbm_bw: bytes/s; spec: GPU target proto file in targets/ ("" for TPUs)."""
+    hbm_bw: bytes/s; spec: GPU target proto file in gpu_specs/ ("" for TPUs)."""
 
     name: str
     platform: str  # "tpu" | "cuda"
