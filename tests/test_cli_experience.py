@@ -194,6 +194,22 @@ def test_logging_quiets_third_party_keeps_project_info():
         logs.setup_logging("loud")
 
 
+def test_logging_silences_transformers_advice_not_its_warnings(capfd, monkeypatch):
+    # A torch-free install (`make demo`) printed transformers' "PyTorch was not found"
+    # advice in the middle of the run's log.
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setenv("TRANSFORMERS_NO_ADVISORY_WARNINGS", "")
+    monkeypatch.delenv("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    hf_log = hf_logging.get_logger("transformers.test_probe")
+    logs.setup_logging("info")
+    hf_log.warning_advice("advice-line-7f3")
+    hf_log.warning("warning-line-7f3")
+    err = capfd.readouterr().err
+    assert "advice-line-7f3" not in err
+    assert "warning-line-7f3" in err
+
+
 def test_plot_run_and_summary_from_metrics(tmp_path):
     recs = [
         {"step": 1, "reward/fmt/mean": 0.1, "reward/total": 0.1, "loss": 1.0},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -55,6 +56,12 @@ def setup_logging(level: str = "info") -> None:
     for name in THIRD_PARTY:
         logging.getLogger(name).setLevel(others)
     logging.getLogger("gdpo_jax").setLevel(own)
+    if level != "debug":
+        # transformers' "advice" warnings, e.g. "PyTorch was not found. Models won't be
+        # available" on import in a torch-free install (`make demo`): gdpo_jax uses
+        # transformers only for tokenizers and configs. Read at each call, so this also
+        # covers an import that comes later. Real warnings still print.
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     try:  # absl keeps its own verbosity (Orbax logs through absl.logging)
         from absl import logging as absl_logging
 
