@@ -32,6 +32,7 @@ from gdpo_jax.models.attention import (
 )
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.models.kvcache import KVCache
+from gdpo_jax.models.layer_weights import fuse_layer, split_layers
 from gdpo_jax.models.rope import apply_rope, rope_cos_sin
 from gdpo_jax.models.splash import splash_attention
 from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
@@ -58,14 +59,6 @@ PARAM_AXES: dict[str, tuple[str | None, ...]] = {
     "gate_proj": (None, "fsdp", "tensor"),  # [L, D, F]
     "up_proj": (None, "fsdp", "tensor"),  # [L, D, F]
     "down_proj": (None, "tensor", "fsdp"),  # [L, F, D]
-}
-
-
-# Weights concatenated on their output dim by Transformer.layer_params(fuse=True).
-_FUSED: dict[str, tuple[str, ...]] = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "qkv_bias": ("q_bias", "k_bias", "v_bias"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
 }
 
 
@@ -142,20 +135,11 @@ class Transformer(nnx.Module):
         axis} per layer), for ``__call__(layer_params=...)``: sliced once, outside
         a decode loop, so the loop's steps do not slice the stacked weights.
 
-        fuse: also concatenate q/k/v (and their biases) into "qkv_proj" f[D,
-        (Hq+2Hkv)*Dh] and gate/up into "gate_up_proj" f[D, 2F], so a step runs 4
-        weight matmuls per layer instead of 7 (the same products; a wider matmul
-        may block its f32 sums differently, ~1e-6).
+        fuse: q/k/v and gate/up concatenated per layer (`layer_weights.fuse_layer`).
         For one device: under a mesh the concatenation would mix "tensor" shards.
         """
-        out = []
-        for lp in split_layers(self.param_arrays()["layers"], self.cfg.num_layers):
-            if fuse:
-                for fused, names in _FUSED.items():
-                    if names[0] in lp:
-                        lp[fused] = jnp.concatenate([lp.pop(n) for n in names], axis=-1)
-            out.append(lp)
-        return tuple(out)
+        layers = split_layers(self.param_arrays()["layers"], self.cfg.num_layers)
+        return tuple(fuse_layer(lp) for lp in layers) if fuse else layers
 
     def unembed_matrix(self) -> jax.Array:
         """f[D, V] output projection (embed.T when tied), in param dtype."""
@@ -273,19 +257,6 @@ class Transformer(nnx.Module):
             fn = jax.sharding.auto_axes(fn, out_sharding=out_sh)
         out = fn(*args)
         return out
-
-
-def split_layers(layers: dict[str, jax.Array], n: int) -> tuple[dict[str, jax.Array], ...]:
-    """{name: f[L, ...]} -> L dicts {name: f[...]} (one split per weight).
-
-    `jnp.split`, not L indexings `v[i]`: autodiff transposes a split into one
-    concatenate of the L layer gradients, where each `v[i]` transposes into a
-    zero-padded [L, ...] gradient and the L of them are summed (O(L^2) memory
-    traffic: the largest non-matmul cost of SmolLM2-135M's 30-layer fwd+bwd on
-    XLA:CPU).
-    """
-    parts = {k: jnp.split(v, n, axis=0) for k, v in layers.items()}
-    return tuple({k: p[i].reshape(p[i].shape[1:]) for k, p in parts.items()} for i in range(n))
 
 
 def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:

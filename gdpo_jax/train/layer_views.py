@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gdpo_jax.models.transformer import split_layers
+from gdpo_jax.models.layer_weights import split_layers
 
 __all__ = ["LayerViews", "join_grads", "layers_state", "split_params"]
 
