@@ -6,6 +6,8 @@ persistent cache. Every device's thread then waits in a collective's rendezvous,
 but not all in the same one. Seen on the 8-device training step: device 0 waited
 in an all-gather while devices 1-7 waited in an all-reduce. After 40 s
 (`--xla_cpu_collective_call_terminate_timeout_seconds`) the process aborts.
+With that timeout (and `--xla_cpu_collective_timeout_seconds`) at 300 s it waited
+300 s and aborted all the same: a deadlock, which longer timeouts do not cure.
 
 Freshly compiled, the step ran every time under load: 5 of 5 runs of
 tests/test_train_sharded.py on a 2-core machine kept busy by three spinning
