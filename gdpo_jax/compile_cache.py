@@ -5,38 +5,73 @@ devices (`--xla_force_host_platform_device_count`) that was loaded from the
 persistent cache. Every device's thread then waits in a collective's rendezvous,
 but not all in the same one. Seen on the 8-device training step: device 0 waited
 in an all-gather while devices 1-7 waited in an all-reduce. After 40 s
-(`--xla_cpu_collective_call_terminate_timeout_seconds`) the process aborts.
-With that timeout (and `--xla_cpu_collective_timeout_seconds`) at 300 s it waited
-300 s and aborted all the same: a deadlock, which longer timeouts do not cure.
+(`--xla_cpu_collective_call_terminate_timeout_seconds`) the process aborts; with
+that timeout (and `--xla_cpu_collective_timeout_seconds`) at 300 s it waited 300 s
+and aborted all the same: a deadlock, which longer timeouts do not cure.
 
 Freshly compiled, the step ran every time under load: 5 of 5 runs of
 tests/test_train_sharded.py on a 2-core machine kept busy by three spinning
 processes. Loaded from the cache it aborted in 3 of 4 such runs, and in none
 without the load: a race that load exposes, in the loaded executable only.
 
+XLA:CPU's concurrency-optimized scheduler exposes it. With
+`--xla_cpu_enable_concurrency_optimized_scheduler=false` in XLA_FLAGS (when the
+cache was filled, too: XLA_FLAGS are part of the key) the loaded programs ran every
+time under the same load, where nearly every loaded run aborted with the default
+scheduler (`python -m benchmarks.probe_cpu_collectives_cache`; the committed counts
+are in docs/limits.md).
+
 GPU and TPU collectives are not affected, and neither is a single CPU device.
 So a run on several CPU devices compiles its programs and neither reads nor
-writes the cache (`cpu_collectives_compiled_fresh`). The test suite keeps the
-cache for every single-device program (tests/conftest.py).
+writes the cache (`cpu_collectives_compiled_fresh`), unless XLA_FLAGS turns that
+scheduler off (`ORDERED_SCHEDULER`; `cache_is_safe` reads XLA_FLAGS). The test
+suite keeps the cache for every single-device program (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Iterator
 
 import jax
 
-__all__ = ["cache_is_safe", "cpu_collectives_compiled_fresh", "run_devices"]
+__all__ = [
+    "ORDERED_SCHEDULER",
+    "cache_is_safe",
+    "cpu_collectives_compiled_fresh",
+    "ordered_cpu_scheduler",
+    "run_devices",
+]
 
 log = logging.getLogger(__name__)
 
 
-def cache_is_safe(platform: str, num_devices: int) -> bool:
+# XLA flag that keeps XLA:CPU collectives loaded from the cache out of the deadlock.
+SCHEDULER_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
+ORDERED_SCHEDULER = f"--{SCHEDULER_FLAG}=false"
+
+
+def ordered_cpu_scheduler(xla_flags: str | None = None) -> bool:
+    """Whether `xla_flags` (default: $XLA_FLAGS) turns XLA:CPU's concurrency-optimized
+    scheduler off (the last `--xla_cpu_enable_concurrency_optimized_scheduler=` wins,
+    as in XLA's own parsing)."""
+    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    value = None
+    for token in flags.split():
+        name, _, v = token.partition("=")
+        if name == "--" + SCHEDULER_FLAG:
+            value = v.lower()
+    return value in ("false", "0")
+
+
+def cache_is_safe(platform: str, num_devices: int, xla_flags: str | None = None) -> bool:
     """Whether an executable for `num_devices` devices of `platform` ("cpu",
-    "gpu", "tpu") may be stored in and loaded from the persistent cache."""
-    return platform != "cpu" or num_devices <= 1
+    "gpu", "tpu") may be stored in and loaded from the persistent cache: always
+    for accelerators and one device; for several CPU devices only when
+    `xla_flags` (default: $XLA_FLAGS) carries `ORDERED_SCHEDULER`."""
+    return platform != "cpu" or num_devices <= 1 or ordered_cpu_scheduler(xla_flags)
 
 
 def run_devices(num_devices: int) -> int:
@@ -56,8 +91,10 @@ def cpu_collectives_compiled_fresh(num_devices: int) -> Iterator[bool]:
     if off:
         log.info(
             "persistent compilation cache off for this run: XLA:CPU programs over %d devices "
-            "loaded from it can deadlock in their collectives (gdpo_jax/compile_cache.py)",
+            "loaded from it can deadlock in their collectives; add %s to XLA_FLAGS to keep "
+            "it (gdpo_jax/compile_cache.py)",
             num_devices,
+            ORDERED_SCHEDULER,
         )
         jax.config.update("jax_enable_compilation_cache", False)
         compilation_cache.reset_cache()  # the on/off is read once per process

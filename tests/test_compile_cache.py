@@ -15,6 +15,8 @@ from jax.experimental.compilation_cache import compilation_cache
 from gdpo_jax import compile_cache
 from gdpo_jax.sharding import batch_sharding, make_mesh
 
+ORDERED = compile_cache.ORDERED_SCHEDULER
+
 
 @pytest.fixture
 def fresh_cache_dir(tmp_path):
@@ -45,10 +47,39 @@ def _lambdas(path) -> set[str]:
     return {f for f in os.listdir(path) if f.startswith("jit__lambda") and f.endswith("-cache")}
 
 
-def test_only_single_device_cpu_programs_are_safe_to_cache():
+def test_only_single_device_cpu_programs_are_safe_to_cache(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     assert compile_cache.cache_is_safe("cpu", 1)
     assert not compile_cache.cache_is_safe("cpu", 2)
     assert compile_cache.cache_is_safe("gpu", 8) and compile_cache.cache_is_safe("tpu", 8)
+
+
+@pytest.mark.parametrize(
+    "flags, ordered",
+    [
+        ("", False),
+        ("--xla_force_host_platform_device_count=8", False),
+        ("--xla_cpu_enable_concurrency_optimized_scheduler=false", True),
+        (
+            "--xla_force_host_platform_device_count=8 "
+            "--xla_cpu_enable_concurrency_optimized_scheduler=0",
+            True,
+        ),
+        ("--xla_cpu_enable_concurrency_optimized_scheduler=true", False),
+        # XLA parses left to right: the last setting wins.
+        (
+            "--xla_cpu_enable_concurrency_optimized_scheduler=false "
+            "--xla_cpu_enable_concurrency_optimized_scheduler=true",
+            False,
+        ),
+        ("--xla_cpu_enable_concurrency_optimized_scheduler_extra=false", False),
+    ],
+)
+def test_several_cpu_devices_are_safe_with_the_ordered_scheduler(monkeypatch, flags, ordered):
+    assert compile_cache.ordered_cpu_scheduler(flags) is ordered
+    assert compile_cache.cache_is_safe("cpu", 8, flags) is ordered
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert compile_cache.cache_is_safe("cpu", 8) is ordered
 
 
 def test_the_suite_stores_single_device_programs_but_not_sharded_ones(fresh_cache_dir):
@@ -63,11 +94,17 @@ def test_the_suite_stores_single_device_programs_but_not_sharded_ones(fresh_cach
     assert _lambdas(fresh_cache_dir) == stored
 
 
-def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cache_dir):
+def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cache_dir, monkeypatch):
     assert jax.device_count() == 8
+    # The flags the backend started with; `cache_is_safe` reads them from the environment.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(0)) as off:
         assert off and not jax.config.jax_enable_compilation_cache
     assert jax.config.jax_enable_compilation_cache
     with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(1)) as off:
         assert not off and jax.config.jax_enable_compilation_cache
     assert compile_cache.run_devices(2) == 2
+    # With the ordered scheduler in XLA_FLAGS the run keeps the cache.
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {ORDERED}")
+    with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(0)) as off:
+        assert not off and jax.config.jax_enable_compilation_cache

@@ -1232,6 +1232,33 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
     assert f"save ({top_p(None, False)} on CPU" in limits
 
 
+def test_cpu_collectives_cache_table_and_prose_are_the_committed_runs() -> None:
+    """docs/limits.md's table of loaded multi-device XLA:CPU programs renders the
+    committed probe runs, and what its prose concludes holds in them."""
+    import json
+
+    from benchmarks import probe_cpu_collectives_cache as probe
+
+    paths = sorted((ROOT / "docs" / "benchmarks").glob("cpu_collectives_cache_*.json"))
+    rows = [r for p in paths for r in json.loads(p.read_text())["results"]]
+    limits = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
+    flat = "\n".join(line.strip() for line in limits.splitlines())
+    assert rows and probe.format_table(rows) in flat, (
+        "docs/limits.md's table: python -m benchmarks.probe_cpu_collectives_cache "
+        "--out docs/benchmarks/cpu_collectives_cache_<machine kind>.json"
+    )
+    by = {s: [r for r in rows if r["setting"] == s] for s in probe.SETTINGS}
+    assert all(r["fresh_passed"] for r in rows)
+    # "With the concurrency-optimized scheduler off, the loaded programs ran every time."
+    assert by["ordered scheduler"] and not any(r["loaded_aborted"] for r in by["ordered scheduler"])
+    # The default scheduler is why the cache stays off by default.
+    assert any(r["loaded_aborted"] for r in by["default scheduler"])
+    # "Longer collective timeouts only make the abort later."
+    timeouts = by["300 s collective timeouts"]
+    assert timeouts and all(r["loaded_aborted"] == r["loaded_runs"] for r in timeouts)
+    assert "Longer collective timeouts only make the abort later" in " ".join(limits.split())
+
+
 def test_committed_plans_flops_are_todays_count() -> None:
     # A plan's FLOPs are analytic (gdpo_jax/scale/flops.py): a change to the count
     # must regenerate every committed plan that has its step shape, or the docs
