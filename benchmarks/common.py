@@ -21,6 +21,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -350,9 +351,10 @@ def now_iso() -> str:
 
 
 def command_line() -> str:
-    """The command as typed (``python -m benchmarks.run_all --quick``), not the script path."""
+    """The command as typed (``python -m benchmarks.run_all --quick``), not the script
+    path; arguments with spaces are shell-quoted, so the line runs again as it stands."""
     argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
-    return " ".join(["python", *argv[1:]])
+    return shlex.join(["python", *argv[1:]])
 
 
 def quick_out_main(

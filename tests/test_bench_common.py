@@ -10,6 +10,8 @@ import json
 import math
 import os
 import pathlib
+import shlex
+import sys
 
 import numpy as np
 import pytest
@@ -420,3 +422,11 @@ def test_quick_out_main_runs_prints_and_writes(tmp_path, monkeypatch, capsys):
     assert json.loads(out.read_text()) == {"quick": True, "x": 1.5}
     printed = capsys.readouterr().out
     assert "table x=1.5" in printed and f"wrote {out}" in printed
+
+
+def test_command_line_quotes_arguments_with_spaces(monkeypatch):
+    argv = ["/usr/bin/python3", "-m", "benchmarks.x", "--settings", "a b", "--out", "o.json"]
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    line = common.command_line()
+    assert line == "python -m benchmarks.x --settings 'a b' --out o.json"
+    assert shlex.split(line)[1:] == argv[1:]
