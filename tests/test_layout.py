@@ -70,6 +70,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.train.rollout",
             "gdpo_jax.train.sample_score",
             "gdpo_jax.train.checkpoint",
+            "gdpo_jax.train.orbax_noise",
             "gdpo_jax.train.build",
             "gdpo_jax.train.sft_data",
         ),

@@ -32,6 +32,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from gdpo_jax.train import config as config_lib
+from gdpo_jax.train.orbax_noise import quiet_abandoned_reads
 from gdpo_jax.train.state import abstract_of
 
 log = logging.getLogger("gdpo_jax.train")
@@ -193,6 +194,7 @@ class Checkpointer:
             except IncompatibleCheckpointError:
                 raise
             except Exception as e:  # noqa: BLE001 - orbax/TensorStore/JSON: any read failure
+                quiet_abandoned_reads()  # the other reads' reports (orbax_noise.py)
                 failed.append((s, _short(e)))
                 later = [t for t in steps if t < s]
                 log.warning(
