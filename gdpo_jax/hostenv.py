@@ -18,7 +18,7 @@ first thing; a notebook or script sets the variable itself before starting
 Python: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python ...``.
 
 Nothing happens (and nothing is re-executed) when the tunable is already set,
-when ``GDPO_JAX_NO_RELAUNCH=1``, off Linux, inside pytest or IPython (a
+when ``GDPO_JAX_NO_RELAUNCH=1``, off Linux, inside pytest or an IPython shell (a
 re-exec would restart the whole session), or when JAX has already started a
 backend (a re-exec would then lose work). Numerics are unchanged: only where
 the memory comes from differs.
@@ -50,6 +50,15 @@ def _backend_started() -> bool:
     return bool(jax_mod is not None and getattr(jax_mod, "_backends", None))
 
 
+def _in_ipython_shell() -> bool:
+    """Whether an IPython shell or kernel runs this process. Not merely whether
+    IPython was imported: flax.nnx imports it wherever it is installed (the [viz]
+    extra), which had kept every script importing nnx from relaunching."""
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    return bool(get is not None and get() is not None)
+
+
 def relaunch_with_cpu_tunables() -> None:
     """Re-executes this process with huge pages for malloc, unless that is done,
     disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside pytest / IPython, or too
@@ -62,7 +71,7 @@ def relaunch_with_cpu_tunables() -> None:
         return
     if "glibc.malloc.hugetlb" in os.environ.get("GLIBC_TUNABLES", "") or _backend_started():
         return
-    if "pytest" in sys.modules or "IPython" in sys.modules:
+    if "pytest" in sys.modules or _in_ipython_shell():
         return
     env = cpu_tunables_env()
     # Loop guard: the child sees the tunable set and returns above; should the

@@ -1380,3 +1380,62 @@ def test_scale_prose_v5e_figures_are_the_committed_plan() -> None:
     )
     doc = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
     _assert_quotes(doc, (figure,), "docs/scale.md")
+
+
+def test_limits_cpu_speed_figures_are_each_kinds_latest_row() -> None:
+    """limits.md's CPU-speed bullet quotes each machine kind's latest run_all row: the
+    RL iteration at both betas ("<kind> a.bcx / d.efx") and the greedy sampler
+    ("<kind> a.bcx"), from the same machine files as summary.md."""
+    from benchmarks import run_all
+
+    flat = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    bullet = flat.split("- CPU speed against TRL", 1)[1].split(" - ", 1)[0]
+    for row in run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines")):
+        kind = row["machine"]
+        pair = f"{kind} {row['rl_iter_b0.0']:.2f}x / {row['rl_iter_b0.04']:.2f}x"
+        assert pair in bullet, f"limits.md should quote {pair!r} (machines/{kind}.json)"
+        greedy = f"{kind} {row['sampler_greedy']:.2f}x"
+        assert greedy in bullet, f"limits.md should quote {greedy!r} (machines/{kind}.json)"
+
+
+def test_cpu_smollm2_sampler_section_is_the_committed_runs() -> None:
+    """benchmarks.md's SmolLM2-shape CPU sampler section renders the committed run, and
+    its prose (and limits.md) quote both runs' ratios."""
+    import json
+
+    from benchmarks import bench_sampler
+
+    runs = {
+        name: json.loads((ROOT / "docs" / "benchmarks" / f"{name}.json").read_text())
+        for name in (
+            "sampler_smollm2_amd-epyc-avx512-2c",
+            "sampler_smollm2_amd-epyc-avx512-2c_earlier",
+        )
+    }
+    latest, earlier = runs.values()
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert bench_sampler.format_table(latest) in doc, (
+        "python -m benchmarks.bench_sampler --model smollm2 "
+        "--out docs/benchmarks/sampler_smollm2_amd-epyc-avx512-2c.json"
+    )
+    for res in runs.values():
+        assert res["model_name"] == "smollm2" and res["hf_device"] == "cpu"
+        assert res["machine"]["cpu_isa"] == "avx512" and res["greedy_rows_identical_to_hf"] == 1
+    assert "hugetlb" in latest["machine"]["glibc_tunables"]
+    assert not earlier["machine"]["glibc_tunables"]
+    speed = {n: {r["mode"]: r["speedup"] for r in res["results"]} for n, res in runs.items()}
+    e = speed["sampler_smollm2_amd-epyc-avx512-2c_earlier"]
+    greedy = sorted(s["greedy"] for s in speed.values())
+    sampling = sorted(s[m] for s in speed.values() for m in ("sampled", "top-k 50"))
+    flat = " ".join(
+        doc.split("### At SmolLM2-135M's shapes on CPU", 1)[1].split("\n## ")[0].split()
+    )
+    for figure in (
+        f"greedy {e['greedy']:.2f}x, sampled {e['sampled']:.2f}x, top-k 50 {e['top-k 50']:.2f}x",
+        f"greedy decoding is {greedy[0]:.2f}x-{greedy[-1]:.2f}x",
+        f"with or without top-k {sampling[0]:.2f}x-{sampling[-1]:.2f}x",
+        f"took {earlier['results'][0]['ours_s']:.2f} s then {latest['results'][0]['ours_s']:.2f} s",
+    ):
+        assert figure in flat, f"benchmarks.md's SmolLM2 CPU sampler prose should say {figure!r}"
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    assert f"{greedy[0]:.2f}x-{greedy[-1]:.2f}x at SmolLM2-135M's shapes" in limits

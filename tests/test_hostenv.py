@@ -64,6 +64,16 @@ def test_no_relaunch_when_disabled_or_too_late(env_extra, before):
     assert _probe(env_extra, before)["tunables"] is None
 
 
+def test_relaunch_after_importing_ipython_but_not_inside_a_shell():
+    # flax.nnx imports IPython wherever it is installed, so "IPython imported" must
+    # not count as "inside IPython": bench_sampler and five other benchmarks did not
+    # relaunch. A live shell (get_ipython() answers) still keeps the process.
+    pytest.importorskip("IPython")
+    assert _probe({}, "import flax.nnx")["tunables"] == "glibc.malloc.hugetlb=1"
+    shell = "import IPython; IPython.get_ipython = lambda: object()"
+    assert _probe({}, shell)["tunables"] is None
+
+
 _FAULTS = (
     "import resource, jax, jax.numpy as jnp\n"
     "f = jax.jit(lambda x: (jnp.outer(x, x) * 2.0).sum(axis=0))\n"  # a 256 MB temporary
