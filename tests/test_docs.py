@@ -1439,3 +1439,6 @@ def test_cpu_smollm2_sampler_section_is_the_committed_runs() -> None:
         assert figure in flat, f"benchmarks.md's SmolLM2 CPU sampler prose should say {figure!r}"
     limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
     assert f"{greedy[0]:.2f}x-{greedy[-1]:.2f}x at SmolLM2-135M's shapes" in limits
+    assert f"SmolLM2-135M's shapes ({greedy[0]:.2f}x-{greedy[-1]:.2f}x in two runs" in " ".join(
+        doc.split()
+    )
