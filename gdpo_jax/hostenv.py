@@ -61,7 +61,7 @@ def _in_ipython_shell() -> bool:
 
 def relaunch_with_cpu_tunables() -> None:
     """Re-executes this process with huge pages for malloc, unless that is done,
-    disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside pytest / IPython, or too
+    disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside pytest / an IPython shell, or too
     late (a JAX backend is up).
 
     Returns only when no re-exec happens; otherwise the process image is

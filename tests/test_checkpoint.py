@@ -185,13 +185,14 @@ Unrelated()
 
 def test_failed_restore_reports_one_error_not_orbax_abandoned_reads(tmp_path):
     # orbax leaves a failed restore's other reads in flight; without
-    # orbax_noise.quiet_abandoned_reads each restore printed 10-30 "Exception
+    # orbax_noise.quiet_abandoned_reads each restore printed dozens of "Exception
     # ignored in: <coroutine _read_array_index_and_device_put>" / "Event loop
     # is closed" tracebacks and "Task exception was never retrieved" records.
     import subprocess
     import sys
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.getcwd()}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root}
     proc = subprocess.run(
         [sys.executable, "-c", _FAILED_RESTORES, str(tmp_path), "5"],
         capture_output=True,
