@@ -1393,9 +1393,8 @@ def test_limits_cpu_speed_figures_are_each_kinds_latest_row() -> None:
     for row in run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines")):
         kind = row["machine"]
         pair = f"{kind} {row['rl_iter_b0.0']:.2f}x / {row['rl_iter_b0.04']:.2f}x"
-        assert pair in bullet, f"limits.md should quote {pair!r} (machines/{kind}.json)"
         greedy = f"{kind} {row['sampler_greedy']:.2f}x"
-        assert greedy in bullet, f"limits.md should quote {greedy!r} (machines/{kind}.json)"
+        _assert_quotes(bullet, (pair, greedy), f"docs/limits.md (machines/{kind}.json)")
 
 
 def test_cpu_smollm2_sampler_section_is_the_committed_runs() -> None:
@@ -1430,15 +1429,15 @@ def test_cpu_smollm2_sampler_section_is_the_committed_runs() -> None:
     flat = " ".join(
         doc.split("### At SmolLM2-135M's shapes on CPU", 1)[1].split("\n## ")[0].split()
     )
-    for figure in (
+    figures = (
         f"greedy {e['greedy']:.2f}x, sampled {e['sampled']:.2f}x, top-k 50 {e['top-k 50']:.2f}x",
         f"greedy decoding is {greedy[0]:.2f}x-{greedy[-1]:.2f}x",
         f"with or without top-k {sampling[0]:.2f}x-{sampling[-1]:.2f}x",
         f"took {earlier['results'][0]['ours_s']:.2f} s then {latest['results'][0]['ours_s']:.2f} s",
-    ):
-        assert figure in flat, f"benchmarks.md's SmolLM2 CPU sampler prose should say {figure!r}"
-    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
-    assert f"{greedy[0]:.2f}x-{greedy[-1]:.2f}x at SmolLM2-135M's shapes" in limits
-    assert f"SmolLM2-135M's shapes ({greedy[0]:.2f}x-{greedy[-1]:.2f}x in two runs" in " ".join(
-        doc.split()
     )
+    _assert_quotes(flat, figures, "docs/benchmarks.md's SmolLM2 CPU sampler section")
+    spread = f"{greedy[0]:.2f}x-{greedy[-1]:.2f}x"
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(limits, (f"{spread} at SmolLM2-135M's shapes",), "docs/limits.md")
+    rl_section = (f"SmolLM2-135M's shapes ({spread} in two runs",)
+    _assert_quotes(" ".join(doc.split()), rl_section, "docs/benchmarks.md's RL section")
