@@ -194,20 +194,33 @@ def test_logging_quiets_third_party_keeps_project_info():
         logs.setup_logging("loud")
 
 
-def test_logging_silences_transformers_advice_not_its_warnings(capfd, monkeypatch):
+def test_logging_silences_transformers_advice_not_its_warnings(monkeypatch):
     # A torch-free install (`make demo`) printed transformers' "PyTorch was not found"
-    # advice in the middle of the run's log.
+    # advice in the middle of the run's log. The records are collected by a handler
+    # of the test's own: transformers' stderr handler keeps whichever sys.stderr it
+    # was created with (an earlier test's capture under xdist), so capfd may miss it.
     from transformers.utils import logging as hf_logging
+
+    class Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.lines.append(record.getMessage())
 
     monkeypatch.setenv("TRANSFORMERS_NO_ADVISORY_WARNINGS", "")
     monkeypatch.delenv("TRANSFORMERS_NO_ADVISORY_WARNINGS")
     hf_log = hf_logging.get_logger("transformers.test_probe")
-    logs.setup_logging("info")
-    hf_log.warning_advice("advice-line-7f3")
-    hf_log.warning("warning-line-7f3")
-    err = capfd.readouterr().err
-    assert "advice-line-7f3" not in err
-    assert "warning-line-7f3" in err
+    collect = Collect()
+    hf_log.addHandler(collect)
+    try:
+        logs.setup_logging("info")
+        hf_log.warning_advice("advice-line-7f3")
+        hf_log.warning("warning-line-7f3")
+    finally:
+        hf_log.removeHandler(collect)
+    assert collect.lines == ["warning-line-7f3"]
 
 
 def test_plot_run_and_summary_from_metrics(tmp_path):
