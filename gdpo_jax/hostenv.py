@@ -18,8 +18,8 @@ first thing; a notebook or script sets the variable itself before starting
 Python: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python ...``.
 
 Nothing happens (and nothing is re-executed) when the tunable is already set,
-when ``GDPO_JAX_NO_RELAUNCH=1``, off Linux, inside pytest or an IPython shell (a
-re-exec would restart the whole session), or when JAX has already started a
+when ``GDPO_JAX_NO_RELAUNCH=1``, off Linux, inside a pytest run or an IPython
+shell (a re-exec would restart the whole session), or when JAX has already started a
 backend (a re-exec would then lose work). Numerics are unchanged: only where
 the memory comes from differs.
 """
@@ -59,9 +59,18 @@ def _in_ipython_shell() -> bool:
     return bool(get is not None and get() is not None)
 
 
+def _in_pytest_run() -> bool:
+    """Whether a pytest session runs this process: pytest imported *and* its
+    session (PYTEST_VERSION) or per-test (PYTEST_CURRENT_TEST) variable set. Not
+    merely pytest imported: a dependency importing it would otherwise silently
+    keep every CLI and benchmark from relaunching (as IPython had, via flax.nnx)."""
+    in_session = "PYTEST_VERSION" in os.environ or "PYTEST_CURRENT_TEST" in os.environ
+    return "pytest" in sys.modules and in_session
+
+
 def relaunch_with_cpu_tunables() -> None:
     """Re-executes this process with huge pages for malloc, unless that is done,
-    disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside pytest / an IPython shell, or too
+    disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside a pytest run / an IPython shell, or too
     late (a JAX backend is up).
 
     Returns only when no re-exec happens; otherwise the process image is
@@ -71,7 +80,7 @@ def relaunch_with_cpu_tunables() -> None:
         return
     if "glibc.malloc.hugetlb" in os.environ.get("GLIBC_TUNABLES", "") or _backend_started():
         return
-    if "pytest" in sys.modules or _in_ipython_shell():
+    if _in_pytest_run() or _in_ipython_shell():
         return
     env = cpu_tunables_env()
     # Loop guard: the child sees the tunable set and returns above; should the

@@ -74,6 +74,15 @@ def test_relaunch_after_importing_ipython_but_not_inside_a_shell():
     assert _probe({}, shell)["tunables"] is None
 
 
+def test_relaunch_after_importing_pytest_but_not_inside_a_pytest_run():
+    # "pytest imported" must not count as "pytest runs this process": a dependency
+    # importing pytest would silently keep the CLIs from relaunching. This test
+    # runs under pytest, so its session variables are dropped for the first probe.
+    session = ("GLIBC_TUNABLES", "PYTEST_VERSION", "PYTEST_CURRENT_TEST")
+    assert _probe({}, "import pytest", drop=session)["tunables"] == "glibc.malloc.hugetlb=1"
+    assert _probe({"PYTEST_VERSION": "9"}, "import pytest", drop=session)["tunables"] is None
+
+
 _FAULTS = (
     "import resource, jax, jax.numpy as jnp\n"
     "f = jax.jit(lambda x: (jnp.outer(x, x) * 2.0).sum(axis=0))\n"  # a 256 MB temporary
