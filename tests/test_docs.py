@@ -715,8 +715,12 @@ def test_prompt_sharing_section_is_the_committed_run() -> None:
     worst = max(r["max_abs_logp_diff"] for r in res["results"])
     assert f"log-probs agree to {worst:.1e}" in flat
     assert f"{rows[16]['step_speedup']:.2f}x for the step at bench_rl-like" in flat
+    assert f"{rows[64]['step_speedup']:.2f}x at width 64 and" in flat
     assert f"{rows[256]['step_speedup']:.2f}x at width 256" in flat
     assert rows[256]["step_speedup"] > rows[64]["step_speedup"] > rows[16]["step_speedup"] > 1
+    # "above the token ratio at the two wider ones"
+    assert all(rows[w]["step_speedup"] > rows[w]["ideal_speedup"] for w in (64, 256))
+    assert res["machine"]["glibc_tunables"] == "glibc.malloc.hugetlb=1"  # "huge pages on"
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert (
         f"a {rows[16]['step_speedup']:.2f}x faster step at 16-token prompts, "
@@ -1228,6 +1232,7 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
         f"at 2,048 tokens {top_p(None, False)}",
     ):
         assert figure in flat, f"docs/benchmarks.md's token-choice prose should say {figure!r}"
+    assert res["machine"]["glibc_tunables"] == "glibc.malloc.hugetlb=1"  # "huge pages on"
     limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
     assert f"save ({top_p(None, False)} on CPU" in limits
 
