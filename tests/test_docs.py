@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from gdpo_jax.hostenv import HUGETLB_TUNABLE
+
 ROOT = Path(__file__).resolve().parent.parent
 README_MAX_LINES = 220
 
@@ -720,7 +722,7 @@ def test_prompt_sharing_section_is_the_committed_run() -> None:
     assert rows[256]["step_speedup"] > rows[64]["step_speedup"] > rows[16]["step_speedup"] > 1
     # "above the token ratio at the two wider ones"
     assert all(rows[w]["step_speedup"] > rows[w]["ideal_speedup"] for w in (64, 256))
-    assert res["machine"]["glibc_tunables"] == "glibc.malloc.hugetlb=1"  # "huge pages on"
+    assert res["machine"]["glibc_tunables"] == HUGETLB_TUNABLE  # "huge pages on"
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert (
         f"a {rows[16]['step_speedup']:.2f}x faster step at 16-token prompts, "
@@ -915,13 +917,16 @@ def test_longtail_table_is_the_committed_runs() -> None:
     ]
     met = sum(x >= 2.0 for xs in ratio.values() for x in xs)
     flat = " ".join(doc.split())
-    for figure in (
-        f"Useful throughput is {full} the static calls' at the full size (cap 512) and {quick}",
-        f"is met in {_WORDS[met]} runs of {_WORDS[len(runs)]}",
-        f"decoded tok/s columns: {min(step):.2f}-{max(step):.2f}x",
-        *(f"by {2.0 - x:.2f} in" for xs in ratio.values() for x in xs if x < 2.0),
-    ):
-        assert figure in flat, f"docs/benchmarks.md's long-tail prose should say {figure!r}"
+    _assert_quotes(
+        flat,
+        (
+            f"Useful throughput is {full} the static calls' at the full size (cap 512) and {quick}",
+            f"is met in {_WORDS[met]} runs of {_WORDS[len(runs)]}",
+            f"decoded tok/s columns: {min(step):.2f}-{max(step):.2f}x",
+            *(f"by {2.0 - x:.2f} in" for xs in ratio.values() for x in xs if x < 2.0),
+        ),
+        "docs/benchmarks.md's long-tail prose",
+    )
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     assert (
         f"useful throughput {full} and {quick} theirs ({_WORDS[len(runs)]} committed runs" in readme
@@ -1173,7 +1178,7 @@ def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
         "docs/benchmarks.md's prompt-slots table: python -m benchmarks.bench_prompt_slots "
         "--repeats 3 --out docs/benchmarks/prompt_slots_amd-epyc-avx512-2c.json"
     )
-    assert res["machine"]["glibc_tunables"] == "glibc.malloc.hugetlb=1"
+    assert res["machine"]["glibc_tunables"] == HUGETLB_TUNABLE
     assert plain["machine"]["glibc_tunables"] == ""  # GDPO_JAX_NO_RELAUNCH=1
 
     def figures(r: dict) -> tuple[dict, dict, dict]:
@@ -1187,18 +1192,21 @@ def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
     runs, dec, call = figures(res)
     _, pdec, pcall = figures(plain)
     prose = " ".join(doc.split("<!-- /prompt-slots -->", 1)[1].split("\n## ", 1)[0].split())
-    for figure in (
-        f"{res['fixed_s']:.2f} s of prefilling",
-        f"W = 4 took {dec[4]:.2f} s against the copies' {dec[0]:.2f} s",
-        f"({dec[0] / dec[4]:.2f}x as fast; the whole call {call[4]:.2f}x)",
-        f"({runs[4]['decode_steps'] / runs[0]['decode_steps']:.2f}x the steps)",
-        f"reading {runs[0]['kv_slot_reads'] / runs[4]['kv_slot_reads']:.2f}x fewer KV slots",
-        f"took {1 / call[6]:.2f}x and {1 / call[8]:.2f}x the copies' time",
-        f"decoded the copies in {pdec[0]:.2f} s and W = 4 in {pdec[4]:.2f} s",
-        f"({pdec[0] / pdec[4]:.2f}x faster; the whole call {pcall[4]:.2f}x)",
-        f"W = 6 and 8 at {1 / pcall[6]:.2f}x and {1 / pcall[8]:.2f}x the copies' time",
-    ):
-        assert figure in prose, f"docs/benchmarks.md's prompt-slots prose should say {figure!r}"
+    _assert_quotes(
+        prose,
+        (
+            f"{res['fixed_s']:.2f} s of prefilling",
+            f"W = 4 took {dec[4]:.2f} s against the copies' {dec[0]:.2f} s",
+            f"({dec[0] / dec[4]:.2f}x as fast; the whole call {call[4]:.2f}x)",
+            f"({runs[4]['decode_steps'] / runs[0]['decode_steps']:.2f}x the steps)",
+            f"reading {runs[0]['kv_slot_reads'] / runs[4]['kv_slot_reads']:.2f}x fewer KV slots",
+            f"took {1 / call[6]:.2f}x and {1 / call[8]:.2f}x the copies' time",
+            f"decoded the copies in {pdec[0]:.2f} s and W = 4 in {pdec[4]:.2f} s",
+            f"({pdec[0] / pdec[4]:.2f}x faster; the whole call {pcall[4]:.2f}x)",
+            f"W = 6 and 8 at {1 / pcall[6]:.2f}x and {1 / pcall[8]:.2f}x the copies' time",
+        ),
+        "docs/benchmarks.md's prompt-slots prose",
+    )
     # "the copies won" / "So the copies stay the default on CPU": every W slower with huge pages.
     assert all(call[w] < 1 for w in (4, 6, 8))
     sampling = " ".join((ROOT / "docs" / "sampling.md").read_text(encoding="utf-8").split())
@@ -1241,16 +1249,19 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
         )
 
     flat = " ".join(doc.split("## Choosing a token", 1)[1].split("\n## ", 1)[0].split())
-    for figure in (
-        f"top-k 50 {span(lambda r: r['mode'] == 'top-k 50')} faster",
-        f"plain sampling {span(lambda r: r['mode'] == 'sampled')}",
-        f"peaked logits {top_p('peaked', True)}",
-        f"mixed ones {top_p('mixed', True)}",
-        f"flat ones {top_p('flat', True)}",
-        f"at 2,048 tokens {top_p(None, False)}",
-    ):
-        assert figure in flat, f"docs/benchmarks.md's token-choice prose should say {figure!r}"
-    assert res["machine"]["glibc_tunables"] == "glibc.malloc.hugetlb=1"  # "huge pages on"
+    _assert_quotes(
+        flat,
+        (
+            f"top-k 50 {span(lambda r: r['mode'] == 'top-k 50')} faster",
+            f"plain sampling {span(lambda r: r['mode'] == 'sampled')}",
+            f"peaked logits {top_p('peaked', True)}",
+            f"mixed ones {top_p('mixed', True)}",
+            f"flat ones {top_p('flat', True)}",
+            f"at 2,048 tokens {top_p(None, False)}",
+        ),
+        "docs/benchmarks.md's token-choice prose",
+    )
+    assert res["machine"]["glibc_tunables"] == HUGETLB_TUNABLE  # "huge pages on"
     limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
     assert f"save ({top_p(None, False)} on CPU" in limits
 
