@@ -15,7 +15,14 @@ in blocks of calls taken in turn (`_blocks`), so both see the same machine load:
   the MLP's up projection;
 * "decode": bench_sampler's decode step, its 64 rows against each weight of its
   model in the fused form (q/k/v and gate/up concatenated, sampling/decode.py);
-* "peak": one 2048-cube product (run_all's matmul peak).
+* "peak": one 2048-cube product (run_all's matmul peak);
+* "decode chain": every product of one decode step in order (each layer's own
+  weights, then the unembedding), `CHAIN_STEPS` steps: XLA in one compiled loop,
+  as the sampler runs them, PyTorch eagerly, as `generate()` does. Alone, each
+  product above reads one weight that stays in cache and pays a call of its own;
+  in the chain the weights come from memory one after another. "decode chain,
+  with glue" adds what runs between the products (RMS norms, the MLP's gating,
+  residual adds): XLA fuses it, PyTorch runs it op by op.
 
 The ratio is PyTorch's seconds over XLA's: above 1, XLA's kernel is faster. A
 family's ratio is the sum of PyTorch's best times over the sum of XLA's (each
@@ -35,7 +42,8 @@ from benchmarks import common
 
 DEFAULT_OUT = "runs/bench/matmul.json"
 ROUNDS = 4  # blocks of calls per framework, in turn (_blocks)
-FAMILIES = ("step", "decode", "peak")
+FAMILIES = ("step", "decode", "peak", "decode chain", "decode chain, with glue")
+CHAIN_STEPS = 64  # decode steps per timed call of the chain (--quick: 8)
 
 
 def products() -> list[dict[str, Any]]:
@@ -121,6 +129,118 @@ def _time_product(p: dict[str, Any], a: np.ndarray, b: np.ndarray, reps: int) ->
     }
 
 
+def chain_weights(rs: np.random.RandomState) -> dict[str, Any]:
+    """bench_sampler's model in the decode's fused form: per layer q/k/v f32[D, Q + 2 K],
+    o f32[Q, D], gate/up f32[D, 2 F], down f32[F, D] (lists of L), unembedding f32[D, V];
+    entries scaled by 1/sqrt(fan-in), so the chain's values stay O(1)."""
+    from benchmarks import bench_sampler
+
+    c = bench_sampler.HF_CONFIG
+    d, dh, f = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+    q, kv = c["num_attention_heads"] * dh, c["num_key_value_heads"] * dh
+
+    def w(k: int, n: int) -> np.ndarray:
+        return (rs.randn(k, n) / np.sqrt(k)).astype(np.float32)
+
+    layers = range(c["num_hidden_layers"])
+    return {
+        "qkv": [w(d, q + 2 * kv) for _ in layers],
+        "o": [w(q, d) for _ in layers],
+        "gate_up": [w(d, 2 * f) for _ in layers],
+        "down": [w(f, d) for _ in layers],
+        "unembed": w(d, c["vocab_size"]),
+    }
+
+
+def chain_step(x: Any, w: dict[str, Any], xp: Any, glue: bool = True) -> Any:
+    """One decode step's products in order, on x [B, D] (NumPy-like module xp: jax.numpy
+    or torch). With glue, as the model runs them: per layer
+    x += (norm(x) @ Wqkv)[:, :Q] @ Wo, then x += (gate * up) @ Wdown with
+    gate, up = norm(x) @ Wgate_up, then norm(norm(x) @ Wunembed)[:, :D], which feeds
+    the next step (as the chosen token's embedding would). Without: the products alone,
+    each output (sliced to the next weight's input) the next one's input. Attention is
+    left out: the chain times the weight products."""
+    q = w["o"][0].shape[0]
+    f = w["down"][0].shape[0]
+    d = x.shape[1]
+    if not glue:
+        for i in range(len(w["qkv"])):
+            x = (x @ w["qkv"][i])[:, :q] @ w["o"][i]
+            x = (x @ w["gate_up"][i])[:, :f] @ w["down"][i]
+        return (x @ w["unembed"])[:, :d]
+
+    def norm(h: Any) -> Any:
+        return h / xp.sqrt((h * h).mean(-1, keepdims=True) + 1e-5)
+
+    for i in range(len(w["qkv"])):
+        x = x + (norm(x) @ w["qkv"][i])[:, :q] @ w["o"][i]
+        g = norm(x) @ w["gate_up"][i]
+        x = x + (g[:, :f] * g[:, f:]) @ w["down"][i]
+    return norm(norm(x) @ w["unembed"])[:, :d]
+
+
+def chain_flops(w: dict[str, Any], rows: int) -> float:
+    """Matmul FLOPs of one chain_step on `rows` rows (the slice [:, :Q] of q/k/v counted
+    whole: the fused product computes k and v too)."""
+    mats = [*w["qkv"], *w["o"], *w["gate_up"], *w["down"], w["unembed"]]
+    return 2.0 * rows * sum(m.shape[0] * m.shape[1] for m in mats)
+
+
+CHAIN_ROWS = {  # family: (glue, product)
+    "decode chain": (False, "one decode step's products in order, {L} layers + unembedding"),
+    "decode chain, with glue": (True, "the same with RMS norms, gating and residual adds"),
+}
+
+
+def _time_decode_chain(family: str, steps: int, calls: int) -> dict[str, Any]:
+    """A CHAIN_ROWS row: `steps` chain_steps on bench_sampler's 64 rows, XLA in one
+    jitted fori_loop, PyTorch eagerly under inference_mode; ms per step."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from benchmarks import bench_sampler
+
+    glue, product = CHAIN_ROWS[family]
+    c = bench_sampler.HF_CONFIG
+    rows = bench_sampler.MODELS["tiny"][1] * bench_sampler.MODELS["tiny"][2]
+    rs = np.random.RandomState(1)
+    w = chain_weights(rs)
+    x0 = rs.randn(rows, c["hidden_size"]).astype(np.float32)
+    jw, tw = jax.tree.map(jnp.asarray, w), jax.tree.map(torch.from_numpy, w)
+    jx, tx = jnp.asarray(x0), torch.from_numpy(x0)
+
+    @jax.jit
+    def xla(w: dict[str, Any], x: jax.Array) -> jax.Array:
+        return jax.lax.fori_loop(0, steps, lambda _, h: chain_step(h, w, jnp, glue), x)
+
+    def ours() -> jax.Array:
+        return jax.block_until_ready(xla(jw, jx))
+
+    @torch.inference_mode()
+    def theirs() -> torch.Tensor:
+        h = tx
+        for _ in range(steps):
+            h = chain_step(h, tw, torch, glue)
+        return h
+
+    t_xla, t_torch = _blocks([ours, theirs], calls=calls, rounds=ROUNDS)
+    want = theirs().numpy()
+    flops = chain_flops(w, rows)
+    return {
+        "family": family,
+        "product": product.format(L=c["num_hidden_layers"]),
+        "m": rows,
+        "steps": steps,
+        "xla_ms": t_xla / steps * 1e3,
+        "torch_ms": t_torch / steps * 1e3,
+        "xla_gflops": round(flops * steps / t_xla / 1e9, 1),
+        "torch_gflops": round(flops * steps / t_torch / 1e9, 1),
+        "ratio": round(t_torch / t_xla, 3),
+        "max_rel_diff": float(np.abs(np.asarray(ours()) - want).max() / np.abs(want).max()),
+    }
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """Returns a JSON-able dict (used by benchmarks/run_all.py); on an accelerator
     backend, a skip (the question is the CPU libraries': there PyTorch would run on
@@ -138,6 +258,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         big = p["m"] * p["k"] * p["n"] > 2**30
         reps = (1 if quick else 3) if big else (10 if quick else 40)
         results.append(p | _time_product(p, a, b, reps))
+    for family in CHAIN_ROWS:
+        steps = 8 if quick else CHAIN_STEPS
+        results.append(_time_decode_chain(family, steps, calls=1 if quick else 3))
     return {
         "benchmark": "matmul",
         "quick": quick,
@@ -165,7 +288,9 @@ def format_table(res: dict[str, Any]) -> str:
         {
             "shapes of": r["family"],
             "product": r["product"],
-            "m x k x n": f"{r['m']} x {r['k']} x {r['n']}",
+            "m x k x n": (
+                f"{r['m']} rows, ms per step" if "steps" in r else f"{r['m']} x {r['k']} x {r['n']}"
+            ),
             "XLA ms": f"{r['xla_ms']:.3f}",
             "PyTorch ms": f"{r['torch_ms']:.3f}",
             "XLA GFLOP/s": f"{r['xla_gflops']:.0f}",

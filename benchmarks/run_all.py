@@ -204,6 +204,10 @@ def report_to_markdown(report: Mapping[str, Any]) -> str:
         "",
         f"Run {report['created']}: `{report['command']}`",
         "",
+        *(
+            f"Updated {u['created']}: `{u['command']}` ({', '.join(u['benchmarks'])})\n"
+            for u in report.get("updates", [])
+        ),
         f"Machine: {common.describe_machine(m)}",
         "",
     ]
@@ -236,10 +240,27 @@ def report_to_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def merge_partial(report: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The machine file after a full run of only some benchmarks (``--only``): the
+    kind's previous file with those benchmarks' entries replaced, and the run listed
+    under "updates" ({created, command, benchmarks, matmul_peak}); the others, and the
+    run they came from ("created", "command", "matmul_peak"), stay. Each entry's
+    result carries its own machine description. No previous file: the report as is."""
+    if previous is None:
+        return dict(report)
+    update = {k: report.get(k) for k in ("created", "command", "matmul_peak")}
+    update["benchmarks"] = list(report["benchmarks"])
+    return dict(previous) | {
+        "benchmarks": dict(previous["benchmarks"]) | dict(report["benchmarks"]),
+        "updates": [*previous.get("updates", []), update],
+    }
+
+
 def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
     """Writes latest.json, latest.md, history/bench-<timestamp>.json, this machine kind's
-    machines/<kind>.{json,md} (a full run replaces the kind's previous one; a
-    quick run never does) and summary.md over every machines/*.json.
+    machines/<kind>.{json,md} and summary.md over every machines/*.json. A full run of
+    every benchmark replaces the kind's file; a full run of some (``--only``) updates
+    their entries in it (`merge_partial`); a quick run never touches it.
     Returns the (json, md) paths of this run."""
     stamp = report["created"].replace(":", "").replace("-", "")
     common.write_json(os.path.join(out_dir, "history", f"bench-{stamp}.json"), report)
@@ -248,8 +269,13 @@ def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
     if not report["quick"]:
         kind = common.machine_kind(report["machine"])
         mdir = os.path.join(out_dir, "machines")
-        common.write_json(os.path.join(mdir, f"{kind}.json"), report)
-        common.write_text(os.path.join(mdir, f"{kind}.md"), report_to_markdown(report))
+        path = os.path.join(mdir, f"{kind}.json")
+        kept = report
+        if set(report["benchmarks"]) != set(BENCHMARKS) and os.path.exists(path):
+            with open(path) as f:
+                kept = merge_partial(report, json.load(f))
+        common.write_json(path, kept)
+        common.write_text(os.path.join(mdir, f"{kind}.md"), report_to_markdown(kept))
         common.write_text(os.path.join(out_dir, "summary.md"), summary_markdown(mdir))
     return js, md
 
@@ -286,6 +312,8 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
     row["advantages_gdpo"] = r[0]["speedup"] if r else None
     fams = (res("bench_matmul") or {}).get("families", {})
     row["matmul_step"], row["matmul_decode"] = fams.get("step"), fams.get("decode")
+    row["matmul_decode_chain"] = fams.get("decode chain")
+    row["matmul_decode_glue"] = fams.get("decode chain, with glue")
     return row
 
 
@@ -301,6 +329,8 @@ HEADLINE_COLUMNS = {
     # Not a speed-up of ours: the matmul library's, which bounds the ratios above.
     "matmul_step": "XLA matmuls vs PyTorch's, step shapes",
     "matmul_decode": "XLA matmuls vs PyTorch's, decode shapes",
+    "matmul_decode_chain": "XLA matmuls vs PyTorch's, a decode step's chained",
+    "matmul_decode_glue": "XLA vs PyTorch, a decode step's matmuls with their glue",
 }
 
 
@@ -329,9 +359,12 @@ def summary_markdown(machines_dir: str) -> str:
         "",
         "Written by `python -m benchmarks.run_all` from `machines/*.json` (one full run per "
         "machine kind, the latest). Ratios are the reference's seconds over ours: above 1, "
-        "ours is faster. The two matmul columns are the matmul libraries' ratio alone "
-        "(bench_matmul: XLA's and PyTorch's products at the step's and the decode's shapes), "
-        "which bounds the step's and the sampler's. Details per machine: `machines/<kind>.md`.",
+        "ours is faster. The matmul columns are the matmul libraries' ratio alone "
+        "(bench_matmul: XLA's and PyTorch's products at the step's and the decode's shapes, "
+        "each alone; a decode step's products chained, XLA in one compiled loop as the "
+        "sampler runs them and PyTorch eagerly as generate() does; the same with the norms "
+        "and adds between them), which bounds the step's and the sampler's. Details per "
+        "machine: `machines/<kind>.md`.",
         "",
     ]
     table = [

@@ -237,6 +237,44 @@ def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypat
     assert "| XLA matmuls vs PyTorch's, step shapes | 0.75x | 0.75x | 1 |" in text
 
 
+def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_path):
+    """`run_all --only bench_matmul` (a full run of one benchmark) used to replace the
+    kind's machine file with one that held bench_matmul alone: the kind's row lost its
+    RL and sampler ratios. It now updates that entry and lists the run."""
+    out = tmp_path / "bench"
+    full = _fake_report("AMD EPYC", 2, 1.7, 2.1)
+    full["benchmarks"] = {n: {"status": "ok", "result": {}} for n in run_all.BENCHMARKS} | full[
+        "benchmarks"
+    ]
+    full["machine"] |= dict(cpu_count=2, memory_gib=24, versions={}, device_kind="cpu")
+    full["machine"] |= dict(device_count=1)
+    run_all.write_report(full, str(out))
+    part = dict(full, created="2026-12-03T12:00:00Z")
+    part["benchmarks"] = {
+        "bench_matmul": {"status": "ok", "result": {"families": {"step": 0.5, "decode": 0.6}}}
+    }
+    run_all.write_report(part, str(out))
+    kept = json.loads((out / "machines" / "amd-epyc-2c.json").read_text())
+    assert set(kept["benchmarks"]) == set(run_all.BENCHMARKS)
+    assert kept["created"] == full["created"]  # the run the other entries came from
+    assert kept["updates"] == [
+        {
+            "created": "2026-12-03T12:00:00Z",
+            "command": part["command"],
+            "matmul_peak": None,
+            "benchmarks": ["bench_matmul"],
+        }
+    ]
+    row = run_all.summary_rows(str(out / "machines"))[0]
+    assert row["rl_iter_b0.0"] == 1.7 and row["sampler_greedy"] == 2.1  # kept
+    assert row["matmul_step"] == 0.5  # updated
+    md = (out / "machines" / "amd-epyc-2c.md").read_text()
+    assert "Updated 2026-12-03T12:00:00Z: `python -m benchmarks.run_all` (bench_matmul)" in md
+    # A later run of every benchmark replaces the file, updates and all.
+    run_all.write_report(full, str(out))
+    assert "updates" not in json.loads((out / "machines" / "amd-epyc-2c.json").read_text())
+
+
 def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
     import gzip
 

@@ -3,6 +3,8 @@ the same product, and a family's ratio is its summed times' ratio."""
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from benchmarks import bench_matmul, bench_rl, bench_sampler
@@ -38,13 +40,55 @@ def test_quick_run_times_both_sides_of_the_same_product(monkeypatch) -> None:
     ]
     monkeypatch.setattr(bench_matmul, "products", lambda: small)
     res = bench_matmul.run(quick=True)
-    assert [r["product"] for r in res["results"]] == ["a", "b", "c"]
-    for r in res["results"]:
+    *products, chain, glued = res["results"]
+    assert [r["product"] for r in products] == ["a", "b", "c"]
+    for r in products:
         assert r["xla_ms"] > 0 and r["torch_ms"] > 0
         assert r["max_rel_diff"] < 1e-5, r  # the transposed operand is read as such
-        assert r["ratio"] == pytest.approx(r["torch_ms"] / r["xla_ms"], rel=1e-2)
-    assert set(res["families"]) == {"step", "decode"}
-    assert "| step | b | 32 x 24 x 16 |" in bench_matmul.format_table(res)
+        # ratio is rounded to 3 decimals: within 5e-4 of the quotient
+        assert r["ratio"] == pytest.approx(r["torch_ms"] / r["xla_ms"], rel=1e-2, abs=5e-4)
+    # The chained decode step: both sides run the same 8 steps (f32 rounding apart).
+    assert (chain["family"], glued["family"]) == ("decode chain", "decode chain, with glue")
+    for r in (chain, glued):
+        assert r["steps"] == 8 and r["xla_ms"] > 0 and r["torch_ms"] > 0
+        assert r["max_rel_diff"] < 1e-3, r
+    assert set(res["families"]) == {"step", "decode", "decode chain", "decode chain, with glue"}
+    table = bench_matmul.format_table(res)
+    assert "| step | b | 32 x 24 x 16 |" in table
+    assert "| decode chain | one decode step's products in order, 4 layers + unembedding |" in table
+
+
+def test_decode_chain_is_bench_samplers_fused_decode_step() -> None:
+    """The chain's weights are the fused decode's for bench_sampler's model, its FLOPs
+    those of one step's products (hand-counted here), and one step matches a NumPy
+    transcription of the sampler's order of products."""
+    c = bench_sampler.HF_CONFIG
+    w = bench_matmul.chain_weights(np.random.RandomState(0))
+    assert len(w["qkv"]) == c["num_hidden_layers"] == 4
+    assert w["qkv"][0].shape == (256, 512) and w["o"][0].shape == (256, 256)
+    assert w["gate_up"][0].shape == (256, 1536) and w["down"][0].shape == (768, 256)
+    assert w["unembed"].shape == (256, 2048)
+    per_layer = 256 * 512 + 256 * 256 + 256 * 1536 + 768 * 256
+    assert bench_matmul.chain_flops(w, 64) == 2 * 64 * (4 * per_layer + 256 * 2048)
+
+    x = np.random.RandomState(1).randn(3, 256).astype(np.float32)
+    want = x.astype(np.float64)
+    rms = lambda h: h / np.sqrt(np.mean(h**2, axis=1, keepdims=True) + 1e-5)  # noqa: E731
+    for i in range(4):
+        want = want + (rms(want) @ w["qkv"][i])[:, :256] @ w["o"][i]
+        g = rms(want) @ w["gate_up"][i]
+        want = want + (g[:, :768] * g[:, 768:]) @ w["down"][i]
+    want = rms(rms(want) @ w["unembed"])[:, :256]
+    got = np.asarray(bench_matmul.chain_step(jnp.asarray(x), w, jnp))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # Without glue: the products alone, each sliced to the next weight's input.
+    want = x.astype(np.float64)
+    for i in range(4):
+        want = ((want @ w["qkv"][i])[:, :256] @ w["o"][i] @ w["gate_up"][i])[:, :768]
+        want = want @ w["down"][i]
+    want = (want @ w["unembed"])[:, :256]
+    got = np.asarray(bench_matmul.chain_step(jnp.asarray(x), w, jnp, glue=False))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_family_ratio_is_summed_torch_over_summed_xla() -> None:

@@ -815,6 +815,28 @@ def test_matmul_tables_are_the_machine_files_runs() -> None:
         assert min(fams, key=lambda k: fams[k][family]) == "intel-xeon-avx512-2c"
         assert f"{lo:.2f}-{hi:.2f}x {phrase}" in readme, (family, lo, hi)
     assert "the low ends on the Intel Xeon kind" in readme
+    # The chained decode rows: benchmarks.md, limits.md and the README quote the Xeon's.
+    run = json.loads((ROOT / "docs/benchmarks/machines/intel-xeon-avx512-2c.json").read_text())
+    res = run["benchmarks"]["bench_matmul"]["result"]
+    chain, glue = res["families"]["decode chain"], res["families"]["decode chain, with glue"]
+    rows = {r["family"]: r for r in res["results"]}
+    extra = rows["decode chain, with glue"]["torch_ms"] - rows["decode chain"]["torch_ms"]
+    flat = " ".join(doc.split())
+    _assert_quotes(
+        flat,
+        (
+            f"PyTorch's lead shrinks to {1 / chain:.2f}x ({chain:.2f}x)",
+            f"to {1 / glue:.2f}x ({glue:.2f}x): PyTorch's step takes about {extra:.1f} ms more",
+        ),
+        "docs/benchmarks.md (machines/intel-xeon-avx512-2c.json)",
+    )
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        limits,
+        (f"chained: {chain:.2f}x, and {glue:.2f}x with the norms",),
+        "docs/limits.md (machines/intel-xeon-avx512-2c.json)",
+    )
+    assert f"the sampler and `generate()` run them, are {glue:.2f}x there" in readme
 
 
 def test_decode_forms_table_is_the_committed_run() -> None:
