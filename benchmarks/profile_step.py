@@ -168,9 +168,9 @@ def _child_scan_layers_ab(microbatches: int, beta: float, model: str = "tiny") -
     return _alternate(scan, unrolled, ("scan", "unrolled"), steps)
 
 
-def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
-    """Milliseconds per step by XLA:CPU operation kind (fusion name without its
-    numeric suffix), the `top` largest, from the trace's perfetto JSON."""
+def op_ms(trace_dir: str) -> collections.Counter:
+    """Milliseconds by XLA:CPU operation (its HLO instruction name, e.g.
+    "ynn_fusion.3"), summed over the trace's perfetto JSON; frames skipped."""
     path = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "perfetto_trace.json.gz"))
     with gzip.open(path[0]) as f:
         events = json.load(f)
@@ -186,7 +186,16 @@ def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
             continue
         if name.startswith(("PjitFunction", "np.asarray")):
             continue
-        total[re.sub(r"\.\d+$", "", name)] += e.get("dur", 0) / 1e3 / steps
+        total[name] += e.get("dur", 0) / 1e3
+    return total
+
+
+def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
+    """Milliseconds per step by XLA:CPU operation kind (fusion name without its
+    numeric suffix), the `top` largest, from the trace's perfetto JSON."""
+    total: collections.Counter = collections.Counter()
+    for name, ms in op_ms(trace_dir).items():
+        total[re.sub(r"\.\d+$", "", name)] += ms / steps
     return {k: round(v, 1) for k, v in total.most_common(top)}
 
 

@@ -1497,3 +1497,39 @@ def test_cpu_smollm2_sampler_section_is_the_committed_runs() -> None:
     _assert_quotes(limits, (f"{spread} at SmolLM2-135M's shapes",), "docs/limits.md")
     rl_section = (f"SmolLM2-135M's shapes ({spread} in two runs",)
     _assert_quotes(" ".join(doc.split()), rl_section, "docs/benchmarks.md's RL section")
+
+
+def test_decode_ops_section_is_the_committed_run() -> None:
+    """benchmarks.md's decode-by-product table renders the committed
+    profile_decode_ops run, and its prose quotes that run's shares."""
+    import json
+
+    from benchmarks import bench_sampler, profile_decode_ops
+
+    res = json.loads(
+        (ROOT / "docs" / "benchmarks" / "decode_ops_intel-xeon-avx512-2c.json").read_text()
+    )
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert profile_decode_ops.table_markdown(res) in doc, (
+        "docs/benchmarks.md's decode-by-product table differs from "
+        "docs/benchmarks/decode_ops_intel-xeon-avx512-2c.json (python -m "
+        "benchmarks.profile_decode_ops --out <it>)"
+    )
+    ms, total = res["ms_per_step"], res["traced_ms_per_step"]
+    names = {*profile_decode_ops.weight_widths(bench_sampler.HF_CONFIG).values()}
+    names.add("weight products, other widths")
+    weights = sum(v for k, v in ms.items() if k in names)
+    attention = sum(v for k, v in ms.items() if k.startswith("attention"))
+    flat = " ".join(doc.split())
+    _assert_quotes(
+        flat,
+        (
+            f"half of the traced step ({weights:.2f} of {total:.2f} ms)",
+            f"the attention dots {attention / total:.0%} ({attention:.2f} ms,".replace("%", " %"),
+            f"YNNPACK's reductions (the softmax's max and sum, the norms' sums) "
+            f"{ms['reductions (YNNPACK)'] / total:.0%}".replace("%", " %"),
+            f"and the rest {ms['other'] / total:.0%}".replace("%", " %"),
+        ),
+        "docs/benchmarks.md's decode-by-product prose",
+    )
+    assert 0.45 <= weights / total <= 0.55  # "half"
