@@ -132,7 +132,8 @@ def _time_product(p: dict[str, Any], a: np.ndarray, b: np.ndarray, reps: int) ->
 def chain_weights(rs: np.random.RandomState) -> dict[str, Any]:
     """bench_sampler's model in the decode's fused form: per layer q/k/v f32[D, Q + 2 K],
     o f32[Q, D], gate/up f32[D, 2 F], down f32[F, D] (lists of L), unembedding f32[D, V];
-    entries scaled by 1/sqrt(fan-in), so the chain's values stay O(1)."""
+    entries scaled by 1/sqrt(fan-in): the glued chain's values stay O(1), the bare
+    chain's drift (about 1e4x in 64 steps), far inside f32's range."""
     from benchmarks import bench_sampler
 
     c = bench_sampler.HF_CONFIG
@@ -154,7 +155,8 @@ def chain_weights(rs: np.random.RandomState) -> dict[str, Any]:
 
 def chain_step(x: Any, w: dict[str, Any], xp: Any, glue: bool = True) -> Any:
     """One decode step's products in order, on x [B, D] (NumPy-like module xp: jax.numpy
-    or torch). With glue, as the model runs them: per layer
+    or torch). With glue, the model's kinds of elementwise work between them (its
+    RMS norms without their scales, its gating without the SiLU): per layer
     x += (norm(x) @ Wqkv)[:, :Q] @ Wo, then x += (gate * up) @ Wdown with
     gate, up = norm(x) @ Wgate_up, then norm(norm(x) @ Wunembed)[:, :D], which feeds
     the next step (as the chosen token's embedding would). Without: the products alone,

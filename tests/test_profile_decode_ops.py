@@ -102,3 +102,22 @@ def test_trace_milliseconds_are_summed_per_step_by_category(tmp_path) -> None:
 def test_a_missing_hlo_dump_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="--xla_dump_to"):
         profile_decode_ops._module_hlo(str(tmp_path), {"ynn_fusion.1"})
+
+
+def test_the_traced_model_is_the_one_whose_widths_name_the_products() -> None:
+    """run() traces profile_decode's "bench_sampler's model" and names its products by
+    bench_sampler.HF_CONFIG's widths: the two must describe the same model."""
+    from benchmarks.profile_decode import MODELS
+
+    shape, hf = MODELS["bench_sampler's model"]["shape"], bench_sampler.HF_CONFIG
+    assert (shape["vocab_size"], shape["hidden_size"], shape["intermediate_size"]) == (
+        hf["vocab_size"],
+        hf["hidden_size"],
+        hf["intermediate_size"],
+    )
+    assert (shape["num_heads"], shape["num_kv_heads"], shape["head_dim"]) == (
+        hf["num_attention_heads"],
+        hf["num_key_value_heads"],
+        hf["head_dim"],
+    )
+    assert shape["num_layers"] == hf["num_hidden_layers"]
