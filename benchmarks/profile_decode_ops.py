@@ -29,6 +29,7 @@ import argparse
 import collections
 import glob
 import os
+import pathlib
 import re
 import statistics
 import tempfile
@@ -50,6 +51,7 @@ ATTENTION = {
 }
 WEIGHT_SPEC = "...d,df->...f"  # gdpo_jax/core/dense.py's product
 REDUCTIONS = "reductions (YNNPACK)"
+OTHER_WIDTHS = "weight products, other widths"  # a width weight_widths does not name
 OTHER = "other"
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \w+\[([\d,]*)\]\S* [^\n]*?op_name=\"([^\"]*)\"")
 
@@ -79,7 +81,7 @@ def categorize(hlo: str, widths: dict[int, str]) -> dict[str, str]:
             out[name] = ATTENTION[spec]
         elif WEIGHT_SPEC in op:
             n = int(dims.split(",")[-1]) if dims else 0
-            out[name] = widths.get(n, "weight products, other widths")
+            out[name] = widths.get(n, OTHER_WIDTHS)
         elif name.startswith("ynn_fusion") and op.rsplit("/", 1)[-1].startswith("reduce_"):
             out[name] = REDUCTIONS
         else:
@@ -117,7 +119,7 @@ def _module_hlo(dump_dir: str, names: set[str]) -> str:
             f"no optimized HLO of {MODULE!r} under {dump_dir}: XLA_FLAGS must hold "
             f"--xla_dump_to={dump_dir} before JAX starts its backend (run this as a script)."
         )
-    texts = [open(p).read() for p in paths]
+    texts = [pathlib.Path(p).read_text() for p in paths]
     return max(texts, key=lambda t: sum(f"%{n} " in t for n in names))
 
 

@@ -240,14 +240,12 @@ def report_to_markdown(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def merge_partial(report: Mapping[str, Any], previous: Mapping[str, Any] | None) -> dict[str, Any]:
+def merge_partial(report: Mapping[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
     """The machine file after a full run of only some benchmarks (``--only``): the
     kind's previous file with those benchmarks' entries replaced, and the run listed
     under "updates" ({created, command, benchmarks, matmul_peak}); the others, and the
     run they came from ("created", "command", "matmul_peak"), stay. Each entry's
-    result carries its own machine description. No previous file: the report as is."""
-    if previous is None:
-        return dict(report)
+    result carries its own machine description."""
     update = {k: report.get(k) for k in ("created", "command", "matmul_peak")}
     update["benchmarks"] = list(report["benchmarks"])
     return dict(previous) | {

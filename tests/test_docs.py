@@ -1517,7 +1517,7 @@ def test_decode_ops_section_is_the_committed_run() -> None:
     )
     ms, total = res["ms_per_step"], res["traced_ms_per_step"]
     names = {*profile_decode_ops.weight_widths(bench_sampler.HF_CONFIG).values()}
-    names.add("weight products, other widths")
+    names.add(profile_decode_ops.OTHER_WIDTHS)
     weights = sum(v for k, v in ms.items() if k in names)
     attention = sum(v for k, v in ms.items() if k.startswith("attention"))
     flat = " ".join(doc.split())
