@@ -25,7 +25,7 @@ GPU and TPU collectives are not affected, and neither is a single CPU device.
 So a run on several CPU devices compiles its programs and neither reads nor
 writes the cache (`cpu_collectives_compiled_fresh`), unless XLA_FLAGS turns that
 scheduler off (`ORDERED_SCHEDULER`; `cache_is_safe` reads XLA_FLAGS). The test
-suite sets that flag and caches its multi-device programs too (tests/conftest.py).
+suite keeps the cache for every single-device program (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
-"""Test session set-up: 8 fake CPU devices so sharding tests run anywhere, and
-XLA:CPU's ordered scheduler so their programs may share the compilation cache.
+"""Test session set-up: 8 fake CPU devices so sharding tests run anywhere.
 
-XLA reads the flags once, when the backend starts, so they are set here, before
-any test module imports jax.
+XLA reads the flag once, when the backend starts, so it is set here, before any
+test module imports jax.
 """
 
 import os
 
-# The ordered scheduler (gdpo_jax.compile_cache.ORDERED_SCHEDULER, spelled out here:
-# importing gdpo_jax would import jax first) keeps multi-device XLA:CPU programs
-# loaded from the persistent cache out of their collectives' deadlock, so the suite
-# caches them too (docs/testing.md). An XLA_FLAGS that sets the scheduler itself wins
-# (XLA reads the last setting), and the hook below then keeps those programs out.
 os.environ["XLA_FLAGS"] = (
-    "--xla_cpu_enable_concurrency_optimized_scheduler=false "
-    + os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # libtpu (the [aot] extra) is only a compiler here, with no TPU chip to guard: let
@@ -39,16 +31,15 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
 
 
-def _cache_only_safe_programs() -> None:
-    """Programs over several CPU devices bypass the shared cache unless XLA_FLAGS
-    carries the ordered scheduler (set above; `compile_cache.cache_is_safe`): with
-    XLA:CPU's default scheduler one loaded from the cache can deadlock
-    (gdpo_jax/compile_cache.py).
+def _cache_single_device_programs_only() -> None:
+    """This process's programs over several CPU devices bypass the shared cache:
+    XLA:CPU can deadlock running one loaded from it (gdpo_jax/compile_cache.py).
 
-    JAX offers no per-program switch, so the (private, jax 0.10.2) cache-key
-    function answers "no key" for them, as it does with the cache off: compiled,
-    never stored. The CLIs a test starts guard themselves the same way
-    (`compile_cache` in `train` / `run_sft`)."""
+    Single-device programs, most of the suite's, stay cached. JAX offers no
+    per-program switch, so the (private, jax 0.10.2) cache-key function answers
+    "no key" for them, as it does with the cache off: compiled, never stored.
+    The CLIs a test starts guard themselves (`compile_cache` in `train` /
+    `run_sft`)."""
     import numpy as np
     from jax._src import compiler
 
@@ -64,4 +55,4 @@ def _cache_only_safe_programs() -> None:
     compiler._get_cache_key = single_device_key
 
 
-_cache_only_safe_programs()
+_cache_single_device_programs_only()

@@ -1,7 +1,6 @@
-"""Programs over several CPU devices go through the persistent compilation cache
-only with XLA:CPU's ordered scheduler (gdpo_jax/compile_cache.py): in a run
-(`cpu_collectives_compiled_fresh`) and in this suite's processes, which set it
-(tests/conftest.py)."""
+"""Programs over several CPU devices never go through the persistent compilation
+cache (gdpo_jax/compile_cache.py): in a run (`cpu_collectives_compiled_fresh`)
+and in this suite's processes (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -83,26 +82,16 @@ def test_several_cpu_devices_are_safe_with_the_ordered_scheduler(monkeypatch, fl
     assert compile_cache.cache_is_safe("cpu", 8) is ordered
 
 
-def test_the_suite_runs_with_the_ordered_scheduler():
-    assert compile_cache.ordered_cpu_scheduler()  # tests/conftest.py's XLA_FLAGS
-
-
-@pytest.mark.parametrize("ordered", [False, True])
-def test_the_suite_stores_sharded_programs_only_with_the_ordered_scheduler(
-    fresh_cache_dir, monkeypatch, ordered
-):
-    # conftest's hook reads XLA_FLAGS when it keys a program (`cache_is_safe`).
-    flags = "--xla_force_host_platform_device_count=8" + (f" {ORDERED}" if ordered else "")
-    monkeypatch.setenv("XLA_FLAGS", flags)
+def test_the_suite_stores_single_device_programs_but_not_sharded_ones(fresh_cache_dir):
     salt = float(np.random.default_rng().integers(1 << 20))  # a program no one compiled yet
 
     jax.jit(lambda x: jnp.sin(x) * salt)(jnp.ones(8)).block_until_ready()
     stored = _lambdas(fresh_cache_dir)
-    assert len(stored) == 1  # the one-device program, either way
+    assert len(stored) == 1  # the one-device program
 
     x = jax.device_put(jnp.ones(8), batch_sharding(make_mesh((8, 1, 1)), 1))
     jax.jit(lambda x: jnp.sum(jnp.cos(x) * salt))(x).block_until_ready()  # an all-reduce
-    assert len(_lambdas(fresh_cache_dir) - stored) == (1 if ordered else 0)
+    assert _lambdas(fresh_cache_dir) == stored
 
 
 def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cache_dir, monkeypatch):
