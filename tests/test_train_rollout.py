@@ -56,14 +56,14 @@ def fake_runner(prompts, completions, examples, **kw):
     return np.asarray(out, np.float32), {"reward_time/a": 0.1}
 
 
-def _collect(decoupled, max_tries):
+def _collect(decoupled, max_tries, dynamic=True):
     stream = PromptStream([{"prompt": f"s{k}"} for k in range(40)], seed=0)
     return collect_batch(
         stream,
         num_prompts=4,
         group_size=G,
         key=jax.random.key(0),
-        dynamic=True,
+        dynamic=dynamic,
         max_tries=max_tries,
         decoupled=decoupled,
         group_offset=10,
@@ -94,6 +94,23 @@ def test_dynamic_sampling_grpo_keeps_nothing_and_pads_invalid():
     assert arrays["rewards"].shape == (8, 2)
     m = rollout_metrics(arrays | {"valid": np.ones(8, bool)}, ["length"] * 8, ["a", "b"], None)
     assert m["len/truncated_frac"] == 1.0 and m["len/mean"] == 4.0
+
+
+def test_without_dynamic_sampling_every_group_is_kept_unjudged(monkeypatch):
+    """Dynamic sampling off: one try keeps every group, signal or not, and the
+    spread check (host work between two device programs) is not run at all."""
+    from gdpo_jax.train import rollout
+
+    def judged(*a, **k):
+        raise AssertionError("groups_with_signal ran with dynamic sampling off")
+
+    monkeypatch.setattr(rollout, "groups_with_signal", judged)
+    arrays, info = _collect(decoupled=True, max_tries=10, dynamic=False)
+    assert info["tries"] == 1 and info["valid_groups"] == info["kept_groups"] == 4
+    assert arrays["valid"].all()
+    # The first 4 prompts of the stream, in order, whatever their rewards' spread.
+    first = PromptStream([{"prompt": f"s{k}"} for k in range(40)], seed=0).take(4)
+    assert info["texts"] == [r["prompt"] for r in first for _ in range(G)]
 
 
 def test_prompt_stream_shares_do_not_depend_on_process_count():
@@ -200,6 +217,33 @@ def test_groups_with_signal_matches_numpy_reference():
                 group_has_signal(r[g * G : (g + 1) * G], decoupled=decoupled, weights=w)
                 for g in range(P)
             ] == want
+
+
+def test_groups_with_signal_is_the_compiled_steps_per_reward_spread():
+    """The host's NumPy spread equals core.per_reward_group_spread (what the step
+    uses) on NaN, +/-inf, all-unscorable groups and float64 values that collide
+    in float32."""
+    from gdpo_jax.core.advantages import per_reward_group_spread
+    from gdpo_jax.train.rollout import groups_with_signal
+
+    rng = np.random.default_rng(1)
+    g, p, k = 4, 48, 3
+    r = rng.integers(0, 3, size=(p * g, k)).astype(np.float64)
+    r[rng.random(r.shape) < 0.15] = np.nan
+    r[rng.random(r.shape) < 0.1] = np.inf
+    r[rng.random(r.shape) < 0.1] = -np.inf
+    r[:g] = np.nan  # no scorable value at all
+    r[g : 2 * g, 0] = [1.0, 1.0 + 1e-9, 1.0, 1.0 + 1e-9]  # distinct only in float64
+    r[g : 2 * g, 1:] = 2.0
+    r[2 * g : 3 * g] = [[np.inf, 0.0, 0.0], [5.0, 0.0, 0.0], [np.nan] * 3, [5.0, 0.0, 0.0]]
+    ids = np.repeat(np.arange(p, dtype=np.int32), g)
+    want = np.asarray(per_reward_group_spread(np.asarray(r, np.float32), ids, num_groups=p)).any(
+        axis=1
+    )
+    got = groups_with_signal(r, group_size=g, decoupled=True)
+    np.testing.assert_array_equal(got, want)
+    assert not got[0] and not got[1] and not got[2]  # the hand-built groups
+    assert want.sum() not in (0, p)  # both verdicts occur
 
 
 def test_row_stats_give_the_mask_metrics_with_o_n_bytes():

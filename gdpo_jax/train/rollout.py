@@ -20,7 +20,6 @@ import jax
 import numpy as np
 
 from gdpo_jax import multihost
-from gdpo_jax.core.advantages import per_reward_group_spread
 from gdpo_jax.data.stream import PromptStream
 from gdpo_jax.train import distributed
 from gdpo_jax.train.sample_score import _pad_left, prompt_width, sample_and_score
@@ -46,10 +45,15 @@ def groups_with_signal(
     """rewards f32[P * G, K] of P contiguous groups of G rows -> bool[P]: whether
     normalizing each group gives any nonzero advantage.
 
-    decoupled (GDPO): some reward column has >= 2 distinct scorable (non-NaN)
-    values, i.e. `core.per_reward_group_spread` (the definition the compiled
-    step uses) has a True in the group's row. Otherwise (GRPO): the weighted
-    sum (NaN as 0, summed in float64) has >= 2 distinct values.
+    decoupled (GDPO): some reward column has >= 2 distinct scorable (finite)
+    float32 values, the definition of `core.per_reward_group_spread`, which the
+    compiled step uses (tests/test_train_rollout.py checks the two agree).
+    Otherwise (GRPO): the weighted sum (NaN as 0, summed in float64) has >= 2
+    distinct values.
+
+    NumPy only: this runs on the host between the sampler's and the step's
+    device programs, where even a few eager JAX operations cost milliseconds
+    (the first host work after a large program runs on cold caches).
     """
     rewards = np.asarray(rewards)
     if rewards.ndim != 2 or group_size < 1 or rewards.shape[0] % group_size:
@@ -59,11 +63,11 @@ def groups_with_signal(
         )
     num_groups = rewards.shape[0] // group_size
     if decoupled:
-        ids = np.repeat(np.arange(num_groups, dtype=np.int32), group_size)
-        spread = per_reward_group_spread(
-            np.asarray(rewards, np.float32), ids, num_groups=num_groups
-        )
-        return np.asarray(spread).any(axis=1)
+        r = np.asarray(rewards, np.float32).reshape(num_groups, group_size, rewards.shape[1])
+        scorable = np.isfinite(r)
+        hi = np.where(scorable, r, -np.inf).max(axis=1, initial=-np.inf)
+        lo = np.where(scorable, r, np.inf).min(axis=1, initial=np.inf)
+        return (hi > lo).any(axis=1)
     k = rewards.shape[1]
     w = np.ones(k) if weights is None else np.asarray(weights, np.float64)
     s = np.nan_to_num(np.asarray(rewards, np.float64), nan=0.0) @ w
@@ -133,14 +137,18 @@ def collect_batch(
         for k, v in out["reward_info"].items():  # runner's per-reward times / failures
             if isinstance(v, (int, float)):
                 reward_info[k] = reward_info.get(k, 0.0) + float(v)
-        signal = groups_with_signal(
-            out["rewards"][: num_prompts * group_size],
-            group_size=group_size,
-            decoupled=decoupled,
-            weights=weights,
+        signal = (
+            groups_with_signal(
+                out["rewards"][: num_prompts * group_size],
+                group_size=group_size,
+                decoupled=decoupled,
+                weights=weights,
+            )
+            if dynamic
+            else np.ones(num_prompts, bool)  # every group is kept
         )
         for g in range(num_prompts):
-            (kept if signal[g] or not dynamic else dropped).append((out, g))
+            (kept if signal[g] else dropped).append((out, g))
         scored_groups += num_prompts
         if not dynamic or tries >= max_tries:
             break
