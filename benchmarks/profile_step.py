@@ -53,10 +53,15 @@ AB_STEPS_LARGE = 6  # per side, for a model other than bench_rl's tiny one (seco
 
 
 def _trainer(
-    microbatches: int, beta: float, scan_layers: bool = True, model: str = "tiny"
+    microbatches: int,
+    beta: float,
+    scan_layers: bool = True,
+    model: str = "tiny",
+    share_prompt: bool = False,
 ) -> tuple[Any, dict]:
     """bench_rl's trainer (1 device) and one collected batch, ready for `trainer.step`;
-    model: a bench_rl.SHAPES key (the Llama and the batch)."""
+    model: a bench_rl.SHAPES key (the Llama and the batch); share_prompt: bench_rl's
+    prompt sharing (off: the per-row forward of the committed profiles)."""
     from benchmarks import bench_rl as B
     from gdpo_jax.rewards import register_reward
     from gdpo_jax.tasks import TaskData
@@ -77,10 +82,10 @@ def _trainer(
     c.algo.estimator, c.algo.beta, c.algo.kl_estimator = "gdpo", beta, "k3"
     c.algo.group_size, c.algo.num_prompts = shape.generations, shape.prompts
     c.algo.aggregation, c.algo.num_microbatches = "grpo", microbatches
-    # The per-row forward, as in the committed profiles: prompt sharing (bench_rl's
-    # default since) changes the row layout per micro-batch count; bench_prompt_sharing
-    # times it against this form.
-    c.algo.share_prompt = False
+    # By default the per-row forward, as in the committed profiles: prompt sharing
+    # (bench_rl's default since) changes the row layout per micro-batch count;
+    # bench_prompt_sharing times it against this form.
+    c.algo.share_prompt = share_prompt
     c.sampling.max_new_tokens, c.sampling.max_prompt_len = shape.new_tokens, B.PROMPT_WORDS + 1
     c.mesh.num_devices, c.train.num_steps, c.train.progress_bar = 1, 10, False
     records = [{"prompt": p} for p in B.prompts(64, vocab=shape.vocab)]

@@ -1499,6 +1499,37 @@ def test_cpu_smollm2_sampler_section_is_the_committed_runs() -> None:
     _assert_quotes(" ".join(doc.split()), rl_section, "docs/benchmarks.md's RL section")
 
 
+def test_host_section_is_the_committed_run() -> None:
+    """benchmarks.md's host-work table (inside a list item) renders the committed
+    profile_host run, and the prose beside it quotes that row's reference-pass times."""
+    import json
+
+    from benchmarks import profile_host
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "host_intel-xeon-avx512-2c.json").read_text())
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert " ".join(profile_host.table_markdown(res).split()) in flat, (
+        "docs/benchmarks.md's host-work table differs from "
+        "docs/benchmarks/host_intel-xeon-avx512-2c.json (python -m "
+        "benchmarks.profile_host --out <it>)"
+    )
+    rl = json.loads(
+        (ROOT / "docs" / "benchmarks" / "machines" / "intel-xeon-avx512-2c.json").read_text()
+    )["benchmarks"]["bench_rl"]["result"]["results"]
+    added = {
+        fw: rl["beta=0.04"][fw]["step_s"] - rl["beta=0.0"][fw]["step_s"]
+        for fw in ("gdpo_jax", "trl")
+    }
+    _assert_quotes(
+        flat,
+        (
+            f"the reference pass adds {added['gdpo_jax']:.2f} s to our step and "
+            f"{added['trl']:.2f} s to TRL's in that row",
+        ),
+        "docs/benchmarks.md's Intel Xeon profile",
+    )
+
+
 def test_decode_ops_section_is_the_committed_run() -> None:
     """benchmarks.md's decode-by-product table renders the committed
     profile_decode_ops run, and its prose quotes that run's shares."""
