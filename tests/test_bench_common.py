@@ -276,12 +276,9 @@ def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_pa
 
 
 def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
-    import gzip
-
     from benchmarks import profile_step
+    from tests._perfetto import write_trace
 
-    d = tmp_path / "plugins" / "profile" / "2026_11_23"
-    d.mkdir(parents=True)
     events = [
         {"ph": "X", "name": "ynn_fusion.3", "dur": 3000},
         {"ph": "X", "name": "ynn_fusion", "dur": 1000},
@@ -291,8 +288,7 @@ def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
         {"ph": "X", "name": "CommonPjRtLoadedExecutable::ExecuteHelperOnSingleDevice", "dur": 9},
         {"ph": "i", "name": "ynn_fusion.9", "dur": 5000},  # not a duration event
     ]
-    with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
-        json.dump({"traceEvents": events}, f)
+    write_trace(tmp_path, events, day="2026_11_23")
     got = profile_step.op_breakdown(str(tmp_path), steps=2)
     assert got == {"ynn_fusion": 2.0, "copy_bitcast_fusion": 1.0}
 

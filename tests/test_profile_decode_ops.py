@@ -5,13 +5,11 @@ and a trace's milliseconds are summed per step by those names."""
 # ruff: noqa: E501 (the HLO excerpt below keeps its lines as long as XLA writes them)
 from __future__ import annotations
 
-import gzip
-import json
-
 import pytest
 
 from benchmarks import bench_sampler, profile_decode_ops
 from benchmarks.profile_step import op_ms
+from tests._perfetto import write_trace
 
 # A hand-written excerpt of an optimized XLA:CPU module (one decode layer's kinds).
 HLO = """
@@ -62,8 +60,6 @@ def test_instructions_are_named_after_what_they_compute() -> None:
 
 
 def test_trace_milliseconds_are_summed_per_step_by_category(tmp_path) -> None:
-    d = tmp_path / "plugins" / "profile" / "2026_12_03"
-    d.mkdir(parents=True)
     events = [
         {"ph": "X", "name": "ynn_fusion.7", "dur": 3000},
         {"ph": "X", "name": "ynn_fusion.7", "dur": 1000},
@@ -73,8 +69,7 @@ def test_trace_milliseconds_are_summed_per_step_by_category(tmp_path) -> None:
         {"ph": "X", "name": "ThunkExecutor::Execute", "dur": 99000},  # a frame: skipped
         {"ph": "X", "name": "$sampler.py:202 generate", "dur": 99000},
     ]
-    with gzip.open(d / "perfetto_trace.json.gz", "wt") as f:
-        json.dump({"traceEvents": events}, f)
+    write_trace(tmp_path, events)
     ops = op_ms(str(tmp_path))
     cats = profile_decode_ops.categorize(
         HLO, profile_decode_ops.weight_widths(bench_sampler.HF_CONFIG)
