@@ -68,8 +68,10 @@ def test_rollout_split_subtracts_the_samplers_device_time_per_iteration() -> Non
     res = profile_host.rollout_split(trainer, iterations=3, warmup=2)
     assert res["iter_s"] == 13.0  # median of the timed iterations 12, 13, 14
     assert res["sampler_device_s"] == 0.04
-    assert 20.0 <= res["rollout_host_ms"] < 26.0  # sleeps only overshoot
-    assert 0.06 <= res["collect_s"] < 0.066
+    # Sleeps only overshoot (a loaded CI machine: by milliseconds); without the
+    # subtraction the host time would be 60 ms.
+    assert 20.0 <= res["rollout_host_ms"] < 35.0
+    assert 0.06 <= res["collect_s"] < 0.075
     # The wrappers are gone afterwards: the instance's own attributes again.
     assert "generate" not in vars(trainer.sampler) and "_collect" not in vars(trainer)
 
