@@ -53,7 +53,7 @@ def groups_with_signal(
 
     NumPy only: this runs on the host between the sampler's and the step's
     device programs, where even a few eager JAX operations cost milliseconds
-    (the first host work after a large program runs on cold caches).
+    (the first host work after a large program runs far slower than warm).
     """
     rewards = np.asarray(rewards)
     if rewards.ndim != 2 or group_size < 1 or rewards.shape[0] % group_size:
