@@ -116,7 +116,7 @@ def run(quick: bool = False, beta: float = 0.0) -> dict[str, Any]:
     key = jax.random.key(0)
 
     def step() -> None:
-        trainer.state, m = trainer.step(trainer.state, batch)
+        trainer.state, m = trainer.step(trainer.state, batch, trainer.ref_params)
         jax.block_until_ready((trainer.state, m))
         nnx.update(trainer.model, trainer.state.params)  # the old params were donated
 

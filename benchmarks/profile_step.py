@@ -92,7 +92,7 @@ def _trainer(
     trainer = Trainer(c, task=TaskData(train=records, eval=[]))
     arrays, _ = trainer._collect(0)
     batch = distributed.to_global(arrays, trainer.mesh)
-    if trainer.ref_params is not None:
+    if trainer.ref_params is not None and not trainer.step_cfg.ref_logp_in_step:
         batch["ref_logp"] = trainer.step.logprobs(trainer.ref_params, batch)
     return trainer, batch
 
@@ -101,7 +101,7 @@ def _step_seconds(trainer: Any, batch: dict) -> float:
     import jax
 
     t0 = time.perf_counter()
-    trainer.state, m = trainer.step(trainer.state, batch)
+    trainer.state, m = trainer.step(trainer.state, batch, trainer.ref_params)
     jax.block_until_ready(m)
     return time.perf_counter() - t0
 

@@ -284,7 +284,9 @@ def test_tiny_plan_on_tpu_bytes_per_device():
     plan = make_plan(tiny_config(), targets_lib.parse_target("tpu:v5e:2x2"))
     assert plan["fits"] and plan["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     assert plan["attention"] == "splash"  # "auto" on a TPU target: the Pallas kernel
-    assert set(plan["programs"]) == {"step", "logprob", "generate"}
+    # One update per batch: the step's own forward gives the old log-probs, so
+    # the separate log-prob program never runs and is not planned.
+    assert set(plan["programs"]) == {"step", "generate"}
     # Independent arithmetic: f32 weights, matrices split 4 ways over fsdp, norms whole.
     params = (n_matrix() // 4 + n_vector()) * 4
     assert plan["per_device"]["params"] == params
@@ -333,11 +335,24 @@ def test_oversized_sampler_does_not_fit_and_the_suggestion_does():
 def test_tiny_plan_on_gpu():
     from gdpo_jax.scale.plan import make_plan
 
-    plan = make_plan(tiny_config(beta=0.01), targets_lib.parse_target("cuda:1x1x2:h100"))
+    target = targets_lib.parse_target("cuda:1x1x2:h100")
+    # Two updates per batch: the old and the reference log-probs are separate passes.
+    plan = make_plan(tiny_config(beta=0.01, num_minibatches=2), target)
     assert plan["fits"] and plan["num_devices"] == 2
     params = (n_matrix() // 2 + n_vector()) * 4
     assert plan["per_device"]["params"] == plan["per_device"]["ref_params"] == params
     assert plan["programs"]["logprob"]["runs_per_step"] == 2  # old + reference
+    assert plan["programs"]["step"]["resident_bytes"] == params  # the reference beside it
+    # One update: the step runs both forwards itself, the reference weights its argument.
+    one = make_plan(tiny_config(beta=0.01), target)
+    assert set(one["programs"]) == {"step", "generate"}
+    assert one["programs"]["step"]["resident_bytes"] == 0
+    # It reads the reference params and no longer the f32 [N, C] old_logp and ref_logp
+    # keys (N = 8 x 4 rows, C = 16, over 2 devices).
+    keys = 2 * 8 * 4 * 16 * 4 // 2
+    assert one["programs"]["step"]["args"] == plan["programs"]["step"]["args"] + params - keys
+    # FLOPs: the reference forward is still paid (in the step); the old one is not.
+    assert one["step_shape"]["logprob_passes"] == 1 and one["flops"]["logprob"] > 0
     assert plan["usable_gib"] == pytest.approx(84942979072 / 2**30 - 4)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from gdpo_jax.models.sharding import create_model
 from gdpo_jax.train import distributed
@@ -27,7 +30,7 @@ SC = StepConfig(
 )
 
 
-def _run(mesh, batches, sc: StepConfig = SC):
+def _run(mesh, batches, sc: StepConfig = SC, ref_params=None):
     optim = base_config().optim
     optim.lr, optim.warmup_steps, optim.schedule = 1e-2, 1, "cosine"
     tx, schedule = state_lib.make_optimizer(optim, total_updates=4)
@@ -43,7 +46,7 @@ def _run(mesh, batches, sc: StepConfig = SC):
     )
     metrics = []
     for b in batches:
-        state, m = step(state, distributed.to_global(b, mesh))
+        state, m = step(state, distributed.to_global(b, mesh), ref_params)
         metrics.append({k: float(v) for k, v in m.items()})
     return state, metrics, step
 
@@ -87,6 +90,24 @@ def test_sharded_equals_unsharded_and_compiles_once(batches, unsharded, shape, a
     assert q.sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor")
     # Two steps with fresh data, one compilation.
     assert step.compile_count() == 1
+
+
+def test_reference_forward_in_the_sharded_step_equals_unsharded(batches):
+    """StepConfig.ref_logp_in_step: the reference params (placed like the
+    policy's) enter the sharded step as an argument; same update as unsharded."""
+    sc = dataclasses.replace(SC, kl_in_reward=0.0, old_logp_in_step=True, ref_logp_in_step=True)
+    outs = []
+    for mesh in (None, mesh_lib.make_mesh((2, 2, 2), axis_types="explicit")):
+        ref = nnx.state(create_model(CFG, mesh=mesh, seed=5), nnx.Param)
+        state, metrics, step = _run(mesh, batches, sc, ref)
+        assert "ref_logp" not in step.batch_keys and step.compile_count() == 1
+        outs.append((jax.tree.map(np.asarray, state.params), metrics))
+    (p0, m0), (p1, m1) = outs
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), p1, p0)
+    for got, want in zip(m1, m0):
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert m0[0]["kl"] > 1e-3  # the reference is another model
 
 
 def test_logprob_fn_sharded_matches_unsharded(batches):

@@ -8,6 +8,8 @@ step's gradient is read back through SGD with learning rate 1 (new = old - g).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -333,6 +335,57 @@ def test_old_logp_in_step_only_when_one_update_and_no_kl_in_reward():
     sc = StepConfig(num_groups=NUM_GROUPS, num_minibatches=2, old_logp_in_step=True)
     with pytest.raises(ValueError, match="updates_per_step == 1"):
         _sgd_step(sc, create_model(CFG, seed=0))
+
+
+@pytest.mark.parametrize("micro,scan_layers", [(1, True), (2, False)])
+def test_ref_logp_in_step_equals_separate_reference_pass(micro, scan_layers):
+    """One update per batch: the reference forward inside the step's micro-batch
+    loop gives the same params and metrics as a separate reference pass whose
+    output the batch carries; the reference differs from the policy (KL > 0)."""
+    cfg = dataclasses.replace(CFG, scan_layers=scan_layers)
+    batch = make_batch(6)
+    ref_params = nnx.state(create_model(cfg, seed=3), nnx.Param)
+    outs = []
+    for fused in (False, True):
+        sc = StepConfig(
+            num_groups=NUM_GROUPS,
+            num_microbatches=micro,
+            beta=0.04,
+            old_logp_in_step=True,
+            ref_logp_in_step=fused,
+        )
+        _, state, step = _sgd_step(sc, create_model(cfg, seed=2))
+        b = distributed.to_global(batch, None)
+        if fused:
+            assert "ref_logp" not in step.batch_keys
+            b["ref_logp"] = jnp.full_like(b["completion_mask"], 7, jnp.float32)  # ignored
+        else:
+            b["ref_logp"] = step.logprobs(ref_params, b)  # the separate pass
+        new_state, metrics = step(state, b, ref_params)
+        outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
+    (p2, m2), (p1, m1) = outs
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p2, p1)
+    assert set(m1) == set(m2)
+    for k in m1:
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-6, atol=1e-6, err_msg=k)
+    assert float(m1["kl"]) > 1e-3  # the reference is another model
+
+
+def test_ref_logp_in_step_only_when_one_update_and_no_kl_in_reward():
+    from gdpo_jax.train.step import ref_logp_in_step
+
+    assert ref_logp_in_step(0.04, updates_per_step=1, kl_in_reward=0.0)
+    assert not ref_logp_in_step(0.0, updates_per_step=1, kl_in_reward=0.0)
+    assert not ref_logp_in_step(0.04, updates_per_step=2, kl_in_reward=0.0)
+    assert not ref_logp_in_step(0.04, updates_per_step=1, kl_in_reward=0.01)
+    model = create_model(CFG, seed=0)
+    sc = StepConfig(num_groups=NUM_GROUPS, beta=0.04, num_epochs=2, ref_logp_in_step=True)
+    with pytest.raises(ValueError, match="updates_per_step == 1"):
+        _sgd_step(sc, model)
+    sc = StepConfig(num_groups=NUM_GROUPS, beta=0.04, ref_logp_in_step=True)
+    _, state, step = _sgd_step(sc, model)
+    with pytest.raises(ValueError, match="pass the reference params"):
+        step(state, distributed.to_global(make_batch(0), None))
 
 
 def test_step_compiles_once_per_prompt_bucket_and_padding_changes_nothing():

@@ -169,7 +169,9 @@ def measure_program(
     tx, schedule = state_lib.rl_optimizer(cfg, sc.updates_per_step)
     graphdef_full = nnx.graphdef(model)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
-    # The reference weights sit beside every program of a run that needs them.
+    # The reference weights sit beside every program of a run that needs them
+    # (held to the end of this function), and are the step's argument when it
+    # computes the reference log-probs itself.
     ref = jax.tree.map(jnp.copy, state.params) if sc.needs_ref else None
     out: dict[str, Any] = dict(program=program)
     if program == "generate":
@@ -209,11 +211,11 @@ def measure_program(
             holder = [state]
 
             def call():  # the step donates its state: carry the new one
-                holder[0], metrics = step(holder[0], batch)
+                holder[0], metrics = step(holder[0], batch, ref)
                 jax.block_until_ready(metrics)
 
             def lower():
-                return step.lower(holder[0], batch)
+                return step.lower(holder[0], batch, ref)
         else:
 
             def call():
@@ -230,7 +232,6 @@ def measure_program(
     else:
         out.update(_timed(call, steps))
         out["peak_bytes"] = peak_bytes()
-    del ref
     out.update(
         num_params=num_params,
         mesh=dict(mesh.shape),

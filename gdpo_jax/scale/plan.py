@@ -11,7 +11,9 @@ run executes:
   step          the fused RL step (CompiledStep): advantages, all updates
   logprob       the log-prob pass (CompiledStep.logprobs), run for the old
                 policy (algo.old_logprobs="recompute") and/or the reference
-                (beta / kl_in_reward > 0): one program, run once or twice
+                (beta / kl_in_reward > 0): one program, run once or twice;
+                none where the step computes both itself (one update per
+                batch: StepConfig.old_logp_in_step / ref_logp_in_step)
   generate      the sampler's prefill + while-loop decode (decode.py), for
                 sampling.rows_per_call rows per call
 
@@ -299,7 +301,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
     )
     graphdef, state, shardings, full_state, tx, schedule, sc, model = _abstract_state(cfg, mc, mesh)
-    batch = _batch(cfg, mesh, needs_ref=sc.needs_ref)
+    batch = _batch(cfg, mesh, needs_ref=sc.needs_ref and not sc.ref_logp_in_step)
     step = CompiledStep(
         graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
     )
@@ -313,7 +315,14 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     opt_b = per_device_bytes(state.opt_state)
     batch_b = per_device_bytes(batch)
     ref_b = params_b if sc.needs_ref else 0
-    n_lp = int(cfg.algo.old_logprobs == "recompute") + int(sc.needs_ref)
+    # Log-prob forwards per step: the old policy's (unless the step's own forward
+    # gives them) and the reference's; those the step does not run itself are
+    # the separate log-prob program's runs.
+    old_lp = int(cfg.algo.old_logprobs == "recompute" and not sc.old_logp_in_step)
+    n_fwd = old_lp + int(sc.needs_ref)
+    n_lp = old_lp + int(sc.needs_ref and not sc.ref_logp_in_step)
+    # The step's arguments include the reference weights when it runs their forward.
+    ref_arg = state.params if sc.ref_logp_in_step else None
     kv_tok = 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * jnp.dtype(mc.dtype).itemsize
     full_b = sum(  # all params, unsharded
         math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(state.params)
@@ -332,8 +341,8 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     # name -> (lowering, bytes resident beside it that are not its arguments, breakdown)
     progs = {
         "step": (
-            lambda: step.lower(state, batch),
-            ref_b,
+            lambda: step.lower(state, batch, ref_arg),
+            0 if sc.ref_logp_in_step else ref_b,
             dict(params=params_b, optimizer=opt_b, batch=batch_b, ref_params=ref_b),
         ),
         "generate": (
@@ -391,7 +400,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         rows_per_call=gen_rows,
         prompt_len=cfg.sampling.max_prompt_len,
         new_tokens=cfg.sampling.max_new_tokens,
-        logprob_passes=n_lp,
+        logprob_passes=n_fwd,
         epochs=cfg.algo.num_epochs,
         remat=bool(mc.remat),
         micro_batches=sc.num_epochs * sc.num_minibatches * sc.num_microbatches,

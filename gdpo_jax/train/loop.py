@@ -214,9 +214,9 @@ class Trainer:
         batch = distributed.to_global(arrays, self.mesh)
         if self.cfg.algo.old_logprobs == "recompute" and not self.step_cfg.old_logp_in_step:
             batch["old_logp"] = self.step.logprobs(self.state.params, batch)
-        if self.ref_params is not None:
+        if self.ref_params is not None and not self.step_cfg.ref_logp_in_step:
             batch["ref_logp"] = self.step.logprobs(self.ref_params, batch)
-        self.state, dev_metrics = self.step(self.state, batch)
+        self.state, dev_metrics = self.step(self.state, batch, self.ref_params)
         nnx.update(self.model, self.state.params)  # the sampler reads the new weights
         metrics = {k: _host_float(v) for k, v in dev_metrics.items()}
         t2 = time.perf_counter()

@@ -21,7 +21,9 @@ Batch (global arrays, leading dim N = num_prompts * group_size):
   prompt_ids i32[N,P] (left padded), prompt_mask i32[N,P],
   completion_ids i32[N,C], completion_mask i32[N,C],
   old_logp f32[N,C] (tempered log-probs of the policy that sampled),
-  ref_logp f32[N,C] (only when beta > 0 or kl_in_reward > 0),
+  ref_logp f32[N,C] (only when beta > 0 or kl_in_reward > 0, and not
+    `StepConfig.ref_logp_in_step`: then the step takes the reference params
+    and runs their forward in each micro-batch),
   rewards f32[N,K] (NaN = unscorable), group_ids i32[N], valid bool[N].
 """
 
@@ -46,7 +48,13 @@ from gdpo_jax.train import layer_views
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.state import TrainState
-from gdpo_jax.train.step_config import BATCH_KEYS, Batch, StepConfig, old_logp_in_step
+from gdpo_jax.train.step_config import (
+    BATCH_KEYS,
+    Batch,
+    StepConfig,
+    old_logp_in_step,
+    ref_logp_in_step,
+)
 
 __all__ = [
     "BATCH_KEYS",
@@ -56,6 +64,7 @@ __all__ = [
     "completion_logprobs",
     "logprob_fn",
     "old_logp_in_step",
+    "ref_logp_in_step",
     "sequence_kl",
     "train_step",
 ]
@@ -137,13 +146,19 @@ def sequence_kl(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Ar
 def train_step(
     state: TrainState,
     batch: Batch,
+    ref_params: Any = None,
     *,
     graphdef: nnx.GraphDef,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     cfg: StepConfig,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """All optimizer updates of one rollout batch. Returns (new state, scalar metrics)."""
+    """All optimizer updates of one rollout batch. Returns (new state, scalar metrics).
+
+    `ref_params` (the reference policy's params, placed like `state.params`) is
+    read only with `cfg.ref_logp_in_step`: each micro-batch then computes its
+    reference log-probs f32[n, C] before its policy forward, in this program.
+    """
     mask = batch["completion_mask"].astype(jnp.float32) * batch["valid"][:, None]
     rewards = batch["rewards"].astype(jnp.float32)
     weights = None if cfg.weights is None else jnp.asarray(cfg.weights, jnp.float32)
@@ -170,7 +185,7 @@ def train_step(
     data = {k: batch[k] for k in keys + (() if cfg.old_logp_in_step else ("old_logp",))}
     data["loss_mask"], data["adv"], data["valid"] = mask, adv, batch["valid"]
     use_ref = cfg.beta > 0
-    if use_ref:
+    if use_ref and not cfg.ref_logp_in_step:
         data["ref_logp"] = batch["ref_logp"]
     U, M = cfg.num_minibatches, cfg.num_microbatches
     units = cfg.layout_units(batch["prompt_ids"].shape[0])
@@ -220,12 +235,32 @@ def train_step(
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
+    if cfg.ref_logp_in_step:
+        # The reference forward of each micro-batch, in this program (one update
+        # per batch, so it runs once per row as a separate pass would).
+        ref_model = nnx.merge(graphdef, ref_params)
+        ref_views = None if model_cfg.scan_layers else ref_model.layer_params()
+
+    def with_ref_logp(mb: Batch) -> Batch:
+        if not cfg.ref_logp_in_step:
+            return mb
+        ref_logp = completion_logprobs(
+            ref_model,
+            mb,
+            temperature=cfg.temperature,
+            chunk_size=cfg.logprob_chunk_size,
+            group=cfg.shared_group,
+            layer_params=ref_views,
+        )[0]
+        return dict(mb, ref_logp=jax.lax.stop_gradient(ref_logp))
+
     def update(carry, mini):
         params, opt_state = carry
         diff = layer_views.split_params(params, model_cfg.num_layers) if unrolled else params
         stacked = layer_views.layers_state(params) if unrolled else None
 
         def micro(acc, mb):
+            mb = with_ref_logp(mb)
             (loss_sum, (denom, metrics)), grads = grad_fn(diff, mb, stacked)
             g_acc, l_acc, d_acc, m_acc = acc
             g_acc = jax.tree.map(jnp.add, g_acc, grads)
@@ -234,7 +269,12 @@ def train_step(
 
         # Accumulators start at the identity of each reduction, so every
         # micro-batch runs through the one scanned body (compiled once).
-        shapes = jax.eval_shape(grad_fn, diff, jax.tree.map(lambda x: x[0], mini), stacked)
+        shapes = jax.eval_shape(
+            lambda d, mb, st: grad_fn(d, with_ref_logp(mb), st),
+            diff,
+            jax.tree.map(lambda x: x[0], mini),
+            stacked,
+        )
         (_, (_, m_shape)), _ = shapes
         m0 = {
             k: (
@@ -340,7 +380,8 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
 class CompiledStep:
     """`train_step` and `logprob_fn` jitted with explicit shardings for one mesh.
 
-    Call `step(state, batch)`; `logprobs(params, batch)`. `compile_count()`
+    Call `step(state, batch, ref_params)` (`ref_params` read only with
+    `cfg.ref_logp_in_step`); `logprobs(params, batch)`. `compile_count()`
     reports how many times the step has been compiled (tests assert 1).
     """
 
@@ -372,8 +413,15 @@ class CompiledStep:
                 f"{shards}, and the batch layout differs between them; build it with "
                 "StepConfig.from_config(cfg, batch_shards=sharding.batch_axis_size(mesh))."
             )
+        if cfg.ref_logp_in_step and (cfg.kl_in_reward > 0 or cfg.updates_per_step != 1):
+            raise ValueError(
+                f"StepConfig(ref_logp_in_step=True) needs updates_per_step == 1 (got "
+                f"{cfg.updates_per_step}) and kl_in_reward == 0 (got {cfg.kl_in_reward}): "
+                "otherwise the reference log-probs must be computed before the update."
+            )
         base = tuple(k for k in BATCH_KEYS if not (cfg.old_logp_in_step and k == "old_logp"))
-        keys = tuple(batch_keys or base + (("ref_logp",) if cfg.needs_ref else ()))
+        batch_ref = cfg.needs_ref and not cfg.ref_logp_in_step
+        keys = tuple(batch_keys or base + (("ref_logp",) if batch_ref else ()))
         self.batch_keys = keys
         step = functools.partial(train_step, graphdef=graphdef, tx=tx, schedule=schedule, cfg=cfg)
         lp = functools.partial(logprob_fn, graphdef=graphdef, cfg=cfg)
@@ -381,12 +429,13 @@ class CompiledStep:
             self._step = jax.jit(step, donate_argnums=(0,))
             self._logprobs = jax.jit(lp)
             return
+        ref_sh = state_shardings.params if cfg.ref_logp_in_step else None
         ndim = {"rewards": 2, "group_ids": 1, "valid": 1}
         batch_sh = {k: mesh_lib.batch_sharding(mesh, ndim.get(k, 2)) for k in keys}
         rep = NamedSharding(mesh, P())
         self._step = jax.jit(
             step,
-            in_shardings=(state_shardings, batch_sh),
+            in_shardings=(state_shardings, batch_sh, ref_sh),
             out_shardings=(state_shardings, rep),
             donate_argnums=(0,),
         )
@@ -403,10 +452,25 @@ class CompiledStep:
 
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
-    def __call__(self, state: TrainState, batch: Batch) -> tuple[TrainState, dict]:
+    def __call__(
+        self, state: TrainState, batch: Batch, ref_params: Any = None
+    ) -> tuple[TrainState, dict]:
+        """One step. `ref_params`: the reference policy, read only when
+        `cfg.ref_logp_in_step` (else the batch carries "ref_logp")."""
+        ref_params = self._ref(ref_params)
         batch = {k: batch[k] for k in self.batch_keys}
         with self._ctx():
-            return self._step(state, batch)
+            return self._step(state, batch, ref_params)
+
+    def _ref(self, ref_params: Any) -> Any:
+        if not self.cfg.ref_logp_in_step:
+            return None
+        if ref_params is None:
+            raise ValueError(
+                "StepConfig(ref_logp_in_step=True) computes the reference log-probs in "
+                "the step: pass the reference params, step(state, batch, ref_params)."
+            )
+        return ref_params
 
     def logprobs(self, params: Any, batch: Batch) -> jax.Array:
         keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
@@ -416,10 +480,11 @@ class CompiledStep:
     def compile_count(self) -> int:
         return self._step._cache_size()
 
-    def lower(self, state: TrainState, batch: Batch):
+    def lower(self, state: TrainState, batch: Batch, ref_params: Any = None):
+        ref_params = self._ref(ref_params)
         batch = {k: batch[k] for k in self.batch_keys}
         with self._ctx():
-            return self._step.lower(state, batch)
+            return self._step.lower(state, batch, ref_params)
 
     def lower_logprobs(self, params: Any, batch: Batch):
         """The log-prob pass lowered for `params` / `batch` (arrays or ShapeDtypeStructs)."""

@@ -1,7 +1,8 @@
 """The step's static settings: `StepConfig` (hashable, bound into the jitted step
 with functools.partial), its builder from the run config (`StepConfig.from_config`),
-the batch keys the step reads, the rule for taking the old log-probs from the
-step's own forward (`old_logp_in_step`), and when each prompt can run once per
+the batch keys the step reads, the rules for taking the old log-probs from the
+step's own forward (`old_logp_in_step`) and the reference log-probs from a
+forward inside the step (`ref_logp_in_step`), and when each prompt can run once per
 micro-batch (`share_prompt_blocker`, `check_group_prompts`).
 """
 
@@ -53,6 +54,10 @@ class StepConfig:
     # True: the old log-probs are stop_gradient(the step's own log-probs), no
     # separate forward pass and no "old_logp" batch key (see old_logp_in_step).
     old_logp_in_step: bool = False
+    # True: each micro-batch runs the reference policy's forward inside the step
+    # (passed as step(state, batch, ref_params)), no separate log-prob program and
+    # no "ref_logp" batch key (see ref_logp_in_step).
+    ref_logp_in_step: bool = False
     # True: each micro-batch runs each distinct prompt once (models.prompt_sharing).
     # Needs micro-batches of whole groups (`layout_units`): rows grouped by
     # prompt, group_size rows each.
@@ -130,6 +135,11 @@ class StepConfig:
                 updates_per_step=a.num_epochs * a.num_minibatches,
                 kl_in_reward=a.kl_in_reward,
             ),
+            ref_logp_in_step=ref_logp_in_step(
+                a.beta,
+                updates_per_step=a.num_epochs * a.num_minibatches,
+                kl_in_reward=a.kl_in_reward,
+            ),
             share_prompt=share,
             group_size=a.group_size,
             batch_shards=batch_shards,
@@ -180,3 +190,16 @@ def old_logp_in_step(old_logprobs: str, *, updates_per_step: int, kl_in_reward: 
     (its penalty enters the advantages, before any gradient is taken).
     """
     return old_logprobs == "recompute" and updates_per_step == 1 and kl_in_reward == 0
+
+
+def ref_logp_in_step(beta: float, *, updates_per_step: int, kl_in_reward: float) -> bool:
+    """Whether the reference log-probs can be computed inside the step.
+
+    With one optimizer update per rollout batch each micro-batch needs the
+    reference log-probs exactly once, so running the reference forward in the
+    step's micro-batch loop does the same FLOPs as a separate pass, without a
+    second program and its [N, C] output. Not with several updates (each would
+    redo the reference forward), and not with kl_in_reward > 0 (its penalty
+    enters the advantages, before the micro-batch loop).
+    """
+    return beta > 0 and updates_per_step == 1 and kl_in_reward == 0

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
 from tqdm.auto import tqdm
@@ -150,6 +151,9 @@ def time_microbatches(
     tx, schedule = state_lib.rl_optimizer(cfg, sc0.updates_per_step)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
     shardings = state_lib.shardings_of(state)
+    # The reference weights sit beside the step as in a run (its argument when
+    # the step computes the reference log-probs itself).
+    ref = jax.tree.map(jnp.copy, state.params) if sc0.needs_ref else None
 
     results: dict[int, dict[str, Any]] = {}
     steps_by_count: dict[int, CompiledStep] = {}
@@ -172,7 +176,7 @@ def time_microbatches(
         )
         t0 = time.perf_counter()
         try:
-            new_state, metrics = step(state, batch)
+            new_state, metrics = step(state, batch, ref)
             jax.block_until_ready(metrics)
         except Exception as e:  # noqa: BLE001 - XLA raises its own runtime error types
             if not _out_of_memory(e):
@@ -202,7 +206,7 @@ def time_microbatches(
     for _ in range(steps):  # interleaved: one step of each count per round
         for count, step in steps_by_count.items():
             t0 = time.perf_counter()
-            state, metrics = step(state, batch)
+            state, metrics = step(state, batch, ref)
             jax.block_until_ready(metrics)
             results[count]["times_s"].append(time.perf_counter() - t0)
             bar.update(1)
