@@ -62,6 +62,28 @@ def _cpu_isa() -> str:
     return ""
 
 
+def _cpu_details(cpuinfo: str = "/proc/cpuinfo", sysfs: str = "/sys/devices/system/cpu") -> dict:
+    """What tells apart hosts behind one VM model name ("Intel(R) Xeon(R) Processor"):
+    the reported clock (MHz), the last-level cache and whether AMX tiles are there.
+    Recorded beside a run, not part of the machine kind; None where unreadable."""
+    out: dict[str, Any] = {"mhz": None, "l3_cache": None, "amx": None}
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("cpu MHz") and out["mhz"] is None:
+                    out["mhz"] = float(line.split(":", 1)[1])
+                elif line.startswith("flags") and out["amx"] is None:
+                    out["amx"] = "amx_tile" in line.split(":", 1)[1].split()
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(os.path.join(sysfs, "cpu0", "cache", "index3", "size")) as f:
+            out["l3_cache"] = f.read().strip()
+    except OSError:
+        pass
+    return out
+
+
 def _memory_gib() -> float | None:
     try:
         with open("/proc/meminfo") as f:
@@ -99,6 +121,7 @@ def machine_info() -> dict[str, Any]:
     return {
         "cpu_model": _cpu_model(),
         "cpu_isa": _cpu_isa(),
+        "cpu_details": _cpu_details(),
         "cpu_count": os.cpu_count(),
         "cpu_usable": usable,
         "memory_gib": _memory_gib(),

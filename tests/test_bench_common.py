@@ -205,6 +205,22 @@ def test_machine_kind_slugs():
     assert common.machine_kind(gpu) == "intel-xeon-2c-gpu-nvidia-h100-x1"
 
 
+def test_cpu_details_read_clock_cache_and_amx(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\ncpu MHz\t\t: 2600.000\nflags\t\t: fpu avx512f amx_bf16 amx_tile\n"
+        "processor\t: 1\ncpu MHz\t\t: 1200.000\nflags\t\t: fpu avx512f\n"
+    )
+    (tmp_path / "cpu0" / "cache" / "index3").mkdir(parents=True)
+    (tmp_path / "cpu0" / "cache" / "index3" / "size").write_text("491520K\n")
+    got = common._cpu_details(str(cpuinfo), str(tmp_path))
+    assert got == {"mhz": 2600.0, "l3_cache": "491520K", "amx": True}  # the first CPU's
+    cpuinfo.write_text("flags\t\t: fpu avx2\n")
+    got = common._cpu_details(str(cpuinfo), str(tmp_path / "none"))
+    assert got == {"mhz": None, "l3_cache": None, "amx": False}
+    assert set(common._cpu_details()) == {"mhz", "l3_cache", "amx"}  # this machine's
+
+
 def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all, "report_to_markdown", lambda r: "stub")
     out = tmp_path / "bench"
