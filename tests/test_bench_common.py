@@ -334,6 +334,39 @@ def test_profile_step_scan_ab_for_another_model(monkeypatch):
     assert "bench_rl's `smollm2` shape, AMD EPYC (avx512), 2 cores" in table
 
 
+def test_profile_step_ref_ab_rows_and_table(monkeypatch):
+    """--ref_ab runs one fresh process per listed micro-batch count (repeats allowed)
+    at beta 0.04; each row's speed-ups are separate / in-step, per timing."""
+    from benchmarks import profile_step
+
+    calls = []
+
+    def fake(mb, tunable, beta, trace, ab="", model="tiny"):
+        calls.append((mb, tunable, beta, ab))
+        k = len(calls)
+        return {
+            "microbatches": mb,
+            "separate_iter_median_s": 1.0 * k,
+            "in_step_iter_median_s": 0.8 * k,
+            "separate_iter_step_median_s": 0.6,
+            "in_step_iter_step_median_s": 0.5,
+            "separate_median_s": 0.5,
+            "in_step_median_s": 0.5,
+        }
+
+    monkeypatch.setattr(profile_step, "run_variant", fake)
+    res = profile_step.run_ref_ab((4, 4), beta=0.04)
+    assert calls == [(4, True, 0.04, "ref"), (4, True, 0.04, "ref")]
+    assert [r["iter_speedup"] for r in res["ref_ab"]] == [1.0 / 0.8, 2.0 / 1.6]
+    res["machine"] = {"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_isa": "avx512"}
+    table = profile_step.ref_table_markdown(res)
+    assert "| RL iteration | 4 | 0.04 | 2.000 | 1.600 | 1.25x |" in table
+    assert "| its step (time/step_s) | 4 | 0.04 | 0.600 | 0.500 | 1.20x |" in table
+    assert "| the step alone, back to back | 4 | 0.04 | 0.500 | 0.500 | 1.00x |" in table
+    with pytest.raises(ValueError, match="beta > 0"):
+        profile_step._child_ref_ab(4, 0.0)
+
+
 def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     """Each round runs both frameworks, the order alternating; figures are medians
     over every round's iterations, and each round's median is kept."""

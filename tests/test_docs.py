@@ -1530,6 +1530,36 @@ def test_host_section_is_the_committed_run() -> None:
     )
 
 
+def test_reference_forward_section_is_the_committed_run() -> None:
+    """benchmarks.md's in-step reference forward table renders the committed
+    profile_step --ref_ab run, and its prose quotes that run's speed-up ranges."""
+    import json
+
+    from benchmarks import profile_step
+
+    name = "profile_ref_intel-xeon-avx512-2c.json"
+    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert " ".join(profile_step.ref_table_markdown(res).split()) in flat, (
+        f"docs/benchmarks.md's reference-forward table differs from docs/benchmarks/{name} "
+        "(python -m benchmarks.profile_step --ref_ab --microbatches 4,4,4 --out <it>)"
+    )
+
+    def span(key: str) -> str:
+        x = sorted(r[f"separate_{key}"] / r[f"in_step_{key}"] for r in res["ref_ab"])
+        return f"{x[0]:.2f}x-{x[-1]:.2f}x"
+
+    _assert_quotes(
+        flat,
+        (
+            f"as fast either way ({span('median_s')})",
+            f"measured {span('iter_median_s')} per iteration and "
+            f"{span('iter_step_median_s')} per step",
+        ),
+        f"docs/benchmarks.md (docs/benchmarks/{name})",
+    )
+
+
 def test_decode_ops_section_is_the_committed_run() -> None:
     """benchmarks.md's decode-by-product table renders the committed
     profile_decode_ops run, and its prose quotes that run's shares."""
