@@ -33,7 +33,8 @@ With ``--ref_ab`` only the reference pass's comparison runs (beta 0.04, bench_rl
 layout): a separate log-prob program before the step against the step that runs
 the reference forward in its own micro-batch loop (StepConfig.ref_logp_in_step),
 alternately in one process. Every timed step is the RL loop's: at beta > 0 it
-includes the reference log-probs, whichever program computes them.
+includes the reference log-probs, whichever program computes them (the runs
+committed before 2026-12-03 timed the step with them precomputed).
 """
 
 from __future__ import annotations
