@@ -55,8 +55,11 @@ def main() -> None:
 
 def run_step(devices) -> dict:
     """One step on a (2, 2, 1) mesh over `devices`; this process feeds only its rows."""
+    import dataclasses
+
     import jax
     import jax.numpy as jnp
+    from flax import nnx
 
     from gdpo_jax.models.sharding import create_model
     from gdpo_jax.train import distributed
@@ -95,9 +98,28 @@ def run_step(devices) -> dict:
     def host(x):
         return float(x.addressable_data(0)) if hasattr(x, "addressable_data") else float(x)
 
+    # The same update with the old and the reference log-probs from the step's own
+    # micro-batch loop (StepConfig.old_logp_in_step / ref_logp_in_step): the reference
+    # params (another model, placed like the policy's) are the step's argument.
+    fused_sc = dataclasses.replace(sc, old_logp_in_step=True, ref_logp_in_step=True)
+    graphdef, state = state_lib.create_train_state(create_model(CFG, mesh=mesh, seed=0), tx, mesh)
+    ref = nnx.state(create_model(CFG, mesh=mesh, seed=3), nnx.Param)
+    fused = CompiledStep(
+        graphdef=graphdef,
+        tx=tx,
+        schedule=schedule,
+        cfg=fused_sc,
+        state_shardings=state_lib.shardings_of(state),
+        mesh=mesh,
+    )
+    state, fused_metrics = fused(state, distributed.to_global(local, mesh), ref)
+    with jax.set_mesh(mesh):
+        fused_sums = sums(state.params)
     return {
         "metrics": {k: host(v) for k, v in metrics.items()},
         "param_sums": [host(x) for x in jax.tree.leaves(leaf_sums)],
+        "fused_metrics": {k: host(v) for k, v in fused_metrics.items()},
+        "fused_param_sums": [host(x) for x in jax.tree.leaves(fused_sums)],
         "rows": [lo, hi],
     }
 

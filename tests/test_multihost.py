@@ -88,7 +88,11 @@ def test_two_processes_match_one(two):
         for k, v in one["metrics"].items():
             np.testing.assert_allclose(r["metrics"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
         np.testing.assert_allclose(r["param_sums"], one["param_sums"], rtol=1e-5)
+        for k, v in one["fused_metrics"].items():  # the reference forward in the step
+            np.testing.assert_allclose(r["fused_metrics"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+        np.testing.assert_allclose(r["fused_param_sums"], one["fused_param_sums"], rtol=1e-5)
     assert one["metrics"]["loss"] != 0.0 and one["metrics"]["kl"] > 0
+    assert one["fused_metrics"]["kl"] > 1e-3  # the reference is another model
 
 
 @pytest.mark.slow
