@@ -76,14 +76,19 @@ def run_step(devices) -> dict:
     model = create_model(CFG, mesh=mesh, seed=0)
     graphdef, state = state_lib.create_train_state(model, tx, mesh)
     sc = StepConfig(num_groups=NUM_GROUPS, weights=(1.0, 0.5), num_microbatches=2, beta=0.02)
-    step = CompiledStep(
-        graphdef=graphdef,
-        tx=tx,
-        schedule=schedule,
-        cfg=sc,
-        state_shardings=state_lib.shardings_of(state),
-        mesh=mesh,
-    )
+
+    def compiled(cfg: StepConfig) -> CompiledStep:
+        shardings = state_lib.shardings_of(state)
+        return CompiledStep(
+            graphdef=graphdef,
+            tx=tx,
+            schedule=schedule,
+            cfg=cfg,
+            state_shardings=shardings,
+            mesh=mesh,
+        )
+
+    step = compiled(sc)
     full = make_batch(5, with_ref=True)
     lo, hi = distributed.host_rows(full["rewards"].shape[0])
     local = {k: v[lo:hi] for k, v in full.items()}  # this host's rows only
@@ -104,14 +109,7 @@ def run_step(devices) -> dict:
     fused_sc = dataclasses.replace(sc, old_logp_in_step=True, ref_logp_in_step=True)
     graphdef, state = state_lib.create_train_state(create_model(CFG, mesh=mesh, seed=0), tx, mesh)
     ref = nnx.state(create_model(CFG, mesh=mesh, seed=3), nnx.Param)
-    fused = CompiledStep(
-        graphdef=graphdef,
-        tx=tx,
-        schedule=schedule,
-        cfg=fused_sc,
-        state_shardings=state_lib.shardings_of(state),
-        mesh=mesh,
-    )
+    fused = compiled(fused_sc)
     state, fused_metrics = fused(state, distributed.to_global(local, mesh), ref)
     with jax.set_mesh(mesh):
         fused_sums = sums(state.params)

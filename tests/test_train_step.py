@@ -294,6 +294,17 @@ def test_bnpo_per_micro_batch_and_dr_grpo_without_padding_rows(aggregation, micr
     assert abs(float(whole) - float(ref_l)) > 1e-4 * abs(float(ref_l))
 
 
+def _assert_same_update(two_pass: tuple, fused: tuple) -> dict:
+    """(params, metrics) of a two-program step and of its fused form: the same
+    params and every metric (f32, rtol 1e-6). Returns the fused form's metrics."""
+    (p2, m2), (p1, m1) = two_pass, fused
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p2, p1)
+    assert set(m1) == set(m2)
+    for k in m1:
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+    return m1
+
+
 @pytest.mark.parametrize("micro,beta", [(1, 0.0), (2, 0.04)])
 def test_old_logp_in_step_equals_two_pass_recompute(micro, beta):
     """One update per batch: old = stop_gradient(logp) in the step (one forward)
@@ -317,11 +328,7 @@ def test_old_logp_in_step_equals_two_pass_recompute(micro, beta):
             b["old_logp"] = step.logprobs(state.params, b)  # the separate pass
         new_state, metrics = step(state, b)
         outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
-    (p2, m2), (p1, m1) = outs
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p2, p1)
-    assert set(m1) == set(m2)
-    for k in m1:
-        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+    m1 = _assert_same_update(*outs)
     assert float(m1["ratio_max"]) == 1.0 and float(m1["clip_frac"]) == 0.0
 
 
@@ -363,11 +370,7 @@ def test_ref_logp_in_step_equals_separate_reference_pass(micro, scan_layers):
             b["ref_logp"] = step.logprobs(ref_params, b)  # the separate pass
         new_state, metrics = step(state, b, ref_params)
         outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
-    (p2, m2), (p1, m1) = outs
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p2, p1)
-    assert set(m1) == set(m2)
-    for k in m1:
-        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-6, atol=1e-6, err_msg=k)
+    m1 = _assert_same_update(*outs)
     assert float(m1["kl"]) > 1e-3  # the reference is another model
 
 

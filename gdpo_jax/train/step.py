@@ -135,6 +135,19 @@ def _finalize(pairs: dict) -> dict[str, jax.Array]:
     }
 
 
+def _logprobs(model: Any, mb: Batch, cfg: StepConfig, views: Any) -> tuple[jax.Array, jax.Array]:
+    """`completion_logprobs` of one micro-batch with the step's settings:
+    (log-probs f32[n, C], entropy f32[n, C]); `views`: unrolled layers' weights."""
+    return completion_logprobs(
+        model,
+        mb,
+        temperature=cfg.temperature,
+        chunk_size=cfg.logprob_chunk_size,
+        group=cfg.shared_group,
+        layer_params=views,
+    )
+
+
 # --------------------------------------------------------------------------- #
 # The step.
 # --------------------------------------------------------------------------- #
@@ -202,14 +215,7 @@ def train_step(
             views, model = diff[1], nnx.merge(graphdef, diff[0], stacked)
         else:
             views, model = None, nnx.merge(graphdef, diff)
-        logp, ent = completion_logprobs(
-            model,
-            mb,
-            temperature=cfg.temperature,
-            chunk_size=cfg.logprob_chunk_size,
-            group=cfg.shared_group,
-            layer_params=views,
-        )
+        logp, ent = _logprobs(model, mb, cfg, views)
         if cfg.entropy_coef == 0:
             ent = jax.lax.stop_gradient(ent)  # metric only
         # One update per batch: the pre-update policy is these very params.
@@ -244,14 +250,7 @@ def train_step(
     def with_ref_logp(mb: Batch) -> Batch:
         if not cfg.ref_logp_in_step:
             return mb
-        ref_logp = completion_logprobs(
-            ref_model,
-            mb,
-            temperature=cfg.temperature,
-            chunk_size=cfg.logprob_chunk_size,
-            group=cfg.shared_group,
-            layer_params=ref_views,
-        )[0]
+        ref_logp = _logprobs(ref_model, mb, cfg, ref_views)[0]
         return dict(mb, ref_logp=jax.lax.stop_gradient(ref_logp))
 
     def update(carry, mini):
@@ -363,14 +362,7 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
     views = None if model.cfg.scan_layers else model.layer_params()
 
     def one(mb):
-        return completion_logprobs(
-            model,
-            mb,
-            temperature=cfg.temperature,
-            chunk_size=cfg.logprob_chunk_size,
-            group=cfg.shared_group,
-            layer_params=views,
-        )[0]
+        return _logprobs(model, mb, cfg, views)[0]
 
     flat = {k: v.reshape(U * M, *v.shape[2:]) for k, v in blocks.items()}
     out = jax.lax.map(one, flat)
