@@ -88,6 +88,17 @@ def test_compare_against_hand_arithmetic() -> None:
     assert gen["roofline_s"] == pytest.approx(0.5) and gen["time_ratio"] == pytest.approx(2.0)
     assert gen["mfu"] == pytest.approx(1e12 / H100_PEAK)
     assert gen["peak_is_setup"]
+    # A step that runs one of the roofline's two log-prob passes itself (the
+    # reference's), the log-prob program the other: 2 s + 1 s / 2 and 9.89e12 + 4e12 / 2
+    # FLOPs for the step; 0.5 s and 2e12 FLOPs for the program's one pass.
+    fused = _plan(_tiny(), step_shape=dict(logprob_passes=2))
+    fused["programs"]["step"]["logprob_passes"] = 1
+    fused["programs"]["logprob"]["runs_per_step"] = 1
+    got = {r["program"]: r for r in compare(fused, measured)}
+    assert got["step"]["roofline_s"] == pytest.approx(2.5)
+    assert got["step"]["mfu"] == pytest.approx(11.89e12 / (4.0 * H100_PEAK))
+    assert got["logprob"]["roofline_s"] == pytest.approx(0.5)
+    assert got["logprob"]["mfu"] == pytest.approx(2e12 / H100_PEAK)
     table = format_comparison(list(rows.values()))
     assert "| step | 10.00 | 11.00 | 1.10 | 7.00 | 2.00 / 3.00 |" in table
     assert "| logprob | 6.00 | n/a | n/a | n/a | 1.00 / n/a |" in table

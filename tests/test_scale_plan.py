@@ -353,6 +353,8 @@ def test_tiny_plan_on_gpu():
     assert one["programs"]["step"]["args"] == plan["programs"]["step"]["args"] + params - keys
     # FLOPs: the reference forward is still paid (in the step); the old one is not.
     assert one["step_shape"]["logprob_passes"] == 1 and one["flops"]["logprob"] > 0
+    assert one["programs"]["step"]["logprob_passes"] == 1  # check_plan's step roofline adds it
+    assert plan["programs"]["step"]["logprob_passes"] == 0
     assert plan["usable_gib"] == pytest.approx(84942979072 / 2**30 - 4)
 
 

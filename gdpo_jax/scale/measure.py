@@ -283,24 +283,29 @@ def compare(plan: dict[str, Any], measured: dict[str, dict[str, Any]]) -> list[d
     resident, as in a run; None when not measured);
     planned_temps / device_temps: the program's temporaries as the plan's compiler
     (for the target) and this device's compiler put them;
-    roofline_s: the plan's lower bound for one call (the step: "train"; one
-    log-prob pass: "logprob" / its runs per step; one sampler call: prefill +
-    decode over the step's calls); mfu: the phase's FLOPs over the measured
-    median time and the target's peak (all devices); memory_ratio and
-    time_ratio: measured / planned.
+    roofline_s: the plan's lower bound for one call (the step: "train", plus
+    the log-prob passes it runs itself; one log-prob pass: "logprob" / its runs
+    per step; one sampler call: prefill + decode over the step's calls); mfu:
+    the phase's FLOPs over the measured median time and the target's peak (all
+    devices); memory_ratio and time_ratio: measured / planned.
     """
     target = parse_target(plan["target"])
     peak = target.chip.peak_flops * plan["num_devices"]
     roof, fl = plan["roofline"], plan["flops"]
     gen = plan["programs"].get("generate", {})
     n_calls = -(-plan["rows"] // gen["rows_per_call"]) if gen else 1  # as the roofline counts
+    passes = plan.get("step_shape", {}).get("logprob_passes", 0)  # old + reference, all programs
     rows = []
     for name, m in measured.items():
         p = plan["programs"][name]
         if name == "step":
-            secs, flops = roof["train"], fl["train"]
-        elif name == "logprob":
-            runs = p.get("runs_per_step", 1)
+            # Plus the log-prob forwards the step runs itself (the reference's with
+            # StepConfig.ref_logp_in_step): their share of the roofline's passes.
+            share = p.get("logprob_passes", 0) / max(passes, 1)
+            secs = roof["train"] + share * roof["logprob"]
+            flops = fl["train"] + share * fl["logprob"]
+        elif name == "logprob":  # one pass of the roofline's (those in the step too)
+            runs = passes or p.get("runs_per_step", 1)
             secs, flops = roof["logprob"] / runs, fl["logprob"] / runs
         else:
             secs = (roof["prefill"] + roof["decode"]) / n_calls

@@ -390,6 +390,8 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
                 r["decode_phases"] = len(gen_spec.chunks)
         if name == "logprob":
             r["runs_per_step"] = n_lp
+        if name == "step":  # the log-prob forwards it runs itself (the reference's)
+            r["logprob_passes"] = n_fwd - n_lp
         programs[name] = r
     # A program the compiler refused binds, whatever the (lower bound) bytes it names.
     peak = max(programs, key=lambda k: (not programs[k]["compiled"], programs[k]["total_bytes"]))
