@@ -21,8 +21,9 @@ from gdpo_jax.models.prompt_sharing import shared_prompt_hidden
 from gdpo_jax.models.sharding import create_model
 from gdpo_jax.train import distributed
 from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax.train.blocks import from_blocks, to_blocks
 from gdpo_jax.train.config import base_config
-from gdpo_jax.train.step import StepConfig, _from_blocks, _to_blocks
+from gdpo_jax.train.step import StepConfig
 from gdpo_jax.train.step_config import check_group_prompts, share_prompt_blocker
 from tests.test_train_sharded import SC, _run
 from tests.test_train_step import (
@@ -154,18 +155,18 @@ def test_block_layout_by_hand():
     """Mini-batch u = units u, u + U, ...; micro-batch m of it = its units m, m + M, ..."""
     x = jnp.arange(8)
     # Hand-worked. Rows: U=2 -> rows 0::2, 1::2.
-    np.testing.assert_array_equal(_to_blocks(x, 2, 1), [[[0, 2, 4, 6]], [[1, 3, 5, 7]]])
+    np.testing.assert_array_equal(to_blocks(x, 2, 1), [[[0, 2, 4, 6]], [[1, 3, 5, 7]]])
     # Groups of 2 (groups 0..3 = rows 01 23 45 67): U=2 -> groups {0, 2}, {1, 3}.
-    np.testing.assert_array_equal(_to_blocks(x, 2, 1, (2, 2)), [[[0, 1, 4, 5]], [[2, 3, 6, 7]]])
+    np.testing.assert_array_equal(to_blocks(x, 2, 1, (2, 2)), [[[0, 1, 4, 5]], [[2, 3, 6, 7]]])
     # U=2 x M=2 over rows: mini 0 = rows 0 2 4 6 -> micro 0 = 0 4, micro 1 = 2 6.
     want = [[[0, 4], [2, 6]], [[1, 5], [3, 7]]]
-    np.testing.assert_array_equal(_to_blocks(x, 2, 2), want)
+    np.testing.assert_array_equal(to_blocks(x, 2, 2), want)
     # Whole-group mini-batches, micro-batches of rows: mini 0 = rows 0 1 4 5 -> 0 4, 1 5.
     want = [[[0, 4], [1, 5]], [[2, 6], [3, 7]]]
-    np.testing.assert_array_equal(_to_blocks(x, 2, 2, (2, 1)), want)
+    np.testing.assert_array_equal(to_blocks(x, 2, 2, (2, 1)), want)
     y = jnp.arange(48).reshape(24, 2)
     for mini, micro, units in [(1, 1, (1, 1)), (2, 3, (1, 1)), (3, 2, (2, 2)), (2, 2, (3, 1))]:
-        np.testing.assert_array_equal(_from_blocks(_to_blocks(y, mini, micro, units), units), y)
+        np.testing.assert_array_equal(from_blocks(to_blocks(y, mini, micro, units), units), y)
 
 
 @pytest.mark.parametrize("shards", [1, 2, 4])
@@ -177,7 +178,7 @@ def test_block_layout_keeps_every_shards_rows_on_it(shards):
         batch_shards=shards,
     )  # fmt: skip
     for units in [(1, 1), sc.layout_units(n)]:
-        blocks = np.asarray(_to_blocks(jnp.arange(n), mini, micro, units)).reshape(
+        blocks = np.asarray(to_blocks(jnp.arange(n), mini, micro, units)).reshape(
             mini * micro, shards, -1
         )
         assert (blocks // (n // shards) == np.arange(shards)[None, :, None]).all(), units

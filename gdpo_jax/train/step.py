@@ -7,15 +7,10 @@ over `num_microbatches` micro-batches with a `lax.scan`. The loss is a
 (sum, denominator) pair, so the accumulated gradient is exactly the gradient
 of the whole mini-batch's loss: grad(sum_1 + ... + sum_M) / (den_1 + ... + den_M).
 
-Row layout (`_to_blocks`): mini-batch u takes units u, u + U, u + 2U, ... of
-the batch, and micro-batch m of it that mini-batch's units m, m + M, ...;
-a unit is a whole prompt group (G rows, prompt-major) where every batch
-shard's share of every mini- (micro-) batch is whole groups, else one row
-(`StepConfig.layout_units`). So a mini-batch is whole groups (as verl's),
-which rows it holds does not depend on the mesh, and every device keeps its
-own rows (no communication). With `StepConfig.share_prompt` each micro-batch
-runs each of its prompts once (`models.prompt_sharing`); the layout is the
-same with it or without.
+Row layout: `train/blocks.py` (mini-batches of whole prompt groups where the
+mesh allows, every device keeping its own rows). With `StepConfig.share_prompt`
+each micro-batch runs each of its prompts once (`models.prompt_sharing`); the
+layout is the same with it or without.
 
 Batch (global arrays, leading dim N = num_prompts * group_size):
   prompt_ids i32[N,P] (left padded), prompt_mask i32[N,P],
@@ -43,9 +38,9 @@ from jax.sharding import PartitionSpec as P
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
 from gdpo_jax.core.diagnostics import reward_shares
 from gdpo_jax.core.losses import policy_loss
-from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
 from gdpo_jax.train import layer_views
 from gdpo_jax.train import mesh as mesh_lib
+from gdpo_jax.train.blocks import from_blocks, to_blocks
 from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.state import TrainState
 from gdpo_jax.train.step_config import (
@@ -71,49 +66,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- #
-def _rows_reshape(x: jax.Array, shape: tuple[int, ...], rows_dim: int) -> jax.Array:
-    """x.reshape(shape), the batch's rows (sharded over ("data", "fsdp")) in dim
-    `rows_dim` of the result. Explicit axes need the result's sharding spelled
-    out (JAX does not infer it for a split or merge of a sharded dim)."""
-    mesh = context_mesh()
-    if mesh is None:
-        return x.reshape(shape)
-    spec = sanitize_spec((None,) * rows_dim + (BATCH_AXES,), shape, mesh)
-    if is_explicit(mesh):
-        return jax.lax.reshape(x, shape, out_sharding=spec)
-    return constrain(x.reshape(shape), mesh, spec)
-
-
-def _to_blocks(x: jax.Array, mini: int, micro: int, units: tuple[int, int] = (1, 1)) -> jax.Array:
-    """[N, ...] -> [mini, micro, N / (mini micro), ...]: the step's batch layout.
-
-    `units` = (a, b), rows per unit (1: single rows, G: whole prompt groups).
-    Mini-batch u takes units u, u + mini, u + 2 mini, ... of a rows; micro-batch
-    m of it takes its units m, m + micro, ... of b rows. Which rows land in
-    which mini- and micro-batch depends on N, mini, micro and the units, never
-    on the mesh; and when every batch shard holds a multiple of mini x micro
-    units, each block keeps its rows on the shards that hold them.
-    """
-    a, b = units
-    n, rest = x.shape[0], x.shape[1:]
-    y = jnp.swapaxes(_rows_reshape(x, (n // (mini * a), mini, a, *rest), 0), 0, 1)
-    y = _rows_reshape(y, (mini, n // mini, *rest), 1)
-    y = jnp.swapaxes(_rows_reshape(y, (mini, n // (mini * micro * b), micro, b, *rest), 1), 1, 2)
-    return _rows_reshape(y, (mini, micro, n // (mini * micro), *rest), 2)
-
-
-def _from_blocks(x: jax.Array, units: tuple[int, int] = (1, 1)) -> jax.Array:
-    """Inverse of _to_blocks: [mini, micro, N / (mini micro), ...] -> [N, ...]."""
-    a, b = units
-    mini, micro, per = x.shape[:3]
-    rest = x.shape[3:]
-    n = mini * micro * per
-    y = jnp.swapaxes(_rows_reshape(x, (mini, micro, per // b, b, *rest), 2), 1, 2)
-    y = _rows_reshape(y, (mini, n // mini, *rest), 1)
-    y = jnp.swapaxes(_rows_reshape(y, (mini, n // (mini * a), a, *rest), 1), 0, 1)
-    return _rows_reshape(y, (n, *rest), 0)
-
-
 def _combine(a: dict, b: dict) -> dict:
     """Adds (sum, denom) metric pairs; *_min / *_max keys combine by min / max."""
     out = {}
@@ -202,7 +154,7 @@ def train_step(
         data["ref_logp"] = batch["ref_logp"]
     U, M = cfg.num_minibatches, cfg.num_microbatches
     units = cfg.layout_units(batch["prompt_ids"].shape[0])
-    blocks = jax.tree.map(lambda x: _to_blocks(x, U, M, units), data)
+    blocks = jax.tree.map(lambda x: to_blocks(x, U, M, units), data)
 
     # Unrolled layers: per-layer weight views made once per update, not once per
     # micro-batch (train/layer_views.py); the layer scan reads the stacks in place.
@@ -356,7 +308,7 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
     U, M = cfg.num_minibatches, cfg.num_microbatches
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
     units = cfg.layout_units(batch["prompt_ids"].shape[0])
-    blocks = {k: _to_blocks(batch[k], U, M, units) for k in keys}
+    blocks = {k: to_blocks(batch[k], U, M, units) for k in keys}
     model = nnx.merge(graphdef, params)
     # Unrolled layers: slice the weights once for all blocks.
     views = None if model.cfg.scan_layers else model.layer_params()
@@ -366,7 +318,7 @@ def logprob_fn(params: Any, batch: Batch, *, graphdef: nnx.GraphDef, cfg: StepCo
 
     flat = {k: v.reshape(U * M, *v.shape[2:]) for k, v in blocks.items()}
     out = jax.lax.map(one, flat)
-    return _from_blocks(out.reshape(U, M, *out.shape[1:]), units)
+    return from_blocks(out.reshape(U, M, *out.shape[1:]), units)
 
 
 class CompiledStep:

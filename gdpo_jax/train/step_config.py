@@ -77,7 +77,7 @@ class StepConfig:
         return self.group_size if self.share_prompt else 0
 
     def layout_units(self, rows: int) -> tuple[int, int]:
-        """Rows per unit of the step's mini- and micro-batch split (`step._to_blocks`):
+        """Rows per unit of the step's mini- and micro-batch split (`blocks.to_blocks`):
         `group_size` (whole prompt groups) where each of the `batch_shards`
         shards holds whole groups of every mini- (micro-) batch, else 1 (rows).
         Raises if `share_prompt` is set and a micro-batch would split a group."""
