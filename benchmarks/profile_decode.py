@@ -121,7 +121,7 @@ def _profile_model(
     rows = spec["prompts"] * spec["group"]
     ops = {}
     if trace:
-        from benchmarks.profile_step import op_breakdown
+        from benchmarks.xla_trace import op_breakdown
 
         for form in ("scan", "fused"):
             with tempfile.TemporaryDirectory() as tmp:

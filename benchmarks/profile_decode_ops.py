@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import os
-import pathlib
-import re
 import statistics
 import tempfile
 import time
@@ -38,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, xla_trace
 
 DEFAULT_OUT = "runs/bench/decode_ops.json"
 MODULE = "generate"  # the Sampler's jitted function (its HLO module's name holds it)
@@ -53,7 +50,6 @@ WEIGHT_SPEC = "...d,df->...f"  # gdpo_jax/core/dense.py's product
 REDUCTIONS = "reductions (YNNPACK)"
 OTHER_WIDTHS = "weight products, other widths"  # a width weight_widths does not name
 OTHER = "other"
-_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \w+\[([\d,]*)\]\S* [^\n]*?op_name=\"([^\"]*)\"")
 
 
 def weight_widths(hf_config: dict[str, Any]) -> dict[int, str]:
@@ -71,17 +67,15 @@ def categorize(hlo: str, widths: dict[int, str]) -> dict[str, str]:
     """{HLO instruction name: category} for every instruction of an optimized HLO
     module's text that carries op_name metadata (see the module docstring)."""
     out = {}
-    for line in hlo.splitlines():
-        m = _INSTR.match(line)
-        if not m:
+    for name, ins in xla_trace.instructions(hlo).items():
+        op = ins.op_name
+        if not op:
             continue
-        name, dims, op = m.groups()
         spec = next((s for s in ATTENTION if s in op), None)
         if spec:
             out[name] = ATTENTION[spec]
         elif WEIGHT_SPEC in op:
-            n = int(dims.split(",")[-1]) if dims else 0
-            out[name] = widths.get(n, OTHER_WIDTHS)
+            out[name] = widths.get(ins.dims[-1] if ins.dims else 0, OTHER_WIDTHS)
         elif name.startswith("ynn_fusion") and op.rsplit("/", 1)[-1].startswith("reduce_"):
             out[name] = REDUCTIONS
         else:
@@ -106,21 +100,8 @@ def other_kinds(
     total: collections.Counter = collections.Counter()
     for name, ms in op_ms.items():
         if categories.get(name, OTHER) == OTHER:
-            total[re.sub(r"\.\d+$", "", name)] += ms / steps
+            total[xla_trace.kind_of(name)] += ms / steps
     return {k: round(v, 3) for k, v in total.most_common(top)}
-
-
-def _module_hlo(dump_dir: str, names: set[str]) -> str:
-    """The optimized HLO text, among the dumped `MODULE` modules, that names most
-    of the traced operations."""
-    paths = glob.glob(os.path.join(dump_dir, f"*{MODULE}*after_optimizations.txt"))
-    if not paths:
-        raise RuntimeError(
-            f"no optimized HLO of {MODULE!r} under {dump_dir}: XLA_FLAGS must hold "
-            f"--xla_dump_to={dump_dir} before JAX starts its backend (run this as a script)."
-        )
-    texts = [pathlib.Path(p).read_text() for p in paths]
-    return max(texts, key=lambda t: sum(f"%{n} " in t for n in names))
 
 
 def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
@@ -129,7 +110,6 @@ def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
 
     from benchmarks import bench_sampler
     from benchmarks.profile_decode import MODELS
-    from benchmarks.profile_step import op_ms
     from gdpo_jax.models.config import ModelConfig
     from gdpo_jax.models.sharding import create_model
     from gdpo_jax.sampling import Sampler, SamplingParams
@@ -158,8 +138,8 @@ def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
         jax.profiler.start_trace(tmp, create_perfetto_trace=True)
         call(0)
         jax.profiler.stop_trace()
-        ops = op_ms(tmp)
-    hlo = _module_hlo(dump_dir, set(ops))
+        ops = xla_trace.op_ms(tmp)
+    hlo = xla_trace.module_hlo(dump_dir, MODULE, set(ops))
     cats = categorize(hlo, weight_widths(bench_sampler.HF_CONFIG))
     ms = by_category(ops, cats, new)
     return {

@@ -40,12 +40,8 @@ committed before 2026-12-03 timed the step with them precomputed).
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
-import gzip
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -54,6 +50,7 @@ import time
 from typing import Any
 
 from benchmarks import common
+from benchmarks.xla_trace import op_breakdown
 
 STEPS = 12
 AB_STEPS = 12
@@ -202,37 +199,6 @@ def _child_scan_layers_ab(microbatches: int, beta: float, model: str = "tiny") -
     unrolled = _trainer(microbatches, beta, scan_layers=False, model=model)
     steps = AB_STEPS if model == "tiny" else AB_STEPS_LARGE
     return _alternate(scan, unrolled, ("scan", "unrolled"), steps)
-
-
-def op_ms(trace_dir: str) -> collections.Counter:
-    """Milliseconds by XLA:CPU operation (its HLO instruction name, e.g.
-    "ynn_fusion.3"), summed over the trace's perfetto JSON; frames skipped."""
-    path = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "perfetto_trace.json.gz"))
-    with gzip.open(path[0]) as f:
-        events = json.load(f)
-    events = events["traceEvents"] if isinstance(events, dict) else events
-    total: collections.Counter = collections.Counter()
-    for e in events:
-        name = e.get("name", "")
-        # Executor, Python and loop frames nest the operations: skip them. A C++
-        # qualified name ("CommonPjRtLoadedExecutable::Execute...") is a host frame too.
-        if e.get("ph") != "X" or name.startswith(("ThunkExecutor", "$", "while", "Slinky")):
-            continue
-        if "::" in name:
-            continue
-        if name.startswith(("PjitFunction", "np.asarray")):
-            continue
-        total[name] += e.get("dur", 0) / 1e3
-    return total
-
-
-def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
-    """Milliseconds per step by XLA:CPU operation kind (fusion name without its
-    numeric suffix), the `top` largest, from the trace's perfetto JSON."""
-    total: collections.Counter = collections.Counter()
-    for name, ms in op_ms(trace_dir).items():
-        total[re.sub(r"\.\d+$", "", name)] += ms / steps
-    return {k: round(v, 1) for k, v in total.most_common(top)}
 
 
 def _child_ref_ab(microbatches: int, beta: float) -> dict[str, Any]:

@@ -291,8 +291,8 @@ def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_pa
     assert "updates" not in json.loads((out / "machines" / "amd-epyc-2c.json").read_text())
 
 
-def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
-    from benchmarks import profile_step
+def test_trace_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
+    from benchmarks import xla_trace
     from tests._perfetto import write_trace
 
     events = [
@@ -305,8 +305,10 @@ def test_profile_step_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
         {"ph": "i", "name": "ynn_fusion.9", "dur": 5000},  # not a duration event
     ]
     write_trace(tmp_path, events, day="2026_11_23")
-    got = profile_step.op_breakdown(str(tmp_path), steps=2)
+    got = xla_trace.op_breakdown(str(tmp_path), steps=2)
     assert got == {"ynn_fusion": 2.0, "copy_bitcast_fusion": 1.0}
+    calls = xla_trace.op_calls(str(tmp_path))
+    assert calls == {"ynn_fusion.3": 1, "ynn_fusion": 1, "copy_bitcast_fusion.7": 1}
 
 
 def test_profile_step_scan_ab_for_another_model(monkeypatch):

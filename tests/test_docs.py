@@ -1560,6 +1560,44 @@ def test_reference_forward_section_is_the_committed_run() -> None:
     )
 
 
+def test_step_ops_section_is_the_committed_run() -> None:
+    """benchmarks.md's step-by-product table renders the committed profile_step_ops
+    run, and its prose quotes that run's shares and rates."""
+    import json
+
+    from benchmarks import profile_step_ops as S
+
+    name = "step_ops_intel-xeon-avx512-2c.json"
+    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert " ".join(S.table_markdown(res).split()) in flat, (
+        f"docs/benchmarks.md's step-by-product table differs from docs/benchmarks/{name} "
+        "(python -m benchmarks.profile_step_ops --out <it>)"
+    )
+    ms, total, rates = res["ms_per_step"], res["traced_ms_per_step"], res["gflops"].values()
+
+    def share(part: str) -> str:
+        return f"{ms[part] / total:.0%}".replace("%", " %")
+
+    weights = sum(ms[k] for k in S.WEIGHT_SPECS.values())
+    _assert_quotes(
+        flat,
+        (
+            f"{weights / total:.0%} of the step ({weights:.1f} of {total:.1f} ms)".replace(
+                "%", " %"
+            ),
+            f"run at {min(rates):.0f}-{max(rates):.0f} GFLOP/s there",
+            f'("other", {share(S.OTHER)}:',
+            f"transposes ({share(S.TRANSPOSES)}:",
+            f"generic dots ({share(S.GENERIC_DOTS)}:",
+            f"reductions ({share(S.REDUCTIONS)})",
+            f"runs ({share(S.ATTENTION)})",
+            f"worth at most their {share(S.GENERIC_DOTS)} less",
+        ),
+        f"docs/benchmarks.md (docs/benchmarks/{name})",
+    )
+
+
 def test_decode_ops_section_is_the_committed_run() -> None:
     """benchmarks.md's decode-by-product table renders the committed
     profile_decode_ops run, and its prose quotes that run's shares."""

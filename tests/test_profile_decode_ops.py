@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import bench_sampler, profile_decode_ops
-from benchmarks.profile_step import op_ms
+from benchmarks import bench_sampler, profile_decode_ops, xla_trace
+from benchmarks.xla_trace import op_ms
 from tests._perfetto import write_trace
 
 # A hand-written excerpt of an optimized XLA:CPU module (one decode layer's kinds).
@@ -96,7 +96,7 @@ def test_trace_milliseconds_are_summed_per_step_by_category(tmp_path) -> None:
 
 def test_a_missing_hlo_dump_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="--xla_dump_to"):
-        profile_decode_ops._module_hlo(str(tmp_path), {"ynn_fusion.1"})
+        xla_trace.module_hlo(str(tmp_path), profile_decode_ops.MODULE, {"ynn_fusion.1"})
 
 
 def test_the_traced_model_is_the_one_whose_widths_name_the_products() -> None:

@@ -1,0 +1,227 @@
+r"""Where the RL step's time goes, by product: bench_rl's step in bench_rl's layout
+(unrolled layers, prompt sharing, 4 micro-batches) traced, and each XLA:CPU
+operation named after what it computes.
+
+The trace's operations are joined with the optimized HLO of the step (dumped
+with ``--xla_dump_to``, which this script sets for its own process) through
+benchmarks/xla_trace.py. `categorize` names each instruction:
+
+* the weight products of gdpo_jax/core/dense.py, by their einsum: the
+  forward ``x @ W``, the input gradient ``dY @ Wᵀ`` and the weight gradient
+  ``xᵀ @ dY``, each with the FLOP/s it ran at (FLOPs from the HLO's shapes,
+  over its share of the time, below);
+* XLA's generic dots (the ``dot`` emitter, not YNNPACK): any product XLA:CPU
+  did not hand to YNNPACK, whatever it computes;
+* the attention dots YNNPACK runs (gdpo_jax/models/attention.py's einsums,
+  forward and backward);
+* transposes: layout copies whose jax operation is a transpose (core.dense's
+  materialized xᵀ before each weight gradient, the attention's head layout);
+* YNNPACK's reductions (RMS norms, softmax, log-softmax);
+* everything else ("other": the elementwise fusions, the optimizer, ...).
+
+Time is shared: XLA:CPU runs independent operations side by side (the gate
+and up products of one input, q, k and v), each then slower than alone, so
+each instant that k operations run at once counts 1/k to each
+(`xla_trace.op_ms_shared`). The categories then sum to the time during which
+any operation runs, close to the step's wall time (reported beside it, with
+the operations' summed durations, which count shared cores twice).
+
+    python -m benchmarks.profile_step_ops [--quick] [--beta 0.04] [--out runs/bench/step_ops.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+import os
+import re
+import statistics
+import tempfile
+from typing import Any
+
+from benchmarks import common, xla_trace
+from benchmarks.profile_decode_ops import ATTENTION as ATTENTION_SPECS
+
+DEFAULT_OUT = "runs/bench/step_ops.json"
+MODULE = "train_step"  # the step's jitted function (gdpo_jax/train/step.py)
+FORWARD = "weight products: forward x @ W"
+INPUT_GRAD = "weight products: input gradient dY @ Wᵀ"
+WEIGHT_GRAD = "weight products: weight gradient xᵀ @ dY"
+WEIGHT_SPECS = {"...d,df->...f": FORWARD, "...f,df->...d": INPUT_GRAD, "d...,...f->df": WEIGHT_GRAD}
+GENERIC_DOTS = "XLA's generic dots (not YNNPACK)"
+ATTENTION = "attention dots (YNNPACK)"
+TRANSPOSES = "transposes (layout copies)"
+REDUCTIONS = "reductions (YNNPACK)"
+OTHER = "other"
+_SPEC = re.compile(r"[a-z.]+,[a-z.]+->[a-z.]+")
+
+
+def categorize(hlo: str) -> dict[str, str]:
+    """{HLO instruction name: category} for every instruction of the step's optimized
+    HLO text that carries op_name metadata (see the module docstring)."""
+    out = {}
+    for name, ins in xla_trace.instructions(hlo).items():
+        op = ins.op_name
+        if not op:
+            continue
+        specs = _SPEC.findall(op)
+        spec = specs[-1] if specs else ""  # the innermost einsum the instruction is part of
+        ynn = name.startswith("ynn_fusion")
+        if ins.opcode == "dot":
+            out[name] = GENERIC_DOTS
+        elif ynn and spec in WEIGHT_SPECS:
+            out[name] = WEIGHT_SPECS[spec]
+        elif ynn and spec in ATTENTION_SPECS:
+            out[name] = ATTENTION
+        elif op.rsplit("/", 1)[-1] == "transpose":
+            out[name] = TRANSPOSES
+        elif ynn and op.rsplit("/", 1)[-1].startswith("reduce_"):
+            out[name] = REDUCTIONS
+        else:
+            out[name] = OTHER
+    return out
+
+
+def summarize(ops: dict[str, float], calls: dict[str, int], hlo: str, steps: int) -> dict[str, Any]:
+    """Per category (largest first): ms per step (`ops`: ms per operation over `steps`
+    traced steps, concurrent operations sharing time), and for the weight products
+    their GFLOP/s over that time (`calls`: how often each ran). Traced operations
+    the HLO does not name count as "other"."""
+    cats = categorize(hlo)
+    table = xla_trace.instructions(hlo)
+    ms: collections.Counter = collections.Counter()
+    flops: collections.Counter = collections.Counter()
+    timed_ms: collections.Counter = collections.Counter()  # the ms whose FLOPs are known
+    by_shape: dict[tuple, list] = collections.defaultdict(lambda: [0, 0.0, 0])
+    unknown = 0
+    for name, t in ops.items():
+        cat = cats.get(name, OTHER)
+        ms[cat] += t / steps
+        if cat in WEIGHT_SPECS.values():
+            f = xla_trace.dot_flops(table[name], table)
+            if f is None:
+                unknown += 1
+                continue
+            n = calls.get(name, 0)
+            flops[cat] += f * n
+            timed_ms[cat] += t
+            row = by_shape[(cat, table[name].dims, f)]
+            row[0], row[1], row[2] = row[0] + n, row[1] + t, f
+    others: collections.Counter = collections.Counter()
+    for name, t in ops.items():
+        if cats.get(name, OTHER) == OTHER:
+            others[xla_trace.kind_of(name)] += t / steps
+    return {
+        "ms_per_step": {k: round(v, 3) for k, v in ms.most_common()},
+        "gflops": {k: round(flops[k] / timed_ms[k] / 1e6, 1) for k in flops if timed_ms[k]},
+        "weight_gflop_per_step": round(sum(flops.values()) / steps / 1e9, 3),
+        "products_without_flops": unknown,
+        # Per category and output shape (the largest first): calls and ms per step, and
+        # GFLOP/s over that ms (K = FLOPs / 2 / output size).
+        "products": [
+            {
+                "category": cat,
+                "out": "x".join(map(str, dims)),
+                "k": f // 2 // math.prod(dims),
+                "calls_per_step": n / steps,
+                "ms_per_step": round(t / steps, 3),
+                "gflops": round(f * n / t / 1e6, 1) if t else None,
+            }
+            for (cat, dims, _), (n, t, f) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])
+        ],
+        "other_kinds_ms_per_step": {k: round(v, 3) for k, v in others.most_common(4)},
+    }
+
+
+def run(quick: bool = False, beta: float = 0.0, dump_dir: str = "") -> dict[str, Any]:
+    """Times and traces bench_rl's step; dump_dir: where this process's XLA dumps its HLO."""
+    import jax
+
+    from benchmarks import bench_rl
+    from benchmarks.profile_step import _step_seconds, _trainer
+
+    trainer, batch = _trainer(
+        bench_rl.OURS_MICROBATCHES,
+        beta,
+        scan_layers=bench_rl.OURS_SCAN_LAYERS,
+        share_prompt=bench_rl.OURS_SHARE_PROMPT,
+    )
+    traced = 2
+    try:
+        for _ in range(2):
+            _step_seconds(trainer, batch)  # compiles, warms
+        walls = [_step_seconds(trainer, batch) for _ in range(3 if quick else 12)]
+        with tempfile.TemporaryDirectory() as tmp:
+            jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+            for _ in range(traced):
+                _step_seconds(trainer, batch)
+            jax.profiler.stop_trace()
+            ops, calls = xla_trace.op_ms_shared(tmp), xla_trace.op_calls(tmp)
+            summed = sum(xla_trace.op_ms(tmp).values()) / traced
+    finally:
+        trainer.runner.close()
+    hlo = xla_trace.module_hlo(dump_dir, MODULE, set(ops))
+    res = summarize(ops, calls, hlo, traced)
+    return {
+        "benchmark": "profile_step_ops",
+        "quick": quick,
+        "beta": beta,
+        "microbatches": bench_rl.OURS_MICROBATCHES,
+        "wall_best_s": round(min(walls), 4),
+        "wall_median_s": round(statistics.median(walls), 4),
+        "traced_ms_per_step": round(sum(res["ms_per_step"].values()), 3),
+        "summed_ms_per_step": round(summed, 3),
+        **res,
+    }
+
+
+def table_markdown(res: dict[str, Any]) -> str:
+    """The markdown table of a run (docs/benchmarks.md shows the committed run's)."""
+    total = res["traced_ms_per_step"]
+    rows = [
+        {
+            "part of the step": k,
+            "ms per step": f"{v:.1f}",
+            "share": f"{v / total:.0%}",
+            "GFLOP/s": f"{res['gflops'][k]:.0f}" if k in res["gflops"] else "",
+        }
+        for k, v in res["ms_per_step"].items()
+    ]
+    m = res.get("machine", {})
+    return (
+        common.markdown_table(rows)
+        + f"\n\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} "
+        f"cores; bench_rl's step (beta {res['beta']:g}, {res['microbatches']} micro-batches, "
+        f"layers unrolled, prompt sharing), two traced steps: operations ran {total:.1f} ms "
+        f"per step (concurrent ones sharing the time; their durations sum to "
+        f"{res['summed_ms_per_step']:.1f}), {res['weight_gflop_per_step']:.1f} GFLOP of "
+        "weight products, GFLOP/s over their share of the time; untraced steps "
+        f"{res['wall_best_s'] * 1e3:.0f} ms (best), {res['wall_median_s'] * 1e3:.0f} "
+        "(median). Largest kinds in other: "
+        + ", ".join(f"`{k}` {v:.1f}" for k, v in res["other_kinds_ms_per_step"].items())
+        + "."
+    )
+
+
+def main() -> None:
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # huge pages for XLA:CPU buffers, as run_all's children
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--out", default=DEFAULT_OUT)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="step_ops_hlo_") as dump:
+        # Before JAX starts its backend: XLA reads its flags then.
+        flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{MODULE}.*"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+        res = run(args.quick, args.beta, dump) | {"machine": common.machine_info()}
+    common.write_json(args.out, res)
+    print(table_markdown(res))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
