@@ -6,6 +6,7 @@ weight products' FLOP/s come from the HLO's shapes."""
 # ruff: noqa: E501 (the HLO excerpt below keeps its lines as long as XLA writes them)
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from benchmarks import profile_step_ops as S
@@ -141,3 +142,78 @@ def test_summary_per_category_with_the_weight_products_rates() -> None:
 def test_a_missing_step_dump_is_a_clear_error(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="--xla_dump_to"):
         xla_trace.module_hlo(str(tmp_path), S.MODULE, {"ynn_fusion.1"})
+
+
+def _run_quick(module: str, tmp_path) -> dict:
+    """`python -m benchmarks.<module> --quick` in a fresh interpreter (XLA reads the dump
+    flag the script sets only before its backend starts); its JSON."""
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = tmp_path / f"{module}.json"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)}
+    subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_quick_run_names_the_real_steps_products(tmp_path) -> None:
+    """End to end on bench_rl's real step: the dumped HLO is found, every weight product
+    is named with its FLOPs, the FLOPs are those of the model, and the parts add up to
+    about the step's wall time."""
+    from benchmarks import bench_rl
+
+    res = _run_quick("profile_step_ops", tmp_path)
+    ms = res["ms_per_step"]
+    assert set(S.WEIGHT_SPECS.values()) <= set(ms) and res["products_without_flops"] == 0
+    assert sum(ms[k] for k in S.WEIGHT_SPECS.values()) > 0.3 * res["traced_ms_per_step"]
+    assert res["traced_ms_per_step"] <= res["summed_ms_per_step"]
+    assert 0.5 < res["traced_ms_per_step"] / 1e3 / res["wall_median_s"] < 2.0
+    # Each product's contraction K, inferred from the HLO's shapes alone, is the model's:
+    # forward [rows, F] with K = D_in, input gradient [rows, D_in] with K = F, weight
+    # gradient [D_in, F] with K = rows, for (D_in, F) the shape of one of its weights.
+    shape = bench_rl.SHAPES["tiny"]
+    d, dh = shape.hidden, shape.hidden // shape.heads
+    weights = {
+        (d, shape.heads * dh),
+        (d, shape.kv_heads * dh),
+        (shape.heads * dh, d),
+        (d, shape.inter),
+        (shape.inter, d),
+        (d, shape.vocab),
+    }
+    for p in res["products"]:
+        rows, width = (int(x) for x in p["out"].split("x"))
+        pair = {
+            S.FORWARD: (p["k"], width),
+            S.INPUT_GRAD: (width, p["k"]),
+            S.WEIGHT_GRAD: (rows, width),
+        }[p["category"]]
+        assert pair in weights, p
+    flops = sum(
+        2 * p["calls_per_step"] * p["k"] * int(np.prod([int(x) for x in p["out"].split("x")]))
+        for p in res["products"]
+    )
+    assert flops / 1e9 == pytest.approx(res["weight_gflop_per_step"], abs=1e-3)
+
+
+@pytest.mark.slow
+def test_quick_decode_ops_run_names_the_real_decodes_products(tmp_path) -> None:
+    """End to end on bench_sampler's real decode (benchmarks/profile_decode_ops): the
+    dumped HLO is found and the weight products and attention dots are named."""
+    res = _run_quick("profile_decode_ops", tmp_path)
+    ms = res["ms_per_step"]
+    for part in ("q/k/v (fused)", "gate/up (fused)", "unembedding", "attention, own slots: q @ k"):
+        assert ms.get(part, 0) > 0, part
+    assert ms.get("other", 0) < 0.6 * res["traced_ms_per_step"]
