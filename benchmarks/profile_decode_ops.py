@@ -17,8 +17,10 @@ spec, ``reduce_max``, ...). `categorize` maps them to
 * everything else ("other").
 
 Milliseconds per decode step are the traced call's totals over its steps
-(prefill included, and the trace slows a step a little); the wall time of
-untraced calls is reported beside them.
+(prefill included, and the trace slows a step a little), with operations that
+XLA:CPU runs side by side sharing their time (`xla_trace.op_ms_shared`); the
+weight products also get the FLOP/s they ran at (FLOPs from the HLO's shapes).
+The wall time of untraced calls is reported beside them.
 
     python -m benchmarks.profile_decode_ops [--quick] [--out runs/bench/decode_ops.json]
 """
@@ -104,6 +106,25 @@ def other_kinds(
     return {k: round(v, 3) for k, v in total.most_common(top)}
 
 
+def rates(
+    op_ms: dict[str, float], calls: dict[str, int], categories: dict[str, str], hlo: str
+) -> dict[str, float]:
+    """GFLOP/s of each weight-product category over its milliseconds (`calls`: how often
+    each operation ran; FLOPs from the HLO's shapes, `xla_trace.dot_flops`)."""
+    table = xla_trace.instructions(hlo)
+    weights = {c for c in categories.values() if c not in ATTENTION.values()}
+    weights -= {REDUCTIONS, OTHER}
+    flops: collections.Counter = collections.Counter()
+    ms: collections.Counter = collections.Counter()
+    for name, t in op_ms.items():
+        cat = categories.get(name, OTHER)
+        f = xla_trace.dot_flops(table[name], table) if cat in weights else None
+        if f is not None:
+            flops[cat] += f * calls.get(name, 0)
+            ms[cat] += t
+    return {k: round(flops[k] / ms[k] / 1e6, 1) for k in flops if ms[k]}
+
+
 def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
     """Times and traces the decode; dump_dir: where this process's XLA dumps its HLO."""
     import jax
@@ -138,7 +159,8 @@ def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
         jax.profiler.start_trace(tmp, create_perfetto_trace=True)
         call(0)
         jax.profiler.stop_trace()
-        ops = xla_trace.op_ms(tmp)
+        ops, calls = xla_trace.op_ms_shared(tmp), xla_trace.op_calls(tmp)
+        summed = sum(xla_trace.op_ms(tmp).values()) / new
     hlo = xla_trace.module_hlo(dump_dir, MODULE, set(ops))
     cats = categorize(hlo, weight_widths(bench_sampler.HF_CONFIG))
     ms = by_category(ops, cats, new)
@@ -150,7 +172,9 @@ def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
         "wall_best_ms_per_step": round(min(walls) / new * 1e3, 3),
         "wall_median_ms_per_step": round(statistics.median(walls) / new * 1e3, 3),
         "traced_ms_per_step": round(sum(ms.values()), 3),
+        "summed_ms_per_step": round(summed, 3),
         "ms_per_step": ms,
+        "gflops": rates(ops, calls, cats, hlo),
         "other_kinds_ms_per_step": other_kinds(ops, cats, new),
     }
 
@@ -158,8 +182,14 @@ def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
 def table_markdown(res: dict[str, Any]) -> str:
     """The markdown table of a run (docs/benchmarks.md shows the committed run's)."""
     total = res["traced_ms_per_step"]
+    gflops = res.get("gflops", {})
     rows = [
-        {"part of the step": k, "ms per step": f"{v:.2f}", "share": f"{v / total:.0%}"}
+        {
+            "part of the step": k,
+            "ms per step": f"{v:.2f}",
+            "share": f"{v / total:.0%}",
+            "GFLOP/s": f"{gflops[k]:.0f}" if k in gflops else "",
+        }
         for k, v in res["ms_per_step"].items()
     ]
     m = res.get("machine", {})
@@ -167,8 +197,10 @@ def table_markdown(res: dict[str, Any]) -> str:
         common.markdown_table(rows)
         + f"\n\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} "
         f"cores; bench_sampler's model, greedy, fused form, {res['rows']} rows x "
-        f"{res['new_tokens']} new tokens; one traced call ({total:.2f} ms per step traced, "
-        f"prefill included); untraced calls {res['wall_best_ms_per_step']:.2f} ms per step "
+        f"{res['new_tokens']} new tokens; one traced call: operations ran {total:.2f} ms per "
+        f"step (prefill included; concurrent ones sharing the time, their durations sum to "
+        f"{res['summed_ms_per_step']:.2f}); untraced calls "
+        f"{res['wall_best_ms_per_step']:.2f} ms per step "
         f"(best), {res['wall_median_ms_per_step']:.2f} (median). Largest kinds in other: "
         + ", ".join(f"`{k}` {v:.2f}" for k, v in res["other_kinds_ms_per_step"].items())
         + "."

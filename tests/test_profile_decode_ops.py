@@ -18,6 +18,8 @@ HloModule jit_generate, entry_computation_layout={()}
   %param_0 = f32[64,256]{1,0} parameter(0)
 }
 ENTRY %main {
+  %a = f32[64,256]{1,0} parameter(0)
+  %b = f32[256,512]{1,0} parameter(1)
   %ynn_fusion.7 = f32[64,512]{1,0} fusion(%a, %b), kind=kCustom, calls=%fc.7, metadata={op_name="jit(generate)/while/body/...d,df->...f/dot_general" stack_frame_id=3}, backend_config={}
   %ynn_fusion.8 = f32[64,2,2,128]{3,2,1,0} fusion(%c, %d), kind=kCustom, metadata={op_name="jit(generate)/while/body/bkqd,bkds->bkqs/dot_general" stack_frame_id=4}
   %ynn_fusion.9 = f32[64,2,2,64]{3,2,1,0} fusion(%e, %f), kind=kCustom, metadata={op_name="jit(generate)/while/body/bkqs,bksd->bkqd/dot_general" stack_frame_id=5}
@@ -86,12 +88,28 @@ def test_trace_milliseconds_are_summed_per_step_by_category(tmp_path) -> None:
         "traced_ms_per_step": 4.0,
         "wall_best_ms_per_step": 3.5,
         "wall_median_ms_per_step": 3.6,
+        "summed_ms_per_step": 4.5,
         "ms_per_step": got,
+        "gflops": {"q/k/v (fused)": 8.4},
         "other_kinds_ms_per_step": {"copy": 0.75},
     }
     table = profile_decode_ops.table_markdown(res)
-    assert "| q/k/v (fused) | 2.00 | 50% |" in table
+    assert "| q/k/v (fused) | 2.00 | 50% | 8 |" in table
+    assert "| other | 1.00 | 25% |  |" in table
+    assert "their durations sum to 4.50" in table
     assert "untraced calls 3.50 ms per step (best)" in table
+
+
+def test_weight_products_rates_come_from_the_hlo_shapes() -> None:
+    """q/k/v's product x[64,256] @ w[256,512], twice in 4 ms: its GFLOP/s; the other
+    products' operands are not defined in the excerpt, so they get none."""
+    cats = profile_decode_ops.categorize(
+        HLO, profile_decode_ops.weight_widths(bench_sampler.HF_CONFIG)
+    )
+    ops = {"ynn_fusion.7": 4.0, "ynn_fusion.12": 1.0, "ynn_fusion.8": 1.0}
+    calls = {"ynn_fusion.7": 2, "ynn_fusion.12": 1, "ynn_fusion.8": 1}
+    got = profile_decode_ops.rates(ops, calls, cats, HLO)
+    assert got == {"q/k/v (fused)": round(2 * (2 * 64 * 256 * 512) / 4.0 / 1e6, 1)}
 
 
 def test_a_missing_hlo_dump_is_a_clear_error(tmp_path) -> None:
