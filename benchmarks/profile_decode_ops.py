@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import statistics
 import tempfile
 import time
@@ -94,35 +93,13 @@ def by_category(op_ms: dict[str, float], categories: dict[str, str], steps: int)
     return {k: round(v, 3) for k, v in total.most_common()}
 
 
-def other_kinds(
-    op_ms: dict[str, float], categories: dict[str, str], steps: int, top: int = 4
-) -> dict[str, float]:
-    """The `top` largest operation kinds (names without their numeric suffix) in
-    "other", milliseconds per step."""
-    total: collections.Counter = collections.Counter()
-    for name, ms in op_ms.items():
-        if categories.get(name, OTHER) == OTHER:
-            total[xla_trace.kind_of(name)] += ms / steps
-    return {k: round(v, 3) for k, v in total.most_common(top)}
-
-
 def rates(
     op_ms: dict[str, float], calls: dict[str, int], categories: dict[str, str], hlo: str
 ) -> dict[str, float]:
     """GFLOP/s of each weight-product category over its milliseconds (`calls`: how often
     each operation ran; FLOPs from the HLO's shapes, `xla_trace.dot_flops`)."""
-    table = xla_trace.instructions(hlo)
-    weights = {c for c in categories.values() if c not in ATTENTION.values()}
-    weights -= {REDUCTIONS, OTHER}
-    flops: collections.Counter = collections.Counter()
-    ms: collections.Counter = collections.Counter()
-    for name, t in op_ms.items():
-        cat = categories.get(name, OTHER)
-        f = xla_trace.dot_flops(table[name], table) if cat in weights else None
-        if f is not None:
-            flops[cat] += f * calls.get(name, 0)
-            ms[cat] += t
-    return {k: round(flops[k] / ms[k] / 1e6, 1) for k in flops if ms[k]}
+    weights = set(categories.values()) - set(ATTENTION.values()) - {REDUCTIONS, OTHER}
+    return xla_trace.rates(op_ms, calls, categories, hlo, weights)
 
 
 def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
@@ -175,7 +152,7 @@ def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
         "summed_ms_per_step": round(summed, 3),
         "ms_per_step": ms,
         "gflops": rates(ops, calls, cats, hlo),
-        "other_kinds_ms_per_step": other_kinds(ops, cats, new),
+        "other_kinds_ms_per_step": xla_trace.other_kinds(ops, cats, new),
     }
 
 
@@ -215,10 +192,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=DEFAULT_OUT)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="decode_ops_hlo_") as dump:
-        # Before JAX starts its backend: XLA reads its flags then.
-        flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{MODULE}.*"
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+    with xla_trace.hlo_dump(MODULE, prefix="decode_ops_hlo_") as dump:  # before JAX's backend
         res = run(args.quick, dump) | {"machine": common.machine_info()}
     common.write_json(args.out, res)
     print(table_markdown(res))

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import collections
 import math
-import os
 import re
 import statistics
 import tempfile
@@ -90,32 +89,26 @@ def summarize(ops: dict[str, float], calls: dict[str, int], hlo: str, steps: int
     the HLO does not name count as "other"."""
     cats = categorize(hlo)
     table = xla_trace.instructions(hlo)
+    weights = set(WEIGHT_SPECS.values())
     ms: collections.Counter = collections.Counter()
-    flops: collections.Counter = collections.Counter()
-    timed_ms: collections.Counter = collections.Counter()  # the ms whose FLOPs are known
-    by_shape: dict[tuple, list] = collections.defaultdict(lambda: [0, 0.0, 0])
+    by_shape: dict[tuple, list] = collections.defaultdict(lambda: [0, 0.0])
     unknown = 0
     for name, t in ops.items():
         cat = cats.get(name, OTHER)
         ms[cat] += t / steps
-        if cat in WEIGHT_SPECS.values():
+        if cat in weights:
             f = xla_trace.dot_flops(table[name], table)
             if f is None:
                 unknown += 1
                 continue
-            n = calls.get(name, 0)
-            flops[cat] += f * n
-            timed_ms[cat] += t
             row = by_shape[(cat, table[name].dims, f)]
-            row[0], row[1], row[2] = row[0] + n, row[1] + t, f
-    others: collections.Counter = collections.Counter()
-    for name, t in ops.items():
-        if cats.get(name, OTHER) == OTHER:
-            others[xla_trace.kind_of(name)] += t / steps
+            row[0], row[1] = row[0] + calls.get(name, 0), row[1] + t
     return {
         "ms_per_step": {k: round(v, 3) for k, v in ms.most_common()},
-        "gflops": {k: round(flops[k] / timed_ms[k] / 1e6, 1) for k in flops if timed_ms[k]},
-        "weight_gflop_per_step": round(sum(flops.values()) / steps / 1e9, 3),
+        "gflops": xla_trace.rates(ops, calls, cats, hlo, weights),
+        "weight_gflop_per_step": round(
+            sum(f * n for (_, _, f), (n, _) in by_shape.items()) / steps / 1e9, 3
+        ),
         "products_without_flops": unknown,
         # Per category and output shape (the largest first): calls and ms per step, and
         # GFLOP/s over that ms (K = FLOPs / 2 / output size).
@@ -128,9 +121,9 @@ def summarize(ops: dict[str, float], calls: dict[str, int], hlo: str, steps: int
                 "ms_per_step": round(t / steps, 3),
                 "gflops": round(f * n / t / 1e6, 1) if t else None,
             }
-            for (cat, dims, _), (n, t, f) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])
+            for (cat, dims, f), (n, t) in sorted(by_shape.items(), key=lambda kv: -kv[1][1])
         ],
-        "other_kinds_ms_per_step": {k: round(v, 3) for k, v in others.most_common(4)},
+        "other_kinds_ms_per_step": xla_trace.other_kinds(ops, cats, steps),
     }
 
 
@@ -213,10 +206,7 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--out", default=DEFAULT_OUT)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="step_ops_hlo_") as dump:
-        # Before JAX starts its backend: XLA reads its flags then.
-        flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{MODULE}.*"
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+    with xla_trace.hlo_dump(MODULE, prefix="step_ops_hlo_") as dump:  # before JAX's backend
         res = run(args.quick, args.beta, dump) | {"machine": common.machine_info()}
     common.write_json(args.out, res)
     print(table_markdown(res))

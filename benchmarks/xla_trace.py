@@ -12,6 +12,7 @@ join the two by instruction name.
 from __future__ import annotations
 
 import collections
+import contextlib
 import glob
 import gzip
 import json
@@ -19,11 +20,14 @@ import math
 import os
 import pathlib
 import re
+import tempfile
+from collections.abc import Iterator
 from typing import NamedTuple
 
 __all__ = [
     "Instr",
     "dot_flops",
+    "hlo_dump",
     "instructions",
     "kind_of",
     "module_hlo",
@@ -31,6 +35,8 @@ __all__ = [
     "op_calls",
     "op_ms",
     "op_ms_shared",
+    "other_kinds",
+    "rates",
 ]
 
 # `%name = f32[1024,256]{1,0} fusion(%a, %b), kind=..., metadata={op_name="..."}`
@@ -121,6 +127,18 @@ def op_breakdown(trace_dir: str, steps: int, top: int = 8) -> dict[str, float]:
     return {k: round(v, 1) for k, v in total.most_common(top)}
 
 
+def other_kinds(
+    op_ms: dict[str, float], categories: dict[str, str], steps: int, top: int = 4
+) -> dict[str, float]:
+    """The `top` largest operation kinds among the operations in category "other" (or
+    not named by `categories`), milliseconds per step."""
+    total: collections.Counter = collections.Counter()
+    for name, ms in op_ms.items():
+        if categories.get(name, "other") == "other":
+            total[kind_of(name)] += ms / steps
+    return {k: round(v, 3) for k, v in total.most_common(top)}
+
+
 def instructions(hlo: str) -> dict[str, Instr]:
     """{instruction name: Instr} for every instruction line of an HLO module's text."""
     out = {}
@@ -143,6 +161,38 @@ def dot_flops(instr: Instr, table: dict[str, Instr]) -> int | None:
     c = math.prod(instr.dims)
     k = math.isqrt(a * b // c) if c and a * b % c == 0 else 0
     return 2 * c * k if k and k * k * c == a * b else None
+
+
+def rates(
+    op_ms: dict[str, float],
+    calls: dict[str, int],
+    categories: dict[str, str],
+    hlo: str,
+    wanted: set[str],
+) -> dict[str, float]:
+    """GFLOP/s of each category in `wanted` (plain products: `dot_flops`) over the
+    milliseconds of its operations whose FLOPs are known (`calls`: how often each ran)."""
+    table = instructions(hlo)
+    flops: collections.Counter = collections.Counter()
+    ms: collections.Counter = collections.Counter()
+    for name, t in op_ms.items():
+        cat = categories.get(name)
+        f = dot_flops(table[name], table) if cat in wanted else None
+        if f is not None:
+            flops[cat] += f * calls.get(name, 0)
+            ms[cat] += t
+    return {k: round(flops[k] / ms[k] / 1e6, 1) for k in flops if ms[k]}
+
+
+@contextlib.contextmanager
+def hlo_dump(module: str, prefix: str = "hlo_dump_") -> Iterator[str]:
+    """A temporary directory that XLA dumps the optimized HLO of the modules whose name
+    holds `module` into: XLA_FLAGS gets ``--xla_dump_to``, so enter this before JAX
+    starts its backend (XLA reads its flags then), in a script's own process."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as dump:
+        flags = f"--xla_dump_to={dump} --xla_dump_hlo_module_re=.*{module}.*"
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+        yield dump
 
 
 def module_hlo(dump_dir: str, module: str, names: set[str]) -> str:

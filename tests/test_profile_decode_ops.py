@@ -78,7 +78,7 @@ def test_trace_milliseconds_are_summed_per_step_by_category(tmp_path) -> None:
     )
     got = profile_decode_ops.by_category(ops, cats, steps=2)
     assert got == {"q/k/v (fused)": 2.0, "other": 1.0, "attention, own slots: q @ k": 1.0}
-    assert profile_decode_ops.other_kinds(ops, cats, steps=2) == {
+    assert xla_trace.other_kinds(ops, cats, steps=2) == {
         "copy": 0.75,
         "add_bitcast_fusion": 0.25,
     }
