@@ -136,8 +136,8 @@ def run(quick: bool = False, dump_dir: str = "") -> dict[str, Any]:
         jax.profiler.start_trace(tmp, create_perfetto_trace=True)
         call(0)
         jax.profiler.stop_trace()
-        ops, calls = xla_trace.op_ms_shared(tmp), xla_trace.op_calls(tmp)
-        summed = sum(xla_trace.op_ms(tmp).values()) / new
+        ops, durations, calls = xla_trace.op_times(tmp)
+        summed = sum(durations.values()) / new
     hlo = xla_trace.module_hlo(dump_dir, MODULE, set(ops))
     cats = categorize(hlo, weight_widths(bench_sampler.HF_CONFIG))
     ms = by_category(ops, cats, new)

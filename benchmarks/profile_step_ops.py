@@ -150,8 +150,8 @@ def run(quick: bool = False, beta: float = 0.0, dump_dir: str = "") -> dict[str,
             for _ in range(traced):
                 _step_seconds(trainer, batch)
             jax.profiler.stop_trace()
-            ops, calls = xla_trace.op_ms_shared(tmp), xla_trace.op_calls(tmp)
-            summed = sum(xla_trace.op_ms(tmp).values()) / traced
+            ops, durations, calls = xla_trace.op_times(tmp)
+            summed = sum(durations.values()) / traced
     finally:
         trainer.runner.close()
     hlo = xla_trace.module_hlo(dump_dir, MODULE, set(ops))

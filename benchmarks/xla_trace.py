@@ -35,6 +35,7 @@ __all__ = [
     "op_calls",
     "op_ms",
     "op_ms_shared",
+    "op_times",
     "other_kinds",
     "rates",
 ]
@@ -79,8 +80,12 @@ def _events(trace_dir: str) -> list[tuple[str, float, float]]:
 def op_ms(trace_dir: str) -> collections.Counter:
     """Milliseconds by XLA:CPU operation (its HLO instruction name), summed over the
     trace's events."""
+    return _summed(_events(trace_dir))
+
+
+def _summed(events: list[tuple[str, float, float]]) -> collections.Counter:
     total: collections.Counter = collections.Counter()
-    for name, _, ms in _events(trace_dir):
+    for name, _, ms in events:
         total[name] += ms
     return total
 
@@ -91,7 +96,10 @@ def op_ms_shared(trace_dir: str) -> collections.Counter:
     independent operations side by side (two products of one input, say), where
     summed durations count the shared cores twice; these sum to the time during
     which any operation runs."""
-    events = _events(trace_dir)
+    return _shared(_events(trace_dir))
+
+
+def _shared(events: list[tuple[str, float, float]]) -> collections.Counter:
     edges = []
     for i, (_, start, ms) in enumerate(events):
         edges += [(start, 1, i), (start + ms, -1, i)]
@@ -107,6 +115,12 @@ def op_ms_shared(trace_dir: str) -> collections.Counter:
         else:
             active.discard(i)
     return total
+
+
+def op_times(trace_dir: str) -> tuple[collections.Counter, ...]:
+    """(`op_ms_shared`, `op_ms`, `op_calls`) from one read of the trace."""
+    events = _events(trace_dir)
+    return _shared(events), _summed(events), collections.Counter(n for n, _, _ in events)
 
 
 def op_calls(trace_dir: str) -> collections.Counter:

@@ -90,6 +90,12 @@ def test_concurrent_operations_share_their_time(tmp_path) -> None:
     assert shared == pytest.approx({"ynn_fusion.1": 2 + 1 + 1, "ynn_fusion.2": 1 + 2})
     assert sum(shared.values()) == pytest.approx(7.0)  # the time any operation ran
     assert xla_trace.op_calls(str(tmp_path)) == {"ynn_fusion.1": 2, "ynn_fusion.2": 1}
+    # one read of the trace gives the same three
+    assert xla_trace.op_times(str(tmp_path)) == (
+        shared,
+        xla_trace.op_ms(str(tmp_path)),
+        xla_trace.op_calls(str(tmp_path)),
+    )
 
 
 def test_summary_per_category_with_the_weight_products_rates() -> None:
