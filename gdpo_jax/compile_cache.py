@@ -24,8 +24,13 @@ are in docs/limits.md).
 GPU and TPU collectives are not affected, and neither is a single CPU device.
 So a run on several CPU devices compiles its programs and neither reads nor
 writes the cache (`cpu_collectives_compiled_fresh`), unless XLA_FLAGS turns that
-scheduler off (`ORDERED_SCHEDULER`; `cache_is_safe` reads XLA_FLAGS). The test
-suite keeps the cache for every single-device program (tests/conftest.py).
+scheduler off (`ORDERED_SCHEDULER`). The test suite keeps the cache for every
+single-device program (tests/conftest.py).
+
+XLA parses XLA_FLAGS once, when the process's first backend starts; setting them
+later (a notebook's `os.environ[...]`) changes nothing for that process's XLA. So
+`cache_is_safe` reads the flags as they were then (`started_xla_flags`, recorded
+by a backend-initialization hook), not the environment of the moment.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import os
 from collections.abc import Iterator
 
 import jax
+from jax._src import xla_bridge  # private (jax 0.10.2): the backend-initialization hook
 
 __all__ = [
     "ORDERED_SCHEDULER",
@@ -43,6 +49,7 @@ __all__ = [
     "cpu_collectives_compiled_fresh",
     "ordered_cpu_scheduler",
     "run_devices",
+    "started_xla_flags",
 ]
 
 log = logging.getLogger(__name__)
@@ -53,11 +60,36 @@ SCHEDULER_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
 ORDERED_SCHEDULER = f"--{SCHEDULER_FLAG}=false"
 
 
+# XLA_FLAGS when this process's first backend started (None: not started yet).
+_flags_at_start: str | None = None
+
+
+def _record_flags(_backend: object) -> None:
+    """Backend-initialization hook: keeps XLA_FLAGS as XLA parsed them (the first
+    backend's start; for backends started before gdpo_jax was imported, the
+    environment at import, the best that is known then)."""
+    global _flags_at_start
+    if _flags_at_start is None:
+        _flags_at_start = os.environ.get("XLA_FLAGS", "")
+
+
+xla_bridge.register_backend_initialization_hook(_record_flags)
+
+
+def started_xla_flags() -> str:
+    """The XLA_FLAGS this process's XLA runs with: those of the environment when its
+    first backend started (starting the backends if none has). XLA parses them
+    once, then; a later change of $XLA_FLAGS has no effect on this process."""
+    if _flags_at_start is None:
+        jax.devices()  # starts the backends; the hook records the flags
+    return os.environ.get("XLA_FLAGS", "") if _flags_at_start is None else _flags_at_start
+
+
 def ordered_cpu_scheduler(xla_flags: str | None = None) -> bool:
-    """Whether `xla_flags` (default: $XLA_FLAGS) turns XLA:CPU's concurrency-optimized
-    scheduler off (the last `--xla_cpu_enable_concurrency_optimized_scheduler=` wins,
-    as in XLA's own parsing)."""
-    flags = os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags
+    """Whether `xla_flags` (default: `started_xla_flags()`) turns XLA:CPU's
+    concurrency-optimized scheduler off (the last
+    `--xla_cpu_enable_concurrency_optimized_scheduler=` wins, as in XLA's own parsing)."""
+    flags = started_xla_flags() if xla_flags is None else xla_flags
     value = None
     for token in flags.split():
         name, _, v = token.partition("=")
@@ -70,7 +102,7 @@ def cache_is_safe(platform: str, num_devices: int, xla_flags: str | None = None)
     """Whether an executable for `num_devices` devices of `platform` ("cpu",
     "gpu", "tpu") may be stored in and loaded from the persistent cache: always
     for accelerators and one device; for several CPU devices only when
-    `xla_flags` (default: $XLA_FLAGS) carries `ORDERED_SCHEDULER`."""
+    `xla_flags` (default: `started_xla_flags()`) carries `ORDERED_SCHEDULER`."""
     return platform != "cpu" or num_devices <= 1 or ordered_cpu_scheduler(xla_flags)
 
 

@@ -5,6 +5,8 @@ and in this suite's processes (tests/conftest.py)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +18,7 @@ from gdpo_jax import compile_cache
 from gdpo_jax.sharding import batch_sharding, make_mesh
 
 ORDERED = compile_cache.ORDERED_SCHEDULER
+COUNT_8 = "--xla_force_host_platform_device_count=8"
 
 
 @pytest.fixture
@@ -48,7 +51,7 @@ def _lambdas(path) -> set[str]:
 
 
 def test_only_single_device_cpu_programs_are_safe_to_cache(monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
     assert compile_cache.cache_is_safe("cpu", 1)
     assert not compile_cache.cache_is_safe("cpu", 2)
     assert compile_cache.cache_is_safe("gpu", 8) and compile_cache.cache_is_safe("tpu", 8)
@@ -78,7 +81,7 @@ def test_only_single_device_cpu_programs_are_safe_to_cache(monkeypatch):
 def test_several_cpu_devices_are_safe_with_the_ordered_scheduler(monkeypatch, flags, ordered):
     assert compile_cache.ordered_cpu_scheduler(flags) is ordered
     assert compile_cache.cache_is_safe("cpu", 8, flags) is ordered
-    monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.setattr(compile_cache, "_flags_at_start", flags)  # what the backend started with
     assert compile_cache.cache_is_safe("cpu", 8) is ordered
 
 
@@ -96,8 +99,8 @@ def test_the_suite_stores_single_device_programs_but_not_sharded_ones(fresh_cach
 
 def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cache_dir, monkeypatch):
     assert jax.device_count() == 8
-    # The flags the backend started with; `cache_is_safe` reads them from the environment.
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    # The flags the backend started with (`compile_cache.started_xla_flags`).
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
     with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(0)) as off:
         assert off and not jax.config.jax_enable_compilation_cache
     assert jax.config.jax_enable_compilation_cache
@@ -105,6 +108,55 @@ def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cach
         assert not off and jax.config.jax_enable_compilation_cache
     assert compile_cache.run_devices(2) == 2
     # With the ordered scheduler in XLA_FLAGS the run keeps the cache.
-    monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=8 {ORDERED}")
+    monkeypatch.setattr(
+        compile_cache, "_flags_at_start", f"--xla_force_host_platform_device_count=8 {ORDERED}"
+    )
     with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(0)) as off:
         assert not off and jax.config.jax_enable_compilation_cache
+
+
+# Run in a fresh interpreter: XLA_FLAGS as the backend starts, then changed.
+_STARTED_FLAGS = """
+import hashlib, os, sys
+import jax
+from jax._src.lib import _jax
+from gdpo_jax import compile_cache
+if sys.argv[1] == "start":
+    jax.devices()
+os.environ["XLA_FLAGS"] = sys.argv[2]  # after the start: XLA does not see it
+print(compile_cache.started_xla_flags(), compile_cache.ordered_cpu_scheduler(),
+      compile_cache.cache_is_safe("cpu", 8),
+      hashlib.sha256(_jax.CompileOptions().SerializeAsString()).hexdigest(), sep="|")
+"""
+
+
+def _started(tmp_path, start_flags: str, order: str, later_flags: str) -> list[str]:
+    script = tmp_path / "started_flags.py"
+    script.write_text(_STARTED_FLAGS)
+    env = {**os.environ, "XLA_FLAGS": start_flags, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(
+        [sys.executable, str(script), order, later_flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return out.stdout.strip().splitlines()[-1].split("|")
+
+
+def test_the_scheduler_check_reads_the_flags_xla_started_with(tmp_path):
+    """XLA parses XLA_FLAGS when the first backend starts: flags set afterwards
+    change neither XLA's compile options nor `cache_is_safe`'s answer."""
+    count = "--xla_force_host_platform_device_count=2"
+    # Ordered at the start, then dropped: XLA still runs the ordered scheduler.
+    kept = _started(tmp_path, f"{count} {ORDERED}", "start", count)
+    assert kept[:3] == [f"{count} {ORDERED}", "True", "True"]
+    # Not ordered at the start, then added: the cache stays off for 8 CPU devices.
+    added = _started(tmp_path, count, "start", f"{count} {ORDERED}")
+    assert added[:3] == [count, "False", "False"]
+    # Set before the backend starts: XLA and the check both see the new flags.
+    before = _started(tmp_path, count, "later", f"{count} {ORDERED}")
+    assert before[:3] == [f"{count} {ORDERED}", "True", "True"]
+    # XLA's own compile options agree: each run's match those of the flags recorded.
+    assert kept[3] == before[3] != added[3]
