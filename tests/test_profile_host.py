@@ -4,10 +4,19 @@ device time; the table renders a run."""
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
 import time
 import types
 
+import pytest
+
 from benchmarks import profile_host
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_each_probe_is_timed_cold_after_its_own_program_then_warm() -> None:
@@ -94,3 +103,36 @@ def test_table_renders_probes_and_rollout() -> None:
     assert "| eager `fold_in` | 13.75 | 0.32 |" in text
     assert "CPU X (avx2), 2 cores; bench_rl's trainer, beta 0; medians of 8 rounds" in text
     assert "the sampler's device program 0.337 s and host work 46.7 ms." in text
+
+
+@pytest.mark.slow
+def test_quick_run_on_the_real_trainer(tmp_path) -> None:
+    """End to end (`--quick`, a fresh interpreter) on bench_rl's real trainer: every
+    probe is timed, the NumPy spread is cheaper than the eager JAX one it replaced, and
+    the rollout's parts are consistent (device time within the rollout, the rollout
+    within the iteration, the host rest their difference)."""
+    out = tmp_path / "host.json"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.profile_host", "--quick", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    res = json.loads(out.read_text())
+    probes = res["probes"]
+    assert len(probes) == 3 and res["rounds"] == 2 and res["iterations"] == 2
+    for t in probes.values():
+        assert t["cold_ms"] > 0 and t["warm_ms"] > 0
+    eager = next(t for n, t in probes.items() if "eager JAX" in n)
+    numpy = next(t for n, t in probes.items() if "NumPy" in n)
+    assert numpy["warm_ms"] < eager["warm_ms"]
+    r = res["rollout"]
+    assert 0 < r["sampler_device_s"] <= r["collect_s"] < r["iter_s"]
+    # The median of two iterations is their mean, so here the median of the differences
+    # is the difference of the medians (up to the JSON's rounding to 0.1 ms).
+    host_s = r["collect_s"] - r["sampler_device_s"]
+    assert r["rollout_host_ms"] / 1e3 == pytest.approx(host_s, abs=2e-4)
+    assert res["machine"]["cpu_count"] >= 1
