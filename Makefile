@@ -62,10 +62,11 @@ lint: $(TEST_STAMP)
 
 # Two pytest-xdist workers: on 2 cores the suite takes about half its serial time
 # (many tests wait on subprocesses, file I/O or compiles). PYTEST_WORKERS=0: serial.
+# The 25 slowest tests close the log: the suite's budget is about 20 minutes on 2 cores.
 PYTEST_WORKERS ?= 2
 
 test: lint
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=25
 
 test-fast: $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) -m "not slow"
