@@ -65,9 +65,9 @@ _flags_at_start: str | None = None
 
 
 def _record_flags(_backend: object) -> None:
-    """Backend-initialization hook: keeps XLA_FLAGS as XLA parsed them (the first
-    backend's start; for backends started before gdpo_jax was imported, the
-    environment at import, the best that is known then)."""
+    """Backend-initialization hook: keeps XLA_FLAGS as XLA parsed them, at the first
+    backend's start (for backends started before this module was imported, JAX runs
+    the hook at its import: the environment then, the best that is known)."""
     global _flags_at_start
     if _flags_at_start is None:
         _flags_at_start = os.environ.get("XLA_FLAGS", "")
