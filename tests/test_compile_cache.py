@@ -108,9 +108,7 @@ def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cach
         assert not off and jax.config.jax_enable_compilation_cache
     assert compile_cache.run_devices(2) == 2
     # With the ordered scheduler in XLA_FLAGS the run keeps the cache.
-    monkeypatch.setattr(
-        compile_cache, "_flags_at_start", f"--xla_force_host_platform_device_count=8 {ORDERED}"
-    )
+    monkeypatch.setattr(compile_cache, "_flags_at_start", f"{COUNT_8} {ORDERED}")
     with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(0)) as off:
         assert not off and jax.config.jax_enable_compilation_cache
 

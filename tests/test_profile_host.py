@@ -4,19 +4,13 @@ device time; the table renders a run."""
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
 import time
 import types
 
 import pytest
 
 from benchmarks import profile_host
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests._bench_run import run_quick
 
 
 def test_each_probe_is_timed_cold_after_its_own_program_then_warm() -> None:
@@ -111,17 +105,7 @@ def test_quick_run_on_the_real_trainer(tmp_path) -> None:
     probe is timed, the NumPy spread is cheaper than the eager JAX one it replaced, and
     the rollout's parts are consistent (device time within the rollout, the rollout
     within the iteration, the host rest their difference)."""
-    out = tmp_path / "host.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.profile_host", "--quick", "--out", str(out)],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    res = json.loads(out.read_text())
+    res = run_quick("profile_host", tmp_path)
     probes = res["probes"]
     assert len(probes) == 3 and res["rounds"] == 2 and res["iterations"] == 2
     for t in probes.values():

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import profile_step_ops as S
 from benchmarks import xla_trace
+from tests._bench_run import run_quick
 from tests._perfetto import write_trace
 
 # A hand-written excerpt of an optimized XLA:CPU train_step module (one layer's kinds).
@@ -150,29 +151,6 @@ def test_a_missing_step_dump_is_a_clear_error(tmp_path) -> None:
         xla_trace.module_hlo(str(tmp_path), S.MODULE, {"ynn_fusion.1"})
 
 
-def _run_quick(module: str, tmp_path) -> dict:
-    """`python -m benchmarks.<module> --quick` in a fresh interpreter (XLA reads the dump
-    flag the script sets only before its backend starts); its JSON."""
-    import json
-    import os
-    import pathlib
-    import subprocess
-    import sys
-
-    root = pathlib.Path(__file__).resolve().parents[1]
-    out = tmp_path / f"{module}.json"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(root)}
-    subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out)],
-        cwd=tmp_path,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    return json.loads(out.read_text())
-
-
 @pytest.mark.slow
 def test_quick_run_names_the_real_steps_products(tmp_path) -> None:
     """End to end on bench_rl's real step: the dumped HLO is found, every weight product
@@ -180,7 +158,7 @@ def test_quick_run_names_the_real_steps_products(tmp_path) -> None:
     about the step's wall time."""
     from benchmarks import bench_rl
 
-    res = _run_quick("profile_step_ops", tmp_path)
+    res = run_quick("profile_step_ops", tmp_path)
     ms = res["ms_per_step"]
     assert set(S.WEIGHT_SPECS.values()) <= set(ms) and res["products_without_flops"] == 0
     assert sum(ms[k] for k in S.WEIGHT_SPECS.values()) > 0.3 * res["traced_ms_per_step"]
@@ -218,7 +196,7 @@ def test_quick_run_names_the_real_steps_products(tmp_path) -> None:
 def test_quick_decode_ops_run_names_the_real_decodes_products(tmp_path) -> None:
     """End to end on bench_sampler's real decode (benchmarks/profile_decode_ops): the
     dumped HLO is found and the weight products and attention dots are named."""
-    res = _run_quick("profile_decode_ops", tmp_path)
+    res = run_quick("profile_decode_ops", tmp_path)
     ms = res["ms_per_step"]
     for part in ("q/k/v (fused)", "gate/up (fused)", "unembedding", "attention, own slots: q @ k"):
         assert ms.get(part, 0) > 0, part
