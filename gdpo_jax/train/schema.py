@@ -32,7 +32,8 @@ RESUMABLE_FIELDS = (
     "distributed.",
     "train.tensorboard",
     "benchmark.",
-    # Memory, not maths: lowered to fit a decode after an OOM (changes later rollouts' keys).
+    # Memory, not maths: lowered to fit a decode after an OOM (same rollouts: each row
+    # keeps its random stream, keyed by its index in the whole batch).
     "sampling.rows_per_call",
     "sampling.decode_phases",  # the decode's cache growth (same tokens, per-row keys)
     "sampling.decode_growth",
