@@ -61,3 +61,33 @@ def test_directory_source_uses_its_test_split_or_warns(tmp_path, caplog):
     data = sources._load("math", _cfg(str(d)))
     assert len(data.train) == 3 and len(data.eval) == 2
     assert not _problems(data.eval) & _problems(data.train)
+
+
+def test_file_sources_are_cut_to_num_train_and_num_eval_with_a_log_line(tmp_path, caplog):
+    """base_config's counts (2048 / 64) also cut a file source: the run says so, and
+    0 keeps every record."""
+    src = write_jsonl(_recs("train", 5), tmp_path / "train.jsonl")
+    held = write_jsonl(_recs("held", 4), tmp_path / "held.jsonl")
+    c = _cfg(str(src), str(held))
+    c.task.num_train, c.task.num_eval = 3, 2
+    with caplog.at_level(logging.INFO, logger="gdpo_jax.train"):
+        data = sources._load("math", c)
+
+    # The first records, in the file's order.
+    def firsts(records) -> list[str]:
+        return sorted(p.split("?")[0] for p in _problems(records))
+
+    assert firsts(data.train) == ["train 0", "train 1", "train 2"]
+    assert firsts(data.eval) == ["held 0", "held 1"]
+    assert "the first 3 of 5 training records (config.task.num_train; 0 = all)" in caplog.text
+    assert "the first 2 of 4 held-out records (config.task.num_eval; 0 = all)" in caplog.text
+    caplog.clear()
+    c.task.num_train, c.task.num_eval = 0, 0
+    with caplog.at_level(logging.INFO, logger="gdpo_jax.train"):
+        data = sources._load("math", c)
+    assert (len(data.train), len(data.eval)) == (5, 4) and "the first" not in caplog.text
+    # Counts at least the file's: nothing cut, nothing logged.
+    c.task.num_train, c.task.num_eval = 5, 64
+    with caplog.at_level(logging.INFO, logger="gdpo_jax.train"):
+        data = sources._load("math", c)
+    assert (len(data.train), len(data.eval)) == (5, 4) and "the first" not in caplog.text

@@ -40,9 +40,21 @@ def _load(name: str, cfg) -> TaskData:
     else:
         train = mod.load(t.source, split="train" if not _is_file(t.source) else None)
         held = _load_held_out(mod, t.source, t.eval_source)
-        if t.num_train:
+        # num_train / num_eval cut a file source to its first records (0 = all); the
+        # default (2048 / 64, the synthetic counts) would cut a large dataset unnoticed.
+        if t.num_train and len(train) > t.num_train:
+            log.info(
+                "task: the first %d of %d training records (config.task.num_train; 0 = all)",
+                t.num_train,
+                len(train),
+            )
             train = train[: t.num_train]
-        if t.num_eval:
+        if t.num_eval and len(held) > t.num_eval:
+            log.info(
+                "task: the first %d of %d held-out records (config.task.num_eval; 0 = all)",
+                t.num_eval,
+                len(held),
+            )
             held = held[: t.num_eval]
     return TaskData(train=train, eval=held, evaluate=mod.evaluate)
 

@@ -76,7 +76,8 @@ def base_config() -> mlc.ConfigDict:
     c.task.source = "synthetic"  # "synthetic" or a file / glob / directory the task loader reads
     c.task.eval_source = ""  # held-out data; "" = split "test" of a `source` dir (file: no eval)
     c.task.seed = 0  # synthetic data seed (independent of the run's seed)
-    c.task.num_train = 2048  # synthetic only
+    # Records: synthetic = how many to generate; a file source = its first N (0 = all).
+    c.task.num_train = 2048
     c.task.num_eval = 64
     c.task.kwargs = mlc.ConfigDict()  # synthetic generator keyword arguments
     c.task.eval_kwargs = mlc.ConfigDict()  # the task's evaluate() keyword arguments
