@@ -108,11 +108,6 @@ def test_valid_configs_pass():
             r"sampling\.decode_phases=-1 must be an int >= 1 .*decode_phases=0",
         ),
         (
-            lambda c: c.sampling.update(decode_phases=2, continuous_slots=4),
-            r"sampling\.decode_phases=2 sets the static decode's phases; continuous batching "
-            r"\(sampling\.continuous_slots=4\) has none: .*decode_phases=0",
-        ),
-        (
             lambda c: setattr(c.model, "attention", "cudnn"),
             r"model\.attention='cudnn' needs a GPU.*attention=auto",
         ),

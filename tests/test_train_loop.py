@@ -171,16 +171,21 @@ def test_only_checkpoint_damaged_stops_the_run(uninterrupted, tmp_path):
 
 
 def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path):
-    """The perf options together (continuous-batching sampler, chunked calls with
-    rewards overlapped, recompute-old-log-probs fused into the step): a run
-    trains, and logs the prompt width, compile count and overlap timings."""
+    """The perf options together (continuous-batching sampler growing its cache in
+    sampling.decode_phases phases, chunked calls with rewards overlapped,
+    recompute-old-log-probs fused into the step): a run trains, and logs the prompt
+    width, compile count and overlap timings. The config check once refused
+    decode_phases with continuous batching, whose cache grows in phases too."""
     cfg = tiny_config(str(tmp_path / "perf"))
     cfg.sampling.continuous_slots = 4
+    cfg.sampling.decode_phases = 2
     cfg.sampling.rows_per_call = 8
     cfg.algo.old_logprobs = "recompute"
     cfg.train.num_steps = 2
     cfg.checkpoint.every = 0
-    train(cfg)
+    trainer = Trainer(cfg)
+    assert trainer.sampler.continuous_slots == 4 and trainer.sampler.decode_chunks == 2
+    trainer.run()
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     last = recs[2]  # keyed by step
     assert math.isfinite(last["loss"]) and last["data/prompt_width"] == 8

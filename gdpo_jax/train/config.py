@@ -275,12 +275,6 @@ def validate_config(
             f"config.sampling.decode_phases={phases} must be an int >= 1 (static decode "
             "phases) or 0 (auto); e.g. --config.sampling.decode_phases=0."
         )
-    if phases and slots:
-        raise ConfigError(
-            f"config.sampling.decode_phases={phases} sets the static decode's phases; "
-            f"continuous batching (sampling.continuous_slots={slots}) has none: set "
-            "--config.sampling.decode_phases=0."
-        )
     if cfg.sampling.temperature <= 0:
         raise ConfigError(
             f"config.sampling.temperature={cfg.sampling.temperature} must be > 0 for RL "
