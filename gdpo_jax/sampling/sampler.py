@@ -62,7 +62,8 @@ class Sampler:
         None = one per 32 new tokens, at most 4.
       decode_layers: how the decode loop runs the layers (``DecodeSpec.layers``):
         "scan", "unrolled", "fused", or "auto" (`decode.decode_layers_default`:
-        fused on CPU in f32, else the scan). Same tokens either way.
+        fused on CPU in f32 on one device, unrolled on CPU in f32 under a mesh,
+        fused on one GPU in bf16 / f16, else the scan). Same tokens either way.
       decode_growth: how the decode's phases get their slots
         (``DecodeSpec.growth``): "prefix" (one cache, phases read a prefix of
         it), "copy" (a longer cache per phase), or "auto"

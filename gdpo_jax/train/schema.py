@@ -19,7 +19,9 @@ import ml_collections as mlc
 from gdpo_jax.errors import ConfigError
 
 # Fields that may change between a checkpoint and the run resuming from it:
-# they do not change what a step computes, only how long / how often.
+# they do not change what a step computes, only how long / how often. One
+# exception: train.num_steps is also the horizon of a cosine / linear learning-rate
+# decay, so changing it on resume changes the learning rates of the steps left.
 RESUMABLE_FIELDS = (
     "workdir",
     "train.num_steps",
@@ -72,7 +74,8 @@ def base_config() -> mlc.ConfigDict:
     c.model.scan_layers = True
 
     c.task = mlc.ConfigDict()
-    c.task.name = "toolcall"  # toolcall | math | code | arithmetic
+    # A registered task: toolcall | math | code | toy_toolcall | your own (config.imports).
+    c.task.name = "toolcall"
     c.task.source = "synthetic"  # "synthetic" or a file / glob / directory the task loader reads
     c.task.eval_source = ""  # held-out data; "" = split "test" of a `source` dir (file: no eval)
     c.task.seed = 0  # synthetic data seed (independent of the run's seed)
@@ -131,9 +134,9 @@ def base_config() -> mlc.ConfigDict:
     c.algo.dynamic_sampling = False  # drop groups with no spread (per reward under GDPO), refill
     c.algo.dynamic_sampling_max_tries = 4
     c.algo.logprob_chunk_size = 0  # >0: chunked log-softmax, never [B, T, V] at once
-    # Run each prompt once per micro-batch, not once per completion (same maths;
-    # micro-/mini-batches become whole groups). Applies when every device's
-    # micro-batch is whole groups (num_prompts divisible by batch shards x
+    # Run each prompt once per micro-batch, not once per completion (same maths; the
+    # mini-/micro-batch split is the same with or without it). Applies when every
+    # device's micro-batch is whole groups (num_prompts divisible by batch shards x
     # num_minibatches x num_microbatches); otherwise the per-row forward is used.
     c.algo.share_prompt = True
 
@@ -155,11 +158,12 @@ def base_config() -> mlc.ConfigDict:
     # that finishes hands its slot to a waiting row of its shard). Greedy and
     # sampled rows equal the static decode's (per-row key streams).
     c.sampling.continuous_slots = 0
-    # How the decode loop runs the layers: "auto" (fused on CPU in f32, else the
+    # How the decode loop runs the layers: "auto" (fused on CPU in f32 on one device,
+    # unrolled on CPU in f32 under a mesh, fused on one GPU in bf16 / f16, else the
     # scan), "scan", "unrolled" or "fused"; same tokens (docs/sampling.md).
     c.sampling.decode_layers = "auto"
-    # Static decode phases (early steps read fewer, empty, slots); 0 = auto:
-    # one per 32 new tokens, at most 4. 1 = every step reads all slots.
+    # Decode phases, static or continuous (early steps read fewer, empty, slots);
+    # 0 = auto: one per 32 new tokens, at most 4. 1 = every step reads all slots.
     c.sampling.decode_phases = 0
     # How the phases get their slots: "prefix" (one cache of all slots, each
     # phase reads a prefix of it: one phase's memory), "copy" (a longer cache
