@@ -272,7 +272,7 @@ def validate_config(
     phases = int(cfg.sampling.get("decode_phases", 0))
     if phases < 0:
         raise ConfigError(
-            f"config.sampling.decode_phases={phases} must be an int >= 1 (static decode "
+            f"config.sampling.decode_phases={phases} must be an int >= 1 (decode "
             "phases) or 0 (auto); e.g. --config.sampling.decode_phases=0."
         )
     if cfg.sampling.temperature <= 0:
