@@ -73,7 +73,7 @@ def test_file_sources_are_cut_to_num_train_and_num_eval_with_a_log_line(tmp_path
     with caplog.at_level(logging.INFO, logger="gdpo_jax.train"):
         data = sources._load("math", c)
 
-    # The first records, in the file's order.
+    # The files' first records.
     def firsts(records) -> list[str]:
         return sorted(p.split("?")[0] for p in _problems(records))
 
