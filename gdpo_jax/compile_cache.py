@@ -82,7 +82,7 @@ def started_xla_flags() -> str:
     once, then; a later change of $XLA_FLAGS has no effect on this process."""
     if _flags_at_start is None:
         jax.devices()  # starts the backends; the hook records the flags
-    return os.environ.get("XLA_FLAGS", "") if _flags_at_start is None else _flags_at_start
+    return _flags_at_start or ""
 
 
 def ordered_cpu_scheduler(xla_flags: str | None = None) -> bool:

@@ -40,23 +40,24 @@ def _load(name: str, cfg) -> TaskData:
     else:
         train = mod.load(t.source, split="train" if not _is_file(t.source) else None)
         held = _load_held_out(mod, t.source, t.eval_source)
-        # num_train / num_eval cut a file source to its first records (0 = all); the
-        # default (2048 / 64, the synthetic counts) would cut a large dataset unnoticed.
-        if t.num_train and len(train) > t.num_train:
-            log.info(
-                "task: the first %d of %d training records (config.task.num_train; 0 = all)",
-                t.num_train,
-                len(train),
-            )
-            train = train[: t.num_train]
-        if t.num_eval and len(held) > t.num_eval:
-            log.info(
-                "task: the first %d of %d held-out records (config.task.num_eval; 0 = all)",
-                t.num_eval,
-                len(held),
-            )
-            held = held[: t.num_eval]
+        train = _first(train, t.num_train, "training", "num_train")
+        held = _first(held, t.num_eval, "held-out", "num_eval")
     return TaskData(train=train, eval=held, evaluate=mod.evaluate)
+
+
+def _first(records: list, n: int, what: str, field: str) -> list:
+    """A file source's first `n` records (0 = all), logged when that cuts it: the
+    default counts (2048 / 64, the synthetic ones) would cut a large dataset unnoticed."""
+    if not n or len(records) <= n:
+        return records
+    log.info(
+        "task: the first %d of %d %s records (config.task.%s; 0 = all)",
+        n,
+        len(records),
+        what,
+        field,
+    )
+    return records[:n]
 
 
 def _load_held_out(mod, source: str, eval_source: str) -> list:
