@@ -5,6 +5,7 @@ scripts write): each relative link names a file or directory that exists, and ea
 `#anchor` names a heading of the target page (GitHub's slug rules). The README stays a
 front page (<= 220 lines) and keeps the two set-up commands, `make demo` and `make test`
 (`.ci/run` runs `make test`). The pod example of docs/configs.md validates on 64 devices.
+Every test the docs and sources cite by name exists.
 """
 
 from __future__ import annotations
@@ -257,6 +258,55 @@ def test_map_checker_catches_a_new_and_a_removed_module(tmp_path: Path) -> None:
     assert "core/new.py is not in the map" in errors[0] and "gone.py" in errors[1]
 
 
+_TEST_NAME = re.compile(r"\b(test_[a-z0-9_]*[a-z0-9])\b")
+
+
+def missing_tests(texts: dict[str, str], tests_dir: Path) -> list[str]:
+    """One message per test a text cites (`test_...`) that no `def test_...` of
+    tests_dir defines. Test modules (tests/test_x.py) and families (`test_train_`)
+    are not tests; a name ending in ``...`` is a prefix and must start some test."""
+    defined: set[str] = set()
+    modules = {f.stem for f in tests_dir.glob("test_*.py")}
+    for f in tests_dir.glob("*.py"):
+        defined |= set(re.findall(r"^\s*def (test_\w+)", f.read_text(encoding="utf-8"), re.M))
+    errors = []
+    for where, text in texts.items():
+        for m in _TEST_NAME.finditer(text):
+            name = m.group(1)
+            if name in modules or name in defined or text[m.end() : m.end() + 1] == "_":
+                continue
+            if text[m.end() : m.end() + 3] == "..." and any(d.startswith(name) for d in defined):
+                continue
+            errors.append(f"{where}: {name} is not a test in {tests_dir.name}/")
+    return errors
+
+
+def _cited_tests_texts() -> dict[str, str]:
+    """The README, the docs pages and the package's, benchmarks' and experiments' sources."""
+    paths = doc_pages() + [
+        p for d in ("gdpo_jax", "benchmarks", "experiments") for p in (ROOT / d).rglob("*.py")
+    ]
+    return {p.relative_to(ROOT).as_posix(): p.read_text(encoding="utf-8") for p in paths}
+
+
+def test_the_tests_the_docs_cite_exist() -> None:
+    # A renamed test left its old name in testing.md once; every cited name must be defined.
+    errors = sorted(set(missing_tests(_cited_tests_texts(), ROOT / "tests")))
+    assert not errors, "\n".join(errors)
+
+
+def test_cited_test_checker_catches_a_missing_test(tmp_path: Path) -> None:
+    (tmp_path / "test_a.py").write_text("def test_here():\n    pass\n", encoding="utf-8")
+    texts = {
+        "ok.md": "`test_a` and `test_here`, family `test_train_*`, prefix test_he...",
+        "bad.md": "`test_gone` and the prefix test_no...",
+    }
+    assert missing_tests(texts, tmp_path) == [
+        "bad.md: test_gone is not a test in " + tmp_path.name + "/",
+        "bad.md: test_no is not a test in " + tmp_path.name + "/",
+    ]
+
+
 def _plan_table(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """experiments.plan_table, imported without leaving its TPU_* variables in this process."""
     # plan_table sets these with setdefault on import; keep them out of this process's env.
@@ -343,6 +393,10 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
         f"{gathered + kv:.1f} of it",
     )
     _assert_quotes(prose, figures, "docs/scale.md's sampler prose")
+    from gdpo_jax.scale.report import format_plan
+
+    line = next(x for x in format_plan(cont).splitlines() if x.startswith("sampler:"))
+    assert f"\n    {line}\n" in doc, "docs/scale.md's printed sampler line is not the plan's"
 
     # The decode's phases: a prefix of one cache (the default), copies, one phase.
     def gen(name: str, key: str) -> float:

@@ -414,6 +414,10 @@ def test_continuous_batching_plans_on_one_device_with_explicit_axes():
         # One device: 4 lanes, nothing gathered.
         assert gen["lanes_per_shard"] == 4 and gen["gathered_params_bytes"] == 0
         assert gen["prompt_slots_per_shard"] == w
+        # Its cache grows in the decode's phases too: 16 new tokens are one phase.
+        assert gen["decode_phases"] == 1 and "1 phase (sampling.decode_phases)" in (
+            format_plan(plans[w])
+        )
     per_token = 2 * L * HKV * DH * 2  # k and v, bf16
     drop = plans[0]["per_device"]["kv_cache"] - plans[2]["per_device"]["kv_cache"]
     assert drop == per_token * (4 - 2) * c.sampling.max_prompt_len
@@ -460,9 +464,14 @@ def test_one_gpu_bf16_roofline_counts_the_fused_decodes_bf16_weights():
     assert fused["prefill"] - scan["prefill"] == pytest.approx(calls * (bf16 - f32) / bw)
 
 
-def _compiled_decode(target_name: str, phases: int, growth: str, new_tokens: int = 256):
+def _compiled_decode(
+    target_name: str, phases: int, growth: str, new_tokens: int = 256, continuous_slots: int = 0
+):
     """(temporaries in bytes, optimized HLO text, rows, DecodeSpec) of a tiny
-    config's compiled sampler for a target: 256 rows, `new_tokens`, 8 layers."""
+    config's compiled sampler for a target: 256 rows, `new_tokens`, 8 layers
+    (continuous batching's program with `continuous_slots` lanes)."""
+    import contextlib
+
     import jax
     from flax import nnx
 
@@ -477,12 +486,12 @@ def _compiled_decode(target_name: str, phases: int, growth: str, new_tokens: int
     c = tiny_config(num_prompts=64)  # 256 rows: a cache large beside the rest
     c.model.tiny.update(num_layers=8, max_position_embeddings=256 + new_tokens)
     c.sampling.max_new_tokens = new_tokens
-    c.sampling.update(decode_phases=phases, decode_growth=growth)
+    c.sampling.update(decode_phases=phases, decode_growth=growth, continuous_slots=continuous_slots)
     mc = model_config(c)
     *_, full, _tx, _sched, _sc, model = _abstract_state(c, mc, mesh)
     with target_backend(target.platform):  # the target's decode form, as the planner
-        fn, args, rows, spec, _ = generate_program(c, nnx.graphdef(model), full, mesh, 256)
-        with jax.set_mesh(mesh):
+        fn, args, rows, spec, call = generate_program(c, nnx.graphdef(model), full, mesh, 256)
+        with jax.set_mesh(call) if call is not None else contextlib.nullcontext():
             compiled = fn.lower(*args).compile()
     return compiled.memory_analysis().temp_size_in_bytes, compiled.as_text(), rows, spec
 
@@ -503,6 +512,21 @@ def test_decode_phases_and_growth_reach_the_compiled_sampler_and_prefix_holds_on
     one = temps[1, "auto"]
     assert cache < one < temps[0, "copy"] - cache // 8
     assert abs(temps[0, "auto"] - one) < cache // 64
+
+
+@needs_cuda
+def test_continuous_batching_phases_grown_by_copies_hold_more_than_one_phase():
+    """Continuous batching's lanes grow their cache in the decode's phases too: by
+    copies (sampling.decode_growth=copy) the step into a phase holds the old cache
+    beside the new one, so the search's one-phase candidate saves memory there as
+    it does for the static decode (it was offered to the static decode only)."""
+    temps = {}
+    for phases in (0, 1):  # 0: 4 phases of 64
+        temps[phases], _, _, spec = _compiled_decode("1xh100", phases, "copy", continuous_slots=128)
+        assert spec.chunks == ((64,) * 4 if phases == 0 else (256,)) and spec.growth == "copy"
+    # 128 lanes of P + M = 16 + 256 slots (each lane a prompt copy), f32 k and v.
+    cache = 2 * 8 * HKV * DH * 4 * 128 * (16 + 256)
+    assert temps[1] > cache and temps[0] - temps[1] > cache // 4  # the last copy: 3/4 cache
 
 
 @pytest.mark.slow  # two TPU compiles of the sampler
@@ -651,13 +675,24 @@ def test_search_offers_one_decode_phase_after_the_row_halvings():
     for one_phase in (
         dict(decode_phases=1),  # already one
         dict(max_new_tokens=32),  # the default is one phase
-        dict(continuous_slots=8),  # continuous batching has no phases
     ):
         c2 = tiny_config()
         c2.sampling.max_new_tokens = 128
         c2.sampling.update(one_phase)
         assert {"sampling.decode_phases": 1} not in candidates(c2, "generate", 4)
     # A decode whose phases read a prefix of one cache: one phase saves no memory.
+    assert {"sampling.decode_phases": 1} not in candidates(c, "generate", 4, growth="prefix")
+    # Continuous batching's phases grow by copies too: fewer lanes first, then one phase.
+    c.sampling.continuous_slots = 8
+    knobs = [
+        k
+        for k in candidates(c, "generate", 4)
+        if "sampling.decode_phases" in k or "sampling.continuous_slots" in k
+    ]
+    assert knobs == [
+        *({"sampling.continuous_slots": n} for n in (4, 2, 1)),
+        {"sampling.decode_phases": 1},
+    ]
     assert {"sampling.decode_phases": 1} not in candidates(c, "generate", 4, growth="prefix")
 
 

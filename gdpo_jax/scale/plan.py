@@ -385,9 +385,8 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         )
         if name == "generate":
             r.update(rows_per_call=gen_rows, decode_layers=gen_spec.layers, **sampler)
-            r["decode_growth"] = gen_spec.growth  # continuous batching's phases too
-            if r.get("decode") != "continuous":  # continuous batching has no phases
-                r["decode_phases"] = len(gen_spec.chunks)
+            # Both decodes grow their cache in these phases (continuous batching too).
+            r.update(decode_growth=gen_spec.growth, decode_phases=len(gen_spec.chunks))
         if name == "logprob":
             r["runs_per_step"] = n_lp
         if name == "step":  # the log-prob forwards it runs itself (the reference's)

@@ -35,6 +35,9 @@ def format_plan(plan: dict) -> str:
     )
     gen = plan["programs"].get("generate", {})
     layers = f"layers {gen.get('decode_layers', '?')} (sampling.decode_layers)"
+    phases = gen.get("decode_phases", "?")
+    growth = f", growth {gen['decode_growth']} (sampling.decode_growth)" if phases != 1 else ""
+    grows = f"{phases} phase{'' if phases == 1 else 's'} (sampling.decode_phases){growth}"
     if gen.get("decode") == "continuous":
         lines.append(
             f"sampler: continuous batching, {gen['lanes_per_shard']} lanes per batch shard "
@@ -45,16 +48,13 @@ def format_plan(plan: dict) -> str:
                 if gen.get("prompt_slots_per_shard")
                 else "a prompt copy per lane, "
             )
-            + f"{layers}; weights gathered to every "
+            + f"{grows}, {layers}; weights gathered to every "
             f"device once per call: {gen['gathered_params_bytes'] / GIB:.2f} GiB of its "
             "temporaries"
         )
     elif gen:
-        phases = gen.get("decode_phases", "?")
-        growth = f", growth {gen['decode_growth']} (sampling.decode_growth)" if phases != 1 else ""
         lines.append(
-            f"sampler: static decode, {gen['rows_per_call']} rows per call, {phases} "
-            f"phase{'' if phases == 1 else 's'} (sampling.decode_phases){growth}, {layers}"
+            f"sampler: static decode, {gen['rows_per_call']} rows per call, {grows}, {layers}"
         )
     if plan.get("attention_note"):
         lines.append(plan["attention_note"])

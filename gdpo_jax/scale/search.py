@@ -9,11 +9,12 @@ phase reads more KV slots per step; which costs less depends on the shapes):
   generate  sampling.continuous_slots halved (continuous batching: fewer lanes
             per batch shard, each holding a prompt copy and P + M slots);
             sampling.rows_per_call halved (more, smaller sampler calls);
-            sampling.decode_phases=1 (a static decode whose phases grow by copies,
-            sampling.decode_growth=copy: one cache of all slots from the start;
-            every step then reads the empty slots too, which for long
-            completions costs more than more calls; "prefix" growth already
-            holds one cache)
+            sampling.decode_phases=1 (a decode whose phases grow by copies,
+            sampling.decode_growth=copy, static or continuous: one cache of all
+            slots from the start instead of the last phase's copy beside the
+            one before; every step then reads the empty slots too, which for
+            long completions costs more than more calls; "prefix" growth
+            already holds one cache)
   step      model.remat on; algo.logprob_chunk_size on / halved;
             algo.num_microbatches doubled (fewer rows per device at a time);
             algo.share_prompt off (per-row rows hold no repeated prompt K/V,
@@ -114,7 +115,7 @@ def candidates(
     slots = int(s.get("continuous_slots", 0))
     m = int(s.max_new_tokens)
     phased = len(decode_chunks(m, int(s.get("decode_phases", 0)) or None)) > 1
-    if not slots and phased and growth == "copy":
+    if phased and growth == "copy":  # continuous batching's cache grows in phases too
         sampler.append({"sampling.decode_phases": 1})
     if cost is not None and not slots:
         sampler.sort(key=lambda change: cost(_apply(cfg, change)))  # stable: ties keep order
