@@ -293,6 +293,14 @@ def test_prompt_buckets_pad_to_the_widest_prompts_bucket():
 
     assert default_prompt_buckets(2048) == (256, 512, 1024, 2048)
     assert default_prompt_buckets(128) == (16, 32, 64, 128) and default_prompt_buckets(8) == (8,)
+    # The bound docs/sampling.md states: at most max(2n, the smallest width) for n tokens
+    # (not max(2n, 16): 2048's smallest width is 256).
+    for top in (8, 100, 128, 2048):
+        widths = default_prompt_buckets(top)
+        for n in range(1, top + 1):
+            assert prompt_width(n, top) >= n
+            assert prompt_width(n, top, widths) <= max(2 * n, widths[0]), (top, n)
+    assert prompt_width(10, 2048, default_prompt_buckets(2048)) == 256
     assert prompt_width(3, 16, (2, 4, 16)) == 4 and prompt_width(3, 16) == 16
     kw = dict(
         sampler=WidthSampler(),

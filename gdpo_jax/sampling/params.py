@@ -112,7 +112,7 @@ def default_prompt_buckets(max_len: int, *, count: int = 4, smallest: int = 16) 
     """`count` widths halving down from `max_len` (none below `smallest`), ascending.
 
     2048 -> (256, 512, 1024, 2048); 128 -> (16, 32, 64, 128); 8 -> (8,).
-    A prompt pays at most 2x its length (or `smallest`) and a trainer
+    A prompt pays at most 2x its length or the smallest width, and a trainer
     compiles at most `count` step / decode programs for prompt widths.
     """
     out = [int(max_len)]
