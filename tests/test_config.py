@@ -330,8 +330,10 @@ def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkey
     monkeypatch.setattr(isolation_mod, "_probe", lambda cmd: False)
     sandbox.isolation.cache_clear()
     try:
-        with pytest.raises(ConfigError, match=r"config\.rewards\.sandbox: .*allow_weak=True"):
+        with pytest.raises(ConfigError, match=r"config\.rewards\.sandbox: .*allow_weak=True") as e:
             validate_config(c, num_devices=8)
+        # One field name, then the reason (it read "config.rewards.sandbox: sandbox: ...").
+        assert str(e.value).startswith("config.rewards.sandbox: the strongest isolation")
         c.rewards.sandbox.allow_weak = True
         validate_config(c, num_devices=8)
         c.rewards.sandbox.allow_weak = False

@@ -60,7 +60,10 @@ def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None
         try:
             sandbox.isolation(sb.isolation, bool(sb.allow_weak))
         except RuntimeError as e:
-            raise ConfigError(f"config.rewards.sandbox: {e}") from None
+            # The sandbox's own messages start "sandbox: "; the field names it once.
+            raise ConfigError(
+                f"config.rewards.sandbox: {str(e).removeprefix('sandbox: ')}"
+            ) from None
 
 
 def _check_reward_kwargs(cfg: mlc.ConfigDict, name: str) -> None:
