@@ -76,9 +76,9 @@ def kernel_env(tmp_path_factory):
     return env
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch, tmp_path):
+def _run_notebook(path: pathlib.Path, kernel_env, monkeypatch, tmp_path) -> list:
+    """Executes `path` in notebooks/ (as jupyter nbconvert --execute does) on this
+    interpreter; returns its code cells' outputs, after checking none is an error."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -105,11 +105,38 @@ def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch, tmp_path):
     client.execute()  # raises CellExecutionError with the cell and traceback on failure
     seconds = time.perf_counter() - t0
     print(f"{path.name}: {seconds:.1f} s")
-    errors = [
-        o
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.get("outputs", [])
-        if o.get("output_type") == "error"
-    ]
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    errors = [o for o in outputs if o.get("output_type") == "error"]
     assert not errors, errors
+    return outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch, tmp_path):
+    _run_notebook(path, kernel_env, monkeypatch, tmp_path)
+
+
+@pytest.mark.slow
+def test_results_notebook_reads_a_results_dir_relative_to_the_repository(
+    kernel_env, monkeypatch, tmp_path
+):
+    # docs/notebooks.md's `GDPO_RESULTS_DIR=runs/... jupyter nbconvert --execute` runs the
+    # kernel in notebooks/, where the repository-relative path did not exist.
+    results = tmp_path / "results"
+    for est in ("grpo", "gdpo"):
+        for seed in (0, 1):
+            run = results / est / f"seed{seed}"
+            run.mkdir(parents=True)
+            lines = [
+                {"step": t, "reward/toy_format/mean": t / 10 + seed / 100, "eval/format": t / 10}
+                for t in range(1, 11)
+            ]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rel = os.path.relpath(results, ROOT)  # relative to the repository, not to notebooks/
+    assert not (NB_DIR / rel).is_dir()
+    monkeypatch.setenv("GDPO_RESULTS_DIR", rel)
+    outputs = _run_notebook(NB_DIR / "04_results.ipynb", kernel_env, monkeypatch, tmp_path)
+    text = "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
+    assert f"Results from {ROOT / rel}" in text and "PLACEHOLDER" not in text, text[-2000:]
+    assert "{'gdpo': 2, 'grpo': 2}" in text  # both estimators, two seeds each
