@@ -119,6 +119,14 @@ def test_valid_configs_pass():
             lambda c: setattr(c.model, "attention", "flash"),
             r"model\.attention='flash' is not one of .*splash.*Set --config\.model\.attention=",
         ),
+        (  # checked up front (it failed in the model build, after the work had started)
+            lambda c: setattr(c.model, "dtype", "bf16"),
+            r"config\.model\.dtype='bf16' is not a supported dtype.*Set --config\.model\.dtype=",
+        ),
+        (
+            lambda c: setattr(c.model, "param_dtype", "float64"),
+            r"config\.model\.param_dtype='float64' is not a supported dtype; use one of",
+        ),
         (
             lambda c: setattr(c.sampling, "prompt_buckets", (4, 6)),
             r"sampling\.prompt_buckets=\(4, 6\) must .*end at sampling\.max_prompt_len=8",

@@ -120,8 +120,13 @@ def validate_config(
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", _SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
-    from gdpo_jax.models.config import ATTENTION_KINDS
+    from gdpo_jax.models.config import ATTENTION_KINDS, canonical_dtype
 
+    for field in ("dtype", "param_dtype"):  # else the model build fails, after the work
+        try:
+            canonical_dtype(cfg.model[field], f"config.model.{field}")
+        except ValueError as e:
+            raise ConfigError(f"{e} Set --config.model.{field}=float32.") from None
     _choice(cfg, "model.attention", ATTENTION_KINDS)
     if cfg.model.attention in ("cudnn", "splash"):
         # The backend the programs are built for (the planner's target, else JAX's).
