@@ -136,6 +136,27 @@ def test_model_and_data_paths_checked_before_the_build(tmp_path):
         paths.check_inputs(c)
 
 
+def test_trainer_checks_data_paths_before_building_the_model(tmp_path, monkeypatch):
+    # train() / Trainer from Python met a missing task.eval_source only after the model
+    # build (the CLI checked paths itself); a run given its records needs no data path.
+    from configs.tiny_cpu import get_config
+    from gdpo_jax.tasks.registry import TaskData
+    from gdpo_jax.train import build
+    from gdpo_jax.train.loop import Trainer
+
+    def built(*a, **k):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(build, "build_model", built)
+    c = get_config()
+    c.workdir = str(tmp_path / "run")
+    c.task.eval_source = str(tmp_path / "nope.jsonl")
+    with pytest.raises(ConfigError, match=r"config\.task\.eval_source=.*matches no file"):
+        Trainer(c)
+    with pytest.raises(AssertionError, match="the model was built"):
+        Trainer(c, task=TaskData(train=[{"prompt": "w3"}], eval=[]))
+
+
 class _FakeBucket:
     """etils.epath stand-in: gs://<path> lives under a local directory."""
 

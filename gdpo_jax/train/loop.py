@@ -22,7 +22,7 @@ from flax import nnx
 
 from gdpo_jax import compile_cache
 from gdpo_jax.data.stream import PromptStream
-from gdpo_jax.train import build, distributed, rollout
+from gdpo_jax.train import build, distributed, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
@@ -62,6 +62,9 @@ class Trainer:
 
     def __init__(self, cfg, *, task: build.TaskData | None = None):
         validate_config(cfg)
+        # Paths too, before the model is built (the CLI checks them; train() from Python
+        # met a missing data path only after the build).
+        paths.check_inputs(cfg, data=task is None)
         self.cfg = cfg
         devices = jax.devices()[: cfg.mesh.num_devices or None]
         self.mesh = mesh_lib.make_mesh(

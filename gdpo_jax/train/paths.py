@@ -83,12 +83,12 @@ def check_workdir(path: str, field: str = "workdir") -> None:
         )
 
 
-def check_inputs(cfg: Any) -> None:
+def check_inputs(cfg: Any, *, data: bool = True) -> None:
     """Raises ConfigError when the model or data paths the config names do not exist.
 
     Checked in validation so that a typo fails in a second, not after the build.
     Registered model names and "synthetic" data are not paths; URLs are left to
-    the loader.
+    the loader. data=False: the model's path only (a run given its task's records).
     """
     from gdpo_jax.errors import ConfigError
 
@@ -110,7 +110,7 @@ def check_inputs(cfg: Any) -> None:
                     f"config.model.name={name!r} has no config.json: not a Hugging Face "
                     "checkpoint directory."
                 )
-    for field in ("source", "eval_source"):
+    for field in ("source", "eval_source") if data else ():
         src = str(cfg.task.get(field, ""))
         if src and src != "synthetic" and not is_url(src) and not glob.glob(src):
             raise ConfigError(
