@@ -2,10 +2,14 @@ r"""Does the plan hold? The planner's memory and roofline time against a measure
 
     # 1. on any machine with the [aot] extra: plan for the accelerator you have
     python -m experiments.plan --config=configs/paper_math.py:r1-distill-1.5b \
-        --config.algo.num_prompts=8 --topology=1xh200 --json=/tmp/plan.json
+        --config.algo.num_prompts=4 --config.algo.num_minibatches=1 \
+        --config.algo.num_microbatches=4 --config.sampling.rows_per_call=64 \
+        --topology=1xh200 --json=/tmp/plan.json
     # 2. on that accelerator: the same --config flags, and the plan
     python -m experiments.check_plan --config=configs/paper_math.py:r1-distill-1.5b \
-        --config.algo.num_prompts=8 --plan=/tmp/plan.json --json=runs/check_plan.json
+        --config.algo.num_prompts=4 --config.algo.num_minibatches=1 \
+        --config.algo.num_microbatches=4 --config.sampling.rows_per_call=64 \
+        --plan=/tmp/plan.json --json=runs/check_plan.json
 
 Runs each planned program (the fused step, the log-prob pass when the run has
 one, one sampler call) on this machine's devices, each in a fresh process

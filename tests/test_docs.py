@@ -1412,7 +1412,7 @@ def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
     monkeypatch.chdir(ROOT)  # the commands' paths are relative to the repository
     scale = ROOT / "docs" / "scale"
     plans = json.loads((scale / "plans.json").read_text(encoding="utf-8"))
-    for sub in ("sampler", "attention"):
+    for sub in ("sampler", "attention", "sharing"):
         for path in sorted((scale / sub).glob("*.json")):
             plans[f"{sub}/{path.name}"] = json.loads(path.read_text(encoding="utf-8"))
     assert len(plans) >= 27, len(plans)
@@ -1423,6 +1423,49 @@ def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
         assert config_digest(cfg) == p["config_digest"], f"{key}: stale, rerun {p['command']}"
         if "/" in key:  # made by experiments.plan --json, not by the plan table
             assert p["command"].endswith(f"--json=docs/scale/{key}"), key
+
+
+def test_prompt_sharing_plan_table_is_the_committed_plans() -> None:
+    # scale.md's shared-vs-per-row table was typed in and went stale (the rooflines
+    # predated the decode's phase reads); its rows are docs/scale/sharing/*.json now.
+    import json
+
+    doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
+    for target, label in (("8xh100", "8xH100"), ("v5e-16", "v5e-16")):
+        shared, per_row = (
+            json.loads((ROOT / "docs/scale/sharing" / f"tool-1.5b_{target}_{v}.json").read_text())
+            for v in ("shared", "per-row")
+        )
+        assert shared["programs"]["step"]["total_gib"] < per_row["programs"]["step"]["total_gib"]
+        step = [p["programs"]["step"]["total_gib"] for p in (shared, per_row)]
+        roof = [p["est_step_s"] for p in (shared, per_row)]
+        row = f"| {label} | {step[0]:.1f} ({step[1]:.1f}) | {roof[0]:.1f} ({roof[1]:.1f}) |"
+        assert row in doc, f"docs/scale.md's prompt-sharing table lacks {row}"
+
+
+def test_check_plan_examples_plan_a_valid_config(monkeypatch) -> None:
+    # scale.md's and check_plan.py's example commands named 4-8 prompts of a config whose
+    # 8 x 128 micro-batches and 512 rows per call need 1024: `error:` and exit 2.
+    from experiments.plan_command import parse_plan_command
+    from gdpo_jax.train.config import validate_config
+
+    monkeypatch.chdir(ROOT)
+    texts = {
+        "docs/scale.md": (ROOT / "docs" / "scale.md").read_text(encoding="utf-8"),
+        "experiments/check_plan.py": (ROOT / "experiments" / "check_plan.py").read_text(
+            encoding="utf-8"
+        ),
+    }
+    for where, text in texts.items():
+        joined = re.sub(r"\\\n\s*", "", text)  # backslash continuations
+        commands = re.findall(
+            r"python -m experiments\.plan [^\n`]*--topology=1xh200[^\n`]*", joined
+        )
+        assert commands, f"{where}: no experiments.plan example for 1xh200"
+        for command in commands:
+            cfg, topology = parse_plan_command(command)
+            cfg.workdir = "/tmp/unused"
+            validate_config(cfg, num_devices=1)  # raises ConfigError naming the field
 
 
 def test_plan_command_round_trips_overrides(monkeypatch) -> None:
