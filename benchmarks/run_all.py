@@ -1,4 +1,4 @@
-"""Run every benchmark of the project and write one JSON + one markdown table.
+"""Run the benchmarks of a machine kind's table and write one JSON + one markdown table.
 
     python -m benchmarks.run_all [--quick] [--out_dir runs/bench] [--only bench_model,bench_rl]
     python -m benchmarks.run_all --summary_only --out_dir docs/benchmarks
@@ -6,12 +6,13 @@
 Each benchmark is a module ``benchmarks/<name>.py`` exposing
 ``run(quick: bool) -> dict``: advantages, XLA's matmuls vs PyTorch's, model
 forward/backward, sampler vs transformers, RL iteration vs TRL, the code
-sandbox's and math-verify's cost. A
+sandbox's and math-verify's cost (the others, e.g. bench_longtail and the
+profilers, run alone: docs/benchmarks.md). A
 module that does not exist yet is noted as "missing"; one that raises is noted
 as "error" with its traceback, and the others still run. By default each
-benchmark runs in its own Python process (``--isolate``), so one benchmark's
-threads, compilation caches, memory or a hard crash cannot change another's
-numbers.
+benchmark runs in its own Python process (``--no_isolate``: all in this one),
+so one benchmark's threads, compilation caches, memory or a hard crash cannot
+change another's numbers.
 
 Writes ``<out_dir>/latest.json`` and ``<out_dir>/latest.md`` (and a
 time-stamped copy of the JSON under ``history/``), both with the machine

@@ -47,7 +47,9 @@ host; fsdp over all 64 chips, 1 row of 9k tokens per chip per micro-batch:
         --config.mesh.shape='(1,-1,1)' --config.algo.num_microbatches=16
 
 For the 7B policy on many chips a tensor axis shortens the all-gathers:
---config.mesh.shape='(1,-1,4)' (q/kv heads and MLP split 4 ways).
+--config.mesh.shape='(1,-1,4)' (q/kv heads and MLP split 4 ways; on the pod above,
+with its --config.algo.num_microbatches=16: a micro-batch's rows must divide over
+data x fsdp).
 
 Memory: 128 micro-batches of 8 rows on 8 devices = 1 row of 9024 tokens per
 device at a time, layers rematerialized, log-probs chunked (512 positions).

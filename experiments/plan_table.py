@@ -1,7 +1,8 @@
 r"""The committed table of docs/scale.md: every paper config on the targets a lab would use.
 
-    JAX_PLATFORMS=cpu python -m experiments.plan_table            # all plans (~20 min on 2 cores)
-    JAX_PLATFORMS=cpu python -m experiments.plan_table --only=tool-1.5b@8xh100
+    JAX_PLATFORMS=cpu python -m experiments.plan_table --redo     # all plans (~20 min on 2 cores)
+    JAX_PLATFORMS=cpu python -m experiments.plan_table --redo --only=tool-1.5b@8xh100
+    JAX_PLATFORMS=cpu python -m experiments.plan_table            # the missing plans, the table
 
 Plans each (config, target) pair with gdpo_jax.scale.plan.make_plan (and, for a
 plan that does not fit, the change the planner's search finds) and writes
