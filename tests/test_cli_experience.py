@@ -70,6 +70,21 @@ def test_tensorboard_tags_are_grouped():
     assert tb_tag("something") == "misc/something"
 
 
+def test_every_loss_metric_has_a_tensorboard_group():
+    # clip_frac_dual and kl_in_reward were filed under misc/, not with the other loss terms.
+    import jax.numpy as jnp
+
+    from gdpo_jax.core.losses import policy_loss
+
+    x = jnp.zeros((2, 3))
+    _, _, metrics = policy_loss(
+        x, x, jnp.ones(2), jnp.ones((2, 3)), dual_clip=3.0, ref_logp=x, beta=0.1, entropy=x
+    )
+    assert {"clip_frac_dual", "kl", "entropy", "ratio_max"} <= set(metrics)
+    for key in [*metrics, "kl_in_reward"]:  # kl_in_reward: the step's own (step.py)
+        assert tb_tag(key) == f"loss/{key}", key
+
+
 def test_apply_overrides_types_commas_and_one_line_errors():
     c = base_config()
     cli.apply_overrides(

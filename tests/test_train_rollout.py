@@ -219,9 +219,9 @@ def test_groups_with_signal_matches_numpy_reference():
             ] == want
 
 
-def test_groups_with_signal_is_the_compiled_steps_per_reward_spread():
-    """The host's NumPy spread equals core.per_reward_group_spread (what the step
-    uses) on NaN, +/-inf, all-unscorable groups and float64 values that collide
+def test_groups_with_signal_is_core_per_reward_group_spread():
+    """The host's NumPy spread equals core.per_reward_group_spread (its JAX form)
+    on NaN, +/-inf, all-unscorable groups and float64 values that collide
     in float32."""
     from gdpo_jax.core.advantages import per_reward_group_spread
     from gdpo_jax.train.rollout import groups_with_signal

@@ -2,7 +2,8 @@
 
 `group_distinct_advantages` (the advantage's resolution per group, a metric of the
 compiled step) and `per_reward_group_spread` (which (group, reward) pairs have any
-spread: dynamic sampling's test). Pure jnp, jit-able, rows sharded or not, with the
+spread: dynamic sampling's test, which the rollout runs in NumPy as
+`gdpo_jax.train.rollout.groups_with_signal`). Pure jnp, jit-able, rows sharded or not, with the
 same row / group-id semantics as `gdpo_jax.core.advantages`.
 """
 

@@ -30,7 +30,8 @@ _TB_GROUP = {
         ("loss", "pg_loss", "kl", "approx_kl", "entropy", "clip_frac", "clip_frac_high"),
         "loss",
     ),
-    **dict.fromkeys(("clip_frac_low", "ratio_max", "ratio_mean", "ratio_min"), "loss"),
+    **dict.fromkeys(("clip_frac_low", "clip_frac_dual", "kl_in_reward"), "loss"),
+    **dict.fromkeys(("ratio_max", "ratio_mean", "ratio_min"), "loss"),
     **dict.fromkeys(("lr", "grad_norm", "update_norm", "param_norm"), "optim"),
 }
 

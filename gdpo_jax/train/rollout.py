@@ -46,8 +46,8 @@ def groups_with_signal(
     normalizing each group gives any nonzero advantage.
 
     decoupled (GDPO): some reward column has >= 2 distinct scorable (finite)
-    float32 values, the definition of `core.per_reward_group_spread`, which the
-    compiled step uses (tests/test_train_rollout.py checks the two agree).
+    float32 values, the definition of `core.per_reward_group_spread`, its JAX
+    form (tests/test_train_rollout.py checks the two agree).
     Otherwise (GRPO): the weighted sum (NaN as 0, summed in float64) has >= 2
     distinct values.
 
