@@ -377,6 +377,8 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
     # docs/scale/sampler/*.json, and the differences its prose quotes are computed here.
     import json
 
+    from gdpo_jax.scale.report import format_plan
+
     directory = ROOT / "docs" / "scale" / "sampler"
     doc = _committed_table_in(monkeypatch, "sampler_table", "sampler", "scale.md", rows=7)
     plans = {p.stem: json.loads(p.read_text()) for p in directory.glob("*.json")}
@@ -393,8 +395,6 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
         f"{gathered + kv:.1f} of it",
     )
     _assert_quotes(prose, figures, "docs/scale.md's sampler prose")
-    from gdpo_jax.scale.report import format_plan
-
     line = next(x for x in format_plan(cont).splitlines() if x.startswith("sampler:"))
     assert f"\n    {line}\n" in doc, "docs/scale.md's printed sampler line is not the plan's"
 

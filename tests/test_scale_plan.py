@@ -470,14 +470,11 @@ def _compiled_decode(
     """(temporaries in bytes, optimized HLO text, rows, DecodeSpec) of a tiny
     config's compiled sampler for a target: 256 rows, `new_tokens`, 8 layers
     (continuous batching's program with `continuous_slots` lanes)."""
-    import contextlib
-
-    import jax
     from flax import nnx
 
     from gdpo_jax.backend import target_backend
     from gdpo_jax.scale.arch import model_config
-    from gdpo_jax.scale.lowering import _abstract_state, generate_program
+    from gdpo_jax.scale.lowering import _abstract_state, _generate_lowering
     from gdpo_jax.train import mesh as mesh_lib
 
     target = targets_lib.parse_target(target_name)
@@ -490,9 +487,8 @@ def _compiled_decode(
     mc = model_config(c)
     *_, full, _tx, _sched, _sc, model = _abstract_state(c, mc, mesh)
     with target_backend(target.platform):  # the target's decode form, as the planner
-        fn, args, rows, spec, call = generate_program(c, nnx.graphdef(model), full, mesh, 256)
-        with jax.set_mesh(call) if call is not None else contextlib.nullcontext():
-            compiled = fn.lower(*args).compile()
+        lower, rows, spec = _generate_lowering(c, nnx.graphdef(model), full, mesh, 256)
+        compiled = lower().compile()  # under the call's mesh (none: continuous, one device)
     return compiled.memory_analysis().temp_size_in_bytes, compiled.as_text(), rows, spec
 
 
