@@ -345,7 +345,8 @@ def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkey
         c.rewards.sandbox.allow_weak = True
         validate_config(c, num_devices=8)
         c.rewards.sandbox.allow_weak = False
-        c.rewards.sandbox.isolation = "rlimits"  # naming a weak mode is the opt-in
+        # Naming a weak mode is the opt-in (root: setuid; rlimits is refused to root).
+        c.rewards.sandbox.isolation = "setuid" if os.geteuid() == 0 else "rlimits"
         validate_config(c, num_devices=8)
         c.rewards.sandbox.isolation = "chroot"
         with pytest.raises(ConfigError, match=r"rewards\.sandbox\.isolation='chroot'"):

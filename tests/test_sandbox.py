@@ -285,9 +285,13 @@ def test_driver_cannot_be_forged_through_proc(mode):
     assert "PermissionError" in res.cases[0].stderr
 
 
-def test_program_killing_its_driver_fails_as_the_program():
+def test_program_killing_its_driver_fails_as_the_program(monkeypatch):
     # rlimits mode: same uid, so the kill succeeds; the rest of the run is lost
-    # to the program, which is its failure, not the machine's.
+    # to the program, which is its failure, not the machine's. Root is refused
+    # rlimits (no process limit), so as root the test forces that Isolation:
+    # what it checks is how the runner reads a driver that died mid-run.
+    if os.geteuid() == 0:
+        monkeypatch.setattr(sb, "isolation", lambda *a: isolation_mod._build("rlimits", True))
     src = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(1)\n"
     res = sb.run_program(src, ["", ""], limits=FAST, isolation_mode="rlimits")
     assert res.sandbox_error is None
@@ -336,10 +340,26 @@ def test_weak_isolation_is_opt_in(probes, caplog):
     # Naming the weak mode is the opt-in; it still warns.
     caplog.clear()
     with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
-        assert sb.isolation("rlimits").mode == "rlimits"
+        assert sb.isolation(want).mode == want
     assert "WEAKER THAN 'namespaces'" in caplog.text
     with pytest.raises(RuntimeError, match="allow_weak"):
         sb.run_program("print(1)", [""], limits=FAST)
+
+
+def test_rlimits_is_refused_as_root(monkeypatch):
+    # Linux exempts uid 0 from RLIMIT_NPROC: in rlimits mode (no uid drop) a
+    # root test process had no process limit at all. Root gets "setuid" instead.
+    sb.isolation.cache_clear()
+    try:
+        monkeypatch.setattr(isolation_mod.os, "geteuid", lambda: 0)
+        with pytest.raises(RuntimeError, match="'rlimits' is refused as root.*Use 'setuid'"):
+            sb.isolation("rlimits", allow_weak=True)
+        sb.isolation.cache_clear()
+        monkeypatch.setattr(isolation_mod.os, "geteuid", lambda: 1000)
+        iso = sb.isolation("rlimits")
+        assert iso.mode == "rlimits" and not iso.uid_drop
+    finally:
+        sb.isolation.cache_clear()
 
 
 def test_userns_fallback_warns_but_runs(probes, caplog):

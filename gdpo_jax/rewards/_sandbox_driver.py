@@ -176,7 +176,7 @@ class _CapData(ctypes.Structure):
 
 
 def _drop_capabilities():
-    """Empty capability sets (test process still uid 0: userns, or root in rlimits mode).
+    """Empty capability sets (a test process still uid 0: root of its user namespace in userns).
 
     Without CAP_SYS_PTRACE the program cannot open the (non-dumpable) driver's
     /proc fds; with no_new_privs set, an execve cannot give them back.

@@ -4,11 +4,13 @@
   "namespaces"  root      none     yes     yes           yes        per-run uid + RLIMIT_NPROC
   "userns"      any user  none     yes     yes           no         RLIMIT_NPROC (ns-local count)
   "setuid"      root      host     no      no            yes        per-run uid + RLIMIT_NPROC
-  "rlimits"     any user  host     no      no            no         RLIMIT_NPROC, all user's tasks
+  "rlimits"     non-root  host     no      no            no         RLIMIT_NPROC, all user's tasks
 
 "setuid" and "rlimits" (network reachable) are opt-in (`allow_weak`, config
-rewards.sandbox.allow_weak). The runner is gdpo_jax.rewards.sandbox (`run_program`),
-which re-exports these names.
+rewards.sandbox.allow_weak). Root is refused "rlimits": Linux exempts uid 0
+from RLIMIT_NPROC, so a test process left as root could fork without bound;
+"setuid" is the same mode with a per-run uid. The runner is
+gdpo_jax.rewards.sandbox (`run_program`), which re-exports these names.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def isolation(mode: str = "auto", allow_weak: bool = False) -> Isolation:
         raise ValueError(f"sandbox isolation mode must be 'auto' or one of {MODES}, got {mode!r}")
     root = os.geteuid() == 0
     unshare = shutil.which("unshare")
-    avail = {"rlimits": True, "setuid": root}
+    avail = {"rlimits": not root, "setuid": root}
     if unshare:
         avail["namespaces"] = root and _probe([unshare, *_NS_FLAGS, "true"])
         avail["userns"] = _probe([unshare, "--user", "--map-root-user", *_NS_FLAGS, "true"])
@@ -118,6 +120,12 @@ def isolation(mode: str = "auto", allow_weak: bool = False) -> Isolation:
                 "namespaces are enabled (userns), or accept it with "
                 "--config.rewards.sandbox.allow_weak=True (RewardSpec kwargs allow_weak=True)."
             )
+    elif mode == "rlimits" and root:
+        raise RuntimeError(
+            "sandbox: isolation 'rlimits' is refused as root: Linux exempts uid 0 from "
+            "RLIMIT_NPROC, so generated code could fork without bound. Use 'setuid' (the "
+            "same limits with a per-run uid) or 'namespaces'."
+        )
     elif not avail.get(mode):
         raise RuntimeError(
             f"sandbox isolation {mode!r} is not available on this machine "

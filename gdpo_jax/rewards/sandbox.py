@@ -10,7 +10,7 @@ machine allows; `isolation()` probes it once per process and records it:
   "namespaces"  root      none     yes     yes           yes        per-run uid + RLIMIT_NPROC
   "userns"      any user  none     yes     yes           no         RLIMIT_NPROC (ns-local count)
   "setuid"      root      host     no      no            yes        per-run uid + RLIMIT_NPROC
-  "rlimits"     any user  host     no      no            no         RLIMIT_NPROC, all user's tasks
+  "rlimits"     non-root  host     no      no            no         RLIMIT_NPROC, all user's tasks
 
 Anything weaker than "namespaces" is logged as a warning naming what it
 lacks; "setuid" and "rlimits" (network reachable) are opt-in: "auto" refuses
