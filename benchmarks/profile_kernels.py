@@ -12,6 +12,15 @@ project met it (best of `repeats` after a warm-up, same process):
   materialized first (gdpo_jax/core/dense.py);
 * for scale, the forward product of the same weight, `x @ W`.
 
+Those rows reread one operand that stays in cache. A decode step streams its
+layers' caches from memory (with the weights they exceed the last-level
+cache), so a second table times the score dot out of cache: one jitted call
+over enough layers' keys (`STREAM_MB` in all) that each is read from memory,
+at 64, 128 and 256 slots, in the cache's `[Dh, S]` layout and with the slots in
+blocks of 64 (`[S/64, Dh, 64]`, one batch of blocks), beside `p @ v` over the
+same bytes (`[S, Dh]`, the values' layout) for the bandwidth a streaming dot
+reaches. Scores are checked equal (each is one dot over Dh either way).
+
     python -m benchmarks.profile_kernels [--out runs/bench/profile_kernels.json]
 """
 
@@ -37,6 +46,72 @@ def _best_ms(fn: Callable, *args: Any, repeats: int) -> float:
         jax.block_until_ready(fn(*args))
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
+
+
+STREAM_MB = 96  # the out-of-cache working set, past the last-level cache of the kinds seen
+BLOCK = 64  # slots per block of the blocked key layout
+
+
+def _streamed_scores(repeats: int, quick: bool) -> list[dict[str, Any]]:
+    """The decode score dot over `STREAM_MB` of keys (out of cache), per slot count."""
+    import jax
+    import jax.numpy as jnp
+
+    B, K, G, D = 64, 2, 2, 64
+    rs = np.random.RandomState(1)
+    out = []
+    for S in (64, 128) if quick else (64, 128, 256):
+        mb = B * K * D * S * 4 / 1e6
+        layers = -int(-STREAM_MB // mb)
+        J = S // BLOCK
+        q = jnp.asarray(rs.randn(B, K, G, D), jnp.float32)
+        p = jax.nn.softmax(jnp.asarray(rs.randn(B, K, G, S), jnp.float32), axis=-1)
+        kts = [jnp.asarray(rs.randn(B, K, D, S), jnp.float32) for _ in range(layers)]
+        blocks = [x.reshape(B, K, D, J, BLOCK).transpose(0, 1, 3, 2, 4) for x in kts]
+        blocks = [jnp.asarray(np.ascontiguousarray(x)).reshape(B * K * J, D, BLOCK) for x in blocks]
+        vs = [jnp.asarray(np.ascontiguousarray(np.swapaxes(x, -1, -2))) for x in kts]
+
+        def flat(q: jax.Array, kts: list) -> list:
+            return [jnp.einsum("bkqd,bkds->bkqs", q, x) for x in kts]
+
+        def blocked(q: jax.Array, bs: list) -> list:
+            j = bs[0].shape[0] // (B * K)  # blocks per (row, kv head)
+            qb = jnp.broadcast_to(q[:, :, None], (B, K, j, G, D)).reshape(B * K * j, G, D)
+            return [
+                jnp.einsum("nqd,nds->nqs", qb, x)
+                .reshape(B, K, j, G, BLOCK)
+                .transpose(0, 1, 3, 2, 4)
+                .reshape(B, K, G, j * BLOCK)
+                for x in bs
+            ]
+
+        def pv(p: jax.Array, vs: list) -> list:
+            return [jnp.einsum("bkqs,bksd->bkqd", p, x) for x in vs]
+
+        same = all(
+            bool(jnp.array_equal(a, b))
+            for a, b in zip(jax.jit(flat)(q, kts), jax.jit(blocked)(q, blocks), strict=True)
+        )
+        ms = {
+            name: _best_ms(fn, a, xs, repeats=repeats) / layers
+            for name, fn, a, xs in (
+                ("flat", flat, q, kts),
+                ("blocked", blocked, q, blocks),
+                ("pv", pv, p, vs),
+            )
+        }
+        out.append(
+            {
+                "slots": S,
+                "layers": layers,
+                "mb_per_layer": round(mb, 2),
+                "kt_ms": ms["flat"],
+                "blocked_ms": ms["blocked"],
+                "pv_ms": ms["pv"],
+                "same_scores": same,
+            }
+        )
+    return out
 
 
 def run(quick: bool = False) -> dict[str, Any]:
@@ -85,6 +160,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "repeats": repeats,
         "rows": rows,
         "forward_same_weight_ms": forward_ms,
+        "streamed_scores": _streamed_scores(5 if quick else 20, quick),
+        "streamed_repeats": 5 if quick else 20,
     }
 
 
@@ -108,7 +185,34 @@ def table_markdown(res: dict) -> str:
         f"best of {res['repeats']}; the forward x @ W of the same weight: "
         f"{res['forward_same_weight_ms']:.3f} ms."
     )
+    if res.get("streamed_scores"):
+        lines.append("\n" + streamed_table(res))
     return "\n".join(lines)
+
+
+def streamed_table(res: dict) -> str:
+    """The out-of-cache score dot's table: ms per layer and the GB/s its keys stream at."""
+    rows = []
+    for r in res["streamed_scores"]:
+        gb = r["mb_per_layer"] / 1e3
+        rows.append(
+            {
+                "slots": r["slots"],
+                "layers (MB each)": f"{r['layers']} ({r['mb_per_layer']:.1f})",
+                "q @ k, keys [Dh, S]: ms": f"{r['kt_ms']:.3f}",
+                "GB/s, [Dh, S]": f"{gb / r['kt_ms'] * 1e3:.0f}",
+                "q @ k, keys in 64-slot blocks: ms": f"{r['blocked_ms']:.3f}",
+                "GB/s, blocks": f"{gb / r['blocked_ms'] * 1e3:.0f}",
+                "p @ v, values [S, Dh]: ms": f"{r['pv_ms']:.3f}",
+                "GB/s, p @ v": f"{gb / r['pv_ms'] * 1e3:.0f}",
+                "same scores": "yes" if r["same_scores"] else "no",
+            }
+        )
+    return (
+        common.markdown_table(rows)
+        + f"\n\nOut of cache: one call over {STREAM_MB} MB of keys (or values), ms per layer,"
+        f" best of {res['streamed_repeats']}."
+    )
 
 
 def main() -> None:

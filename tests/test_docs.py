@@ -834,6 +834,43 @@ def test_kernel_layout_table_is_the_committed_run() -> None:
         "docs/benchmarks/profile_kernels.json"
         " (python -m benchmarks.profile_kernels --out docs/benchmarks/profile_kernels.json)"
     )
+    # The out-of-cache score dot: its rates and speed-ups in the prose and limits.md,
+    # beside the avx512 AMD kind's decode trace that they explain.
+    by = {r["slots"]: r for r in res["streamed_scores"]}
+    assert all(r["same_scores"] for r in by.values())
+
+    def rate(r: dict, key: str) -> str:
+        return f"{r['mb_per_layer'] / r[key]:.0f}"
+
+    a, b = by[128], by[256]
+    ops = json.loads(
+        (ROOT / "docs" / "benchmarks" / "decode_ops_amd-epyc-avx512-2c.json").read_text()
+    )
+    qk, pv = (ops["ms_per_step"][f"attention, own slots: {d}"] for d in ("q @ k", "p @ v"))
+    step = f"{ops['traced_ms_per_step']:.2f} ms"
+    speedups = f"{a['kt_ms'] / a['blocked_ms']:.2f}x and {b['kt_ms'] / b['blocked_ms']:.2f}x"
+    flat = " ".join(doc.split())
+    _assert_quotes(
+        flat,
+        (
+            f"stream at {rate(a, 'kt_ms')} and {rate(b, 'kt_ms')} GB/s",
+            f"at {rate(a, 'blocked_ms')} and {rate(b, 'blocked_ms')} GB/s",
+            f"({rate(a, 'pv_ms')} and {rate(b, 'pv_ms')} GB/s): {speedups} faster",
+            f"the step ran {step}, and the two own-slot dots split unevenly: "
+            f"q @ k {qk:.2f} ms, p @ v {pv:.2f} ms",
+        ),
+        "docs/benchmarks.md (profile_kernels.json, decode_ops_amd-epyc-avx512-2c.json)",
+    )
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        limits,
+        (
+            f"took {qk:.2f} ms of a {step.replace(' ms', '')} ms greedy step",
+            f"against {pv:.2f} ms for `p @ v`",
+            f"({speedups} faster at 128 and 256 slots",
+        ),
+        "docs/limits.md (profile_kernels.json, decode_ops_amd-epyc-avx512-2c.json)",
+    )
 
 
 def test_matmul_tables_are_the_machine_files_runs() -> None:
