@@ -5,7 +5,8 @@ process per program (under `unshare` in the namespace modes), which runs each
 test case in a child of its own. This measures, on this machine:
 
 * **per program**, for every isolation mode the machine allows (the weak ones
-  opted into here; a run never picks them by itself): the median wall time of
+  opted into here; a run never picks them by itself; root is refused
+  "rlimits"): the median wall time of
   a one-case and of an eight-case stdin program that reverses its input, and
   from them the cost of one more case and the overhead over a bare start of
   the interpreter with the driver's flags (``python -I -S -B -c pass``; also
