@@ -45,8 +45,9 @@ OURS_MICROBATCHES = 4
 # Our model's 4 layers run unrolled (model.scan_layers=False): at this size the
 # layer scan's stacking and slicing of saved activations costs more than the
 # unrolled form's one split of the weights and one concatenate of their gradients
-# (profile_step's A/B: 1.04-1.18x faster steps on every CPU kind measured). At
-# SmolLM2-135M's 30 layers the scan (the default) is the faster form (bench_model).
+# (profile_step's A/B: 1.04-1.18x faster steps on every CPU kind measured); at
+# SmolLM2-135M's 30 layers too (SHAPES["smollm2"] below), though bench_model's plain
+# forward+backward there, with no micro-batch loop, is no faster unrolled.
 OURS_SCAN_LAYERS = False
 # Our step runs each prompt once per micro-batch (algo.share_prompt, the trainer's
 # default; same maths): here 2 groups of 8 rows per micro-batch and 9-token prompts,

@@ -192,4 +192,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from gdpo_jax.hostenv import relaunch_with_cpu_tunables
+
+    relaunch_with_cpu_tunables()  # huge pages for XLA:CPU buffers (gdpo_jax/hostenv.py)
     main()
