@@ -73,7 +73,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.train.checkpoint",
             "gdpo_jax.train.orbax_noise",
             "gdpo_jax.train.build",
-            "gdpo_jax.train.sft_data",
         ),
     ),
     ("train.drivers", ("gdpo_jax.train",)),  # loop, sft, the package __init__
