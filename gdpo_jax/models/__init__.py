@@ -8,7 +8,7 @@ from gdpo_jax.models.transformer import Transformer
 
 
 def __getattr__(name: str):
-    # Loading pulls in safetensors/transformers/gguf: import only when asked.
+    # Loading's functions import transformers / gguf when called: import it only when asked.
     if name in ("load_pretrained", "save_pretrained"):
         from gdpo_jax.models import loading
 

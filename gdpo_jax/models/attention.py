@@ -202,7 +202,7 @@ def _attention_prefix_kernel(
     kind: str,
 ) -> jax.Array:
     """`_attention_shared_prefix` for a fresh multi-token call (training's pass
-    over shared prompts) through a fused kernel ("splash", "cudnn" or "dpa").
+    over shared prompts) through splash, cuDNN or jax's dot_product_attention ("dpa").
 
     q f[B,T,Hq,Dh]; the U prompts' cache pkt f[U,Hkv,Dh,P], pv f[U,Hkv,P,Dh],
     prefix_mask bool[U,P]; the T new tokens' own kt f[B,Hkv,Dh,T], v
@@ -213,8 +213,9 @@ def _attention_prefix_kernel(
     rows in one call over [prompt | row 0 | ... | row R-1] keys
     (`splash.splash_prompt_rows`: the prompt's K/V enter once). cuDNN / dpa get
     the prompt's K/V repeated to its R = B // U rows (the prompt's projections
-    and MLP still run once; autodiff sums the repeat's gradient into it). No
-    kernel materializes the [B, Hq, T, P + T] scores that the einsum path holds.
+    and MLP still run once; autodiff sums the repeat's gradient into it). Splash
+    and cuDNN never materialize the [B, Hq, T, P + T] scores that the einsum path
+    holds; "dpa" (jax's XLA implementation) does.
     """
     if kind == "splash":  # each prompt's K/V once, its rows in one kernel call
         return splash_prompt_rows(q, pkt, pv, prefix_mask, kt, v, mask)

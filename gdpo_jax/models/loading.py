@@ -117,7 +117,8 @@ def _param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_checkpoint(reader: SafetensorsDir, cfg: ModelConfig, where: str) -> None:
-    """Raise naming every missing tensor, or the first mismatched one with both shapes."""
+    """Raise with the count of missing tensors and the first 8 names, or the first
+    mismatched one with both shapes."""
     want = expected_tensors(cfg)
     missing = [k for k in want if k not in reader]
     if missing:

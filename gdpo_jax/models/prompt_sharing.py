@@ -19,9 +19,10 @@ against 1024 new ones). The completions' attention runs through the kernel
 `model.attention` picks (`_attention_prefix_kernel`: splash over a prompt's rows
 in one call that reads its K/V once, `splash.splash_prompt_rows`; cuDNN flash
 attention over each row's [prompt | own] keys, the prompt's K/V repeated to its
-rows), so no [B, Hq, C, P + C] scores are held on TPUs and GPUs; on CPU it is
-the einsum path (`_attention_shared_prefix`), which reads each prompt's keys
-once for its rows.
+rows), so no [B, Hq, C, P + C] scores are held under splash (TPU) or cuDNN (a
+GPU in bf16 / f16); elsewhere (CPU, a GPU in f32, model.attention="xla") it is
+the einsum path (`_attention_shared_prefix`), which holds them and reads each
+prompt's keys once for its rows.
 """
 
 from __future__ import annotations

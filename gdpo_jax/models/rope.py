@@ -21,7 +21,8 @@ from gdpo_jax.models.config import ModelConfig
 def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     """Inverse frequencies f32[head_dim/2] and the cos/sin scale (yarn's mscale).
 
-    Computed in float64 NumPy at trace time: constants, not parameters.
+    Computed in NumPy at trace time (float64; yarn's ramp in float32): constants,
+    not parameters.
     """
     dim, base = cfg.head_dim, cfg.rope_theta
     inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))

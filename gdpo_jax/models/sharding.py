@@ -3,7 +3,8 @@
 Rules live next to the params (`transformer.PARAM_AXES`, stored as each
 Param's `out_sharding` metadata); this module turns them into NamedShardings
 for a concrete mesh, dropping any axis the mesh lacks or that does not divide
-the dim (e.g. SmolLM2's 3 kv heads on tensor=2 stay replicated on that dim).
+the dim (e.g. a dim of 3 on tensor=2 stays replicated; SmolLM2's k_proj has
+3 x 64 = 192 columns, which split).
 
     mesh = jax.make_mesh((2, 2, 2), ("data", "fsdp", "tensor"))
     model = create_model(cfg, mesh=mesh)        # never materialized unsharded

@@ -1,8 +1,10 @@
 """Llama-family decoder (Llama / SmolLM2 / Qwen2 / Qwen3) in Flax NNX.
 
-Layout: per-layer weights are stacked on a leading [L] axis and the layers run
-under one `jax.lax.scan` (one layer compiled, not L), optionally rematerialized
-per layer. Kernels are stored [in, out] (the transpose of torch's Linear).
+Layout: per-layer weights are stacked on a leading [L] axis and, by default
+(`scan_layers=True`), the layers run under one `jax.lax.scan` (one layer
+compiled, not L), optionally rematerialized per layer; with scan_layers=False,
+an unstacked cache or per-layer views of the weights they run unrolled.
+Kernels are stored [in, out] (the transpose of torch's Linear).
 
 Sharding: every Param carries `out_sharding` metadata (mesh axis names from
 PARAM_AXES); `sharding.create_model` places params by it. The forward is a pure
@@ -37,8 +39,9 @@ from gdpo_jax.models.rope import apply_rope, rope_cos_sin
 from gdpo_jax.models.splash import splash_attention
 from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
 
-# Mesh axes per param dim. Matmul kernels: input dim over "fsdp" (ZeRO-3 style
-# gather before use), output dim over "tensor" (Megatron column/row split);
+# Mesh axes per param dim. Column-parallel kernels (q/k/v, gate/up, lm_head):
+# input dim over "fsdp" (ZeRO-3 style gather before use), output dim over
+# "tensor"; row-parallel ones (o_proj, down_proj) the other way round (Megatron);
 # embedding rows over "tensor" (vocab-parallel). Dims not divisible by the
 # axis size fall back to replicated (sharding.sanitize_spec).
 PARAM_AXES: dict[str, tuple[str | None, ...]] = {

@@ -48,8 +48,9 @@ token index), so a row's randomness does not depend on which lane or step it
 ran in, and sampled rows equal the static decode's too.
 
 Under a mesh of several devices every batch shard runs this loop over its own
-rows and lanes (`_sharded`); `row` is then the global row index, so the rows
-do not depend on the mesh either.
+rows and lanes (`_sharded`); `row` indexes the shard's own rows, and its random
+stream uses `ids[row]` (the shard's offset plus that index, or the row ids
+passed in), so the rows do not depend on the mesh either.
 """
 
 from __future__ import annotations
@@ -214,7 +215,8 @@ def make_continuous_generate_fn(
             cache = c["cache"]
             # Only the refilled lanes' slots [0, P) are written (in-place slice
             # updates, one lane per iteration): an all-lane gather + scatter, or
-            # a cond that rewrites every lane, measured 1.4-1.7x slower per step.
+            # a cond that rewrites every lane, measured 1.4-1.9x slower per step
+            # (docs/benchmarks.md, bench_longtail).
             n_take = jnp.sum(take.astype(jnp.int32))
             order = jnp.nonzero(take, size=lanes, fill_value=0)[0]
             k, v = jax.lax.fori_loop(

@@ -12,7 +12,9 @@ even when top-k / top-p truncated the proposal.
 Filter semantics follow Hugging Face's warpers: temperature, then top-k, then
 top-p renormalized over what top-k kept; the most likely token is always kept.
 A token is in the nucleus iff the mass of the strictly more likely tokens is
-< top_p (ties at the boundary are all kept; top-k breaks ties by index).
+< top_p (ties at the boundary are all kept). With top-k on, it is the mass of
+the candidates top-k lists before it (top-k breaks ties by index, so of tied
+tokens at the boundary the later-listed may be dropped).
 """
 
 from __future__ import annotations

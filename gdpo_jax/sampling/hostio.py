@@ -8,8 +8,8 @@ order of their row blocks on the mesh's ("data", "fsdp") batch axes):
     process p's rows -> global rows [p * rows_per_process, (p + 1) * rows_per_process)
 
 so a run's rollouts do not depend on how many processes feed it (the
-sampler's randomness is a function of the global row index: threefry is
-partitionable, row r of a draw of shape [B, ...] depends on r, not on B).
+sampler's randomness is a function of each row's id, `filters.row_keys`:
+fold_in(fold_in(key, id), t), where the id counts the real rows before it).
 Prompts are small: every process learns every prompt (one host all-gather
 of the token ids), since each distinct prompt is prefilled once and shared
 by its G rows on whichever device they live.

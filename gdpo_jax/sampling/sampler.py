@@ -5,9 +5,10 @@
                           num_generations=8, key=jax.random.key(0))
     ro.completion_ids  # i32[len(prompts) * 8, 256]; row r answers prompt r // 8
 
-Host side: tokenize (chat template for message lists), expand each prompt G
-times, left pad to a length bucket, pad the batch to a multiple of the mesh's
-batch shards; device side: one compiled prefill + ``while_loop`` decode
+Host side: tokenize (chat template for message lists), left pad the distinct
+prompts to a length bucket, map each of the rows to its prompt (G per prompt),
+pad the rows to a multiple of the mesh's batch shards; device side: one
+compiled program, a prefill of the distinct prompts + ``while_loop`` decode
 (`decode.py`); host side again: stop strings, decoding, :class:`Rollouts`.
 
 Log-probs are those of the tempered distribution *before* top-k / top-p,
@@ -76,7 +77,9 @@ class Sampler:
       share_prompt_cache: keep each prompt's KV cache once for its G rows
         (``DecodeSpec.group``) instead of a copy per row, when every prompt
         has its G rows and there are no batch-padding rows (else copies).
-        Same tokens; prompt KV memory and reads drop G-fold.
+        Same tokens; prompt KV memory and reads drop G-fold. With
+        continuous_slots it shares nothing by itself: it allows
+        continuous_prompt_slots (0 = a prompt copy per lane).
       continuous_prompt_slots: > 0 (with continuous_slots, share_prompt_cache
         and G > 1): continuous batching's lanes read their prompts from this
         many shared prompt slots per batch shard instead of a copy per lane
@@ -219,7 +222,8 @@ class Sampler:
         collective; every process calls it with its *own* prompts (any number,
         0 included) and gets back only its own rows. The global batch is the
         processes' blocks in mesh order, and a row's randomness depends on its
-        global index, so the rollouts equal a one-process run over the
+        id (`filters.row_keys`; the real rows of the blocks before it, plus its
+        index), so the rollouts equal a one-process run over the
         concatenated prompts when every process passes the same count.
         ``info["row_offset"]`` / ``info["prompt_offset"]``: where this process's
         rows / prompts sit in the global batch.
