@@ -4,8 +4,10 @@ Mini-batch u takes units u, u + U, u + 2U, ... of the batch, and micro-batch m
 of it that mini-batch's units m, m + M, ...; a unit is a whole prompt group (G
 rows, prompt-major) where every batch shard's share of every mini- (micro-)
 batch is whole groups, else one row (`StepConfig.layout_units`). So a
-mini-batch is whole groups (as verl's), which rows it holds does not depend on
-the mesh, and every device keeps its own rows (no communication).
+mini-batch is whole groups (as verl's) when the units are groups; given the
+units, which rows it holds does not depend on the mesh (the choice of units
+does: it depends on the batch-shard count), and every device keeps its own rows
+(no communication).
 """
 
 from __future__ import annotations

@@ -93,8 +93,9 @@ def host_rows(global_rows: int) -> tuple[int, int]:
 def to_global(local: Mapping[str, np.ndarray], mesh: Mesh | None) -> dict[str, jax.Array]:
     """Host-local batch rows -> global arrays sharded over the mesh's batch axes.
 
-    Each process passes its own rows (leading dimension); the global leading
-    dimension is the sum over processes. Without a mesh, a plain device_put.
+    Each process passes its own rows (leading dimension), the same number on
+    every process; the global leading dimension is that number x the process
+    count. Without a mesh, a plain device_put.
     """
     if mesh is None:
         return {k: jax.device_put(np.asarray(v)) for k, v in local.items()}

@@ -6,9 +6,10 @@ several processes: until every process's batch is full, all in lock step,
 since sampling is a collective); under
 GDPO a group is kept when *any* reward has spread (its summed reward may be
 constant and still carry signal in one reward), under GRPO when the weighted
-sum has spread. Shapes never change: a batch still short after the last try
-is filled with dropped groups marked invalid (valid=False: no loss, no
-statistics), so the step compiles once.
+sum has spread. The row count never changes: a batch still short after the
+last try is filled with dropped groups marked invalid (valid=False: no loss, no
+statistics), so dynamic sampling adds no compilations (the step compiles once
+per prompt width, `sampling.prompt_buckets`).
 """
 
 from __future__ import annotations

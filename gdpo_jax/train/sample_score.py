@@ -1,4 +1,4 @@
-"""One chunk of prompts through the Sampler and the RewardRunner: chunked
+"""One try's prompts through the Sampler and the RewardRunner: chunked
 generation (fixed-shape sampler calls), prompt-width bucketing and left padding,
 and reward scoring in a background thread that overlaps the next chunk's decode.
 `rollout.collect_batch` builds a full (dynamically sampled) batch from these.

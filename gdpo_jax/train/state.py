@@ -1,7 +1,7 @@
 """Train state (params + optimizer state + step), born sharded, and the optimizer.
 
 The policy is an NNX module; the step is a pure function of
-`(TrainState, batch)`, so the module is split once into a static `graphdef`
+`(TrainState, batch[, ref_params])`, so the module is split once into a static `graphdef`
 (bound into the step with `partial`) and an `nnx.State` of parameters.
 """
 

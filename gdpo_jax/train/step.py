@@ -326,7 +326,8 @@ class CompiledStep:
 
     Call `step(state, batch, ref_params)` (`ref_params` read only with
     `cfg.ref_logp_in_step`); `logprobs(params, batch)`. `compile_count()`
-    reports how many times the step has been compiled (tests assert 1).
+    reports how many times the step has been compiled (once per prompt width;
+    tests assert it).
     """
 
     def __init__(
