@@ -72,6 +72,40 @@ def test_registry_lists_builtins_and_rejects_unknown():
         get_reward("no_such_reward")
 
 
+def test_every_task_reward_is_found_on_the_first_lookup_in_a_fresh_process():
+    # The toy, three_binary and format_cold_toy rewards used to register only when
+    # the task registry loaded: get_reward("toy_correct") in a fresh process (a
+    # notebook) raised KeyError. Reference: the names registered in the sources.
+    import json
+    import os
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    want = {
+        m
+        for p in (root / "gdpo_jax" / "tasks").glob("*.py")
+        for m in re.findall(r'register_reward\(\s*"(\w+)"', p.read_text())
+    }
+    assert {"toy_correct", "three_marker", "toy_correct_pm3", "math_correct"} <= want
+    code = (
+        "import json; from gdpo_jax.rewards import get_reward, list_rewards\n"
+        "get_reward('toy_correct'); print(json.dumps(list_rewards()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert want <= set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def test_register_clash_is_an_error():
     with pytest.raises(ValueError, match="already registered"):
         register_reward("_test_value")(lambda p, c, **k: [0.0] * len(c))

@@ -49,6 +49,15 @@ def test_isolation_is_recorded():
         sb.isolation("chroot")
 
 
+def test_stderr_keeps_the_traceback_after_long_output():
+    # The driver kept the last 2000 characters of stderr's first 4 KiB: a
+    # traceback after more output than that was lost. It now reads the file's end.
+    src = "import sys\nsys.stderr.write('x' * 10000 + '\\n')\nraise ValueError('the end')\n"
+    (c,) = sb.run_program(src, [""], limits=FAST).cases
+    assert c.status == "runtime_error"
+    assert "ValueError: the end" in c.stderr and len(c.stderr) <= 2000
+
+
 def test_benign_stdin_and_call_modes():
     res = sb.run_program(
         "a, b = map(int, input().split())\nprint(a + b)\n", ["1 2", ["3 4"], "x y"]

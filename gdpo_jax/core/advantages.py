@@ -7,16 +7,17 @@ group ids (see ``gdpo_jax.core.segment``), batch statistics are global sums.
 
 Semantics follow the official GDPO TRL patch with TRL-main's NaN handling:
 
-* std is the unbiased sample std (ddof=1) and ``eps`` is added to it at both
-  normalizations (group and batch);
+* std is the unbiased sample std (ddof=1) and ``eps`` is added to it at the
+  group normalization and at the "sample" batch whitening ("token" uses
+  rsqrt(var + 1e-8));
 * a non-finite reward (NaN, +inf or -inf) is unscorable: it is left out of
   that reward's group statistics and contributes 0 to the row's GDPO sum; for
   GRPO variants it counts as 0 in the weighted sum (``nansum``). An infinite
   reward is a broken reward function, not a huge score: taking it at face
   value would make its whole group (GRPO) or batch (GDPO, via the batch
   whitening) NaN;
-* non-finite ``weights`` are rejected before any work (a NaN weight would
-  make every advantage NaN);
+* concrete non-finite ``weights`` are rejected before any work (a NaN weight
+  would make every advantage NaN; traced weights are not checked);
 * an optional per-row ``penalty`` (the KL-in-reward term ``-coef * KL_seq``)
   is *not* a reward column: GRPO adds it to the weighted reward sum before
   the group normalization (verl's KL-in-reward), GDPO adds it to the weighted
@@ -67,7 +68,8 @@ _VERL_WHITEN_EPS = 1e-8
 # Input checking (static, at trace time).
 # --------------------------------------------------------------------------- #
 def _as_float_array(x: Any, name: str, fix: str) -> jax.Array:
-    """``x`` as an f32 array, or a one-line error naming ``name`` (e.g. None inside)."""
+    """``x`` as an f32 array (None becomes NaN), or a one-line error naming ``name``
+    (e.g. a ragged nested list or a non-numeric string)."""
     if isinstance(x, jax.Array):
         return x.astype(jnp.float32)
     try:
@@ -187,7 +189,8 @@ def compute_advantages(
         group normalization for GRPO, after it for GDPO.
       valid: bool[N] rows that exist (default all); others get 0 and are left
         out of every statistic.
-      eps: static float added to the std at group and batch normalization;
+      eps: static float added to the std at group normalization and at the
+        "sample" batch whitening;
         0.0 divides only where std > 0 (NeMo-RL).
       batch_norm: GDPO batch whitening, "sample" (TRL: per-row mean and ddof=1
         std, + eps) or "token" (verl: token-weighted, rsqrt(var + 1e-8)).

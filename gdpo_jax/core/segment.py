@@ -79,7 +79,9 @@ def _scatter(
     op: str, x: jax.Array, ids: jax.Array, num_groups: int, init: float, rows: NamedSharding | None
 ) -> jax.Array:
     table = jnp.full((num_groups,) + x.shape[1:], init, x.dtype)
-    kwargs = {"mode": "drop"}  # ids outside [0, num_groups) contribute nothing
+    # ids outside [0, num_groups) contribute nothing: negative ones too (a padding
+    # id of -1 would otherwise wrap, NumPy-style, into the last group).
+    kwargs = {"mode": "drop", "wrap_negative_indices": False}
     if rows is not None:
         kwargs["out_sharding"] = NamedSharding(rows.mesh, P())
     return getattr(table.at[ids], op)(x, **kwargs)

@@ -9,6 +9,8 @@ by the starting user) with keys
   source, mode ("stdin" | "call"), fn_name, inputs (list), limits (dict),
   uid, gid (int | null: drop to this uid in each test process),
   private_mounts (bool), keep_paths (list[str]), workdir (str | null),
+  iodir (str | null: where each case's stdin/stdout/stderr/result files go
+  when private_mounts is false),
   nproc_base (int), preload (list[str]: imported before the first case),
   sys_path (list[str]: site-packages directories, put on sys.path here since
   -S skips `site` and its .pth hooks).
@@ -290,9 +292,14 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path, ok_fd):
     os._exit(status)
 
 
-def _read(path, cap):
+def _read(path, cap, tail=False):
+    """The first (or, tail=True, the last) `cap` bytes of a file, and whether it held more."""
     try:
         with open(path, "rb") as f:
+            if tail:
+                size = f.seek(0, os.SEEK_END)
+                f.seek(max(0, size - cap))
+                return f.read(cap).decode("utf-8", errors="replace"), size > cap
             data = f.read(cap + 1)
     except OSError:
         return "", False
@@ -344,7 +351,7 @@ def _run_case(code, job, i, case, iodir):
     os.close(ok_r)
     cap = int(lim["output_bytes"])
     out, trunc = _read(paths[0], cap)
-    err, _ = _read(paths[1], 4096)
+    err, _ = _read(paths[1], 4096, tail=True)  # a traceback ends the file
     res, _ = _read(paths[2], cap)
     fsize = int(lim["fsize_mb"]) << 20
     big = any(os.path.exists(p) and os.path.getsize(p) >= fsize for p in paths[:2])

@@ -62,6 +62,9 @@ _BUILTIN_MODULES = (
     "gdpo_jax.tasks.toolcall",
     "gdpo_jax.tasks.math",
     "gdpo_jax.tasks.code",
+    "gdpo_jax.tasks.toy",
+    "gdpo_jax.tasks.three_binary",
+    "gdpo_jax.tasks.format_cold_toy",
 )
 _builtins_loaded: set[str] = set()  # marked only once imported: a failure is retried
 
