@@ -44,7 +44,7 @@ import os
 
 from absl import app, flags
 
-# Reporting lives in compare_report; re-exported (tests and notebooks use ce.report etc.).
+# Reporting lives in compare_report; re-exported (tests use ce.report etc.).
 from experiments.compare_report import (  # noqa: F401
     TABLE,
     _read_json,

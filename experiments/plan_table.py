@@ -290,7 +290,7 @@ def main(argv: list[str]) -> None:
                 plan = make_plan(cfg, target)
                 if not plan["fits"]:  # the table names the change that fits (search.py)
                     plan["suggestion"] = find_fit(cfg, target, plan)
-            except Exception as e:  # noqa: BLE001 - recorded in the table, the run goes on
+            except Exception as e:  # noqa: BLE001 - printed; the table shows it unplanned, the run goes on
                 print(f"  failed: {e}", file=sys.stderr, flush=True)
                 continue
             plan["overrides"], plan["plan_s"] = overrides, time.perf_counter() - t0

@@ -1,7 +1,7 @@
 r"""SFT warm start entry point (cross-entropy on completion tokens) from a config file.
 
     gdpo-sft --config=configs/sft_toolcall.py --config.workdir=runs/replica/sft_toolcall
-    python -m experiments.sft --config=configs/sft_math.py --config.workdir=runs/replica/sft_math
+    python -m experiments.sft --config=configs/sft_math.py --config.workdir=runs/replica/math/sft
 
 Any field can be overridden with --config.a.b=value (e.g. --config.sft.num_steps=300);
 a mistake is one line and exit status 2. Writes <workdir>/hf (Hugging Face dir:

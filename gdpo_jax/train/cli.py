@@ -5,7 +5,8 @@ type, a missing config file, a field that fails validation) is printed as ONE
 line naming the flag or field, and the process exits with status 2 before any
 work starts:
 
-    error: --config.algo.estimater: no such config field. Did you mean "estimator"?
+    error: --config.algo.estimater: no such config field. Did you mean "estimator" \
+    instead of "estimater"?
 
 `--config=configs/x.py` is resolved relative to the caller's directory; when
 no such file exists there, relative to the project's installed `configs`

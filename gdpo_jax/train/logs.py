@@ -1,7 +1,7 @@
 """What a run prints: quiet third-party logs, a start line, config.json, an end summary.
 
 logs.setup_logging("info")            # gdpo_jax.* at INFO, absl/orbax/jax/... at WARNING
-logs.save_config(cfg)                 # <workdir>/config.json (process 0), as big_vision does
+logs.save_config(cfg)                 # <workdir>/config.json (call it on process 0), as big_vision
 log.info(logs.describe(cfg))          # one line: task, model, estimator, rewards, sizes
 for line in logs.summary(cfg.workdir, seconds=...): log.info(line)
 """

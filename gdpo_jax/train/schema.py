@@ -74,7 +74,8 @@ def base_config() -> mlc.ConfigDict:
     c.model.scan_layers = True
 
     c.task = mlc.ConfigDict()
-    # A registered task: toolcall | math | code | toy_toolcall | your own (config.imports).
+    # A registered task: toolcall | math | code | toy_toolcall | three_binary | your own
+    # (config.imports).
     c.task.name = "toolcall"
     c.task.source = "synthetic"  # "synthetic" or a file / glob / directory the task loader reads
     c.task.eval_source = ""  # held-out data; "" = split "test" of a `source` dir (file: no eval)
@@ -119,7 +120,7 @@ def base_config() -> mlc.ConfigDict:
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.2
     c.algo.dual_clip = 0.0  # 0 = off; verl's clip_ratio_c (e.g. 3.0)
-    c.algo.beta = 0.0  # KL-in-loss coefficient; 0 skips the reference model entirely
+    c.algo.beta = 0.0  # KL-in-loss coefficient; 0 (and kl_in_reward 0) skips the reference
     c.algo.kl_estimator = "k3"  # k1 | k3 | mse
     # KL coefficient in the reward (paper's tool calling GRPO: 0.001): a per-sequence
     # penalty -coef * KL added after GDPO's per-reward normalization (not a reward column).

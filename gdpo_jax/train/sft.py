@@ -307,7 +307,10 @@ class SFT:
         )
 
     def run(self) -> dict[str, Any]:
-        """Trains, evaluates, exports. Returns {"hf_dir", "eval", "train_loss", "seconds"}."""
+        """Trains, evaluates, exports.
+
+        Returns {"hf_dir", "eval", "train_loss", "num_examples", "seconds"}.
+        """
         cfg, s = self.cfg, self.cfg.sft
         writer = MetricsWriter(
             cfg.workdir,
