@@ -1,7 +1,8 @@
 """Benchmark: Transformer forward+backward tokens/s and MFU on the default device.
 
 Two shapes: the test-size tiny Llama and SmolLM2-135M (random weights, same
-FLOPs as the real one). One step is jit(grad(mean token cross-entropy)) over a
+FLOPs as the real one; a full run times it also with remat and with unrolled
+layers). One step is jit(grad(mean token cross-entropy)) over a
 [B, T] batch. MFU = model FLOPs/s (PaLM convention, ModelConfig.flops_per_token:
 6 * matmul params + 12 * L * Hq * Dh * T per token) / the f32 matmul peak
 (jitted 2048^2 on CPU) measured in the same run, so the ratio compares across

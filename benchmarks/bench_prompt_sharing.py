@@ -124,14 +124,19 @@ def _side(
 
 
 def _model_cfg(s: dict) -> ModelConfig:
-    """The f32 einsum-path model of shape `s` (its vocabulary is s["vocab"])."""
+    """The f32 einsum-path model of shape `s` (its vocabulary is s["vocab"]); the
+    einsum path named, so that "auto" does not pick splash on a TPU."""
     if s["model"] == "smollm2-135m":
         from benchmarks.bench_model import SMOLLM2_135M
 
-        return SMOLLM2_135M
+        return SMOLLM2_135M.replace(attention="xla")
     kv_heads = s["model"]["num_heads"] // 2
     return ModelConfig.tiny(
-        vocab_size=s["vocab"], num_kv_heads=kv_heads, scan_layers=False, **s["model"]
+        vocab_size=s["vocab"],
+        num_kv_heads=kv_heads,
+        scan_layers=False,
+        attention="xla",
+        **s["model"],
     )
 
 

@@ -14,7 +14,7 @@ call with every row's budget at 1 token times the fixed part (the prompts'
 prefill and the refills), reported beside.
 
   python -m benchmarks.bench_prompt_slots [--full] [--prompt-len 2048] [--group 8] \
-      [--prompt-slots 4,8] [--out runs/bench/prompt_slots.json]
+      [--prompt-slots 4 6 8] [--out runs/bench/prompt_slots.json]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Benchmark: one decode step's token choice (`sample_tokens`) against the forms it replaced.
 
 64 rows of next-token logits at three vocabulary sizes: 2,048 (bench_sampler's model),
-49,152 (SmolLM2) and 151,936 (the paper's Qwen models); two synthetic logit shapes:
+49,152 (SmolLM2) and 151,936 (the paper's Qwen models); three synthetic logit shapes:
 "flat" (N(0, 3^2), like a random-init model: a 0.95 nucleus of thousands of tokens),
 "peaked" (N(0, 8^2): a nucleus of at most a few dozen, as a trained model's at T 0.6) and
 "mixed" (peaked, but one row in 32 flat: a few rows whose nucleus lies beyond top-p's

@@ -17,11 +17,12 @@ greedy, every row to the cap (no stop id). Three decode programs
                   (the default on one GPU in bf16 / f16)
 
 Each compiled once, then timed twice; the tokens and log-probs of each are
-compared with scan_f32's (the trainer's numerics). Prints one line per
-program. The committed H200 output, docs/benchmarks/decode_weights_h200.txt,
-came from this script's first form, which also timed the fused form on f32
-weights cast at every step (before `decode.weights_in`) and on weights cast
-before the call ("fused_castonce", what "fused" does now inside the call).
+compared with scan_f32's (the trainer's numerics). Prints a timing line per
+program, then a comparison line per program. The committed H200 output,
+docs/benchmarks/decode_weights_h200.txt, came from this script's first form,
+which also timed the fused form on f32 weights cast at every step (before
+`decode.weights_in`) and on weights cast before the call ("fused_castonce",
+what "fused" does now inside the call).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Two models with random weights:
 
 With --trace, also the milliseconds per decode step by kind of XLA:CPU
 operation for the scan and the fused form on the first model, from a
-jax.profiler trace of one call each (profile_step's parser):
+jax.profiler trace of one call each (`xla_trace.op_breakdown`, as profile_step uses):
 ``dynamic-slice_*`` fusions are the per-step copies of each layer's weights and
 cache slices out of the stacked arrays, ``ynn_fusion`` the YNNPACK matmuls.
 

@@ -17,7 +17,7 @@ batch's arrays. This script measures two things.
    ran on every iteration before 2026-12-03) and as that NumPy function now.
 
     python -m benchmarks.profile_host [--quick] [--beta 0] \
-        [--out docs/benchmarks/host_<machine kind>.json]
+        [--out runs/bench/profile_host.json]
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ project met it (best of `repeats` after a warm-up, same process):
 * decode attention scores, `q @ k` for 64 rows x 2 kv heads x 2 query heads
   over 160 cache slots of head dim 64 (bench_sampler's last decode phase): keys
   stored `[S, Dh]` (a transposed right operand) vs `[Dh, S]` (the KV cache's
-  layout, gdpo_jax/models/transformer.py KVCache);
+  layout, gdpo_jax/models/kvcache.py KVCache);
 * a weight gradient `dW = xᵀ @ dY` for 1168 rows (bench_rl's micro-batch of 16
-  rows x 73 tokens), hidden 256 -> 640: autodiff's own lowering vs xᵀ
-  materialized first (gdpo_jax/core/dense.py);
+  rows x 73 tokens in the per-row layout, before prompt sharing), hidden
+  256 -> 640: autodiff's own lowering vs xᵀ materialized first
+  (gdpo_jax/core/dense.py);
 * for scale, the forward product of the same weight, `x @ W`.
 
 Those rows reread one operand that stays in cache. A decode step streams its

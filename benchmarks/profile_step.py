@@ -2,12 +2,14 @@ r"""Where the RL step's time goes on XLA:CPU: bench_rl's step under variants.
 
 The step of benchmarks/bench_rl.py (3M Llama, 64 rows x 73 tokens, GDPO,
 beta 0), with its layers as one lax.scan (the model default; bench_rl runs them
-unrolled, the A/B at the end), is timed alone (one jitted call, no sampling),
+unrolled, the A/B at the end) and without prompt sharing (bench_rl shares
+prompts), is timed alone (one jitted call, no sampling),
 for each variant of
 micro-batch count x glibc's huge-page malloc tunable (gdpo_jax/hostenv.py),
 each in a fresh process. Per variant: median / best seconds of 12 steps,
 minor page faults per step (fresh 4 KiB pages the kernel zero-fills), and,
-with --trace, the share of the step per kind of XLA:CPU operation, from a
+with --trace, the milliseconds per step of the largest kinds of XLA:CPU
+operation (durations summed), from a
 jax.profiler trace (ynn_fusion = YNNPACK matmuls, copy_* = layout copies such
 as the transposes before weight-gradient matmuls, wrapped_broadcast = zero
 fills of scan buffers, dynamic-update-slice / dynamic-slice = the layer

@@ -280,7 +280,7 @@ def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
 
 
 # --------------------------------------------------------------------------- #
-# One row per machine kind: the headline ratios (ours / reference, > 1 = ours faster)
+# One row per machine kind: the headline ratios (the reference's seconds / ours, > 1 = ours faster)
 # --------------------------------------------------------------------------- #
 def headline(report: Mapping[str, Any]) -> dict[str, Any]:
     """The ratios README and docs quote, from one run's report (None where a

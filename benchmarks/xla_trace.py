@@ -4,9 +4,9 @@ A trace (``jax.profiler.start_trace(dir, create_perfetto_trace=True)``) names
 each XLA:CPU operation by its HLO instruction (``ynn_fusion.3``). The optimized
 HLO that XLA dumps with ``--xla_dump_to`` gives each instruction its output
 shape, its operands and the jax operation it comes from (``op_name``
-metadata: a dot's einsum spec, ``transpose``, ``reduce_max``, ...). The
-profilers (profile_step, profile_decode, profile_decode_ops, profile_step_ops)
-join the two by instruction name.
+metadata: a dot's einsum spec, ``transpose``, ``reduce_max``, ...).
+profile_decode_ops and profile_step_ops join the two by instruction name;
+profile_step and profile_decode read only the trace (``op_breakdown``).
 """
 
 from __future__ import annotations
