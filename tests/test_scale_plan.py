@@ -343,6 +343,13 @@ def test_tiny_plan_on_gpu():
     assert plan["per_device"]["params"] == plan["per_device"]["ref_params"] == params
     assert plan["programs"]["logprob"]["runs_per_step"] == 2  # old + reference
     assert plan["programs"]["step"]["resident_bytes"] == params  # the reference beside it
+    # Beside the log-prob program: optimizer, reference and the batch arrays it does not
+    # read (old_logp, ref_logp: f32 [32, 16]; rewards f32 [32, 2]; group_ids i32 and
+    # valid bool [32]), over 2 devices; its ids and masks are its arguments (they were
+    # counted twice).
+    others = (2 * 32 * 16 * 4 + 32 * 2 * 4 + 32 * 4 + 32) // 2
+    lp = plan["programs"]["logprob"]
+    assert lp["resident_bytes"] == plan["per_device"]["optimizer"] + params + others
     # One update: the step runs both forwards itself, the reference weights its argument.
     one = make_plan(tiny_config(beta=0.01), target)
     assert set(one["programs"]) == {"step", "generate"}
@@ -799,3 +806,42 @@ def test_fewest_microbatches_on_a_tpu_target():
     got = fewest_microbatches(cfg, target, make_plan(cfg, target))
     assert got["changes"] == {"algo.num_microbatches": 1} and got["tries"] == 2
     assert make_plan(_apply(cfg, got["changes"]), target)["fits"]
+
+
+def _logprob_hlo(cfg) -> str:
+    """The log-prob program's StableHLO for `cfg` on this host's CPU devices."""
+    import jax
+
+    from gdpo_jax.scale.arch import model_config
+    from gdpo_jax.scale.lowering import _abstract_state, _batch
+    from gdpo_jax.train import mesh as mesh_lib
+    from gdpo_jax.train.step import CompiledStep
+
+    mesh = mesh_lib.make_mesh(tuple(cfg.mesh.shape), devices=jax.devices()[:4])
+    graphdef, state, shardings, _, tx, schedule, sc, _ = _abstract_state(
+        cfg, model_config(cfg), mesh
+    )
+    batch = _batch(cfg, mesh, needs_ref=sc.needs_ref and not sc.ref_logp_in_step)
+    step = CompiledStep(
+        graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
+    )
+    return step.lower_logprobs(state.params, batch).as_text()
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("share_prompt", False), ("num_microbatches", 2), ("num_minibatches", 2)],
+)
+def test_a_knob_that_changes_the_logprob_program_changes_its_cache_key(field, value):
+    # The search re-plans only the programs whose key (plan._DEPENDS) a change
+    # touches. algo.share_prompt was missing from the log-prob program's: the
+    # search's "share_prompt off" candidate reused the shared-prompt log-prob plan.
+    from gdpo_jax.scale import plan as plan_lib
+
+    target = targets_lib.parse_target("v5p-8")
+    base = tiny_config()
+    base.mesh.shape = (1, 4, 1)
+    changed = tiny_config(**{field: value})
+    changed.mesh.shape = (1, 4, 1)
+    assert _logprob_hlo(base) != _logprob_hlo(changed)
+    assert plan_lib._key("logprob", base, target) != plan_lib._key("logprob", changed, target)

@@ -74,6 +74,7 @@ _DEPENDS = {
         "algo.num_minibatches",
         "algo.num_microbatches",
         "algo.logprob_chunk_size",
+        "algo.share_prompt",  # each prompt's forward once per group (StepConfig.shared_group)
         "algo.beta",
         "algo.kl_in_reward",
         "sampling.max_prompt_len",
@@ -352,9 +353,12 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         ),
     }
     if n_lp:
+        # Beside it: the optimizer state, the reference weights and the batch arrays
+        # that are not its arguments (the ids and masks it reads are).
+        lp_args_b = per_device_bytes({k: batch[k] for k in CompiledStep.LOGPROB_KEYS})
         progs["logprob"] = (
             lambda: step.lower_logprobs(state.params, batch),
-            opt_b + ref_b + batch_b,
+            opt_b + ref_b + batch_b - lp_args_b,
             dict(params=params_b + ref_b, optimizer=opt_b, batch=batch_b),
         )
     limit = target.usable_bytes

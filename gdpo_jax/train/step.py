@@ -431,8 +431,10 @@ class CompiledStep:
         with self._ctx():
             return self._step.lower(state, batch, ref_params)
 
+    # The batch arrays the log-prob pass reads (its arguments besides the params).
+    LOGPROB_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
     def lower_logprobs(self, params: Any, batch: Batch):
         """The log-prob pass lowered for `params` / `batch` (arrays or ShapeDtypeStructs)."""
-        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
         with self._ctx():
-            return self._logprobs.lower(params, {k: batch[k] for k in keys})
+            return self._logprobs.lower(params, {k: batch[k] for k in self.LOGPROB_KEYS})
