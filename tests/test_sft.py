@@ -127,6 +127,19 @@ def test_target_noise_hits_the_intended_reward():
         assert "How many" not in v
 
 
+def test_math_target_noise_on_other_records_names_the_field():
+    # The noise assumes the synthetic arithmetic records; on others (the shipped
+    # DeepScaleR sample, a fraction answer) it failed with a bare unpack or int() error.
+    rec = {
+        "prompt": [{"role": "user", "content": "Compute 1/2 + 0."}],
+        "extra_info": {"solution": "It is \\boxed{\\frac{1}{2}}"},
+    }
+    with pytest.raises(ValueError, match=r"sft\.value_noise: record 0.*sft\.value_noise=0"):
+        S.make_targets([rec], "math", seed=0, value_noise=1.0)
+    with pytest.raises(ValueError, match=r"sft\.verbose_prob: record 0.*sft\.verbose_prob=0"):
+        S.make_targets([rec], "math", seed=0, verbose_prob=1.0)
+
+
 def test_encode_batch_layout():
     b = S.encode_batch(
         [[5, 6], [7]], [[8, 2], [9, 10, 2]], max_prompt_len=3, max_target_len=4, pad_id=0

@@ -138,6 +138,21 @@ def test_scalar_and_list_answers_still_load(tmp_path):
     assert got == ["3", "0.5", ["1/2", "0.5"]]
 
 
+@pytest.mark.parametrize(
+    "answer,right,wrong",
+    [(np.str_("12"), "12", "1"), (np.int64(5), "5", "6"), (np.float64(0.5), "0.5", "5")],
+)
+def test_numpy_scalar_answers_are_one_answer(answer, right, wrong):
+    # A NumPy scalar has .tolist(): it used to be taken for a list, so "12" became the
+    # references ["1", "2"] (a completion of 1 scored correct) and a number raised.
+    (rec,) = tm.load([{"problem": "p", "answer": answer}])
+    assert rec["ground_truth"] == right
+    got = tm.correctness_reward(
+        None, [rf"\boxed{{{right}}}", rf"\boxed{{{wrong}}}"], ground_truth=[answer, answer]
+    )
+    assert got == [1.0, 0.0]
+
+
 def test_pass_at_1_and_exceed_by_hand():
     # problem A: 4 samples, 3 correct; problem B: 2 samples, 0 correct -> (0.75 + 0) / 2
     ex = [{"prompt": "A", "ground_truth": "1"}] * 4 + [{"prompt": "B", "ground_truth": "2"}] * 2

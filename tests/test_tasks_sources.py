@@ -91,3 +91,15 @@ def test_file_sources_are_cut_to_num_train_and_num_eval_with_a_log_line(tmp_path
     with caplog.at_level(logging.INFO, logger="gdpo_jax.train"):
         data = sources._load("math", c)
     assert (len(data.train), len(data.eval)) == (5, 4) and "the first" not in caplog.text
+
+
+@pytest.mark.parametrize("name", ["math", "toolcall"])
+def test_synthetic_num_eval_0_turns_eval_off_and_num_train_0_names_the_field(name):
+    # Both used to fail in the loader with "RecordError []: no records".
+    c = _cfg("synthetic")
+    c.task.name, c.task.num_train, c.task.num_eval = name, 8, 0
+    data = sources._load(name, c)
+    assert len(data.train) == 8 and data.eval == []
+    c.task.num_train = 0
+    with pytest.raises(ValueError, match=r"config\.task\.num_train=0.*1 or more"):
+        sources._load(name, c)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Sequence
 
 __all__ = ["SFT_TASKS", "make_targets"]
@@ -59,17 +60,35 @@ def _wrong_value(gt: str, r: random.Random, pool: dict[str, list]) -> str:
     return _with_calls(gt, calls)
 
 
-def _verbose_math(ex: dict, solution: str) -> str:
-    """Restates the problem's sentences (not the question) before the worked answer."""
+_BOXED_INT = re.compile(r"^(.*)\\boxed\{(-?\d+)\}\s*$", re.S)
+
+
+def _verbose_math(ex: dict, solution: str, i: int) -> str:
+    """Restates the problem's sentences (not the question) before the worked answer.
+
+    Only the synthetic arithmetic problems (gdpo_jax.data.synthetic) have the
+    "... How many ...?" question it splits off.
+    """
     text = ex["prompt"][-1]["content"]
+    if " How many" not in text:
+        raise ValueError(
+            f"sft.verbose_prob: record {i}'s problem has no ' How many' question to split "
+            "off (only the synthetic arithmetic task's do); set sft.verbose_prob=0."
+        )
     facts = text.split(" How many")[0]
     return f"{facts} {solution}"
 
 
-def _wrong_answer(solution: str, r: random.Random) -> str:
-    head, ans = solution.rsplit("\\boxed{", 1)
-    value = int(ans.rstrip("}")) + r.choice([-2, -1, 1, 2])
-    return f"{head}\\boxed{{{value}}}"
+def _wrong_answer(solution: str, r: random.Random, i: int) -> str:
+    """The solution with its final integer answer moved by 1 or 2 (synthetic arithmetic)."""
+    m = _BOXED_INT.match(solution)
+    if m is None:
+        raise ValueError(
+            f"sft.value_noise: record {i}'s solution does not end in \\boxed{{<integer>}} "
+            "(only the synthetic arithmetic task's do); set sft.value_noise=0."
+        )
+    value = int(m.group(2)) + r.choice([-2, -1, 1, 2])
+    return f"{m.group(1)}\\boxed{{{value}}}"
 
 
 def make_targets(
@@ -86,7 +105,8 @@ def make_targets(
     toolcall: `ground_truth`; with prob format_noise a broken tag structure,
     with prob value_noise one argument replaced by another record's value for
     the same key. math: `extra_info.solution`, with prob verbose_prob prefixed
-    by the problem's facts, with prob value_noise a wrong final answer.
+    by the problem's facts, with prob value_noise a wrong final answer (both
+    for the synthetic arithmetic records only: others raise, naming the field).
     Deterministic given seed.
     """
     r = random.Random(f"sft-targets-{seed}")
@@ -105,7 +125,7 @@ def make_targets(
                 t = _break_format(t, r)
             out.append(t)
     elif task == "math":
-        for ex in examples:
+        for i, ex in enumerate(examples):
             sol = (ex.get("extra_info") or {}).get("solution") or ex.get("solution")
             if not sol:
                 raise ValueError(
@@ -113,9 +133,9 @@ def make_targets(
                     "(extra_info.solution or solution); the synthetic task has one."
                 )
             if r.random() < value_noise:
-                sol = _wrong_answer(sol, r)
+                sol = _wrong_answer(sol, r, i)
             if r.random() < verbose_prob:
-                sol = _verbose_math(ex, sol)
+                sol = _verbose_math(ex, sol, i)
             out.append(sol)
     else:
         raise ValueError(f"config.task.name={task!r}: SFT targets exist for {SFT_TASKS} only.")

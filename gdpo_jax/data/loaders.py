@@ -34,8 +34,9 @@ class RecordError(ValueError):
 def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None) -> list[str]:
     """Data files for `path`: a file, a glob, a directory, or a list of these.
 
-    For a directory, `split` picks `<split>.*` / `<split>-*` files (also under
-    `data/`, as HF dataset repos store them); without it every data file.
+    For a directory, `split` picks `<split>.*` / `<split>-*` / `<split>_*` files
+    (under `data/`, as HF dataset repos store them, when none lie at the top);
+    without it every data file.
     """
     if isinstance(path, (list, tuple)):
         return [f for p in path for f in resolve_files(p, split)]
@@ -110,7 +111,9 @@ def iter_records(
             if isinstance(data, Mapping):
                 data = [data]
             if not isinstance(data, list):
-                raise RecordError(f, None, None, "a .json data file must hold a list of records")
+                raise RecordError(
+                    f, None, None, "a .json data file must hold a record or a list of records"
+                )
             for i, r in enumerate(data):
                 yield f, i, _check_mapping(r, f, i)
 

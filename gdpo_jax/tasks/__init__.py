@@ -19,7 +19,7 @@ from typing import Any
 
 from gdpo_jax.tasks.registry import TASKS, TaskData, TaskLoader, get_task, register_task
 
-# The modules whose import registers the built-in trainer tasks.
+# The modules whose import registers the built-in trainer tasks (and a rewards-only one).
 BUILTIN_TASK_MODULES = (
     "gdpo_jax.tasks.sources",
     "gdpo_jax.tasks.toy",

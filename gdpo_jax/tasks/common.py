@@ -1,4 +1,4 @@
-"""Pieces shared by the task modules: record loading loop, grouping, heads."""
+"""Pieces shared by the task modules: record loading loop, grouping."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def parse_json_field(value: Any, path: str, row: int, field: str) -> Any:
 
 
 def group_ids_for(examples: Sequence[Mapping], group_ids: Sequence[int] | None) -> np.ndarray:
-    """i32[N] problem id per sample: given, or from identical prompts (first seen order)."""
+    """i64[N] problem id per sample: given, or from identical prompts (first seen order)."""
     if group_ids is not None:
         g = np.asarray(group_ids)
         if g.shape != (len(examples),):

@@ -2,11 +2,11 @@
 
 Rewards:
   math_correct in {0, 1}: the LAST \\boxed{...} of the completion is
-    mathematically equivalent to the reference (math-verify parse + verify;
-    when either side does not parse, a normalized string comparison).
+    equivalent to the reference: equal after `normalize_answer`, else
+    math-verify's parse + verify (not equivalent when either side fails to parse).
     No boxed answer -> 0. A comparison past `verify_timeout_s` (5 s) -> NaN,
     counted in reward_timeouts/math_correct.
-  length in {0, 1} (gdpo_jax.rewards.registry): <= max_tokens tokens; the
+  length in {0, 1} (gdpo_jax.tasks.length): <= max_tokens tokens; the
     paper conditions it on correctness: RewardSpec("length",
     condition="math_correct", kwargs={"max_tokens": 4000}).
 """
@@ -36,7 +36,8 @@ _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced; else None.
 
-    Also reads the brace-less form `\\boxed 5` (ends at whitespace or $).
+    Without a balanced braced one, the last brace-less form `\\boxed 5` (ends at
+    whitespace or $): a braced box wins over a later brace-less one.
     """
     starts = [m for m in _BOX.finditer(text)]
     if starts:
@@ -94,8 +95,14 @@ def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
 
 
 def _golds(gt: Any) -> list[str]:
-    if isinstance(gt, (list, tuple)) or hasattr(gt, "tolist"):
-        gt = list(gt.tolist() if hasattr(gt, "tolist") else gt)
+    """The accepted answers of a reference: a list of them, or one text / number.
+
+    NumPy values (Parquet gives arrays and scalars) go through ``tolist()`` first, so
+    that a scalar stays one answer (np.str_("12") is "12", not ["1", "2"]).
+    """
+    if hasattr(gt, "tolist"):
+        gt = gt.tolist()
+    if isinstance(gt, (list, tuple)):
         return [str(g) for g in gt]
     return [str(gt)]
 

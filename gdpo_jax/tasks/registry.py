@@ -2,8 +2,9 @@
 
 Two views of the same tasks:
   - trainer tasks: `register_task(name)` on a loader `cfg -> TaskData`; the trainer
-    calls `load_task(cfg)`. Built in: toolcall / math / code (gdpo_jax.tasks.sources)
-    and toy_toolcall (gdpo_jax.tasks.toy); a config, notebook or test adds its own:
+    calls `load_task(cfg)`. Built in: toolcall / math / code (gdpo_jax.tasks.sources),
+    toy_toolcall (gdpo_jax.tasks.toy) and three_binary (gdpo_jax.tasks.three_binary);
+    a config, notebook or test adds its own:
 
         @register_task("my_task")
         def load(cfg) -> TaskData: ...

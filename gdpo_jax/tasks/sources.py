@@ -31,12 +31,19 @@ def _load(name: str, cfg) -> TaskData:
                 f"synthetic tasks: {sorted(_SYNTHETIC)}. Point --config.task.source "
                 "at a data file or directory."
             )
+        if t.num_train < 1:
+            raise ValueError(
+                f"config.task.num_train={t.num_train}: a synthetic source generates that many "
+                "training records; set it to 1 or more."
+            )
         from gdpo_jax.data.synthetic import make_splits
 
         splits = make_splits(
             _SYNTHETIC[name], t.num_train, t.num_eval, seed=t.seed, **t.kwargs.to_dict()
         )
-        train, held = mod.load(splits["train"]), mod.load(splits["test"])
+        # num_eval=0: no held-out records, periodic eval off (as for a file without one).
+        train = mod.load(splits["train"])
+        held = mod.load(splits["test"]) if splits["test"] else []
     else:
         train = mod.load(t.source, split="train" if not _is_file(t.source) else None)
         held = _load_held_out(mod, t.source, t.eval_source)
