@@ -78,7 +78,10 @@ def main(argv: list[str]) -> None:
                     f"roofline {fix['est_step_s']:.1f} s per step)"
                 )
             else:
-                print("no single change among the searched knobs fits; see docs/scale.md.")
+                print(
+                    "no change or combination of the searched knobs fits within --max_tries "
+                    "plans; see docs/scale.md."
+                )
         if plan["fits"] and _FEWEST.value:
             fewest = fewest_microbatches(cfg, target, plan, log=print)
             plan["fewest_microbatches"] = fewest

@@ -30,7 +30,9 @@ os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 from absl import app, flags  # noqa: E402
 
-_ONLY = flags.DEFINE_list("only", [], "Plan ids to (re)make, e.g. tool-1.5b@8xh100.")
+_ONLY = flags.DEFINE_list(
+    "only", [], "Plan ids to make (with --redo: remake), e.g. tool-1.5b@8xh100."
+)
 _REDO = flags.DEFINE_bool("redo", False, "Re-plan entries already in plans.json.")
 _OUT = flags.DEFINE_string("out", "docs/scale", "Directory of plans.json (and scale.md beside).")
 

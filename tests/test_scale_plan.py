@@ -243,6 +243,18 @@ def test_roofline_decode_reads_a_shared_prompt_once_per_group():
         assert got["decode"] == pytest.approx(want) and got["bound"]["decode"] == "memory"
 
 
+def test_roofline_logprob_reads_weights_once_per_micro_batch_of_a_pass():
+    """A log-prob pass runs U x M micro-batches, once per step whatever the epochs;
+    the training passes run them once per epoch. Hand-worked: 2 passes x 4 micro-batches
+    x 1000 B at 1000 B/s = 8 s for the log-probs; the training, 3 passes x 2 epochs x 4,
+    24 s (micro_batches counts epochs x U x M = 8). It read 16 s for the log-probs."""
+    mc = ModelConfig.tiny()
+    shape = dict(ROOFLINE_SHAPE, logprob_passes=2, epochs=2, micro_batches=8)
+    got = flops_lib.roofline(mc, flops_lib.StepShape(**shape), **ROOFLINE_CHIP)
+    assert got["logprob"] == pytest.approx(8.0) and got["bound"]["logprob"] == "memory"
+    assert got["train"] == pytest.approx(24.0)
+
+
 def test_roofline_decode_reads_each_phases_whole_cache():
     """The static decode's phase j holds P + E_j slots and its steps read them all
     (the planner counted only the filled ones, C / 2 per step, so one phase cost

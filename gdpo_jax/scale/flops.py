@@ -19,8 +19,8 @@ kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
                         + N * (C (m + u) + 4 L q (C P + C (C + 1) / 2))  prompt once per S = G rows)
   training:             E * (3 + remat) * log-prob pass FLOPs       (fwd + 2x bwd [+ fwd again])
 
-The roofline time of a phase is max(FLOPs / (n * peak), bytes / (n * HBM bw))
-summed over phases (n devices). Bytes: decode streams the whole weight matrix
+The roofline time of a phase is max(FLOPs / (n * peak), bytes / HBM bw), bytes
+per device, summed over phases (n devices). Bytes: decode streams the whole weight matrix
 (FSDP all-gathers it) and the rows' KV cache once per step (the whole cache of
 the step's decode phase: phase j of `decode_chunks` c_0..c_{K-1} reads
 P + E_j slots, E_j = c_0 + ... + c_j, at every step, the slots
@@ -140,7 +140,8 @@ def roofline(
     mem = {
         "prefill": calls * read / hbm_bw,
         "decode": decode_bytes / hbm_bw,
-        "logprob": s.logprob_passes * s.micro_batches * s.param_bytes / hbm_bw,
+        # A log-prob pass runs its U x M micro-batches once per step, not per epoch.
+        "logprob": s.logprob_passes * (s.micro_batches // s.epochs) * s.param_bytes / hbm_bw,
         "train": passes * s.param_bytes / hbm_bw,
     }
     out = {k: float(max(compute[k], mem[k])) for k in compute}

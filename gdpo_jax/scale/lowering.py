@@ -28,7 +28,8 @@ def _sds(shape: tuple[int, ...], dtype: Any, sharding: Any) -> jax.ShapeDtypeStr
 
 
 def _abstract_state(cfg, mc: ModelConfig, mesh):
-    """(graphdef, TrainState of ShapeDtypeStructs, its shardings, model-state SDS, tx, schedule)."""
+    """(graphdef, TrainState of ShapeDtypeStructs, its shardings, model-state SDS, tx,
+    schedule, StepConfig, abstract model)."""
     from gdpo_jax.models.sharding import abstract_model, get_param_shardings
     from gdpo_jax.train import state as state_lib
     from gdpo_jax.train.state import TrainState

@@ -284,10 +284,11 @@ def compare(plan: dict[str, Any], measured: dict[str, dict[str, Any]]) -> list[d
     planned_temps / device_temps: the program's temporaries as the plan's compiler
     (for the target) and this device's compiler put them;
     roofline_s: the plan's lower bound for one call (the step: "train", plus
-    the log-prob passes it runs itself; one log-prob pass: "logprob" / its runs
-    per step; one sampler call: prefill + decode over the step's calls); mfu:
-    the phase's FLOPs over the measured median time and the target's peak (all
-    devices); memory_ratio and time_ratio: measured / planned.
+    the log-prob passes it runs itself; one log-prob pass: "logprob" / all the
+    log-prob passes of a step, `step_shape.logprob_passes`; one sampler call:
+    prefill + decode over the step's calls); mfu: the phase's FLOPs over the
+    measured median time and the target's peak (all devices); memory_ratio and
+    time_ratio: measured / planned.
     """
     target = parse_target(plan["target"])
     peak = target.chip.peak_flops * plan["num_devices"]

@@ -20,12 +20,13 @@ phase reads more KV slots per step; which costs less depends on the shapes):
             algo.share_prompt off (per-row rows hold no repeated prompt K/V,
             and on the einsum path no [T, P + C] scores; it saves the most time)
   logprob   the same knobs as the step
-  any       mesh.shape with every device on fsdp, then a tensor axis of 2, 4
+  any       mesh.shape with every device on fsdp, then a tensor axis of 2, 4, 8
 
 Each candidate must pass validate_config for the target; it is planned (only
 the programs whose inputs it changes are re-compiled, see plan._DEPENDS) and
-the first that fits is returned. If no single change fits, the best changes
-of each knob are combined, one more at a time.
+the first that fits is returned. If no single change fits, the search goes on
+greedily: the lowest-peak candidate of a round is the next round's base, plus
+one more change, up to 3 knobs (or until `max_tries` plans).
 """
 
 from __future__ import annotations
