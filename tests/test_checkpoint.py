@@ -107,15 +107,18 @@ def _damage(step_dir, kind: str) -> str:
 def test_damaged_latest_falls_back_to_previous_with_warning(tmp_path, kind, caplog):
     import logging
 
+    # Different weights at each step, restored onto a third: step 1's must come back
+    # from disk (the same state everywhere would pass with the target handed back).
     state = _state(None)
     ck = Checkpointer(str(tmp_path), every=1, keep=3, async_save=False, config=_cfg())
     for s in (1, 2):
-        ck.save(s, state, key=jax.random.key(s), data_state={"next_index": s})
+        saved = state if s == 1 else _state(None, seed=2)
+        ck.save(s, saved, key=jax.random.key(s), data_state={"next_index": s})
     ck.close()
     _damage(str(tmp_path / "2"), kind)
     ck2 = Checkpointer(str(tmp_path), every=1, keep=3, config=_cfg())
     with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
-        restored, rkey, data_state, step = ck2.restore(state, jax.random.key(0))
+        restored, rkey, data_state, step = ck2.restore(_state(None, seed=3), jax.random.key(0))
     assert step == 1 and data_state == {"next_index": 1}
     np.testing.assert_array_equal(jax.random.key_data(rkey), jax.random.key_data(jax.random.key(1)))
     jax.tree.map(

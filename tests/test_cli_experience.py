@@ -402,6 +402,7 @@ def test_every_mistake_is_one_line_exit_2_before_any_work(tmp_path, tool, args, 
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
     assert not wd.exists()  # no work started
+    assert os.listdir(tmp_path) == []  # nor anywhere else under the working directory
 
 
 @pytest.mark.slow

@@ -382,7 +382,9 @@ def test_bf16_params_and_compute(models):
     valid = np.asarray(mask, bool)
     want = np.asarray(_fwd(ref, ids, mask))
     err = np.abs(np.asarray(out) - want)[valid]
-    assert err.max() < 0.15 * np.abs(want).max()
+    # bf16 rounding costs about 1.4 % of the largest logit here; a bf16-only bug in a
+    # norm or a mask costs more than the 5 % allowed (it allowed 15 %).
+    assert err.max() < 0.05 * np.abs(want).max()
     cache = model.init_cache(4, 8)
     assert cache.k.dtype == jnp.bfloat16
 

@@ -110,8 +110,15 @@ def test_synthetic_gguf_matches_torch(tmp_path, monkeypatch):
         ref = tmodel(torch.tensor(ids, dtype=torch.long)).logits.numpy()
     ours = np.asarray(jax.jit(lambda m, i: m(i))(model, ids))
     np.testing.assert_allclose(ours, ref, atol=1e-4)
-    # Second load comes from the converted cache.
+    # Second load comes from the converted cache: no conversion runs (a second one
+    # into a temporary directory, then discarded, would also leave one entry).
     assert len(os.listdir(tmp_path / "cache")) == 1
+    from gdpo_jax.models import gguf as gguf_lib
+
+    def no_conversion(*a, **k):
+        raise AssertionError("converted again instead of reading the cache")
+
+    monkeypatch.setattr(gguf_lib, "convert_gguf", no_conversion)
     load_pretrained(path)
     assert len(os.listdir(tmp_path / "cache")) == 1
 

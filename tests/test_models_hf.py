@@ -146,7 +146,7 @@ def test_export_roundtrip_loads_in_transformers(hf_dirs, tmp_path):
     assert tok3 is not None and tok3.eos_token_id == 2
     a = jax.tree.leaves(jax.tree.map(np.asarray, model.param_arrays()))
     b = jax.tree.leaves(jax.tree.map(np.asarray, model2.param_arrays()))
-    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def test_load_sharded_into_mesh_bf16(hf_dirs):
