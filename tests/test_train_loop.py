@@ -170,7 +170,7 @@ def test_only_checkpoint_damaged_stops_the_run(uninterrupted, tmp_path):
     assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["4"]
 
 
-def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path):
+def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path, monkeypatch):
     """The perf options together (continuous-batching sampler growing its cache in
     sampling.decode_phases phases, chunked calls with rewards overlapped,
     recompute-old-log-probs fused into the step): a run trains, and logs the prompt
@@ -185,7 +185,19 @@ def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path
     cfg.checkpoint.every = 0
     trainer = Trainer(cfg)
     assert trainer.sampler.continuous_slots == 4 and trainer.sampler.decode_chunks == 2
+    # The old log-probs come from the step's own forward: no separate pass, no batch key.
+    assert trainer.step_cfg.old_logp_in_step and "old_logp" not in trainer.step.batch_keys
+    from gdpo_jax.train import rollout
+
+    calls, real = [], rollout.sample_and_score
+
+    def spy(*a, **k):
+        calls.append(k.get("overlap_rewards"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(rollout, "sample_and_score", spy)
     trainer.run()
+    assert calls and all(calls)  # every rollout scored its chunks beside the next decode
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     last = recs[2]  # keyed by step
     assert math.isfinite(last["loss"]) and last["data/prompt_width"] == 8
