@@ -5,6 +5,7 @@ Rewards (paper Sec. 4.3):
   length {0, 1}           1 if <= 4000 tokens, conditioned on pass_rate == 1 (eq. 8)
   code_bug {0, 1}         1 if the program compiles and raises no runtime error
 `objectives=2` (the default, `:r1-distill-7b`) uses the first two;
+`:r1-distill-1.5b` is not in the paper: a smaller stand-in for the 7B model.
 `objectives=3` adds code_bug. Programs run in gdpo_jax's sandbox (one
 subprocess per program, shared by pass rate and bug: one execution each).
 

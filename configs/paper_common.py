@@ -204,7 +204,7 @@ def set_dapo_recipe(c: mlc.ConfigDict, *, eval_samples: int) -> None:
     c.algo.beta = 0.0005
     c.algo.kl_estimator = "mse"
     c.algo.kl_in_reward = 0.0
-    c.algo.entropy_coef = 0.0
+    c.algo.entropy_coef = 0.0  # the paper gives none for math / code: no entropy bonus
     c.algo.dynamic_sampling = True
     c.algo.dynamic_sampling_max_tries = 4
 

@@ -24,7 +24,7 @@ Hyperparameters (paper Sec. 4.2, a DAPO-style verl run):
   eval: pass@1 of 16 samples, T 0.6, p .95 eval.num_samples=16, temperature, top_p
 
 Not given by the paper (verl defaults kept): weight decay 0.01, no warmup,
-constant lr, temperature 1.0 for rollouts, prompt length 1024, at most 4
+constant lr, no entropy bonus, temperature 1.0 for rollouts, prompt length 1024, at most 4
 generation rounds per step to refill a dynamic-sampling batch.
 
 Data: DeepScaleR-Preview-Dataset (40k; {problem, answer} JSON or verl parquet

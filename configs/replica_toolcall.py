@@ -42,7 +42,8 @@ def get_config(arg: str = ""):
     c.algo.num_prompts = 8
     c.algo.clip_low = 0.2
     c.algo.clip_high = 0.2
-    c.algo.beta = 0.0  # paper: KL 0.001 in the reward; off here (no ref pass)
+    c.algo.beta = 0.0  # no KL loss
+    c.algo.kl_in_reward = 0.0  # paper: KL 0.001 in the reward; off here (no ref pass)
     c.algo.aggregation = "grpo"
     c.algo.num_minibatches = 2  # paper: batch 512 / mini-batch 128 = 4 updates
 
@@ -57,7 +58,7 @@ def get_config(arg: str = ""):
     c.eval.top_p = 1.0
     c.eval.num_samples = 2
 
-    c.optim.lr = 5e-5  # one value for every estimator (see README)
+    c.optim.lr = 5e-5  # one value for every estimator
     c.optim.schedule = "constant"
     c.optim.warmup_steps = 0
     c.optim.max_grad_norm = 1.0
