@@ -41,27 +41,31 @@ def _sortable_key(x: jax.Array) -> jax.Array:
     return jnp.where(i < 0, i ^ jnp.int32(0x7FFFFFFF), i)
 
 
-# How many of the most likely tokens `nucleus_mask` tries before bisecting, by
-# backend. XLA:GPU's TopK kernel takes k <= 16: a larger k lowers to a cub sort of
-# the whole [B, V] there (seen compiling for an H100). XLA:CPU and TPU select any k.
+# How many of the most likely tokens `nucleus_mask` tries before bisecting, off GPUs
+# (XLA:CPU and TPU select any k with a partial selection).
 NUCLEUS_CANDIDATES = 64
-NUCLEUS_CANDIDATES_GPU = 16
-# Rows the bisection works on at a time. The rows whose nucleus lies beyond their
-# candidates are gathered first (a few per batch at T 0.6), so that one such row
-# does not make the whole batch bisect.
+# Rows the bisection works on at a time, off GPUs. The rows whose nucleus lies beyond
+# their candidates are gathered first (a few per batch at T 0.6), so that one such row
+# does not make the whole batch bisect: a CPU's time grows with the rows it sums.
 BISECT_ROWS = 8
+# A GPU's time at these sizes is the loop's steps instead (kernel launches, and a
+# while loop's predicate read back at each), and XLA:GPU's TopK kernel takes k <= 16
+# (a larger k sorts the whole [B, V]). There the candidates (16) and the gathered
+# rows made top-p 1.5-20x slower than 32 halvings of every row at once, and with 16
+# candidates but no gathering still 1.1-1.5x slower (one H200, bench_token_choice):
+# a GPU bisects every row in a fixed 32 steps (`_nucleus_bisected`).
 
 
 def nucleus_mask(z: jax.Array, top_p: jax.Array | float) -> jax.Array:
     """bool[B, V]: tokens whose strictly-more-likely mass is < top_p.
 
     Exact without sorting the vocabulary. A row whose nucleus lies among its
-    `NUCLEUS_CANDIDATES` most likely tokens (`jax.lax.top_k`, a partial selection;
-    `NUCLEUS_CANDIDATES_GPU` on GPU) takes its threshold from them. Other rows,
-    `BISECT_ROWS` at a time, bisect over the 2^32 ordered f32 values of the
-    threshold (up to 32 masked sums over the vocabulary). Either way a row's mask
-    depends on its own logits only. At T 0.6 an LLM's nucleus is a few tokens; at
-    [64, 49152] on XLA:CPU bisecting every row cost 40 ms per sampling step.
+    `NUCLEUS_CANDIDATES` most likely tokens (`jax.lax.top_k`, a partial selection)
+    takes its threshold from them. Other rows, `BISECT_ROWS` at a time, bisect over
+    the 2^32 ordered f32 values of the threshold (up to 32 masked sums over the
+    vocabulary). On a GPU every row bisects, 32 halvings at once. Either way a row's
+    mask depends on its own logits only. At T 0.6 an LLM's nucleus is a few tokens;
+    at [64, 49152] on XLA:CPU bisecting every row cost 40 ms per sampling step.
 
     Args:
       z: f32[B, V] tempered logits (any shift).
@@ -74,21 +78,26 @@ def nucleus_mask(z: jax.Array, top_p: jax.Array | float) -> jax.Array:
 def _nucleus_of(z: jax.Array, p: jax.Array, top_p: jax.Array | float) -> jax.Array:
     """`nucleus_mask` of z f32[B, V] with max 0 and p = exp(z)."""
     target = top_p * jnp.sum(p, axis=-1)
-    gpu = functools.partial(_nucleus_from_candidates, k=NUCLEUS_CANDIDATES_GPU)
     return jax.lax.platform_dependent(
         z,
         p,
         target,
-        cuda=gpu,
-        rocm=gpu,
-        default=functools.partial(_nucleus_from_candidates, k=NUCLEUS_CANDIDATES),
+        cuda=_nucleus_bisected,
+        rocm=_nucleus_bisected,
+        default=_nucleus_from_candidates,
     )
 
 
-def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array, *, k: int) -> jax.Array:
+def _below_all() -> jax.Array:
+    """i32[]: a key below every f32's, -inf's too: mass(z > it) is the whole row's."""
+    return _sortable_key(jnp.float32(-jnp.inf)) - 1
+
+
+def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array) -> jax.Array:
     """The nucleus mask bool[B, V] of z f32[B, V] (max 0), p = exp(z), target f32[B]
-    (top_p * sum p), from the k most likely tokens where they hold it."""
-    k = min(k, z.shape[-1])
+    (top_p * sum p), from the `NUCLEUS_CANDIDATES` most likely tokens where they hold
+    it; the other rows bisect `BISECT_ROWS` gathered rows at a time."""
+    k = min(NUCLEUS_CANDIDATES, z.shape[-1])
     vals, _ = jax.lax.top_k(z, k)  # reductions only: a slice of it lowers to a sort
     pv = jnp.exp(vals)
     # Mass of the tokens strictly more likely than each candidate: all of them are
@@ -101,8 +110,20 @@ def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array, *, k
     hi = _sortable_key(jnp.min(jnp.where(kept, vals, jnp.inf), axis=-1))
     # Invariant: mass(z > lo) >= target > mass(z > hi); the threshold token t
     # satisfies lo < key(t) <= hi, so hi = lo + 1 is the answer.
-    lo = jnp.where(found, hi - 1, _sortable_key(jnp.float32(-jnp.inf)) - 1)
+    lo = jnp.where(found, hi - 1, _below_all())
     return _sortable_key(z) >= _bisect_rows(z, p, target, lo, hi)[:, None]
+
+
+def _nucleus_bisected(z: jax.Array, p: jax.Array, target: jax.Array) -> jax.Array:
+    """`_nucleus_from_candidates`' mask with no candidates: every row bisects from
+    (below all, the max's key], in 32 halvings (the span is at most 2^32 keys). A
+    fixed trip count spares a GPU a while loop's predicate read back at each step."""
+    # The rows' (lo, hi) laid out as `target` is (Explicit axes: its row sharding).
+    hi = jnp.zeros_like(target, dtype=jnp.int32) + _sortable_key(jnp.float32(0.0))  # max 0
+    lo = jnp.zeros_like(hi) + _below_all()
+    body = functools.partial(_bisect_step, z, p, target)
+    _, hi = jax.lax.fori_loop(0, 32, lambda _, c: body(c), (lo, hi))
+    return _sortable_key(z) >= hi[:, None]
 
 
 def _bisect(
@@ -110,15 +131,20 @@ def _bisect(
 ) -> tuple[jax.Array, jax.Array]:
     """Bisects every row of z, p f32[R, V] until hi = lo + 1 (i32[R] keys, the
     invariant above); runs only while some row is unsettled."""
-
-    def body(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        lo, hi = c
-        mid = lo + (hi - lo) // 2  # a settled row (hi = lo + 1) stays as it is
-        mass = jnp.sum(jnp.where(_sortable_key(z) > mid[:, None], p, 0.0), axis=-1)
-        ok = mass < target
-        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-
+    body = functools.partial(_bisect_step, z, p, target)
     return jax.lax.while_loop(lambda c: jnp.any(c[1] - c[0] > 1), body, (lo, hi))
+
+
+def _bisect_step(
+    z: jax.Array, p: jax.Array, target: jax.Array, c: tuple[jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    """One halving of every row's (lo, hi) i32[R]; a settled row (hi = lo + 1)
+    stays as it is."""
+    lo, hi = c
+    mid = lo + (hi - lo) // 2
+    mass = jnp.sum(jnp.where(_sortable_key(z) > mid[:, None], p, 0.0), axis=-1)
+    ok = mass < target
+    return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
 
 
 def _bisect_rows(
