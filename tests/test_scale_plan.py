@@ -825,19 +825,12 @@ def _logprob_hlo(cfg) -> str:
     import jax
 
     from gdpo_jax.scale.arch import model_config
-    from gdpo_jax.scale.lowering import _abstract_state, _batch
+    from gdpo_jax.scale.lowering import abstract_step
     from gdpo_jax.train import mesh as mesh_lib
-    from gdpo_jax.train.step import CompiledStep
 
     mesh = mesh_lib.make_mesh(tuple(cfg.mesh.shape), devices=jax.devices()[:4])
-    graphdef, state, shardings, _, tx, schedule, sc, _ = _abstract_state(
-        cfg, model_config(cfg), mesh
-    )
-    batch = _batch(cfg, mesh, needs_ref=sc.needs_ref and not sc.ref_logp_in_step)
-    step = CompiledStep(
-        graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
-    )
-    return step.lower_logprobs(state.params, batch).as_text()
+    run = abstract_step(cfg, model_config(cfg), mesh)
+    return run.step.lower_logprobs(run.state.params, run.batch).as_text()
 
 
 @pytest.mark.parametrize(

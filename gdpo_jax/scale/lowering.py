@@ -93,6 +93,31 @@ def _batch(cfg, mesh, *, needs_ref: bool) -> dict[str, jax.ShapeDtypeStruct]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class AbstractStep:
+    """The fused step a run compiles, with its abstract state and rollout batch."""
+
+    step: Any  # gdpo_jax.train.step.CompiledStep
+    state: Any  # TrainState of ShapeDtypeStructs
+    batch: dict[str, jax.ShapeDtypeStruct]
+    full_state: Any  # the model's state, every param (the sampler's weights)
+    model: Any  # the abstract model
+    sc: Any  # StepConfig
+
+
+def abstract_step(cfg, mc: ModelConfig, mesh) -> AbstractStep:
+    """The step of `cfg` on `mesh`, built as a run builds it, with nothing materialized:
+    `.step.lower(...)` and `.step.lower_logprobs(...)` give its programs."""
+    from gdpo_jax.train.step import CompiledStep
+
+    graphdef, state, shardings, full, tx, schedule, sc, model = _abstract_state(cfg, mc, mesh)
+    batch = _batch(cfg, mesh, needs_ref=sc.needs_ref and not sc.ref_logp_in_step)
+    step = CompiledStep(
+        graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
+    )
+    return AbstractStep(step, state, batch, full, model, sc)
+
+
 def decode_layers(cfg, mesh) -> str:
     """The decode form a run's Sampler uses: `sampling.decode_layers`, or on
     "auto" the default for the target's backend (the plan runs in target_backend)."""

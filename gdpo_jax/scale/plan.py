@@ -45,12 +45,7 @@ from gdpo_jax.models.attention import attention_kind
 from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.scale import flops as flops_lib
 from gdpo_jax.scale.arch import PlanError, model_config
-from gdpo_jax.scale.lowering import (
-    _abstract_state,
-    _batch,
-    _generate_lowering,
-    continuous_prompt_slots,
-)
+from gdpo_jax.scale.lowering import _generate_lowering, abstract_step, continuous_prompt_slots
 from gdpo_jax.scale.report import format_plan
 from gdpo_jax.scale.targets import GIB, Target, target_devices
 from gdpo_jax.train import mesh as mesh_lib
@@ -301,14 +296,11 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     mesh = mesh_lib.make_mesh(
         tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
     )
-    graphdef, state, shardings, full_state, tx, schedule, sc, model = _abstract_state(cfg, mc, mesh)
-    batch = _batch(cfg, mesh, needs_ref=sc.needs_ref and not sc.ref_logp_in_step)
-    step = CompiledStep(
-        graphdef=graphdef, tx=tx, schedule=schedule, cfg=sc, state_shardings=shardings, mesh=mesh
-    )
+    run = abstract_step(cfg, mc, mesh)
+    step, state, batch, sc = run.step, run.state, run.batch, run.sc
     rows = int(cfg.sampling.rows_per_call) or cfg.algo.num_prompts * cfg.algo.group_size
     gen_lower, gen_rows, gen_spec = _generate_lowering(
-        cfg, nnx.graphdef(model), full_state, mesh, rows
+        cfg, nnx.graphdef(run.model), run.full_state, mesh, rows
     )
     share = max(gen_spec.group, 1)  # rows reading one prompt's cache (sampling.share_prompt_cache)
 
