@@ -28,21 +28,31 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.train import logs
 
     logs.setup_logging(flags.FLAGS.log_level)
+    print(json.dumps(dict(_build_and_run(flags.FLAGS.config)), indent=2))
+
+
+def _build_and_run(cfg) -> dict:
+    """Validates `cfg` (a mistake: one line, exit 2), builds the SFT and runs it;
+    on several CPU devices every program compiles afresh, as `run_sft` does
+    (`gdpo_jax/compile_cache.py`: loaded ones can deadlock in their collectives)."""
+    import jax
+
+    from gdpo_jax import compile_cache
+    from gdpo_jax.train import logs
     from gdpo_jax.train.config import ConfigError
     from gdpo_jax.train.sft import SFT
 
-    cfg = flags.FLAGS.config
-    try:
-        trainer = SFT(cfg)  # validates first
-    except ConfigError as e:
-        cli.fail(e)
-    import jax
-
-    if jax.process_index() == 0:
-        path = logs.save_config(cfg)
-        log.info("SFT into %s (resolved config in %s)", cfg.workdir, path)
-    result = trainer.run()
-    print(json.dumps(dict(result), indent=2))
+    with compile_cache.cpu_collectives_compiled_fresh(
+        compile_cache.run_devices(cfg.mesh.num_devices)
+    ):
+        try:
+            trainer = SFT(cfg)  # validates first
+        except ConfigError as e:
+            cli.fail(e)
+        if jax.process_index() == 0:
+            path = logs.save_config(cfg)
+            log.info("SFT into %s (resolved config in %s)", cfg.workdir, path)
+        return trainer.run()
 
 
 def run() -> None:

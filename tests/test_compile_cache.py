@@ -113,6 +113,38 @@ def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cach
         assert not off and jax.config.jax_enable_compilation_cache
 
 
+def test_the_sft_cli_builds_and_runs_with_the_cache_off_on_several_cpu_devices(
+    fresh_cache_dir, monkeypatch, tmp_path
+):
+    # `gdpo-sft` built and ran its SFT directly, outside `run_sft`'s guard: on several
+    # CPU devices its programs were loaded from the persistent cache.
+    from experiments import sft as sft_cli
+    from gdpo_jax.train import sft as sft_lib
+    from gdpo_jax.train.schema import base_config
+
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
+    seen = []
+
+    class FakeSFT:
+        def __init__(self, cfg):
+            seen.append(("build", jax.config.jax_enable_compilation_cache))
+
+        def run(self):
+            seen.append(("run", jax.config.jax_enable_compilation_cache))
+            return {"steps": 0}
+
+    monkeypatch.setattr(sft_lib, "SFT", FakeSFT)
+    cfg = base_config()
+    cfg.workdir = str(tmp_path)
+    assert sft_cli._build_and_run(cfg) == {"steps": 0}
+    assert seen == [("build", False), ("run", False)]
+    assert jax.config.jax_enable_compilation_cache  # restored
+    cfg.mesh.num_devices = 1  # one device: the cache stays on
+    seen.clear()
+    sft_cli._build_and_run(cfg)
+    assert seen == [("build", True), ("run", True)]
+
+
 # Run in a fresh interpreter: XLA_FLAGS as the backend starts, then changed.
 _STARTED_FLAGS = """
 import hashlib, os, sys

@@ -69,6 +69,26 @@ def test_hand_worked_two_rewards_equal_footing():
     np.testing.assert_allclose(got, [0.5, 0.5], atol=1e-6)
 
 
+def test_gdpo_shares_add_to_one_only_with_the_same_spreads_in_every_group():
+    # Two groups of 4, rewards uncorrelated within each. r2 = (0,0,1,1) in both; r1 =
+    # (0,1,0,1) in group 0 and (0,s,0,s) in group 1. GDPO divides each reward by its
+    # own group std, so its advantage has the same pattern p in both groups while
+    # r1's centred values are s times larger in group 1. With u, v the centred
+    # r1 / r2 patterns (|u|^2 = |v|^2 = 1, std 1/sqrt(3)): p = sqrt(3) (u + v),
+    # |a|^2 = 2 * 6 = 12; share1 = (sqrt(3) (1 + s))^2 / (12 (1 + s^2)),
+    # share2 = (2 sqrt(3))^2 / (12 * 2) = 0.5. s = 1: 0.5 + 0.5; s = 3: 0.4 + 0.5.
+    gids = np.repeat(np.arange(2, dtype=np.int32), 4)
+    for s, want in ((1.0, [0.5, 0.5]), (3.0, [0.4, 0.5])):
+        r1 = np.array([0, 1, 0, 1, 0, s, 0, s], np.float32)
+        r2 = np.array([0, 0, 1, 1, 0, 0, 1, 1], np.float32)
+        r = np.stack([r1, r2], axis=1)
+        adv = compute_advantages(  # eps 0: the stds exactly, as the hand count
+            jnp.asarray(r), jnp.asarray(gids), num_groups=2, estimator="gdpo", eps=0.0
+        )
+        got = np.asarray(reward_shares(r, adv, gids, num_groups=2))
+        np.testing.assert_allclose(got, want, atol=1e-6)
+
+
 def test_grpo_lets_the_large_scale_reward_dominate_and_gdpo_does_not():
     r, gids = _two_rewards()
     ng = int(gids.max()) + 1

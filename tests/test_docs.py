@@ -1429,6 +1429,21 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
     assert f"save ({top_p(None, False)} on CPU" in limits
 
 
+def test_science_quotes_the_studies_format_shares() -> None:
+    # science.md's "Reading it" quotes GRPO's and GDPO's mean format share in two
+    # studies; they are the committed results' `share:` rows (columns: grpo,
+    # grpo_no_std, gdpo).
+    science = " ".join((ROOT / "docs" / "science.md").read_text(encoding="utf-8").split())
+    got = {}
+    for study, reward in (("format_cold", "toolcall_format"), ("format_cold_toy", "toy_format")):
+        text = (ROOT / "docs" / "results" / study / "results.md").read_text(encoding="utf-8")
+        row = re.search(rf"^\| share:{reward} \|(.*)$", text, re.M).group(1).split("|")
+        got[study] = [cell.split()[0] for cell in row[:3]]
+    grpo = f"{got['format_cold'][0]} (`format_cold`) and {got['format_cold_toy'][0]}"
+    gdpo = f"GDPO's at {got['format_cold'][2]} and {got['format_cold_toy'][2]}"
+    _assert_quotes(science, (grpo, gdpo), "docs/science.md's format shares")
+
+
 def test_gpu_token_choice_table_and_prose_are_the_committed_runs() -> None:
     """docs/benchmarks.md's GPU token-choice table renders the committed H200 run of
     the current form, and the ranges its prose and limits.md quote are the three runs'."""
@@ -1555,10 +1570,15 @@ def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
     monkeypatch.chdir(ROOT)  # the commands' paths are relative to the repository
     scale = ROOT / "docs" / "scale"
     plans = json.loads((scale / "plans.json").read_text(encoding="utf-8"))
-    for sub in ("sampler", "attention", "sharing"):
-        for path in sorted((scale / sub).glob("*.json")):
+    for sub, pattern in (
+        ("sampler", "*.json"),
+        ("attention", "*.json"),
+        ("sharing", "*.json"),
+        ("check", "plan_*.json"),  # beside them: the measured runs
+    ):
+        for path in sorted((scale / sub).glob(pattern)):
             plans[f"{sub}/{path.name}"] = json.loads(path.read_text(encoding="utf-8"))
-    assert len(plans) >= 27, len(plans)
+    assert len(plans) >= 30, len(plans)
     for key, p in plans.items():
         assert "command" in p, f"{key}: no command recorded; make it with experiments.plan --json"
         cfg, topology = parse_plan_command(p["command"])

@@ -22,11 +22,13 @@ own (R^2 of regressing a on c_k). Why this choice:
   and GDPO's batch whitening does not change it;
 * the policy gradient moves reward k's expectation in proportion to
   ``sum a * c_k``; the squared correlation is that covariance normalised;
-* when the rewards are uncorrelated within groups and A is a linear
-  combination of them (GDPO exactly; GRPO within one group), the shares add
-  up to 1 (Pythagoras); correlated rewards can add up to more, and per-group
-  scales (GRPO's 1/std_i, NaN holes) to less. Centring A within its group
-  removes GDPO's batch-mean shift, which no reward explains.
+* when the rewards are uncorrelated within groups and A is one linear
+  combination of them in every group (GDPO when each reward's within-group
+  std is the same in every group; GRPO within one group), the shares add up
+  to 1 (Pythagoras); correlated rewards can add up to more, and per-group
+  scales (GDPO's 1/std of each reward per group, GRPO's 1/std_i, NaN holes)
+  to less. Centring A within its group removes GDPO's batch-mean shift, which
+  no reward explains.
 
 Hand-worked cases (tests/test_diagnostics.py): a reward constant in every
 group has share 0; with two independent rewards, GRPO on the sum gives the
