@@ -961,6 +961,20 @@ def test_matmul_tables_are_the_machine_files_runs() -> None:
         ),
         "docs/benchmarks.md (machines/amd-epyc-avx512-2c.json)",
     )
+    # limits.md: the one large gap on that kind, and the other products' range.
+    products = {
+        (r["family"], r["product"]): r["ratio"]
+        for r in res["results"]
+        if r["family"] in ("step", "decode")
+    }
+    gap = products[("decode", "o projection")]
+    rest = [v for k, v in products.items() if k != ("decode", "o projection")]
+    assert gap == min(products.values()) and gap < min(rest) - 0.3
+    _assert_quotes(
+        limits,
+        (f"large gap ({gap:.2f}x; the other products {min(rest):.2f}-{max(rest):.2f}x)",),
+        "docs/limits.md (machines/amd-epyc-avx512-2c.json)",
+    )
 
 
 def test_decode_forms_table_is_the_committed_run() -> None:
@@ -1361,6 +1375,8 @@ def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
     limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
     shared = [call[w] for w in (4, 6, 8)]
     assert f"were {min(shared):.2f}-{max(shared):.2f}x as fast as the copies" in limits
+    plain_shared = [pcall[w] for w in (4, 6, 8)]
+    assert f"({min(plain_shared):.2f}-{max(plain_shared):.2f}x as fast without them)" in limits
     # The H200 run of the same command (the tiny model).
     gpu = json.loads((ROOT / "docs" / "benchmarks" / "prompt_slots_h200.json").read_text())
     assert gpu["machine"]["device_kind"] == "NVIDIA H200"
@@ -1378,6 +1394,9 @@ def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
     g_shared = [g_call[w] for w in (4, 6, 8)]
     assert f"one H200 at the tiny benchmark model's size ({min(g_shared):.2f}-" in limits
     assert f"-{max(g_shared):.2f}x; not measured" in limits
+    g_range = f"{min(g_shared):.2f}-{max(g_shared):.2f}x"
+    assert f"at the tiny benchmark model's size, {g_range} (not measured" in limits
+    assert f"W = 4-8 ran at {g_range} the copies' speed" in sampling
 
 
 def test_token_choice_table_and_prose_are_the_committed_run() -> None:

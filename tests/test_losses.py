@@ -217,14 +217,14 @@ def test_surrogate_gradient_vs_finite_differences():
     mask = np.ones((b, t), np.float32)
     mask[1, 3:] = 0
 
-    def loss(lp):
+    def loss(lp, beta=0.05):
         s, d, _ = policy_loss(
             lp,
             old,
             adv,
             mask,
             ref_logp=ref,
-            beta=0.05,
+            beta=beta,
             kl_estimator="k3",
             dual_clip=1.4,
             aggregation="grpo",
@@ -233,6 +233,12 @@ def test_surrogate_gradient_vs_finite_differences():
 
     f = jax.jit(loss)
     grad = np.asarray(jax.jit(jax.grad(loss))(logp0))
+    # The clipped tokens, from the ratios (NumPy): A > 0 above 1.2; A < 0 below 0.8
+    # or above the dual clip 1.4. The check below covers both branches.
+    r, a = np.exp(lr), adv[:, None]
+    clipped = ((a > 0) & (r > 1.2)) | ((a < 0) & ((r < 0.8) | (r > 1.4)))
+    valid = mask > 0
+    assert 0 < (clipped & valid).sum() < valid.sum()
     h = 1e-3
     fd = np.zeros_like(grad)
     for i in range(b):
@@ -242,7 +248,10 @@ def test_surrogate_gradient_vs_finite_differences():
             fd[i, j] = (float(f(logp0 + e)) - float(f(logp0 - e))) / (2 * h)
     np.testing.assert_allclose(grad, fd, rtol=2e-2, atol=2e-4)
     assert np.all(grad[1, 3:] == 0)
-    assert np.any(grad == 0) and np.any(grad != 0)  # some tokens clipped, some not
+    # Without the KL term the surrogate's gradient is 0 exactly on the clipped tokens
+    # (and the masked ones); the KL term's keeps the clipped ones above nonzero.
+    pg = np.asarray(jax.grad(lambda lp: loss(lp, beta=0.0))(logp0))
+    np.testing.assert_array_equal(pg == 0, clipped | ~valid)
 
 
 def test_errors():

@@ -530,8 +530,7 @@ def test_sharded_continuous_batching_equals_one_device(tok, axis_type):
         assert b.finish_reason == a.finish_reason
         np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
         assert b.info["generated_tokens"] == a.info["generated_tokens"]
-        # 4 shards x 2 lanes x the longest shard's steps; every lane-step is counted once
-        assert b.info["decoded_tokens"] <= 8 * b.info["decode_steps"]
+        # Every useful token was a lane-step of some shard (summed over the shards).
         assert b.info["decoded_tokens"] >= b.info["generated_tokens"]
 
 
@@ -646,9 +645,10 @@ def test_continuous_batching_greedy_equals_static_row_for_row(model, tok, slots,
     assert b.finish_reason == a.finish_reason
     np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-5)
     assert b.info["generated_tokens"] == a.info["generated_tokens"]
-    assert b.info["decoded_tokens"] <= a.info["decode_steps"] * len(a) or slots > len(a)
     if slots == 1:  # one slot runs the rows back to back: nothing wasted
         assert b.info["decoded_tokens"] == b.info["generated_tokens"]
+    else:  # fewer row-steps than the static batch's steps x rows
+        assert b.info["decoded_tokens"] < a.info["decode_steps"] * len(a)
 
 
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.9)])
@@ -895,13 +895,22 @@ def test_continuous_sampled_rows_do_not_depend_on_the_slot_count(model, tok):
     2 or 5 slots (different schedules), and a different key gives other rows."""
     prompts = [[6 + i, 9 + i] for i in range(5)]
     params = SamplingParams(max_new_tokens=M, temperature=1.0)
-    eos = (int(np.argmax(np.bincount(np.arange(50) % 7))) + 6,)
+    # An EOS id drawn by some rows and not others (a row's draws do not depend on the
+    # EOS until it ends): the rows finish at different steps, so the schedules differ.
+    probe = Sampler(model, tok, eos_token_ids=()).generate(
+        prompts, params, num_generations=2, key=jax.random.key(1)
+    )
+    head = probe.completion_ids[:, : M - 1]
+    cands = [int(t) for t in np.unique(head)]
+    counts = [int(np.any(head == t, axis=1).sum()) for t in cands]
+    eos = (cands[int(np.argmax([c if c < len(probe) else -1 for c in counts]))],)
     outs = [
         Sampler(model, tok, eos_token_ids=eos, continuous_slots=s).generate(
             prompts, params, num_generations=2, key=jax.random.key(k)
         )
         for s, k in ((2, 1), (5, 1), (5, 2))
     ]
+    assert len(set(outs[0].lengths.tolist())) > 1  # the EOS ends some rows early
     np.testing.assert_array_equal(outs[0].completion_ids, outs[1].completion_ids)
     np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)
     assert not np.array_equal(outs[1].completion_ids, outs[2].completion_ids)

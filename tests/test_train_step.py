@@ -136,6 +136,8 @@ def _sgd_step(sc: StepConfig, model, mesh=None):
     "estimator,aggregation,beta,entropy_coef,dual_clip,kl_in_reward",
     [
         ("gdpo", "grpo", 0.05, 0.01, None, 0.0),
+        # bnpo with one micro-batch is dapo's formula (the reference's); its
+        # per-micro-batch form: test_bnpo_per_micro_batch_and_dr_grpo_without_padding_rows
         ("grpo", "bnpo", 0.0, 0.0, 3.0, 0.1),
         ("gdpo", "dapo", 0.0, 0.0, None, 0.05),
     ],
