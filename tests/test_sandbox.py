@@ -192,7 +192,6 @@ def test_killing_its_parent_leaves_the_runner_alive():
         "import time\ntime.sleep(0.2)\nprint('alive')\n"
     )
     _, c = run1(src)
-    assert os.getpid() == me  # still here
     # the driver survived its child: the case finished and was reported
     assert c.status == "ok" and c.stdout == "alive\n"
     _, c = run1("import os\nos.kill(os.getppid(), 9)\nprint('killed it')\n")
@@ -420,9 +419,13 @@ def test_sandbox_preloads_only_the_modules_a_source_names_and_runs_no_site_hooks
     _, case = run1("import sys\nprint(repr(sys.path))\n")
     assert case.status == "ok" and sb._site_paths()
     assert all(p in case.stdout for p in sb._site_paths()), case.stdout
-    if not ISO.uid_drop:  # ...and where it keeps our uid, importable
-        _, case = run1("import numpy\nprint(numpy.__name__)\n")
-        assert case.status == "ok" and case.stdout == "numpy\n", case.stderr
+    # ...and where it keeps our uid (userns mode, when this host allows it), importable.
+    try:
+        sb.isolation("userns")
+    except RuntimeError as e:
+        pytest.skip(f"the import half needs userns mode: {e}")
+    _, case = run1("import numpy\nprint(numpy.__name__)\n", isolation_mode="userns")
+    assert case.status == "ok" and case.stdout == "numpy\n", case.stderr
 
 
 def test_driver_imports_no_json_or_enum_in_stdin_mode_and_output_round_trips():

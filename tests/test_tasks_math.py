@@ -45,10 +45,19 @@ def test_equivalence(pred, gold, want):
     assert tm.is_equivalent(pred, gold) is want
 
 
-def test_normalized_string_equality_decides_first():
+def test_normalized_string_equality_decides_first(monkeypatch):
     # equal after normalize_answer -> equivalent without asking math-verify
+    from gdpo_jax.tasks import math_verifier
+
+    def no_verifier(*args):
+        raise AssertionError("math-verify was asked")
+
+    monkeypatch.setattr(math_verifier, "verify_bounded", no_verifier)
     assert tm.is_equivalent("\\left( 2, 3 \\right)", "(2,3)")
     assert tm.is_equivalent("\\text{Monday}.", "monday")
+    with pytest.raises(AssertionError, match="math-verify was asked"):
+        tm.is_equivalent("2", "3")  # not equal as strings: math-verify decides
+    monkeypatch.undo()
     assert not tm.is_equivalent("2", "3")
 
 
@@ -188,9 +197,15 @@ def test_reward_runs_in_worker_threads_without_signals():
 def test_process_executor_scores_like_threads():
     ex = [{"prompt": "q", "ground_truth": "\\frac{1}{2}"}] * 3
     comps = ["\\boxed{0.5}", "\\boxed{2}", "none"]
-    with RewardRunner(tm.default_rewards(max_tokens=10, executor="process"), num_workers=2) as r:
-        R, info = r(["q"] * 3, comps, ex, completion_lengths=[5, 5, 5])
+    scored = {}
+    for executor in ("process", "thread"):
+        rewards = tm.default_rewards(max_tokens=10, executor=executor)
+        with RewardRunner(rewards, num_workers=2) as r:
+            scored[executor] = r(["q"] * 3, comps, ex, completion_lengths=[5, 5, 5])
+            assert r._executors[0] == executor  # the correctness reward's pool
+    R, info = scored["process"]
     np.testing.assert_array_equal(R, [[1, 1], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(R, scored["thread"][0])
     assert info["reward_failures/math_correct"] == 0
 
 

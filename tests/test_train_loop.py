@@ -145,6 +145,8 @@ def test_damaged_latest_checkpoint_resumes_from_previous(uninterrupted, tmp_path
     full_cfg, full = uninterrupted
     wd = str(tmp_path / "damaged")
     shutil.copytree(full_cfg.workdir, wd)
+    # The copied metrics hold steps 1-4 already: the resumed run's must be its own.
+    os.remove(os.path.join(wd, "metrics.jsonl"))
     _damage(os.path.join(wd, "checkpoints", "4"), "array")
     trainer = Trainer(_resume_cfg(wd))
     assert trainer.start_step == 2  # never 0
@@ -187,7 +189,7 @@ def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path
     assert trainer.sampler.continuous_slots == 4 and trainer.sampler.decode_chunks == 2
     # The old log-probs come from the step's own forward: no separate pass, no batch key.
     assert trainer.step_cfg.old_logp_in_step and "old_logp" not in trainer.step.batch_keys
-    from gdpo_jax.train import rollout
+    from gdpo_jax.train import rollout, sample_score
 
     calls, real = [], rollout.sample_and_score
 
@@ -195,14 +197,33 @@ def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path
         calls.append(k.get("overlap_rewards"))
         return real(*a, **k)
 
+    # Each rollout's chunks reach the reward hook as they are generated (the overlap):
+    # count the hook's calls per rollout.
+    hooked, real_gen = [], sample_score._generate_chunked
+
+    def gen_spy(*a, on_chunk=None, **k):
+        starts = []
+
+        def hook(start, rollouts):
+            starts.append(start)
+            return on_chunk(start, rollouts)
+
+        out = real_gen(*a, on_chunk=None if on_chunk is None else hook, **k)
+        if on_chunk is not None:
+            hooked.append(starts)
+        return out
+
     monkeypatch.setattr(rollout, "sample_and_score", spy)
+    monkeypatch.setattr(sample_score, "_generate_chunked", gen_spy)
     trainer.run()
-    assert calls and all(calls)  # every rollout scored its chunks beside the next decode
+    assert calls and all(calls)  # every rollout asked for the overlap...
+    # ...and scored its chunks one by one, each before the next was generated.
+    assert len(hooked) >= cfg.train.num_steps and all(len(s) >= 2 for s in hooked), hooked
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     last = recs[2]  # keyed by step
     assert math.isfinite(last["loss"]) and last["data/prompt_width"] == 8
-    assert last["perf/step_compiles"] == 1 and last["time/reward_wait_s"] >= 0
-    assert "time/reward_overlap_s" in last
+    assert last["perf/step_compiles"] == 1
+    assert "time/reward_wait_s" in last and "time/reward_overlap_s" in last
 
 
 def test_continuous_batching_on_a_mesh_in_a_run(tmp_path):

@@ -233,7 +233,9 @@ def make_continuous_generate_fn(
             take, updates = (load_slots if group else load_lanes)(c, take, u)
             c = dict(c, **updates)
             cache = c["cache"]
-            own = cache.mask.shape[1] - base  # this phase's decode slots
+            # The cache's decode slots: this phase's under "copy" growth, all M
+            # under "prefix" (one cache, each phase reads a prefix of it).
+            own = cache.mask.shape[1] - base
             prompt_part = [] if group else [prompt_mask[u].astype(bool)]
             fresh = jnp.concatenate([*prompt_part, jnp.zeros((lanes, own), bool)], axis=1)
             mask = jnp.where(take[:, None], fresh, cache.mask)
@@ -249,7 +251,9 @@ def make_continuous_generate_fn(
             )
 
         def body(c):
-            c = refill(c)  # no-op lanes cost nothing: the copy loop runs n_take times
+            # No-op lanes cost nothing: the copy loop runs n_take times (shared
+            # prompt slots: once per newly loaded prompt).
+            c = refill(c)
             live = c["row"] >= 0
             row, t = jnp.maximum(c["row"], 0), c["t"]
             if spec.greedy:  # no randomness: one batched call, no per-row keys

@@ -3,7 +3,8 @@
 One compiled function per (model graph, :class:`DecodeSpec`, mesh); inside it,
 jit's own cache keys on the argument shapes (batch, prompt bucket) and
 shardings. The weights are an *argument* (``nnx.State``), so a trainer's
-updated parameters are used without recompiling and without a copy.
+updated parameters are used without recompiling and with no copy kept between
+calls (the scan reads them in place; the unrolled forms copy them once per call).
 
 Row-level semantics (B rows, prompt bucket P, M = max_new_tokens):
   * prompts are left padded; prompt positions are ``cumsum(mask) - 1`` and the

@@ -261,7 +261,8 @@ class Sampler:
         plen = bucket_length(int(facts[:, 2].max()), self.prompt_buckets)
         local_shards = mesh_lib.batch_axis_size(self.mesh) // nblocks
         n_local_pad = max(-(-(u_max * g) // local_shards) * local_shards, local_shards)
-        # Absent prompts (a process with fewer) are one pad token: prefilled, never read.
+        # Absent prompts (a process with fewer) are one pad token: prefilled, read only
+        # by inactive batch-padding rows, whose tokens are never used.
         ids = np.full((u_max, plen), self.pad_id, np.int32)
         mask = np.zeros((u_max, plen), np.int32)
         mask[:, -1] = 1

@@ -385,7 +385,8 @@ class Trainer:
 def train(cfg, *, task: build.TaskData | None = None) -> dict[str, float]:
     """Builds a Trainer for `cfg` and runs it; returns the last step's metrics.
 
-    On several CPU devices it compiles every program afresh (`compile_cache`)."""
+    On several CPU devices it compiles every program afresh unless XLA_FLAGS carries
+    the ordered scheduler (`compile_cache.cache_is_safe`)."""
     devices = compile_cache.run_devices(cfg.mesh.num_devices)
     with compile_cache.cpu_collectives_compiled_fresh(devices):
         return Trainer(cfg, task=task).run()
