@@ -160,3 +160,23 @@ def test_gpu_top_p_bisects_every_row_in_a_fixed_loop():
     assert not [x for x in lines if re.search(r"\bsort\(|cub_sort|TopK", x)]
     loops = [x for x in lines if re.search(r"\bwhile\(", x)]
     assert len(loops) == 1 and '"known_trip_count":{"n":"32"}' in loops[0], loops
+
+
+@pytest.mark.skipif(
+    not targets_lib.has_module("libtpu"), reason='needs the [aot] extra: pip install -e ".[aot]"'
+)
+@pytest.mark.parametrize("top_k,top_p", [(0, TOP_P), (50, None), (50, TOP_P)])
+def test_tpu_token_choice_selects_with_top_k_and_sorts_no_vocabulary(top_k, top_p):
+    """Compiled for a TPU v5e (no TPU needed) at SmolLM2's vocabulary: top-p's 64
+    candidates and top-k 50 are XLA's TopK custom call; the only sort is top-p's of
+    the rows' unsettled flags (the gathered bisection), never one over the
+    vocabulary. (At 4,096 tokens the TPU compiler lowers top-p's top_k to a sort.)"""
+    target = targets_lib.parse_target("v5e-4")
+    mesh = jax.sharding.Mesh(np.array(targets_lib.target_devices(target)), ("x",))
+    z = jax.ShapeDtypeStruct((64, 49152), jnp.float32, sharding=NamedSharding(mesh, P()))
+    step = jax.jit(lambda z: sample_tokens(z, jax.random.key(0), 0.6, top_p, top_k=top_k)[0])
+    lines = step.lower(z).compile().as_text().splitlines()
+    assert any('custom_call_target="TopK"' in x for x in lines)
+    sorts = [x for x in lines if re.search(r"\bsort\(", x)]
+    assert all("49152" not in x for x in sorts), sorts
+    assert len(sorts) == (1 if top_k == 0 else 0), sorts  # top-p alone: the rows' flags
