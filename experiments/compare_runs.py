@@ -150,9 +150,7 @@ def run_one(cfg: Any) -> dict[str, Any]:
 
     t0, c0 = time.perf_counter(), time.process_time()
     # The cache enable_compilation_cache turned on, unless the run spans several CPU devices.
-    with compile_cache.cpu_collectives_compiled_fresh(
-        compile_cache.run_devices(cfg.mesh.num_devices)
-    ):
+    with compile_cache.compiled_fresh_for_run(cfg):
         trainer = Trainer(cfg)
         t_build = time.perf_counter() - t0
         resumed_from = trainer.start_step

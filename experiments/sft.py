@@ -42,9 +42,7 @@ def _build_and_run(cfg) -> dict:
     from gdpo_jax.train.config import ConfigError
     from gdpo_jax.train.sft import SFT
 
-    with compile_cache.cpu_collectives_compiled_fresh(
-        compile_cache.run_devices(cfg.mesh.num_devices)
-    ):
+    with compile_cache.compiled_fresh_for_run(cfg):
         try:
             trainer = SFT(cfg)  # validates first
         except ConfigError as e:

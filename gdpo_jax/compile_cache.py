@@ -136,3 +136,9 @@ def cpu_collectives_compiled_fresh(num_devices: int) -> Iterator[bool]:
         if off:
             jax.config.update("jax_enable_compilation_cache", True)
             compilation_cache.reset_cache()
+
+
+def compiled_fresh_for_run(cfg) -> contextlib.AbstractContextManager[bool]:
+    """`cpu_collectives_compiled_fresh` over the devices a run of `cfg` spans
+    (`config.mesh.num_devices`): the block every run's build and loop go in."""
+    return cpu_collectives_compiled_fresh(run_devices(cfg.mesh.num_devices))

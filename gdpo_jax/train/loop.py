@@ -387,6 +387,5 @@ def train(cfg, *, task: build.TaskData | None = None) -> dict[str, float]:
 
     On several CPU devices it compiles every program afresh unless XLA_FLAGS carries
     the ordered scheduler (`compile_cache.cache_is_safe`)."""
-    devices = compile_cache.run_devices(cfg.mesh.num_devices)
-    with compile_cache.cpu_collectives_compiled_fresh(devices):
+    with compile_cache.compiled_fresh_for_run(cfg):
         return Trainer(cfg, task=task).run()

@@ -398,6 +398,5 @@ def run_sft(cfg: mlc.ConfigDict) -> dict[str, Any]:
     """Builds an `SFT` from the config and runs it (see `SFT.run`); on several CPU
     devices it compiles every program afresh unless XLA_FLAGS carries the ordered
     scheduler (`compile_cache.cache_is_safe`)."""
-    devices = compile_cache.run_devices(cfg.mesh.num_devices)
-    with compile_cache.cpu_collectives_compiled_fresh(devices):
+    with compile_cache.compiled_fresh_for_run(cfg):
         return SFT(cfg).run()
