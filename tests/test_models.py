@@ -546,6 +546,9 @@ def test_model_with_dpa_attention_matches_einsum(models):
     a, b = np.asarray(_fwd(base, ids, mask)), np.asarray(_fwd(dpa, ids, mask))
     np.testing.assert_allclose(b[valid], a[valid], rtol=1e-5, atol=2e-5)
     assert np.isfinite(b).all()
+    # The dpa path really ran: its padding queries read every key (_dpa_attention),
+    # where the einsum path's read none, so the unused outputs there differ.
+    assert (~valid).any() and np.abs(b[~valid] - a[~valid]).max() > 1e-3
     loss = lambda m: jnp.sum(m(ids, mask) ** 2 * mask[..., None])  # noqa: E731
     for x, y in zip(
         jax.tree.leaves(jax.jit(nnx.grad(loss))(base)),

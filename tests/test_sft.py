@@ -50,11 +50,16 @@ def test_tokenizer_layout_and_round_trip(tmp_path, monkeypatch):
     cached = list(tmp_path.glob("synthetic_bpe-*/tokenizer.json"))
     assert len(cached) == 1
     saved = json.loads(cached[0].read_text())
-    assert (
-        saved["model"]["vocab"] == tok.backend_tokenizer.get_vocab()
-        or saved["model"]["vocab"] == json.loads(tok.backend_tokenizer.to_str())["model"]["vocab"]
-    )
-    assert T.load_tokenizer().get_vocab() == tok.get_vocab()  # second load: from the file
+    assert saved["model"]["vocab"] == tok.backend_tokenizer.get_vocab()
+    # A second load reads the file: no in-memory copy, and training would fail.
+    T._cached_json.cache_clear()
+
+    def no_training(*a, **k):
+        raise AssertionError("trained again instead of reading the cached file")
+
+    monkeypatch.setattr(T, "train_bpe", no_training)
+    assert T.load_tokenizer().get_vocab() == tok.get_vocab()
+    T._cached_json.cache_clear()  # later tests load from their own cache directory
     # Tags are one token each, and survive decoding with specials skipped.
     for tag in T.TAG_TOKENS:
         ids = tok(tag, add_special_tokens=False)["input_ids"]

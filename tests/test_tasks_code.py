@@ -133,6 +133,31 @@ def test_max_tests_and_limits_kwargs():
     assert tcode.pass_rate_reward(None, [comp], tests=[tests], max_tests=2) == [1.0]
 
 
+def test_limits_kwargs_reach_the_sandbox(monkeypatch):
+    """SandboxLimits fields given as reward kwargs bound each test case: a busy loop
+    stops at cpu_s / wall_s 0.5, not the defaults (2 s CPU, 4 s wall), and scores as
+    no tests passed without a bug (a timeout is not an error)."""
+    seen = []
+
+    def spy(*args, **kwargs):
+        res = run_program(*args, **kwargs)
+        seen.append((kwargs["limits"], res))
+        return res
+
+    run_program = tcode.run_program
+    monkeypatch.setattr(tcode, "run_program", spy)
+    tests = {"inputs": ["1\n"], "outputs": ["1\n"], "fn_name": None}
+    comp = fence("while True:\n    pass")
+    kw = dict(cpu_s=0.5, wall_s=0.5, memory_mb=256)
+    assert tcode.pass_rate_reward(None, [comp], tests=[tests], **kw) == [0.0]
+    assert tcode.bug_reward(None, [comp], tests=[tests], **kw) == [1.0]
+    (limits, res), *_ = seen
+    assert (limits.cpu_s, limits.wall_s, limits.memory_mb) == (0.5, 0.5, 256)
+    assert limits.nproc == tcode.SandboxLimits().nproc  # the other fields keep their defaults
+    case = res.cases[0]
+    assert case.status == "timeout" and case.time_s < 1.5, (case.status, case.time_s)
+
+
 def test_malformed_code_records(tmp_path):
     good = json.loads(open(sample_path("code_eurus.jsonl")).readline())
     gt = json.loads(good["reward_model"]["ground_truth"])

@@ -9,6 +9,7 @@ step's gradient is read back through SGD with learning rate 1 (new = old - g).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -138,7 +139,8 @@ def _sgd_step(sc: StepConfig, model, mesh=None):
         ("gdpo", "grpo", 0.05, 0.01, None, 0.0),
         # bnpo with one micro-batch is dapo's formula (the reference's); its
         # per-micro-batch form: test_bnpo_per_micro_batch_and_dr_grpo_without_padding_rows
-        ("grpo", "bnpo", 0.0, 0.0, 3.0, 0.1),
+        # dual clip 1.5: this batch's ratios reach 2.3, so it bites on 11 % of tokens
+        ("grpo", "bnpo", 0.0, 0.0, 1.5, 0.1),
         ("gdpo", "dapo", 0.0, 0.0, None, 0.05),
     ],
 )
@@ -197,13 +199,23 @@ def test_step_equals_unfused_reference(
     for k in range(batch["rewards"].shape[1]):
         np.testing.assert_allclose(float(metrics[f"adv/share/{k}"]), want[k], atol=1e-4)
     assert int(new_state.step) == 1
+    if dual_clip:  # the case reaches the dual clip's branch, or it checks nothing
+        assert float(metrics["clip_frac_dual"]) > 0.05
+
+
+def _f32_shapes(hlo: str) -> set[tuple[int, ...]]:
+    """The f32 array shapes of rank >= 3 in a lowered program's text."""
+    found = re.findall(r"tensor<((?:\d+x){2,}\d+)xf32>", hlo)
+    return {tuple(int(d) for d in m.split("x")) for m in found}
 
 
 def test_grad_accumulation_equals_big_batch():
     """4 micro-batches accumulated == 1 big batch (grpo and dapo aggregations).
 
     The accumulated run also uses the chunked log-softmax (chunk 4 of C=6),
-    so it checks chunked == full-vocab log-probs/entropies as well."""
+    so it checks chunked == full-vocab log-probs/entropies as well: its lowered
+    step holds [N/4, 4, V] logits blocks and no [., C, V] array, where the other
+    holds the full [N, C, V]."""
     batch = make_batch(2)
     for agg in ("grpo", "dapo"):
         outs = []
@@ -215,7 +227,15 @@ def test_grad_accumulation_equals_big_batch():
                 logprob_chunk_size=4 if micro > 1 else 0,
             )
             _, state, step = _sgd_step(sc, create_model(CFG, seed=0))
-            new_state, metrics = step(state, distributed.to_global(batch, None))
+            gbatch = distributed.to_global(batch, None)
+            shapes = _f32_shapes(step.lower(state, gbatch).as_text())
+            V = CFG.vocab_size
+            if micro == 1:
+                assert (N, C, V) in shapes
+            else:  # the micro-batches' rows in chunks of 4 positions, never all C at once
+                assert (N // micro, 4, V) in shapes
+                assert not [s for s in shapes if s[-2:] == (C, V)], shapes
+            new_state, metrics = step(state, gbatch)
             outs.append((jax.tree.map(np.asarray, new_state.params), metrics))
         (p1, m1), (p4, m4) = outs
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p4)

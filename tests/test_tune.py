@@ -62,16 +62,26 @@ def test_time_microbatches_runs_each_valid_count_and_skips_the_invalid(tmp_path)
     assert any("skipped" in line for line in logs)
 
 
-def test_prompt_len_times_a_shorter_bucket_and_rejects_other_widths(tmp_path):
+def test_prompt_len_times_a_shorter_bucket_and_rejects_other_widths(tmp_path, monkeypatch):
     from gdpo_jax.errors import ConfigError
-    from gdpo_jax.train.tune import time_microbatches
+    from gdpo_jax.train import tune
 
     c = tiny_config(str(tmp_path))
     c.sampling.prompt_buckets = (4, 8)
     with pytest.raises(ConfigError, match=r"prompt_len=5 is not one of .*\(4, 8\)"):
-        time_microbatches(c, (1,), steps=1, prompt_len=5)
-    res = time_microbatches(c, (1,), steps=1, prompt_len=4)
+        tune.time_microbatches(c, (1,), steps=1, prompt_len=5)
+    widths = []  # the prompt width of each batch the timer builds
+
+    def spy(*args, **kwargs):
+        arrays = synthetic_batch(*args, **kwargs)
+        widths.append(arrays["prompt_ids"].shape[1])
+        return arrays
+
+    synthetic_batch = tune.synthetic_batch
+    monkeypatch.setattr(tune, "synthetic_batch", spy)
+    res = tune.time_microbatches(c, (1,), steps=1, prompt_len=4)
     assert res["prompt_len"] == 4 and res["counts"][1]["status"] == "ok"
+    assert widths and set(widths) == {4}  # the timed batch is the short bucket's width
 
 
 def test_time_microbatches_rejects_empty_counts_and_zero_steps(tmp_path):
