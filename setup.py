@@ -82,7 +82,7 @@ setup(
     packages=find_packages(include=["gdpo_jax", "gdpo_jax.*", "configs", "experiments"])
     + DATA_PACKAGES,
     entry_points={"console_scripts": CONSOLE_SCRIPTS},
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
     package_data={

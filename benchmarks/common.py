@@ -370,7 +370,7 @@ def result_to_markdown(result: Mapping[str, Any]) -> str:
 
 
 def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def command_line() -> str:

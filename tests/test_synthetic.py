@@ -46,9 +46,9 @@ def test_toolcall_records_load_and_score_perfectly(tmp_path):
         kinds["mixed"] += len(set(names)) == 2
         tools = r["extra_info"]["tools"]
         sysmsg = r["prompt"][0]["content"]
-        for n in names:  # the needed tool is offered, with its typed signature
-            assert n in tools and syn.signature(n) in sysmsg
-            assert set(calls[0]["parameters"]) <= set(syn.CATALOGUE[calls[0]["name"]])
+        for c in calls:  # the needed tool is offered, with its typed signature
+            assert c["name"] in tools and syn.signature(c["name"]) in sysmsg
+            assert set(c["parameters"]) == set(syn.CATALOGUE[c["name"]])
         if kinds["dup"] and names and len(names) == 2 and names[0] == names[1]:
             assert calls[0] != calls[1]  # a repeated tool is called with other arguments
     assert all(v > 0 for v in kinds.values()), kinds
@@ -116,3 +116,44 @@ def test_cli_and_errors(tmp_path, capsys):
         syn.make_splits("poetry", 1, 1)
     with pytest.raises(ValueError, match="distinct records"):
         syn.arithmetic_records(3000, max_steps=1, max_value=2)
+
+
+def test_toolcall_lengths_quoted_in_the_docs_are_the_smollm2_tokenizers():
+    """docs/tasks-and-rewards.md quotes the synthetic tool-calling records' lengths in
+    SmolLM2's tokens (500 records, seed 0: prompts in its chat template, reference
+    answers): recomputed here and compared with the quoted mean (rounded), p95 and max."""
+    import os
+
+    import numpy as np
+
+    from gdpo_jax.models.gguf import converted_hf_dir, find_known_gguf
+    from gdpo_jax.models.loading import load_tokenizer
+
+    try:
+        find_known_gguf("smollm2-135m-instruct")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    tok = load_tokenizer(converted_hf_dir("smollm2-135m-instruct"))
+    recs = syn.toolcall_records(500, seed=0)
+
+    def n(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    prompts = [
+        n(tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False))
+        for r in recs
+    ]
+    answers = [n(r["reward_model"]["ground_truth"]) for r in recs]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = " ".join(open(os.path.join(root, "docs", "tasks-and-rewards.md")).read().split())
+    m = re.search(
+        r"prompts average (\d+) tokens \(p95 (\d+), max (\d+)\), and reference answers "
+        r"\(a compact `<think>`\) average (\d+) \(p95 (\d+), max (\d+)\)",
+        doc,
+    )
+    assert m, "the tool-calling length sentence is gone from tasks-and-rewards.md"
+    want = [int(x) for x in m.groups()]
+    got = []
+    for x in (np.asarray(prompts), np.asarray(answers)):
+        got += [round(float(x.mean())), int(np.percentile(x, 95)), int(x.max())]
+    assert got == want, got
