@@ -35,17 +35,20 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.train import logs
 
     logs.setup_logging(flags.FLAGS.log_level)
+    from gdpo_jax.train import checkpoint, distributed, paths
+    from gdpo_jax.train.config import ConfigError, check_distributed, validate_config
+
+    try:
+        check_distributed(cfg)  # the fields the multi-host set-up reads
+    except ConfigError as e:
+        cli.fail(e)
     # Before anything touches a device: multi-host set-up.
-    from gdpo_jax.train import distributed
-
     distributed.initialize_from_config(cfg)
-
-    from gdpo_jax.train import paths
-    from gdpo_jax.train.config import ConfigError, validate_config
-
     try:
         validate_config(cfg)
         paths.check_inputs(cfg)  # model and data paths exist, before the build
+        # A resume with a changed config stops here, before config.json is replaced.
+        checkpoint.check_resume_config(cfg)
     except ConfigError as e:
         cli.fail(e)
     import jax
@@ -58,7 +61,10 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.train.loop import train
 
     t0 = time.perf_counter()
-    train(cfg)
+    try:
+        train(cfg)
+    except ConfigError as e:  # found once the model or the task is loaded
+        cli.fail(e)
     if lead:
         from gdpo_jax.train import plots
 

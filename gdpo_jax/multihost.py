@@ -7,10 +7,30 @@ Every process must call these, with equal shapes where noted.
 
 from __future__ import annotations
 
+import os
+
 import jax
 import numpy as np
 
-__all__ = ["allgather", "to_host"]
+__all__ = ["allgather", "cluster_hint", "to_host"]
+
+_ENV_HINTS = (
+    "JAX_COORDINATOR_ADDRESS",
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_SIZE",
+    "CLOUD_TPU_TASK_ID",
+)
+
+
+def cluster_hint() -> bool:
+    """A cluster environment variable says this is one process of several.
+
+    TPU_WORKER_HOSTNAMES counts only when it names more than one host: the
+    planner (and libtpu's compile-only use on a CPU machine) sets it to
+    "localhost", which must not start a multi-host initialization.
+    """
+    hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    return len(hosts) > 1 or any(k in os.environ for k in _ENV_HINTS)
 
 
 def allgather(x: np.ndarray) -> np.ndarray:

@@ -140,6 +140,9 @@ def test_model_and_data_paths_checked_before_the_build(tmp_path):
     with pytest.raises(ConfigError, match="no config.json"):
         paths.check_inputs(c)
     (tmp_path / "empty" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"holds no \*\.safetensors weights"):
+        paths.check_inputs(c)
+    (tmp_path / "empty" / "model.safetensors").write_bytes(b"")
     paths.check_inputs(c)
     c.model.name = "smollm2-135m-instruct"  # a known offline name, not a path
     paths.check_inputs(c)

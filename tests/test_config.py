@@ -145,6 +145,120 @@ def test_bad_config_names_field(mutate, pattern):
         validate_config(c, num_devices=8)
 
 
+def _set(path: str, value):
+    """A mutation for test_bad_input_fails_in_validation: config.<path> = value."""
+
+    def mutate(c):
+        *parents, leaf = path.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        with node.unlocked():  # a tuple where a float was, as a config file may write
+            node[leaf] = value
+
+    return mutate
+
+
+@pytest.mark.parametrize(
+    "mutate,pattern",
+    [
+        # Each of these was accepted by validation and failed after the work had started
+        # (in the model build, a jitted step, the optimizer, the reward runner or an Orbax
+        # save), or ran doing something else than asked.
+        (_set("model.tiny.hidden_size", 0), r"config\.model\.tiny: hidden_size=0 must be >= 1"),
+        (_set("model.tiny.num_layers", 0), r"config\.model\.tiny: num_layers=0 must be >= 1"),
+        (_set("model.tiny.num_kv_heads", 0), r"config\.model\.tiny: num_kv_heads=0 must be"),
+        (_set("model.tiny.head_dim", 31), r"config\.model\.tiny: head_dim=31 must be even"),
+        (_set("algo.max_len", -1), r"config\.algo\.max_len=-1 must be an int >= 0 \(0 = "),
+        (_set("algo.logprob_chunk_size", -4), r"algo\.logprob_chunk_size=-4 must be an int >= 0"),
+        (_set("algo.clip_low", 1.5), r"algo\.clip_low=1\.5 must be a number in \[0, 1\)"),
+        (_set("algo.beta", float("nan")), r"config\.algo\.beta=nan must be a number >= 0"),
+        (_set("algo.eps", float("nan")), r"config\.algo\.eps=nan must be"),
+        (_set("algo.dual_clip", float("nan")), r"config\.algo\.dual_clip=nan must be > 1"),
+        (_set("algo.dynamic_sampling_max_tries", 0), r"dynamic_sampling_max_tries=0 must be"),
+        (
+            _set("optim.min_lr_ratio", -1.0),
+            r"optim\.min_lr_ratio=-1\.0 must be a number in \[0, 1\]",
+        ),
+        (_set("optim.min_lr_ratio", 2.0), r"optim\.min_lr_ratio=2\.0 must be"),
+        (_set("optim.warmup_steps", -5), r"optim\.warmup_steps=-5 must be an int >= 0"),
+        (_set("optim.max_grad_norm", -1.0), r"optim\.max_grad_norm=-1\.0 must be .*no clipping"),
+        (_set("optim.lr", float("inf")), r"config\.optim\.lr=inf must be a number > 0"),
+        (_set("optim.lr", float("nan")), r"config\.optim\.lr=nan must be a number > 0"),
+        (_set("optim.weight_decay", -0.1), r"optim\.weight_decay=-0\.1 must be"),
+        (_set("optim.b1", 1.5), r"optim\.b1=1\.5 must be a number in \[0, 1\)"),
+        (_set("optim.b2", -0.1), r"optim\.b2=-0\.1 must be"),
+        (_set("optim.eps", -1e-8), r"optim\.eps=-1e-08 must be"),
+        (_set("checkpoint.keep", 0), r"checkpoint\.keep=0 must be an int >= 1"),
+        (_set("checkpoint.every", -1), r"checkpoint\.every=-1 must be an int >= 0 \(0 = no"),
+        (_set("train.log_every", 0), r"train\.log_every=0 must be an int >= 1"),
+        (_set("train.eval_every", -1), r"train\.eval_every=-1 must be"),
+        (_set("train.stop_after_step", -1), r"train\.stop_after_step=-1 must be"),
+        (_set("train.eval_num_examples", -1), r"train\.eval_num_examples=-1 must be"),
+        (_set("eval.num_samples", 0), r"eval\.num_samples=0 must be an int >= 1"),
+        (_set("task.num_eval", -5), r"task\.num_eval=-5 must be"),
+        (_set("task.num_train", 0), r"task\.num_train=0: a synthetic source generates"),
+        (_set("rewards.num_workers", 0), r"rewards\.num_workers=0 must be an int >= 1"),
+        (_set("rewards.timeout_s", 0.0), r"rewards\.timeout_s=0\.0 must be a number > 0"),
+        (_set("rewards.chunk_size", -1), r"rewards\.chunk_size=-1 must be an int >= 0"),
+        (_set("sampling.temperature", float("nan")), r"sampling\.temperature=nan must be > 0"),
+        (_set("sampling.top_p", 1.5), r"config\.sampling\.top_p=1\.5 must be in \(0, 1\]"),
+        (_set("sampling.top_k", -3), r"config\.sampling\.top_k=-3 must be >= 0"),
+        (_set("sampling.stop_strings", ("",)), r"config\.sampling\.stop_strings must not"),
+        (_set("eval.temperature", -1.0), r"config\.eval\.temperature=-1\.0 must be > 0"),
+        (_set("eval.top_p", 2.0), r"config\.eval\.top_p=2\.0 must be in \(0, 1\]"),
+        (_set("rewards.weights", ("a", "b")), r"rewards\.weights\[0\]='a' is not finite"),
+        (
+            _set("rewards.thresholds", (1.0, float("nan"))),
+            r"rewards\.thresholds\[1\]=nan is not finite",
+        ),
+        (
+            _set("rewards.conditions", ("test_short", "test_has_w10")),
+            r"conditions form a cycle \(test_has_w10 -> test_short -> test_has_w10\)",
+        ),
+        (_set("distributed.initialize", "bogus"), r"distributed\.initialize='bogus' is not"),
+        (_set("distributed.num_processes", -3), r"distributed\.num_processes=-3 must be"),
+        (
+            _set("distributed.num_processes", 2),
+            r"num_processes=2 needs config\.distributed\.coordinator_address",
+        ),
+    ],
+)
+def test_bad_input_fails_in_validation(mutate, pattern):
+    c = _cfg()
+    mutate(c)
+    with pytest.raises(ConfigError, match=pattern) as e:
+        validate_config(c, num_devices=1)
+    assert "\n" not in str(e.value)  # one line
+
+
+def test_ranges_table_names_real_fields_whose_defaults_pass():
+    from gdpo_jax.train.field_checks import RANGES, check_ranges
+    from gdpo_jax.train.schema import _get, base_config
+
+    c = base_config()
+    for r in RANGES:
+        assert r.holds(_get(c, r.field)), r.field  # a default outside its range: a typo
+    check_ranges(c)
+
+
+def test_workdir_that_is_a_file_and_model_dir_without_weights(tmp_path):
+    from gdpo_jax.train import paths
+
+    c = _cfg()
+    (tmp_path / "afile").write_text("x")
+    c.workdir = str(tmp_path / "afile")
+    with pytest.raises(ConfigError, match=r"workdir=.*afile' is a file, not a directory"):
+        validate_config(c, num_devices=1)
+    c = _cfg()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    c.model.name = str(model)
+    with pytest.raises(ConfigError, match=r"model\.name=.*holds no \*\.safetensors weights"):
+        paths.check_inputs(c)
+
+
 def test_reward_specs_and_fingerprint():
     c = _cfg()
     c.rewards.conditions = ("", "test_has_w10")
@@ -441,3 +555,66 @@ def test_model_scan_layers_reaches_the_model_and_the_planner():
     c.model.scan_layers = False
     assert build.build_model(c, None)[0].cfg.scan_layers is False
     assert model_config(c).scan_layers is False
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--config=configs/tiny_cpu.py:runlocal", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_cli_refuses_changed_resume_and_bad_distributed_fields_before_any_work(tmp_path):
+    """A resume whose config differs from its checkpoint's is refused in one line before
+    config.json is written (it was refused in the restore, after the model build, with
+    config.json already replaced by the rejected config); config.distributed.* is checked
+    before the multi-host set-up reads it."""
+    import jax
+    import numpy as np
+
+    from configs import tiny_cpu
+    from gdpo_jax.train import logs
+    from gdpo_jax.train.checkpoint import Checkpointer, check_resume_config
+
+    wd = tmp_path / "run"
+    cfg = tiny_cpu.get_config("runlocal")
+    cfg.workdir = str(wd)
+    logs.save_config(cfg)
+    ckpt = Checkpointer.from_config(cfg)
+    ckpt.save(2, {"w": np.zeros(2, np.float32)}, key=jax.random.key(0), force=True)
+    ckpt.close()
+    check_resume_config(cfg)  # the same config resumes
+    saved = (wd / "config.json").read_text()
+
+    out = _cli(f"--config.workdir={wd}", "--config.algo.clip_high=0.3")
+    assert out.returncode == 2, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    want = f"algo.clip_high: checkpoint={cfg.algo.clip_high!r} now=0.3"
+    assert f"written with a different config: {want}" in last
+    assert "allow_config_change=True" in last
+    assert (wd / "config.json").read_text() == saved  # the record of the run is kept
+    assert sorted(os.listdir(wd / "checkpoints")) == ["2"]  # nothing else written
+
+    out = _cli(f"--config.workdir={tmp_path / 'other'}", "--config.distributed.initialize=bogus")
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "config.distributed.initialize='bogus' is not one of" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "other").exists()
+
+
+def test_unknown_task_kwarg_names_the_field():
+    """A task.kwargs key the generator does not take: a ConfigError naming the field (it
+    was a TypeError from inside the generator, raised after the model build)."""
+    from gdpo_jax import tasks
+
+    c = _cfg()
+    c.task.name, c.task.source, c.task.num_train, c.task.num_eval = "toolcall", "synthetic", 4, 2
+    c.task.kwargs.n_tools = 3
+    assert len(tasks.load_task(c).train) == 4  # a key the generator takes
+    c.task.kwargs.bogus = 1
+    with pytest.raises(ConfigError, match=r"config\.task\.kwargs: task 'toolcall' .*'bogus'"):
+        tasks.load_task(c)

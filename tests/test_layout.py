@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "train.base",
         (
             "gdpo_jax.train.config",
+            "gdpo_jax.train.field_checks",
             "gdpo_jax.train.schema",
             "gdpo_jax.train.reward_setup",
             "gdpo_jax.train.mesh",

@@ -19,6 +19,16 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn", "splash")
+# The sizes that must be >= 1.
+_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_layers",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+)
 
 
 def canonical_dtype(dtype: Any, field: str = "dtype") -> str:
@@ -137,6 +147,9 @@ class ModelConfig:
             )
         for field in ("param_dtype", "dtype"):
             object.__setattr__(self, field, canonical_dtype(getattr(self, field), field))
+        for field in _SIZES:  # a zero size built, then failed inside a trace or a save
+            if int(getattr(self, field)) < 1:
+                raise ValueError(f"{field}={getattr(self, field)} must be >= 1.")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of "

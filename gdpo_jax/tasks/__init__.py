@@ -68,7 +68,17 @@ def load_task(cfg: Any) -> TaskData:
             f"config.task.name={name!r} is not a known task; known: "
             f"{sorted(_TASKS)} (register more with gdpo_jax.tasks.register_task)."
         )
-    data = _TASKS[name](cfg)
+    try:
+        data = _TASKS[name](cfg)
+    except TypeError as e:  # a task.kwargs key its generator does not take
+        if "unexpected keyword argument" not in str(e):
+            raise
+        from gdpo_jax.errors import ConfigError
+
+        raise ConfigError(
+            f"config.task.kwargs: task {name!r} failed to load ({e}); remove the key or "
+            "check its spelling against the task's generator."
+        ) from None
     if not data.train:
         raise ValueError(f"task {name!r} produced no training records.")
     missing = [i for i, r in enumerate(data.train[:50]) if "prompt" not in r]

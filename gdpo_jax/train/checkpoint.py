@@ -268,3 +268,37 @@ def _abstract(tree: Any) -> Any:
         return abstract_of(x)
 
     return jax.tree.map(one, tree)
+
+
+def check_resume_config(cfg: mlc.ConfigDict) -> None:
+    """Raises ConfigError (one line) when the run directory's newest readable checkpoint
+    was written with a config that differs in fields a resume must keep.
+
+    The CLI calls it before writing `<workdir>/config.json`, so a rejected config
+    neither starts work nor replaces the record of the one the checkpoints hold.
+    No checkpoint, or none whose meta reads: nothing to check (the restore itself
+    reports damaged steps).
+    """
+    from gdpo_jax.train import paths
+
+    directory = paths.join(cfg.workdir.rstrip("/"), "checkpoints")
+    if not paths.exists(directory):
+        return
+    ckpt = Checkpointer.from_config(cfg)
+    try:
+        for step in sorted(ckpt.all_steps(), reverse=True):
+            try:
+                meta = ckpt.read_meta(step)
+            except Exception:  # noqa: BLE001 - damaged: the restore falls back past it
+                continue
+            try:
+                ckpt.check_config(meta)
+            except IncompatibleCheckpointError as e:
+                lines = str(e).splitlines()
+                fields = "; ".join(line.strip() for line in lines[1:-1])
+                raise config_lib.ConfigError(
+                    f"{lines[0].rstrip(':')}: {fields}. {lines[-1]}"
+                ) from None
+            return
+    finally:
+        ckpt.close()

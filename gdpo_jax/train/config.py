@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
+import re
 
 import ml_collections as mlc
 
 from gdpo_jax.errors import ConfigError
+from gdpo_jax.train.field_checks import (  # noqa: F401 - public names, re-exported
+    check_distributed,
+    check_ranges,
+    check_tiny_model,
+    eval_params,
+    sampling_params,
+)
 from gdpo_jax.train.reward_setup import (  # noqa: F401 - public names, re-exported
     _check_reward_kwargs,
+    _check_reward_lists,
     _check_rewards,
     import_modules,
     reward_runner,
@@ -147,7 +155,6 @@ def validate_config(
                 f"{backend!r}); set --config.model.attention=auto."
             )
     _choice(cfg, "rewards.executor", ("thread", "process"))
-    _choice(cfg, "distributed.initialize", ("auto", "always", "never"))
     if a.group_size < 2:
         raise ConfigError(
             f"config.algo.group_size={a.group_size}: group-relative advantages need at least 2 "
@@ -155,11 +162,14 @@ def validate_config(
         )
     if a.num_prompts < 1:
         raise ConfigError(f"config.algo.num_prompts={a.num_prompts}; must be >= 1.")
-    for field in ("clip_low", "clip_high", "beta", "kl_in_reward", "entropy_coef", "eps"):
-        if a[field] < 0:
-            raise ConfigError(f"config.algo.{field}={a[field]} must be >= 0.")
-    if a.dual_clip and a.dual_clip <= 1.0:
-        raise ConfigError(f"config.algo.dual_clip={a.dual_clip} must be > 1 (or 0 = off).")
+    check_ranges(cfg)
+    if a.dual_clip != 0 and not a.dual_clip > 1.0:  # NaN fails too
+        raise ConfigError(
+            f"config.algo.dual_clip={a.dual_clip} must be > 1 (or 0 = off); e.g. "
+            "--config.algo.dual_clip=3.0."
+        )
+    check_distributed(cfg)
+    check_tiny_model(cfg)
     for field in ("num_minibatches", "num_epochs", "num_microbatches"):
         if a[field] < 1:
             raise ConfigError(f"config.algo.{field}={a[field]} must be >= 1.")
@@ -188,37 +198,18 @@ def validate_config(
             f"config.task.name={cfg.task.name!r} is not a registered task."
             f"{_suggest(cfg.task.name, tasks)} Known: {tasks}."
         )
+    if cfg.task.source == "synthetic" and cfg.task.num_train < 1:
+        raise ConfigError(
+            f"config.task.num_train={cfg.task.num_train}: a synthetic source generates that "
+            "many training records; set it to 1 or more (0 = all applies to a file source)."
+        )
     _check_rewards(cfg, names, known_rewards)
     for e in tuple(cfg.rewards.get("executors", ())):
         if e not in ("", "thread", "process"):
             raise ConfigError(
                 f"config.rewards.executors: {e!r} is not one of '', 'thread', 'process'."
             )
-    if int(cfg.rewards.get("chunk_size", 0)) < 0:
-        raise ConfigError(
-            f"config.rewards.chunk_size={cfg.rewards.chunk_size} must be >= 0 "
-            "(0 = split the rows evenly over the workers)."
-        )
-    for field in ("weights", "conditions", "thresholds", "executors"):
-        value = tuple(cfg.rewards.get(field, ()))
-        if value and len(value) != len(names):
-            raise ConfigError(
-                f"config.rewards.{field} has {len(value)} entries but config.rewards.names has "
-                f"{len(names)} ({names}); give one per reward, or () for the default."
-            )
-    for i, w in enumerate(tuple(cfg.rewards.weights)):
-        if not math.isfinite(float(w)):
-            raise ConfigError(
-                f"config.rewards.weights[{i}]={w} is not finite; pass finite reward weights."
-            )
-    for n, cond in zip(names, tuple(cfg.rewards.conditions)):
-        if cond and cond not in names:
-            raise ConfigError(
-                f"config.rewards.conditions: reward {n!r} is conditioned on {cond!r}, which is "
-                f"not in config.rewards.names={names}."
-            )
-        if cond == n:
-            raise ConfigError(f"config.rewards.conditions: reward {n!r} conditioned on itself.")
+    _check_reward_lists(cfg, names)
     for key in cfg.rewards.kwargs.keys():
         if key not in names:
             raise ConfigError(
@@ -280,15 +271,23 @@ def validate_config(
             f"config.sampling.decode_phases={phases} must be an int >= 1 (decode "
             "phases) or 0 (auto); e.g. --config.sampling.decode_phases=0."
         )
-    if cfg.sampling.temperature <= 0:
+    if not cfg.sampling.temperature > 0:  # NaN fails too
         raise ConfigError(
             f"config.sampling.temperature={cfg.sampling.temperature} must be > 0 for RL "
             "(the loss uses the tempered log-probs)."
         )
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"config.optim.lr={cfg.optim.lr} must be > 0.")
-    if cfg.train.num_steps < 1:
-        raise ConfigError(f"config.train.num_steps={cfg.train.num_steps} must be >= 1.")
+    for section, make in (("sampling", sampling_params), ("eval", eval_params)):
+        try:
+            make(cfg)
+        except (ValueError, TypeError) as e:  # "SamplingParams.top_p=1.5 must be in ..."
+            field = re.match(r"SamplingParams\.(\w+)", str(e))
+            name = field.group(1) if field else "<field>"
+            if section == "eval" and name in ("max_new_tokens", "stop_strings"):
+                section = "sampling"  # the eval takes these two from config.sampling
+            raise ConfigError(
+                f"{str(e).replace('SamplingParams.', f'config.{section}.')} Set "
+                f"--config.{section}.{name} accordingly."
+            ) from None
 
     if num_devices is None:
         import jax

@@ -8,7 +8,6 @@ and batch) are over all hosts, as the reference implementations require.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,25 +18,8 @@ from jax.sharding import Mesh
 
 from gdpo_jax import sharding as mesh_lib
 from gdpo_jax.multihost import allgather as allgather_host
+from gdpo_jax.multihost import cluster_hint
 from gdpo_jax.multihost import to_host as to_host  # re-export (public name)
-
-_ENV_HINTS = (
-    "JAX_COORDINATOR_ADDRESS",
-    "SLURM_JOB_ID",
-    "OMPI_COMM_WORLD_SIZE",
-    "CLOUD_TPU_TASK_ID",
-)
-
-
-def _cluster_hint() -> bool:
-    """A cluster environment variable says this is one process of several.
-
-    TPU_WORKER_HOSTNAMES counts only when it names more than one host: the
-    planner (and libtpu's compile-only use on a CPU machine) sets it to
-    "localhost", which must not start a multi-host initialization.
-    """
-    hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
-    return len(hosts) > 1 or any(k in os.environ for k in _ENV_HINTS)
 
 
 def initialize(
@@ -57,7 +39,7 @@ def initialize(
     if mode == "never":
         return False
     explicit = bool(coordinator_address) or num_processes > 1
-    if mode == "auto" and not explicit and not _cluster_hint():
+    if mode == "auto" and not explicit and not cluster_hint():
         return False
     kwargs: dict[str, Any] = {}
     if coordinator_address:

@@ -28,9 +28,11 @@ from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import (
     check_context_length,
+    eval_params,
     prompt_buckets,
     reward_runner,
     reward_specs,
+    sampling_params,
     validate_config,
 )
 from gdpo_jax.train.metrics import MetricsWriter
@@ -80,10 +82,13 @@ class Trainer:
             )
         # Prompt widths of the sampler and the step (one step compilation each).
         self.prompt_buckets = prompt_buckets(cfg)
+        # The records before the model: a bad task setting fails in seconds, not after
+        # the build.
+        self.task = task or build.load_task(cfg)
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         # validate_config cannot read a GGUF name's position table before loading it.
         check_context_length(cfg, self.model.cfg.max_position_embeddings)
-        from gdpo_jax.sampling import Sampler, SamplingParams
+        from gdpo_jax.sampling import Sampler
 
         self.sampler = Sampler(
             self.model,
@@ -98,28 +103,14 @@ class Trainer:
             continuous_prompt_slots=int(cfg.sampling.get("continuous_prompt_slots", 0)),
         )
         s = cfg.sampling
-        self.sampling_params = SamplingParams(
-            max_new_tokens=s.max_new_tokens,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            top_p=s.top_p,
-            stop_strings=tuple(s.stop_strings),
-        )
-        e = cfg.eval
-        self.eval_params = SamplingParams(
-            max_new_tokens=s.max_new_tokens,
-            temperature=e.temperature,
-            top_p=e.top_p,
-            greedy=e.greedy,
-            stop_strings=tuple(s.stop_strings),
-        )
+        self.sampling_params = sampling_params(cfg)
+        self.eval_params = eval_params(cfg)
 
         self.specs = reward_specs(cfg)
         self.reward_names = [sp.name for sp in self.specs]
         self.weights = [sp.weight for sp in self.specs]
         self.runner = reward_runner(cfg, self.specs)
 
-        self.task = task or build.load_task(cfg)
         pi, pc = build.process_info()
         train_records, dropped = build.prompt_length_filter(
             self.task.train, self.sampler, s.max_prompt_len, cfg.task.chat_template

@@ -63,10 +63,16 @@ def open_file(path: str, mode: str = "r") -> Iterator[IO]:
 
 
 def check_workdir(path: str, field: str = "workdir") -> None:
-    """Raises ConfigError when `path` is a URL whose filesystem package is missing."""
+    """Raises ConfigError when `path` is a local file, or a URL whose filesystem package
+    is missing."""
     from gdpo_jax.errors import ConfigError
 
     if not is_url(path):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(
+                f"config.{field}={path!r} is a file, not a directory; name a new or existing "
+                "run directory."
+            )
         return
     scheme = str(path).split("://", 1)[0]
     if scheme not in FS_PACKAGES:
@@ -109,6 +115,11 @@ def check_inputs(cfg: Any, *, data: bool = True) -> None:
                 raise ConfigError(
                     f"config.model.name={name!r} has no config.json: not a Hugging Face "
                     "checkpoint directory."
+                )
+            if not glob.glob(os.path.join(name, "*.safetensors")):
+                raise ConfigError(
+                    f"config.model.name={name!r} holds no *.safetensors weights (the loader "
+                    "reads safetensors only); convert or download the weights there."
                 )
     for field in ("source", "eval_source") if data else ():
         src = str(cfg.task.get(field, ""))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import ml_collections as mlc
 
 from gdpo_jax.errors import ConfigError
@@ -64,6 +66,50 @@ def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None
             raise ConfigError(
                 f"config.rewards.sandbox: {str(e).removeprefix('sandbox: ')}"
             ) from None
+
+
+def _check_reward_lists(cfg: mlc.ConfigDict, names: tuple) -> None:
+    """rewards.weights / conditions / thresholds / executors: one entry per reward
+    (or none), finite numbers, and conditions that name another reward, without a cycle."""
+    r = cfg.rewards
+    for field in ("weights", "conditions", "thresholds", "executors"):
+        value = tuple(r.get(field, ()))
+        if value and len(value) != len(names):
+            raise ConfigError(
+                f"config.rewards.{field} has {len(value)} entries but config.rewards.names has "
+                f"{len(names)} ({names}); give one per reward, or () for the default."
+            )
+    for field in ("weights", "thresholds"):
+        for i, w in enumerate(tuple(r.get(field, ()))):
+            try:
+                ok = not isinstance(w, (bool, str)) and math.isfinite(float(w))
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                ones = ", ".join(["1.0"] * len(names))
+                raise ConfigError(
+                    f"config.rewards.{field}[{i}]={w!r} is not finite; pass finite numbers, "
+                    f"one per reward, e.g. --config.rewards.{field}='({ones})'."
+                )
+    conditions = dict(zip(names, tuple(r.conditions)))
+    for n, cond in conditions.items():
+        if cond and cond not in names:
+            raise ConfigError(
+                f"config.rewards.conditions: reward {n!r} is conditioned on {cond!r}, which is "
+                f"not in config.rewards.names={names}."
+            )
+        if cond == n:
+            raise ConfigError(f"config.rewards.conditions: reward {n!r} conditioned on itself.")
+    for n in names:  # follow each chain of gates: it must end
+        path = [n]
+        while conditions.get(path[-1]):
+            path.append(conditions[path[-1]])
+            if path[-1] in path[:-1]:
+                raise ConfigError(
+                    f"config.rewards.conditions form a cycle ({' -> '.join(path)}); a reward "
+                    "can be gated on another only if that one is not gated on it, directly or "
+                    "through others."
+                )
 
 
 def _check_reward_kwargs(cfg: mlc.ConfigDict, name: str) -> None:
