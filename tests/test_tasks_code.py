@@ -183,3 +183,24 @@ def test_malformed_code_records(tmp_path):
         RecordError, match="field 'input_output.inputs': stdin inputs must be strings"
     ):
         tcode.load([apps])
+
+
+def test_integer_return_values_match_exactly_and_floats_within_tolerance():
+    assert not tcode.value_matches(1000001, 1000000)
+    assert not tcode.value_matches(999999937, 999999938)
+    assert tcode.value_matches(7, [7]) and tcode.value_matches(0.1 + 0.2, 0.3)
+    assert tcode.value_matches(2, 2.0000000001)  # an int against a float: the tolerance
+
+
+def test_stdout_outputs_given_as_lines():
+    """APPS gives some stdin tests as lists of lines, inputs and outputs alike: the
+    expected output is the lines joined, not str() of the list."""
+    rec = {
+        "question": "echo the input",
+        "input_output": json.dumps({"inputs": [["1", "2"]], "outputs": [["1", "2"]]}),
+    }
+    tests = tcode.normalize_record(rec, "<mem>", 0)["tests"]
+    echo = fence("import sys\nprint(sys.stdin.read().strip())")
+    assert tcode.pass_rate_reward(None, [echo], tests=[tests]) == [1.0]
+    wrong = fence("print('1')\nprint('3')")
+    assert tcode.pass_rate_reward(None, [wrong], tests=[tests]) == [0.0]

@@ -232,3 +232,29 @@ def test_pathological_expression_is_bounded_nan_and_counted(executor):
     assert e.value.timed_out == [0]
     res = tm.evaluate(comps, ex, completion_lengths=[5, 5])  # NaN left out of pass@1
     assert res["pass@1"] == 1.0
+
+
+def test_arrows_are_not_left_right_delimiters():
+    """The string fallback drops \\left / \\right delimiters but not the arrows that begin
+    with those words: \\leftarrow and \\rightarrow both became 'arrow' and matched."""
+    assert tm.normalize_answer(r"\left(1, 2\right)") == "(1,2)"
+    assert tm.normalize_answer(r"\leftarrow") != tm.normalize_answer(r"\rightarrow")
+    got = tm.correctness_reward(None, [r"so \boxed{\leftarrow}"], ground_truth=[r"\rightarrow"])
+    assert got == [0.0]
+    assert tm.correctness_reward(None, [r"\boxed{\rightarrow}"], ground_truth=[r"\rightarrow"]) == [
+        1.0
+    ]
+
+
+@pytest.mark.parametrize(
+    "gold,written,text",
+    [(0.00001, r"\boxed{0.00001}", "0.00001"), (1e20, r"\boxed{100000000000000000000}", None)],
+)
+def test_numeric_references_are_written_out(gold, written, text):
+    """A numeric reference answer becomes positional text: str(1e-05) is '1e-05', which
+    no written answer matched."""
+    rec = tm.normalize_record({"problem": "p", "answer": gold}, "<mem>", 0)
+    assert "e" not in rec["ground_truth"].lower()
+    if text is not None:
+        assert rec["ground_truth"] == text
+    assert tm.correctness_reward(None, [written], ground_truth=[rec["ground_truth"]]) == [1.0]

@@ -182,3 +182,14 @@ def test_malformed_records_name_file_row_field(tmp_path):
     (tmp_path / "broken.jsonl").write_text(json.dumps(good) + "\n{broken\n")
     with pytest.raises(RecordError, match=r"broken.jsonl, row 1: invalid JSON"):
         tc.load(tmp_path / "broken.jsonl")
+
+
+def test_ast_match_keeps_booleans_apart_from_numbers():
+    """BFCL's checker rejects an int where a boolean is expected: True == 1.0 and
+    hash(True) == hash(1.0), so untagged bools compared equal to 1."""
+    call = '{"name": "play", "parameters": {"artist": "X", "shuffle": true}}'
+    gt = f"<tool_call>\n{call}\n</tool_call>"
+    pred = gt.replace("true", "1")
+    assert not tc.ast_match("<think>a</think>\n" + pred, gt)
+    assert tc.ast_match("<think>a</think>\n" + gt, gt)
+    assert tc._norm_value({"n": 5}) == tc._norm_value({"n": 5.0})  # numbers by value still

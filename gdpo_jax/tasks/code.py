@@ -80,11 +80,14 @@ def stdout_matches(actual: str, expected: str, tol: float = 1e-6) -> bool:
 def value_matches(value: Any, expected: Any, tol: float = 1e-6) -> bool:
     """Return-value comparison (APPS convention: an expected value may be
     wrapped in a one-element list; tuples are lists after JSON; numbers
-    within `tol`; booleans only equal booleans)."""
+    within `tol` when either is a float, integers exactly; booleans only equal
+    booleans)."""
 
     def eq(a, b):
         if isinstance(a, bool) or isinstance(b, bool):  # True is not 1 here
             return type(a) is type(b) and a == b
+        if isinstance(a, int) and isinstance(b, int):  # 1000001 is not 1000000
+            return a == b
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
             return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
         if isinstance(a, list) and isinstance(b, list):
@@ -162,12 +165,20 @@ def run_tests(
         )
         ok = [
             c.status == "ok"
-            and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, str(o)))
+            and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, _stdout_text(o)))
             for c, o in zip(res.cases, outs)
         ]
         return (sum(ok) / len(outs) if outs else 0.0), not res.has_error, res
 
     return _MEMO.get(key, compute)
+
+
+def _stdout_text(expected: Any) -> str:
+    """An expected stdout: text, or a list of lines joined as the driver joins an
+    input given as lines (str() of the list would be "['1', '2']")."""
+    if isinstance(expected, list):
+        return "\n".join(map(str, expected))
+    return str(expected)
 
 
 def _scores(completions, tests, kwargs, which: int) -> list[float]:

@@ -13,6 +13,7 @@ Rewards:
 
 from __future__ import annotations
 
+import decimal
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -61,9 +62,9 @@ def normalize_answer(s: str) -> str:
     """String fallback: drop spacing, $, \\left/\\right, text wrappers, trailing dot."""
     s = s.strip().strip("$").strip()
     s = re.sub(r"\\text\{(.*?)\}|\\mathrm\{(.*?)\}", lambda m: m.group(1) or m.group(2) or "", s)
+    # \left( and \right), not \leftarrow / \rightarrow / \leftrightarrow.
+    s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
     for a, b in (
-        ("\\left", ""),
-        ("\\right", ""),
         ("\\!", ""),
         ("\\,", ""),
         ("\\;", ""),
@@ -103,8 +104,16 @@ def _golds(gt: Any) -> list[str]:
     if hasattr(gt, "tolist"):
         gt = gt.tolist()
     if isinstance(gt, (list, tuple)):
-        return [str(g) for g in gt]
-    return [str(gt)]
+        return [_answer_text(g) for g in gt]
+    return [_answer_text(gt)]
+
+
+def _answer_text(g: Any) -> str:
+    """A reference answer as text; a float in positional notation (str(1e-05) is
+    '1e-05', which no written answer such as 0.00001 or 10^{-5} matches)."""
+    if isinstance(g, float) and math.isfinite(g):
+        return format(decimal.Decimal(repr(g)), "f")
+    return str(g)
 
 
 @register_reward("math_correct")

@@ -224,8 +224,11 @@ def load(
 
 def _norm_value(v: Any) -> Any:
     # BFCL's AST checker compares strings loosely (case, spaces, punctuation)
-    # and numbers by value (5 == 5.0); bools stay bools.
-    if isinstance(v, bool) or v is None:
+    # and numbers by value (5 == 5.0); bools stay bools (tagged: True == 1.0 and
+    # hash(True) == hash(1.0), so a bare bool would equal the number 1).
+    if isinstance(v, bool):
+        return ("__bool__", v)
+    if v is None:
         return v
     if isinstance(v, (int, float)):
         return float(v)
