@@ -386,3 +386,53 @@ def test_reward_errors_in_the_background_reach_the_caller():
             prompts_per_call=2,
             overlap_rewards=True,
         )
+
+
+def test_grpo_signal_is_core_advantages_nonzero_and_gdpo_ignores_zero_weight_columns():
+    """GRPO: a group has signal exactly when core.compute_advantages gives it a nonzero
+    advantage (inf counts as 0 there, and sums are float32: the host's float64 sum with
+    inf as 1.8e308 kept groups whose advantages are all 0). GDPO: a spread only in a
+    column of weight 0 is no signal (its advantage is 0)."""
+    import jax.numpy as jnp
+
+    from gdpo_jax.core.advantages import compute_advantages
+    from gdpo_jax.train.rollout import groups_with_signal, rollout_metrics
+
+    g = 2
+    r = np.array(
+        [
+            [np.inf, 1.0], [0.0, 1.0],  # inf as 0: both rows sum to 1
+            [1e8, 1.0], [1e8, 0.0],  # 1e8 + 1 == 1e8 in float32
+            [1.0, 0.0], [0.0, 0.0],  # a real spread
+            [np.nan, 2.0], [0.0, 2.0],  # NaN as 0
+        ],
+        np.float64,
+    )  # fmt: skip
+    ids = np.repeat(np.arange(4), g).astype(np.int32)
+    adv = compute_advantages(
+        jnp.asarray(r, jnp.float32), jnp.asarray(ids), num_groups=4, estimator="grpo"
+    )
+    want = np.abs(np.asarray(adv).reshape(4, g)).max(axis=1) > 0
+    np.testing.assert_array_equal(want, [False, False, True, False])  # the hand-worked verdicts
+    np.testing.assert_array_equal(groups_with_signal(r, group_size=g, decoupled=False), want)
+
+    gd = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 0.0], [0.0, 0.0]], np.float32)
+    kept = groups_with_signal(gd, group_size=g, decoupled=True, weights=[1.0, 0.0])
+    np.testing.assert_array_equal(kept, [False, True])
+    adv = compute_advantages(
+        jnp.asarray(gd), jnp.asarray([0, 0, 1, 1], jnp.int32), num_groups=2,
+        estimator="gdpo_no_bn", weights=jnp.asarray([1.0, 0.0]),
+    )  # fmt: skip
+    assert np.all(np.asarray(adv)[:2] == 0) and np.any(np.asarray(adv)[2:] != 0)
+    np.testing.assert_array_equal(
+        groups_with_signal(gd, group_size=g, decoupled=True), [True, True]
+    )  # unweighted: every column counts
+
+    m = rollout_metrics(
+        {"rewards": r.astype(np.float32), "valid": np.ones(8, bool), "completion_len": np.ones(8)},
+        ["length"] * 8,
+        ["a", "b"],
+        None,
+    )
+    assert np.isfinite(m["reward/a/mean"]) and m["reward/a/nan_frac"] == 2 / 8
+    assert np.isfinite(m["reward/total"])

@@ -46,11 +46,12 @@ def groups_with_signal(
     """rewards f32[P * G, K] of P contiguous groups of G rows -> bool[P]: whether
     normalizing each group gives any nonzero advantage.
 
-    decoupled (GDPO): some reward column has >= 2 distinct scorable (finite)
-    float32 values, the definition of `core.per_reward_group_spread`, its JAX
-    form (tests/test_train_rollout.py checks the two agree).
-    Otherwise (GRPO): the weighted sum (NaN as 0, summed in float64) has >= 2
-    distinct values.
+    decoupled (GDPO): some reward column of nonzero weight has >= 2 distinct
+    scorable (finite) float32 values, the definition of
+    `core.per_reward_group_spread`, its JAX form (tests/test_train_rollout.py
+    checks the two agree); a column of weight 0 adds nothing to the advantage.
+    Otherwise (GRPO): the weighted sum as `core.compute_advantages` forms it
+    (non-finite rewards as 0, in float32) has >= 2 distinct values.
 
     NumPy only: this runs on the host between the sampler's and the step's
     device programs, where even a few eager JAX operations cost milliseconds
@@ -68,10 +69,14 @@ def groups_with_signal(
         scorable = np.isfinite(r)
         hi = np.where(scorable, r, -np.inf).max(axis=1, initial=-np.inf)
         lo = np.where(scorable, r, np.inf).min(axis=1, initial=np.inf)
-        return (hi > lo).any(axis=1)
+        spread = hi > lo
+        if weights is not None:
+            spread = spread[:, np.asarray(weights, np.float64) != 0]
+        return spread.any(axis=1)
     k = rewards.shape[1]
-    w = np.ones(k) if weights is None else np.asarray(weights, np.float64)
-    s = np.nan_to_num(np.asarray(rewards, np.float64), nan=0.0) @ w
+    w = np.ones(k, np.float32) if weights is None else np.asarray(weights, np.float32)
+    r = np.asarray(rewards, np.float32)
+    s = (np.where(np.isfinite(r), r, np.float32(0)) * w).sum(axis=1, dtype=np.float32)
     return np.ptp(s.reshape(num_groups, group_size), axis=1) > 0
 
 
@@ -221,7 +226,8 @@ def rollout_metrics(
     reward_names: Sequence[str],
     weights: Sequence[float] | None,
 ) -> dict[str, float]:
-    """Reward mean/std per reward (NaN excluded), weighted total, lengths, truncation.
+    """Reward mean/std per reward (non-finite excluded, as the advantages exclude them;
+    nan_frac counts them), weighted total (non-finite as 0), lengths, truncation.
 
     arrays: rewards, valid and either completion_len i32[N] (see `row_stats`)
     or completion_mask i32[N, C].
@@ -232,11 +238,12 @@ def rollout_metrics(
     w = np.ones(len(reward_names)) if not weights else np.asarray(weights, np.float64)
     for k, name in enumerate(reward_names):
         col = r[:, k]
-        ok = ~np.isnan(col)
+        ok = np.isfinite(col)
         out[f"reward/{name}/mean"] = float(col[ok].mean()) if ok.any() else float("nan")
         out[f"reward/{name}/std"] = float(col[ok].std()) if ok.any() else float("nan")
         out[f"reward/{name}/nan_frac"] = float(1 - ok.mean()) if col.size else 0.0
-    out["reward/total"] = float((np.nan_to_num(r[:, : len(w)]) @ w).mean()) if r.size else 0.0
+    finite = np.where(np.isfinite(r[:, : len(w)]), r[:, : len(w)], 0.0)
+    out["reward/total"] = float((finite @ w).mean()) if r.size else 0.0
     if "completion_len" in arrays:
         lengths = np.asarray(arrays["completion_len"])[valid]
     else:
