@@ -22,6 +22,15 @@ def test_curve_moving_average_and_band_by_hand():
     steps, vals = ce.curve(recs, "r", window=2)
     np.testing.assert_array_equal(steps, [1, 2, 3, 5])
     np.testing.assert_allclose(vals, [1.0, 2.0, 4.0, 6.0])  # trailing mean of <= 2 points
+    # A NaN step (no scorable row that batch) drops out of its windows only: a cumulative
+    # sum carried it into every later point.
+    recs = {s: {"r": v} for s, v in enumerate([1.0, 3.0, float("nan"), 5.0, 7.0, 9.0], 1)}
+    _, vals = ce.curve(recs, "r", window=2)
+    np.testing.assert_allclose(vals, [1.0, 2.0, 3.0, 5.0, 6.0, 8.0])
+    _, vals = ce.curve({1: {"r": float("nan")}, 2: {"r": 4.0}}, "r", window=1)
+    assert np.isnan(vals[0]) and vals[1] == 4.0  # no window: values as logged
+    _, vals = ce.curve({1: {"r": float("nan")}, 2: {"r": float("nan")}}, "r", window=2)
+    assert np.isnan(vals).all()
     # Three seeds; the band is over the steps all of them have (here 1 and 2).
     curves = [
         (np.array([1, 2]), np.array([0.0, 1.0])),

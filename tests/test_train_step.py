@@ -434,3 +434,51 @@ def test_step_compiles_once_per_prompt_bucket_and_padding_changes_nothing():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), p5, p8)
     for k in m5:
         np.testing.assert_allclose(float(m5[k]), float(m8[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def _adamw_step(sc: StepConfig, model):
+    tx = optax.adamw(1e-2, weight_decay=0.1)
+    graphdef, state = state_lib.create_train_state(model, tx, None)
+    step = CompiledStep(
+        graphdef=graphdef,
+        tx=tx,
+        schedule=optax.constant_schedule(1e-2),
+        cfg=sc,
+        state_shardings=state_lib.shardings_of(state),
+        mesh=None,
+    )
+    return state, step
+
+
+def test_a_mini_batch_of_padding_groups_neither_updates_nor_pulls_the_ratio_metrics():
+    """Dynamic sampling pads with invalid groups. With 2 mini-batches of 4 groups, the
+    second holds groups 1 and 3: both invalid here, it has no token. It used to run
+    AdamW anyway (weight decay and momentum moved the weights) and to report a ratio
+    of 1.0 into ratio_min / ratio_max. Now the step equals one update over the valid
+    groups, metrics included, and a batch with no valid group leaves the state as is."""
+    batch = make_batch(6)
+    batch["valid"][:] = True
+    for g in (1, 3):
+        batch["valid"][g * G : (g + 1) * G] = False
+    outs = []
+    for minibatches in (1, 2):
+        sc = StepConfig(num_groups=NUM_GROUPS, num_minibatches=minibatches, group_size=G)
+        assert sc.layout_units(N)[0] == G  # mini-batches of whole groups, as a run's
+        state, step = _adamw_step(sc, create_model(CFG, seed=0))
+        new_state, metrics = step(state, distributed.to_global(batch, None))
+        outs.append((jax.tree.map(np.asarray, new_state.params), metrics, new_state))
+    (p1, m1, s1), (p2, m2, s2) = outs
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), p1, p2)
+    for k in ("ratio_min", "ratio_max", "clip_frac", "entropy"):
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-6, err_msg=k)
+    assert float(m1["ratio_min"]) < 1.0 < float(m1["ratio_max"])  # real ratios, not 1
+    # The skipped update leaves AdamW's state too (its step count included).
+    counts = [int(np.asarray(s.opt_state[0].count)) for s in (s1, s2)]
+    assert counts == [1, 1], counts
+
+    batch["valid"][:] = False  # nothing to learn from: the state stays as it was
+    state, step = _adamw_step(StepConfig(num_groups=NUM_GROUPS), create_model(CFG, seed=0))
+    before = jax.tree.map(np.asarray, state.params)
+    new_state, metrics = step(state, distributed.to_global(batch, None))
+    jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, new_state.params))
+    assert float(metrics["ratio_max"]) == 1.0  # no token: the neutral value

@@ -182,7 +182,9 @@ def policy_loss(
       pairs: pg_loss (same aggregation as the loss), token means clip_frac_low,
       clip_frac_high, clip_frac, clip_frac_dual (with dual_clip), approx_kl
       (k3 of old vs new), kl (if ref_logp), entropy (if given), ratio_mean; and
-      ratio_max / ratio_min as (value, 1) (combine those with max/min, not sum).
+      ratio_max / ratio_min as (value, has tokens): value 1 and 0 when the mask is
+      empty (combine those with max/min over the pairs whose second entry is 1,
+      not sum: an empty micro-batch's 1 is no ratio).
     """
     logp = jnp.asarray(logp, jnp.float32)
     old_logp = jnp.asarray(old_logp, jnp.float32)
@@ -257,9 +259,9 @@ def policy_loss(
     metrics["ratio_mean"] = _token_mean(sg_ratio, mask)
     on = mask > 0
     any_on = jnp.any(on)
-    one = jnp.asarray(1.0, jnp.float32)
-    metrics["ratio_max"] = (jnp.where(any_on, jnp.max(jnp.where(on, sg_ratio, -jnp.inf)), 1.0), one)
-    metrics["ratio_min"] = (jnp.where(any_on, jnp.min(jnp.where(on, sg_ratio, jnp.inf)), 1.0), one)
+    has = any_on.astype(jnp.float32)
+    metrics["ratio_max"] = (jnp.where(any_on, jnp.max(jnp.where(on, sg_ratio, -jnp.inf)), 1.0), has)
+    metrics["ratio_min"] = (jnp.where(any_on, jnp.min(jnp.where(on, sg_ratio, jnp.inf)), 1.0), has)
     metrics["pg_loss"] = tuple(jax.lax.stop_gradient(v) for v in metrics["pg_loss"])
     if "kl" in metrics:
         metrics["kl"] = tuple(jax.lax.stop_gradient(v) for v in metrics["kl"])

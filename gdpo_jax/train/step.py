@@ -67,14 +67,15 @@ __all__ = [
 
 # --------------------------------------------------------------------------- #
 def _combine(a: dict, b: dict) -> dict:
-    """Adds (sum, denom) metric pairs; *_min / *_max keys combine by min / max."""
+    """Adds (sum, denom) metric pairs; *_min / *_max keys, (value, has tokens) pairs,
+    combine by min / max over the parts that have tokens (an empty micro-batch, e.g.
+    only dynamic sampling's padding groups, reports 1.0, which is no ratio)."""
     out = {}
     for k in a:
         (sa, da), (sb, db) = a[k], b[k]
-        if k.endswith("_min"):
-            out[k] = (jnp.minimum(sa, sb), da)
-        elif k.endswith("_max"):
-            out[k] = (jnp.maximum(sa, sb), da)
+        if k.endswith(("_min", "_max")):
+            both = (jnp.minimum if k.endswith("_min") else jnp.maximum)(sa, sb)
+            out[k] = (jnp.where(db > 0, jnp.where(da > 0, both, sb), sa), jnp.maximum(da, db))
         else:
             out[k] = (sa + sb, da + db)
     return out
@@ -247,8 +248,17 @@ def train_step(
         g = layer_views.join_grads(params, g) if unrolled else g
         grads = jax.tree.map(lambda x: x * scale, g)
         grad_norm = optax.global_norm(grads)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A mini-batch without a token (only dynamic sampling's padding groups) has
+        # no loss: no update either (AdamW would still move the weights by its
+        # momentum and weight decay). Elementwise, so it fuses into the update.
+        keep = d > 0
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(keep, new, old),
+            (new_params, new_opt_state),
+            (params, opt_state),
+        )
         return (params, opt_state), (m, loss_tot * scale, grad_norm)
 
     def epoch(carry, _):
@@ -261,10 +271,11 @@ def train_step(
     flat = {k: (s.reshape(-1), d.reshape(-1)) for k, (s, d) in m.items()}
     reduced = {}
     for k, (s, d) in flat.items():
-        if k.endswith("_min"):
-            reduced[k] = (jnp.min(s), d[0])
-        elif k.endswith("_max"):
-            reduced[k] = (jnp.max(s), d[0])
+        if k.endswith(("_min", "_max")):  # over the updates that had tokens; else 1
+            lo = k.endswith("_min")
+            pick = jnp.where(d > 0, s, jnp.inf if lo else -jnp.inf)
+            has = jnp.any(d > 0)
+            reduced[k] = (jnp.where(has, jnp.min(pick) if lo else jnp.max(pick), 1.0), d[0])
         else:
             reduced[k] = (jnp.sum(s), jnp.sum(d))
     metrics = _finalize(reduced)
