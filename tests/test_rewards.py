@@ -49,6 +49,16 @@ def _cpu(prompts, completions, **kw):  # module level: picklable for the process
     return [float(sum(i * i for i in range(1000)) % 7 + len(c)) for c in completions]
 
 
+@register_reward("_test_hang")
+def _hang(prompts, completions, **kw):  # module level: picklable for the process pool
+    out = []
+    for c in completions:
+        if c == "hang":
+            time.sleep(60)
+        out.append(1.0)
+    return out
+
+
 def _batch(values, completions=None):
     n = len(values)
     completions = completions or [f"c{i}" for i in range(n)]
@@ -376,3 +386,20 @@ def test_failed_builtin_import_names_its_cause_and_is_retried(monkeypatch):
     # (_test_value: registered by this file; "length" now registers from gdpo_jax.tasks.length)
     assert "_test_value" in list_rewards() and "colorsys" in registry._builtins_loaded
     assert "colorsys" in sys.modules
+
+
+def test_a_hung_process_job_does_not_time_out_the_jobs_after_it():
+    """One worker, a job that hangs, two that do not: only the hung one times out. The
+    timed-out job kept its worker busy, the next jobs queued behind it with their
+    deadlines running, and all three timed out; now its pool is retired at once and
+    the next jobs run in a fresh one (the retired pool is terminated)."""
+    prompts, comps, ex = _batch([0] * 3, ["hang", "fast", "fast"])
+    spec = RewardSpec("_test_hang", executor="process")
+    with RewardRunner([spec], num_workers=1, timeout_s=3.0, on_error="nan", chunk_size=1) as r:
+        t0 = time.perf_counter()
+        R, info = r(prompts, comps, ex)
+        wall = time.perf_counter() - t0
+        np.testing.assert_array_equal(R[:, 0], [np.nan, 1.0, 1.0])
+        assert info["reward_timeouts/_test_hang"] == 1
+        assert wall < 3 * 3.0, wall  # not each job waiting out the hung one
+        assert r._retired == []  # terminated when the call ended

@@ -167,6 +167,7 @@ class RewardRunner:
         self.imports = tuple(imports)
         self._threads = cf.ThreadPoolExecutor(num_workers, thread_name_prefix="reward")
         self._procs = None
+        self._retired: list = []  # pools holding a timed-out job (see `_task`)
         self._lock, self._pool_lock = threading.Lock(), threading.Lock()
 
     @property
@@ -299,8 +300,18 @@ class RewardRunner:
                 "process: its arguments do not pickle; use executor='thread')",
             )
         # Waiting here keeps at most num_workers process jobs in flight, so a
-        # job starts when it is submitted and the deadline is honest.
-        return self._proc_pool().apply_async(_pool_call, (blob, e - s)).get(self.timeout_s)
+        # job starts when it is submitted and the deadline is honest, as long as
+        # no worker is still busy with a job that timed out: that pool is retired
+        # at once (later jobs get a fresh one) and terminated when the call ends.
+        pool = self._proc_pool()
+        try:
+            return pool.apply_async(_pool_call, (blob, e - s)).get(self.timeout_s)
+        except multiprocessing.TimeoutError:
+            with self._pool_lock:
+                if self._procs is pool:
+                    self._procs = None
+                    self._retired.append(pool)
+            raise
 
     def _collect(self, futs, started, sizes):
         results, timed_out, pending = {}, set(), set(futs)
@@ -340,13 +351,21 @@ class RewardRunner:
             if self._procs is not None:
                 self._procs.terminate()
                 self._procs = None
+        self._terminate_retired()
         return results, timed_out
+
+    def _terminate_retired(self) -> None:
+        with self._pool_lock:
+            retired, self._retired = self._retired, []
+        for pool in retired:
+            pool.terminate()
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
         if self._procs is not None:
             self._procs.terminate()
             self._procs = None
+        self._terminate_retired()
 
     def __enter__(self) -> RewardRunner:
         return self
