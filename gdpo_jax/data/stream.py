@@ -5,7 +5,8 @@ stream, the same on every process; `take(n)` draws the next global batch of
 `n * process_count` records and returns this process's contiguous share
 (process p: records [p*n, (p+1)*n)). So the global batch, in the order the
 sampler and the step lay rows out, does not depend on the process count
-(a 2-process run sees the prompts a 1-process run sees), and the iterator's
+(a 2-process run sees the prompts a 1-process run sees; with dynamic sampling,
+which keeps groups per process, the kept ones differ: docs/limits.md), and the iterator's
 state (a small dict, identical on every process) goes into the checkpoint so
 a resumed run sees exactly the prompts it would have seen.
 """
