@@ -635,11 +635,12 @@ def test_cli_unknown_topology_exits_with_the_names():
 
 def test_planner_env_does_not_start_distributed(monkeypatch):
     """TPU_WORKER_HOSTNAMES=localhost (set for libtpu's compile-only use) is one host."""
+    from gdpo_jax import multihost
     from gdpo_jax.train import distributed
 
     called = []
     monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: called.append(kw))
-    for k in distributed._ENV_HINTS:
+    for k in multihost._ENV_HINTS:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")
     assert distributed.initialize("auto") is False and not called
