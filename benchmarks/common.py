@@ -380,6 +380,18 @@ def command_line() -> str:
     return shlex.join(["python", *argv[1:]])
 
 
+def check_out(parser: argparse.ArgumentParser, path: str, flag: str, *, is_dir: bool) -> None:
+    """`parser.error` (one line, exit 2) when the output `path` cannot be written, before
+    the benchmark runs (`gdpo_jax.train.paths.check_output`)."""
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train.paths import check_output
+
+    try:
+        check_output(path, flag, is_dir=is_dir)
+    except ConfigError as e:
+        parser.error(str(e))
+
+
 def quick_out_main(
     doc: str,
     run: Callable[..., dict],
@@ -393,6 +405,7 @@ def quick_out_main(
     parser.add_argument("--out", default=default_out, help="JSON output path.")
     parser.add_argument("--quick", action="store_true", help=quick_help)
     args = parser.parse_args()
+    check_out(parser, args.out, "--out", is_dir=False)
     result = run(quick=args.quick)
     print(render(result))
     print(f"wrote {write_json(args.out, result)}")

@@ -386,6 +386,16 @@ def _fmt_ratio(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
+def _importable(name: str) -> bool:
+    """A module name that resolves (a benchmark outside BENCHMARKS, e.g. a test's)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name if "." in name else f"benchmarks.{name}") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes / few repeats (CI)")
@@ -409,7 +419,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args._child:  # one isolated benchmark; the parent reads the file
         common.write_json(args._child_out, _run_inline(args._child, args.quick))
         return 0
+    common.check_out(p, args.out_dir, "--out_dir", is_dir=True)
+    if args.timeout_s < 0:
+        p.error(f"--timeout_s={args.timeout_s} must be >= 0 (0 = no limit).")
+    unknown = [
+        n
+        for n in (n.strip() for n in args.only.split(","))
+        if n and n not in BENCHMARKS and not _importable(n)
+    ]
+    if unknown:  # a typo: fail before the machine is measured and latest.json rewritten
+        p.error(f"--only: no benchmark {unknown}; known: {', '.join(BENCHMARKS)}.")
     if args.summary_only:
+        if not os.path.isdir(os.path.join(args.out_dir, "machines")):
+            p.error(f"--summary_only: {args.out_dir}/machines holds no machine files to summarize.")
         path = os.path.join(args.out_dir, "summary.md")
         common.write_text(path, summary_markdown(os.path.join(args.out_dir, "machines")))
         print(f"wrote {path}")

@@ -76,6 +76,10 @@ def _load_one_shot(cfg) -> tasks.TaskData:
 
 
 def get_config(arg: str = ""):
+    if arg not in ("", "runlocal"):
+        raise ValueError(
+            f"configs/smollm2_toolcall.py: unknown option {arg!r}; use '' or 'runlocal'."
+        )
     c = base_config()
     c.seed = 0
 

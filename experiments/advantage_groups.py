@@ -138,6 +138,17 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not FLAGS["verbosity"].present:  # keep the table readable (no backend INFO lines)
         logging.set_verbosity(logging.WARNING)
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train import cli
+    from gdpo_jax.train.paths import check_output
+
+    for flag, low in (("max_g", 2), ("max_k", 1), ("fixed_g", 2), ("fixed_k", 1)):
+        if FLAGS[flag].value < low:
+            cli.fail(f"--{flag}={FLAGS[flag].value} must be >= {low}.")
+    try:
+        check_output(FLAGS.out_dir, "--out_dir", is_dir=True)  # before the sweep
+    except ConfigError as e:
+        cli.fail(e)
     run(FLAGS.out_dir, FLAGS.max_g, FLAGS.max_k, FLAGS.fixed_k, FLAGS.fixed_g)
 
 

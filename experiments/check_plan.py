@@ -118,13 +118,28 @@ def main(argv: list[str]) -> None:
     if _PROGRAM.value:
         _measure_one()
         return
-    if not _PLAN.value or not os.path.exists(_PLAN.value):
+    if not _PLAN.value or not os.path.isfile(_PLAN.value):
         cli.fail(
             f"--plan={_PLAN.value or ''}: no such file; write one with python -m experiments.plan "
             "--config=... --topology=<this machine's devices> --json=<path>."
         )
-    with open(_PLAN.value) as f:
-        plan = json.load(f)
+    try:
+        with open(_PLAN.value) as f:
+            plan = json.load(f)
+    except (OSError, ValueError) as e:
+        cli.fail(f"--plan={_PLAN.value}: not a readable JSON file ({type(e).__name__}: {e}).")
+    if not isinstance(plan, dict) or not isinstance(plan.get("programs"), dict):
+        cli.fail(
+            f"--plan={_PLAN.value}: not a plan (no 'programs'); write one with python -m "
+            "experiments.plan --json=<path>."
+        )
+    from gdpo_jax.errors import ConfigError as _ConfigError
+    from gdpo_jax.train.paths import check_output
+
+    try:
+        check_output(_JSON.value, "--json", is_dir=False)  # before any program is compiled
+    except _ConfigError as e:
+        cli.fail(e)
     programs = _PROGRAMS.value or list(plan["programs"])
     unknown = [p for p in programs if p not in plan["programs"]]
     if unknown:

@@ -156,6 +156,21 @@ def main(argv: list[str]) -> None:
     estimators = F.estimators if F.estimators is not None else list(preset["estimators"])
     seeds = list(range(F.seeds if F.seeds is not None else preset["seeds"]))
     window = 1 if quick else F.window
+    if not estimators:
+        cli.fail("--estimators is empty; name at least one, e.g. --estimators=grpo,gdpo.")
+    if not seeds:
+        cli.fail(f"--seeds={F.seeds} must be >= 1 (seeds per estimator).")
+    if F.window < 1:
+        cli.fail(f"--window={F.window} must be >= 1 (steps in the curves' moving average).")
+    from gdpo_jax.train.paths import check_output
+
+    try:
+        for flag, path in (("--out_dir", out_dir), ("--sft_dir", sft_dir)):
+            check_output(path, flag, is_dir=True)  # before the warm start and the runs
+    except ConfigError as e:
+        cli.fail(e)
+    if F.report_only and not os.path.isdir(out_dir):
+        cli.fail(f"--report_only: --out_dir={out_dir} holds no runs to report on.")
     sets = []
     for item in F.set:
         field, eq, value = item.partition("=")

@@ -62,8 +62,12 @@ def main(argv: list[str]) -> None:
         raise app.UsageError("--config=configs/<name>.py is required.")
     from gdpo_jax.scale.plan import PlanError, format_plan, make_plan
     from gdpo_jax.scale.search import fewest_microbatches, find_fit
+    from gdpo_jax.train.paths import check_output
 
     try:
+        check_output(_JSON.value, "--json", is_dir=False)  # before minutes of compiling
+        if _MAX_TRIES.value < 1:
+            raise ConfigError(f"--max_tries={_MAX_TRIES.value} must be >= 1.")
         target = parse_target(_TOPOLOGY.value)
         plan = make_plan(cfg, target)
         print(format_plan(plan))
@@ -102,11 +106,14 @@ def main(argv: list[str]) -> None:
         plan["command"] = plan_command(sys.argv[1:])  # rebuilt by plan_command.parse_plan_command
         plan["planned_on"] = machine_kind(machine_info())
         plan["planned_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
         with open(_JSON.value, "w") as f:
             json.dump(plan, f, indent=1, default=str)
         print(f"wrote {_JSON.value}")
 
 
 if __name__ == "__main__":
-    flags.mark_flag_as_required("topology")
-    app.run(main)
+    from gdpo_jax.train import cli
+
+    # One-line errors (exit 2) for a missing config file, a misspelled field or a bad value.
+    app.run(main, flags_parser=cli.flags_parser(("config",)))

@@ -115,19 +115,35 @@ def _machine() -> str:
 
 
 def main(argv: list[str]) -> None:
-    del argv
     from configs import smollm2_toolcall
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train import cli
+    from gdpo_jax.train.paths import check_output
 
-    cfg = smollm2_toolcall.get_config(FLAGS.config_arg)
+    if len(argv) > 1:
+        cli.fail(f"unexpected arguments: {argv[1:]}")
+    try:
+        cfg = smollm2_toolcall.get_config(FLAGS.config_arg)
+    except ValueError as e:
+        cli.fail(f"--config_arg: {e}")
     cfg.workdir = FLAGS.workdir
     eval0_path = os.path.join(FLAGS.workdir, "eval_step0.json")
+    try:  # before the run: the summary goes there after it
+        check_output(FLAGS.out_dir, "--out_dir", is_dir=True)
+        if FLAGS.summary_only and not os.path.isfile(os.path.join(FLAGS.workdir, "metrics.jsonl")):
+            raise ConfigError(f"--summary_only: --workdir={FLAGS.workdir} holds no finished run.")
+    except ConfigError as e:
+        cli.fail(e)
     if not FLAGS.summary_only:
         from gdpo_jax.train import logs
         from gdpo_jax.train.config import validate_config
         from gdpo_jax.train.loop import Trainer
 
         logs.setup_logging("info")
-        validate_config(cfg)
+        try:
+            validate_config(cfg)
+        except ConfigError as e:  # names config.workdir: the flag is --workdir
+            cli.fail(str(e).replace("config.workdir", "--workdir"))
         if os.path.exists(os.path.join(FLAGS.workdir, "metrics.jsonl")):
             raise SystemExit(f"--workdir={FLAGS.workdir} holds a run already; use a new one.")
         os.makedirs(FLAGS.workdir, exist_ok=True)

@@ -55,6 +55,14 @@ def main(argv: list[str]) -> None:
         ) from None
     if any(c < 1 for c in counts):
         raise app.UsageError(f"--counts={','.join(map(str, counts))}: counts must be >= 1")
+    if _STEPS.value < 1:
+        cli.fail(f"--steps={_STEPS.value} must be >= 1 (timed steps per count).")
+    from gdpo_jax.train.paths import check_output
+
+    try:
+        check_output(_JSON.value, "--json", is_dir=False)  # before the step is compiled
+    except ConfigError as e:
+        cli.fail(e)
     if int(cfg.algo.num_microbatches) not in counts:
         counts.append(int(cfg.algo.num_microbatches))
     log.info("timing the RL step at num_microbatches %s, %d steps each", counts, _STEPS.value)

@@ -147,7 +147,7 @@ def test_run_all_main_writes_latest_with_peak(fake_benchmarks, tmp_path, monkeyp
             "--out_dir",
             str(out),  # isolated: peak in a child too
             "--only",
-            "nbh_fakebench.ok,bench_missing_xyz",
+            "nbh_fakebench.ok",
         ]
     )
     assert rc == 0
@@ -157,6 +157,17 @@ def test_run_all_main_writes_latest_with_peak(fake_benchmarks, tmp_path, monkeyp
     assert (
         run_all.main(["--no_isolate", "--out_dir", str(out), "--only", "nbh_fakebench.boom"]) == 1
     )
+    # A name that is no benchmark, or an output dir that is a file: one line, before any work.
+    (tmp_path / "afile").write_text("")
+    for args, msg in (
+        (["--only", "bench_missing_xyz"], "--only: no benchmark ['bench_missing_xyz']"),
+        (["--out_dir", str(tmp_path / "afile")], "is a file, not a directory"),
+        (["--timeout_s", "-5"], "--timeout_s=-5.0 must be >= 0"),
+    ):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            run_all.main(args)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
 
 
 # ---------------------------------------------------------- one table per machine kind

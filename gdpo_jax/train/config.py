@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 
 import ml_collections as mlc
 
@@ -19,6 +18,7 @@ from gdpo_jax.errors import ConfigError
 from gdpo_jax.train.field_checks import (  # noqa: F401 - public names, re-exported
     check_distributed,
     check_ranges,
+    check_sampling,
     check_tiny_model,
     eval_params,
     sampling_params,
@@ -44,7 +44,7 @@ from gdpo_jax.train.schema import (  # noqa: F401 - public names, re-exported
     fingerprint,
 )
 
-_SCHEDULES = ("cosine", "constant", "linear")
+SCHEDULES = ("cosine", "constant", "linear")
 _OLD_LOGPROBS = ("sampler", "recompute")
 _ON_ERROR = ("raise", "nan")
 
@@ -126,7 +126,7 @@ def validate_config(
     _choice(cfg, "algo.kl_estimator", kl_estimators)
     _choice(cfg, "algo.batch_norm", ("sample", "token"))
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
-    _choice(cfg, "optim.schedule", _SCHEDULES)
+    _choice(cfg, "optim.schedule", SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
     from gdpo_jax.models.config import ATTENTION_KINDS, canonical_dtype
 
@@ -276,18 +276,7 @@ def validate_config(
             f"config.sampling.temperature={cfg.sampling.temperature} must be > 0 for RL "
             "(the loss uses the tempered log-probs)."
         )
-    for section, make in (("sampling", sampling_params), ("eval", eval_params)):
-        try:
-            make(cfg)
-        except (ValueError, TypeError) as e:  # "SamplingParams.top_p=1.5 must be in ..."
-            field = re.match(r"SamplingParams\.(\w+)", str(e))
-            name = field.group(1) if field else "<field>"
-            if section == "eval" and name in ("max_new_tokens", "stop_strings"):
-                section = "sampling"  # the eval takes these two from config.sampling
-            raise ConfigError(
-                f"{str(e).replace('SamplingParams.', f'config.{section}.')} Set "
-                f"--config.{section}.{name} accordingly."
-            ) from None
+    check_sampling(cfg)
 
     if num_devices is None:
         import jax

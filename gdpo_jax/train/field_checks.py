@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from typing import Any
 
 import ml_collections as mlc
@@ -30,6 +31,7 @@ __all__ = [
     "Range",
     "check_distributed",
     "check_ranges",
+    "check_sampling",
     "check_tiny_model",
     "eval_params",
     "sampling_params",
@@ -204,3 +206,20 @@ def eval_params(cfg) -> Any:
         greedy=e.greedy,
         stop_strings=tuple(s.stop_strings),
     )
+
+
+def check_sampling(cfg: mlc.ConfigDict) -> None:
+    """Builds the run's two SamplingParams (rollouts, eval) as the trainer does; their
+    errors become ConfigErrors naming config.sampling.<field> / config.eval.<field>."""
+    for section, make in (("sampling", sampling_params), ("eval", eval_params)):
+        try:
+            make(cfg)
+        except (ValueError, TypeError) as e:  # "SamplingParams.top_p=1.5 must be in ..."
+            field = re.match(r"SamplingParams\.(\w+)", str(e))
+            name = field.group(1) if field else "<field>"
+            if section == "eval" and name in ("max_new_tokens", "stop_strings"):
+                section = "sampling"  # the eval takes these two from config.sampling
+            raise ConfigError(
+                f"{str(e).replace('SamplingParams.', f'config.{section}.')} Set "
+                f"--config.{section}.{name} accordingly."
+            ) from None

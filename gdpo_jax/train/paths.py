@@ -68,11 +68,7 @@ def check_workdir(path: str, field: str = "workdir") -> None:
     from gdpo_jax.errors import ConfigError
 
     if not is_url(path):
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigError(
-                f"config.{field}={path!r} is a file, not a directory; name a new or existing "
-                "run directory."
-            )
+        check_output(path, f"config.{field}", is_dir=True)
         return
     scheme = str(path).split("://", 1)[0]
     if scheme not in FS_PACKAGES:
@@ -87,6 +83,34 @@ def check_workdir(path: str, field: str = "workdir") -> None:
             f"config.{field}={path!r} needs the {package} package to write to {scheme}:// "
             f"(pip install {package}); or use a local directory."
         )
+
+
+def check_output(path: str, name: str, *, is_dir: bool) -> None:
+    """Raises ConfigError (naming `name`, the flag or field) when a local output `path`
+    cannot be written: a file where a directory is wanted or the reverse, or a file
+    (or an unwritable directory) where one of its missing parents would go. Tools
+    call it before their work, so a typo in an output path does not cost a run.
+    URLs are left to their writer; missing parents are for the writer to create."""
+    from gdpo_jax.errors import ConfigError
+
+    if not path or is_url(path):
+        return
+    full = os.path.abspath(path)
+    if os.path.exists(full):
+        if is_dir != os.path.isdir(full):
+            want, found = ("directory", "a file") if is_dir else ("file", "a directory")
+            raise ConfigError(f"{name}={path!r} is {found}, not a {want}; choose another path.")
+        return
+    parent = os.path.dirname(full)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(
+            f"{name}={path!r}: {parent!r} is a file, so nothing can be written under it; "
+            "choose another path."
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{name}={path!r}: {parent!r} is not writable; choose another path.")
 
 
 def check_inputs(cfg: Any, *, data: bool = True) -> None:

@@ -46,7 +46,20 @@ from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.completion import completion_logprobs
-from gdpo_jax.train.config import ConfigError, base_config, reward_runner, reward_specs
+from gdpo_jax.train.config import (
+    SCHEDULES,
+    ConfigError,
+    _choice,
+    base_config,
+    reward_runner,
+    reward_specs,
+)
+from gdpo_jax.train.field_checks import (
+    Range,
+    check_ranges,
+    check_sampling,
+    check_tiny_model,
+)
 from gdpo_jax.train.metrics import MetricsWriter
 
 __all__ = [
@@ -378,6 +391,7 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
             f"config.workdir={cfg.workdir!r}: SFT exports a Hugging Face directory for the RL "
             "runs to load, which must be local; use a local directory."
         )
+    paths.check_workdir(cfg.workdir)  # a file, or a file where a parent would go
     paths.check_inputs(cfg)
     s = cfg.sft
     if s.num_steps < 1 or s.batch_size < 1:
@@ -387,8 +401,33 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     for f in ("format_noise", "value_noise", "verbose_prob"):
         if not 0.0 <= s[f] <= 1.0:
             raise ConfigError(f"config.sft.{f}={s[f]} must be a probability in [0, 1].")
-    if cfg.optim.lr <= 0:
-        raise ConfigError(f"config.optim.lr={cfg.optim.lr} must be > 0.")
+    # The fields the SFT shares with an RL run, checked as validate_config checks them.
+    check_ranges(cfg)
+    check_ranges(cfg, SFT_RANGES)
+    _choice(cfg, "optim.schedule", SCHEDULES)
+    check_tiny_model(cfg)
+    check_sampling(cfg)
+    if not cfg.model.name and not build.tokenizer_known(cfg.model.tokenizer):
+        raise ConfigError(
+            f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
+            "nor a directory; a random-init model (config.model.name='') needs one."
+        )
+    try:
+        mesh_lib.resolve_mesh_shape(
+            tuple(cfg.mesh.shape), cfg.mesh.num_devices or jax.device_count()
+        )
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
+
+
+# The sft section's counts (the shared fields: field_checks.RANGES).
+SFT_RANGES = (
+    Range("sft.num_examples", low=0, integer=True, note="0 = all", example="0"),
+    Range("sft.log_every", low=1, integer=True, example="10"),
+    Range("sft.eval_every", low=0, integer=True, note="0 = at the end only", example="0"),
+    Range("sft.eval_num_examples", low=0, integer=True, example="64"),
+    Range("sft.eval_samples", low=1, integer=True, example="4"),
+)
 
 
 _validate = validate_sft_config

@@ -1,0 +1,119 @@
+"""The command-line tools besides the trainer refuse bad input in one line (exit 2)
+before any work: an output path that cannot be written (checked before a plan
+compiles, a benchmark runs or a comparison trains), a count below its minimum, a
+file that is not a plan, an unknown config option. Each of these ran first and
+failed after the work, most with a traceback (the trainer's own: test_config.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _one_line_error(out: subprocess.CompletedProcess, text: str) -> None:
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "error: " in last and text in last, last  # argparse's: "<prog>: error: ..."
+
+
+@pytest.fixture
+def afile(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("")
+    return path
+
+
+@pytest.mark.parametrize(
+    "module,args,text",
+    [
+        (
+            "experiments.plan",
+            ("--config=configs/tiny_cpu.py", "--topology=8xh100", "--json={afile}/p.json"),
+            "/afile' is a file, so nothing can be written under it",
+        ),
+        (
+            "experiments.plan",
+            ("--config=configs/tiny_cpu.py", "--topology=8xh100", "--max_tries=-5"),
+            "--max_tries=-5 must be >= 1",
+        ),
+        (
+            "experiments.check_plan",
+            ("--config=configs/tiny_cpu.py", "--plan={afile}"),
+            "not a readable JSON file",
+        ),
+        (
+            "experiments.tune_microbatches",
+            ("--config=configs/tiny_cpu.py", "--steps=0"),
+            "--steps=0 must be >= 1",
+        ),
+        (
+            "experiments.tune_microbatches",
+            ("--config=configs/tiny_cpu.py", "--json={afile}/t.json"),
+            "--json=",
+        ),
+        ("experiments.advantage_groups", ("--max_g=1",), "--max_g=1 must be >= 2"),
+        (
+            "experiments.advantage_groups",
+            ("--out_dir={afile}",),
+            "is a file, not a directory",
+        ),
+        (
+            "experiments.compare_estimators",
+            ("--size=quick", "--seeds=0", "--out_dir={tmp}/cmp"),
+            "--seeds=0 must be >= 1",
+        ),
+        (
+            "experiments.compare_estimators",
+            ("--size=quick", "--out_dir={afile}", "--sft_dir={tmp}/sft"),
+            "--out_dir=",
+        ),
+        (
+            "experiments.sft",
+            ("--config=configs/sft_toolcall.py:runlocal", "--config.workdir={afile}"),
+            "config.workdir=",
+        ),
+        (
+            "experiments.sft",
+            (
+                "--config=configs/sft_toolcall.py:runlocal",
+                "--config.workdir={tmp}/s",
+                "--config.optim.schedule=bogus",
+            ),
+            "config.optim.schedule='bogus' is not one of",
+        ),  # fmt: skip
+        (
+            "experiments.smollm2_demo",
+            ("--config_arg=runlcal", "--workdir={tmp}/d", "--out_dir={tmp}/o"),
+            "unknown option 'runlcal'",
+        ),
+        (
+            "benchmarks.bench_advantages",
+            ("--quick", "--out={afile}/x.json"),
+            "is a file, so nothing can be written under it",
+        ),
+    ],
+)
+def test_tools_refuse_bad_input_before_any_work(module, args, text, afile, tmp_path):
+    args = tuple(a.format(afile=afile, tmp=tmp_path) for a in args)
+    before = sorted(os.listdir(tmp_path))
+    out = _run(module, *args)
+    _one_line_error(out, text)
+    assert sorted(os.listdir(tmp_path)) == before  # nothing written
