@@ -264,7 +264,14 @@ def rederive(plan: dict) -> dict:
 
 
 def main(argv: list[str]) -> None:
-    del argv
+    from gdpo_jax.train import cli
+
+    if len(argv) > 1:  # e.g. an entry without --only=: it would plan every entry
+        cli.fail(f"unexpected arguments: {argv[1:]} (entries go in --only=pid@topology,...)")
+    known = {f"{pid}@{t}" for pid, _, _, _, targets in PAPER for t in targets}
+    unknown = [k for k in _ONLY.value or () if k not in known]
+    if unknown:  # it would rewrite scale.md with nothing planned
+        cli.fail(f"--only: no entry {unknown}; entries: {', '.join(sorted(known))}.")
     from benchmarks.common import machine_info, machine_kind
     from experiments.plan_command import table_command
     from gdpo_jax.scale.plan import make_plan

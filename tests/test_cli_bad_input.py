@@ -104,6 +104,11 @@ def afile(tmp_path):
             ("--config_arg=runlcal", "--workdir={tmp}/d", "--out_dir={tmp}/o"),
             "unknown option 'runlcal'",
         ),
+        (  # it rewrote scale.md with the entry "not planned yet"
+            "experiments.plan_table",
+            ("--only=tool-1.5b@9xh100", "--out={tmp}/pt"),
+            "--only: no entry ['tool-1.5b@9xh100']",
+        ),
         (
             "benchmarks.bench_advantages",
             ("--quick", "--out={afile}/x.json"),
