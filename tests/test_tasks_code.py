@@ -204,3 +204,21 @@ def test_stdout_outputs_given_as_lines():
     assert tcode.pass_rate_reward(None, [echo], tests=[tests]) == [1.0]
     wrong = fence("print('1')\nprint('3')")
     assert tcode.pass_rate_reward(None, [wrong], tests=[tests]) == [0.0]
+
+
+def test_memo_keeps_runs_with_and_without_the_weak_opt_in_apart(monkeypatch):
+    """run_tests memoizes sandbox runs; the key left out allow_weak, so a run allowed a
+    weak isolation mode answered for the same program under a config that refused it."""
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["allow_weak"])
+        return run_program(*args, **kwargs)
+
+    run_program = tcode.run_program
+    monkeypatch.setattr(tcode, "run_program", spy)
+    tests = {"inputs": ["7\n"], "outputs": ["7\n"], "fn_name": None}
+    code = "print(input())  # memo key test"
+    for weak in (True, False, True):
+        tcode.run_tests(code, tests, allow_weak=weak)
+    assert calls == [True, False]  # the third call is the first one's memo

@@ -157,7 +157,13 @@ def run_tests(
     if max_tests is not None:
         ins, outs = ins[:max_tests], outs[:max_tests]
     fn = tests.get("fn_name") or None
-    key = json.dumps([code, ins, outs, fn, limits.__dict__, isolation], sort_keys=True, default=str)
+    # Every setting that reaches run_program: a run under a weak mode (allow_weak) must
+    # not answer for one that refused it.
+    key = json.dumps(
+        [code, ins, outs, fn, limits.__dict__, isolation, bool(allow_weak)],
+        sort_keys=True,
+        default=str,
+    )
 
     def compute():
         res = run_program(
