@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.hostenv",
             "gdpo_jax.backend",
             "gdpo_jax.compile_cache",
+            "gdpo_jax.quiet_start",
         ),
     ),
     ("core", ("gdpo_jax.core",)),
