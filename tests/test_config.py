@@ -165,6 +165,13 @@ def _set(path: str, value):
         # Each of these was accepted by validation and failed after the work had started
         # (in the model build, a jitted step, the optimizer, the reward runner or an Orbax
         # save), or ran doing something else than asked.
+        (  # the ZeroDivisionError in the toy generator; the test config's task takes none
+            lambda c: (
+                _set("task.name", "toy_toolcall")(c),
+                _set("task.kwargs", {"num_tools": 0})(c),
+            ),
+            r"config\.task\.kwargs\.num_tools=0: task 'toy_toolcall' needs an int",
+        ),
         (_set("model.tiny.hidden_size", 0), r"config\.model\.tiny: hidden_size=0 must be >= 1"),
         (_set("model.tiny.num_layers", 0), r"config\.model\.tiny: num_layers=0 must be >= 1"),
         (_set("model.tiny.num_kv_heads", 0), r"config\.model\.tiny: num_kv_heads=0 must be"),

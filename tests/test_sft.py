@@ -245,6 +245,12 @@ def test_sft_config_errors(tmp_path):
     cfg = _config("")
     with pytest.raises(ConfigError, match="workdir"):
         S.SFT(cfg)
+    # A bad task kwarg fails in validation, before the model build (load_task comes after it).
+    cfg = _config(tmp_path)
+    with cfg.task.unlocked():
+        cfg.task.kwargs = {"n_tools": 0}
+    with pytest.raises(ConfigError, match=r"config\.task\.kwargs\.n_tools=0"):
+        S._validate(cfg)
 
 
 def test_targets_live_in_the_data_layer_and_stay_importable_from_sft():

@@ -103,3 +103,13 @@ def test_synthetic_num_eval_0_turns_eval_off_and_num_train_0_names_the_field(nam
     c.task.num_train = 0
     with pytest.raises(ValueError, match=r"config\.task\.num_train=0.*1 or more"):
         sources._load(name, c)
+
+
+def test_file_source_warns_that_task_kwargs_are_ignored(tmp_path, caplog):
+    # task.kwargs set the synthetic generator; a file source read past them in silence.
+    src = write_jsonl(_recs("train"), tmp_path / "train.jsonl")
+    c = _cfg(str(src))
+    c.task.kwargs.max_steps = 2
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
+        assert len(sources._load("math", c).train) == 3
+    assert "config.task.kwargs ['max_steps'] are ignored" in caplog.text

@@ -11,13 +11,25 @@ eval_source / "synthetic"); `toy` is the word-level task of the tiny CPU config;
     task = get_task("math")
     examples = task.load("data/deepscaler.json")
     data = load_task(cfg)            # TaskData for cfg.task.name
+
+A task declares the `config.task.kwargs` it takes as a table of `Kwarg`s
+(`register_task(name, kwargs=...)`); `load_task` range-checks them first.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gdpo_jax.tasks.registry import TASKS, TaskData, TaskLoader, get_task, register_task
+from gdpo_jax.tasks.registry import (
+    TASKS,
+    Kwarg,
+    SumAtMost,
+    TaskData,
+    TaskLoader,
+    get_task,
+    register_task,
+    task_kwargs,
+)
 
 # The modules whose import registers the built-in trainer tasks (and a rewards-only one).
 BUILTIN_TASK_MODULES = (
@@ -57,8 +69,23 @@ def list_tasks() -> list[str]:
     return sorted(_TASKS)
 
 
+def check_task_kwargs(cfg: Any) -> None:
+    """ConfigError naming `config.task.kwargs.<key>` when a key is unknown, of the wrong
+    type or out of range for `cfg.task.name`'s kwargs table (a task registered without
+    one is not checked here). Makes nothing: `load_task` calls it before the loader."""
+    from gdpo_jax.tasks.registry import check_kwargs
+
+    _load_builtin_tasks()
+    table = task_kwargs(cfg.task.name)
+    if table is None:
+        return
+    kw = cfg.task.get("kwargs") or {}
+    check_kwargs(cfg.task.name, kw.to_dict() if hasattr(kw, "to_dict") else dict(kw), table)
+
+
 def load_task(cfg: Any) -> TaskData:
-    """TaskData of `cfg.task.name`; ValueError naming the field when unknown or empty."""
+    """TaskData of `cfg.task.name`; ValueError naming the field when unknown or empty,
+    ConfigError (before any record is made) when `config.task.kwargs` is bad."""
     from gdpo_jax.tasks.registry import _TASKS
 
     _load_builtin_tasks()
@@ -68,9 +95,10 @@ def load_task(cfg: Any) -> TaskData:
             f"config.task.name={name!r} is not a known task; known: "
             f"{sorted(_TASKS)} (register more with gdpo_jax.tasks.register_task)."
         )
+    check_task_kwargs(cfg)
     try:
         data = _TASKS[name](cfg)
-    except TypeError as e:  # a task.kwargs key its generator does not take
+    except TypeError as e:  # a task without a kwargs table: a key its generator does not take
         if "unexpected keyword argument" not in str(e):
             raise
         from gdpo_jax.errors import ConfigError
@@ -90,10 +118,14 @@ def load_task(cfg: Any) -> TaskData:
 __all__ = [
     "BUILTIN_TASK_MODULES",
     "TASKS",
+    "Kwarg",
+    "SumAtMost",
     "TaskData",
     "TaskLoader",
+    "check_task_kwargs",
     "get_task",
     "list_tasks",
     "load_task",
     "register_task",
+    "task_kwargs",
 ]

@@ -23,7 +23,7 @@ import numpy as np
 
 from gdpo_jax.rewards.registry import register_reward
 from gdpo_jax.tasks.registry import TaskData, register_task
-from gdpo_jax.tasks.toy import records
+from gdpo_jax.tasks.toy import KWARGS, records
 
 __all__ = ["evaluate", "load", "REWARDS"]
 
@@ -73,7 +73,7 @@ def evaluate(completions: Sequence[str], examples: Sequence[dict], **kw) -> dict
     }
 
 
-@register_task("three_binary")
+@register_task("three_binary", kwargs=KWARGS)
 def load(cfg) -> TaskData:
     t = cfg.task
     kw = t.kwargs.to_dict()

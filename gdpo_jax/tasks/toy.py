@@ -25,7 +25,7 @@ import numpy as np
 
 from gdpo_jax.data.tokenizer_registry import register_tokenizer
 from gdpo_jax.rewards.registry import register_reward
-from gdpo_jax.tasks.registry import TaskData, register_task
+from gdpo_jax.tasks.registry import Kwarg, TaskData, register_task
 
 TOOLS = ("weather", "currency", "alarm", "message", "flights", "stock", "translate", "music")
 ARGS = (
@@ -57,6 +57,15 @@ ARGS = (
 FILLER = ("please", "now", "the", "and", "for", "me", "a", "to")
 SPECIALS = ("<pad>", "<s>", "</s>")
 WORDS = SPECIALS + TOOLS + ARGS + FILLER
+
+# config.task.kwargs of toy_toolcall and three_binary: `records`' options. The upper
+# bounds are the word lists' sizes (more was quietly the whole list); a request needs
+# one tool (0 tools divided by zero) and two different arguments.
+KWARGS = (
+    Kwarg("filler", float, 0.5, 0, 1, means="chance of a filler word before, and after, a request"),
+    Kwarg("num_tools", int, len(TOOLS), 1, len(TOOLS), means="tool words the requests use"),
+    Kwarg("num_args", int, len(ARGS), 2, len(ARGS), means="argument words; a request takes two"),
+)
 
 
 @register_tokenizer("toy_words")
@@ -162,7 +171,7 @@ def evaluate(completions: Sequence[str], examples: Sequence[dict], **kw) -> dict
     }
 
 
-@register_task("toy_toolcall")
+@register_task("toy_toolcall", kwargs=KWARGS)
 def load(cfg) -> TaskData:
     t = cfg.task
     kw = t.kwargs.to_dict()

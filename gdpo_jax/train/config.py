@@ -181,7 +181,7 @@ def validate_config(
         raise ConfigError(f"config.rewards.names={names} lists a reward twice.")
     import_modules(cfg)
     from gdpo_jax.data import tokenizer_registry
-    from gdpo_jax.tasks import list_tasks
+    from gdpo_jax.tasks import check_task_kwargs, list_tasks
 
     try:
         tasks = list_tasks()  # also registers the toy task's rewards and tokenizer
@@ -203,6 +203,7 @@ def validate_config(
             f"config.task.num_train={cfg.task.num_train}: a synthetic source generates that "
             "many training records; set it to 1 or more (0 = all applies to a file source)."
         )
+    check_task_kwargs(cfg)  # the task's kwargs table: unknown keys, types, ranges
     _check_rewards(cfg, names, known_rewards)
     for e in tuple(cfg.rewards.get("executors", ())):
         if e not in ("", "thread", "process"):

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax import compile_cache
 from gdpo_jax.data.corrupt import SFT_TASKS, make_targets
-from gdpo_jax.tasks import load_task
+from gdpo_jax.tasks import check_task_kwargs, load_task
 from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
@@ -393,6 +393,7 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
         )
     paths.check_workdir(cfg.workdir)  # a file, or a file where a parent would go
     paths.check_inputs(cfg)
+    check_task_kwargs(cfg)  # before the model build; load_task would check them after it
     s = cfg.sft
     if s.num_steps < 1 or s.batch_size < 1:
         raise ConfigError(
