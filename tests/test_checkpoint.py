@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import shutil
 
 import jax
 import numpy as np
 import pytest
 
 from gdpo_jax.models.sharding import create_model
+from gdpo_jax.train import checkpoint as checkpoint_lib
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer, IncompatibleCheckpointError
@@ -26,6 +30,11 @@ def _cfg():
     c = base_config()
     c.workdir = "/tmp/w"
     return c
+
+
+@pytest.fixture(autouse=True)
+def _no_pause_before_second_read(monkeypatch):
+    monkeypatch.setattr(checkpoint_lib, "_RETRY_PAUSE_S", 0.0)
 
 
 def test_keep_interval_and_roundtrip(tmp_path):
@@ -90,7 +99,8 @@ def test_incompatible_config_names_every_field(tmp_path):
 
 
 def _damage(step_dir, kind: str) -> str:
-    """Truncates the biggest array data file, or the metadata JSON, of one step."""
+    """Truncates the biggest array data file ("array") or the metadata JSON ("meta"),
+    or deletes the metadata JSON ("missing": a FileNotFoundError, still damage)."""
     import glob
 
     if kind == "array":
@@ -98,15 +108,16 @@ def _damage(step_dir, kind: str) -> str:
         path = max(files, key=os.path.getsize)
     else:
         path = os.path.join(step_dir, "meta", "metadata")
+    if kind == "missing":
+        os.remove(path)
+        return path
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
     return path
 
 
-@pytest.mark.parametrize("kind", ["array", "meta"])
+@pytest.mark.parametrize("kind", ["array", "meta", "missing"])
 def test_damaged_latest_falls_back_to_previous_with_warning(tmp_path, kind, caplog):
-    import logging
-
     # Different weights at each step, restored onto a third: step 1's must come back
     # from disk (the same state everywhere would pass with the target handed back).
     state = _state(None)
@@ -153,6 +164,161 @@ def test_only_checkpoint_damaged_fails_loudly(tmp_path, kind):
             state, jax.random.key(0)
         )
     assert os.listdir(tmp_path) == ["1"]  # nothing moved or deleted
+
+
+# --- A read that fails for the storage's or the process's sake is not damage.
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory):
+    """A checkpoint directory holding steps 1 and 2 (different weights), and their states."""
+    directory = str(tmp_path_factory.mktemp("two_steps") / "checkpoints")
+    states = {s: _state(None, seed=s) for s in (1, 2)}
+    ck = Checkpointer(directory, every=1, keep=3, async_save=False, config=_cfg())
+    for s, st in states.items():
+        ck.save(s, st, key=jax.random.key(s), data_state={"next_index": s})
+    ck.close()
+    return directory, states
+
+
+def _copy_steps(two_steps, tmp_path) -> str:
+    directory = str(tmp_path / "checkpoints")
+    shutil.copytree(two_steps[0], directory)
+    return directory
+
+
+def _nothing_moved(tmp_path, directory) -> bool:
+    return os.listdir(tmp_path) == ["checkpoints"] and sorted(os.listdir(directory)) == ["1", "2"]
+
+
+def _failing_reads(monkeypatch, step: int, error, times: int = 1_000) -> list[int]:
+    """The next `times` array reads of `step` raise `error()`, where orbax's own would."""
+    import orbax.checkpoint as ocp
+
+    real = ocp.CheckpointManager.restore
+    raised: list[int] = []
+
+    def restore(self, s, *args, **kwargs):
+        if s == step and "state" in kwargs.get("args", {}) and len(raised) < times:
+            raised.append(s)
+            raise error()
+        return real(self, s, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+    return raised
+
+
+def _tensorstore(text: str):
+    """orbax's wrapper around a TensorStore read error (the chain restore raises)."""
+
+    def make():
+        e = Exception("Encountered error while reading array index: (slice(0, 64, 1),).")
+        e.__cause__ = ValueError(text)
+        return e
+
+    return make
+
+
+_TS_EIO = (
+    'UNKNOWN: Error reading "train_state.params.embed.value/0.0" in OCDBT database at local '
+    'file "/n/ckpt/2/state/": Failed to open: "/n/ckpt/2/state/d/5ca9": Input/output error '
+    "[os_error_code='5']"
+)
+_TS_ENOTCONN = (  # a FUSE mount gone: FAILED_PRECONDITION, as a truncated file is
+    'FAILED_PRECONDITION: Error reading "train_state.step/0" in OCDBT database at local file '
+    '"/n/ckpt/2/state/": Transport endpoint is not connected [OS error 107: ENOTCONN]'
+)
+_GCS_503 = (
+    'UNAVAILABLE: Error reading "manifest.ocdbt" in OCDBT database at '
+    '"gs://bucket/run/checkpoints/2/state/": HTTP response code: 503'
+)
+_TS_SHORT_READ = (
+    'OUT_OF_RANGE: Error reading "train_state.step/0" in OCDBT database at local file '
+    '"/n/ckpt/2/state/": Requested byte range [0, 900) is not valid for value of size 0'
+)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [lambda: OSError(errno.EIO, "Input/output error"), _tensorstore(_TS_SHORT_READ)],
+    ids=["eio", "short_read_like_a_truncated_file"],
+)
+def test_read_failing_once_is_read_again_and_nothing_moved(
+    two_steps, tmp_path, monkeypatch, caplog, error
+):
+    directory = _copy_steps(two_steps, tmp_path)
+    states = two_steps[1]
+    raised = _failing_reads(monkeypatch, 2, error, times=1)
+    ck = Checkpointer(directory, every=1, config=_cfg())
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
+        restored, _, data_state, step = ck.restore(states[1], jax.random.key(0))
+    ck.close()
+    assert raised == [2] and step == 2 and data_state == {"next_index": 2}
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        restored,
+        states[2],
+    )
+    assert f"checkpoint step 2 at {directory}/2 failed to read once" in caplog.text
+    assert "damaged" not in caplog.text and _nothing_moved(tmp_path, directory)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        lambda: OSError(errno.EIO, "Input/output error"),
+        lambda: TimeoutError(errno.ETIMEDOUT, "Connection timed out"),
+        lambda: OSError(errno.ENOSPC, "No space left on device"),
+        lambda: PermissionError(errno.EACCES, "Permission denied"),
+        MemoryError,
+        lambda: jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating"),
+        _tensorstore(_TS_EIO),
+        _tensorstore(_TS_ENOTCONN),
+        _tensorstore(_GCS_503),
+    ],
+    ids=[
+        "eio",
+        "etimedout",
+        "enospc",
+        "permission",
+        "memory",
+        "jax_runtime",
+        "tensorstore_eio",
+        "tensorstore_enotconn",
+        "gcs_503",
+    ],
+)
+def test_storage_error_stops_the_restore_and_moves_nothing(two_steps, tmp_path, monkeypatch, error):
+    directory = _copy_steps(two_steps, tmp_path)
+    raised = _failing_reads(monkeypatch, 2, error)
+    ck = Checkpointer(directory, every=1, config=_cfg())
+    with pytest.raises(checkpoint_lib.CheckpointUnavailableError) as e:
+        ck.restore(two_steps[1][1], jax.random.key(0))
+    ck.close()
+    msg = str(e.value)
+    assert msg.startswith(f"cannot read checkpoint step 2 at {directory}/2 now (")
+    assert "nothing was moved" in msg and "\n" not in msg, msg
+    assert raised == [2, 2] and _nothing_moved(tmp_path, directory)  # read twice, step 1 never
+
+
+def test_older_step_unreadable_now_moves_not_even_the_damaged_newer_one(
+    two_steps, tmp_path, monkeypatch
+):
+    directory = _copy_steps(two_steps, tmp_path)
+    _damage(os.path.join(directory, "2"), "array")
+    _failing_reads(monkeypatch, 1, lambda: PermissionError(errno.EACCES, "Permission denied"))
+    with pytest.raises(
+        checkpoint_lib.CheckpointUnavailableError,
+        match=rf"cannot read checkpoint step 1 at {directory}/1 now \(PermissionError",
+    ):
+        Checkpointer(directory, every=1, config=_cfg()).restore(two_steps[1][1], jax.random.key(0))
+    assert _nothing_moved(tmp_path, directory)
+
+
+def test_interrupted_restore_moves_nothing(two_steps, tmp_path, monkeypatch):
+    directory = _copy_steps(two_steps, tmp_path)
+    raised = _failing_reads(monkeypatch, 2, KeyboardInterrupt)
+    with pytest.raises(KeyboardInterrupt):
+        Checkpointer(directory, every=1, config=_cfg()).restore(two_steps[1][1], jax.random.key(0))
+    assert raised == [2] and _nothing_moved(tmp_path, directory)
 
 
 _FAILED_RESTORES = r"""
