@@ -148,6 +148,27 @@ def table_markdown(result: dict) -> str:
     )
 
 
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`parser.error` (one line, exit 2) for counts `run` cannot use and an --out
+    that cannot be written."""
+    lanes, _ = SIZES["full" if args.full else "quick"]
+    rows = 8 * lanes
+    for flag, value in (("--prompt-len", args.prompt_len), ("--repeats", args.repeats)):
+        if value < 1:
+            parser.error(f"{flag}={value} must be >= 1.")
+    if args.group < 1:
+        parser.error(f"--group={args.group} must be >= 1 (rows per prompt).")
+    if rows % args.group:
+        parser.error(f"--group={args.group} must divide the {rows} rows (8 x {lanes} lanes).")
+    bad = [w for w in args.prompt_slots if w < 1]
+    if bad:
+        parser.error(
+            f"--prompt-slots {' '.join(map(str, bad))}: each W must be >= 1 (W = 0, a prompt "
+            "copy per lane, always runs as the baseline)."
+        )
+    common.check_out(parser, args.out, "--out", is_dir=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
@@ -157,6 +178,7 @@ def main() -> None:
     parser.add_argument("--prompt-slots", type=int, nargs="+", default=[4, 6, 8])
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
+    check_args(parser, args)  # before the model is built
     result = run(
         quick=not args.full,
         prompt_len=args.prompt_len,

@@ -22,6 +22,7 @@ from absl import app, flags, logging
 
 from gdpo_jax.analysis import distinct_advantage_counts, num_multisets
 from gdpo_jax.core.advantages import ESTIMATORS
+from gdpo_jax.train import cli
 
 FLAGS = flags.FLAGS
 
@@ -134,13 +135,13 @@ def run(out_dir: str, max_g: int = 8, max_k: int = 5, fixed_k: int = 2, fixed_g:
 
 
 def main(argv: list[str]) -> None:
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train.paths import check_output
+
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}")
     if not FLAGS["verbosity"].present:  # keep the table readable (no backend INFO lines)
         logging.set_verbosity(logging.WARNING)
-    from gdpo_jax.errors import ConfigError
-    from gdpo_jax.train import cli
-    from gdpo_jax.train.paths import check_output
 
     for flag, low in (("max_g", 2), ("max_k", 1), ("fixed_g", 2), ("fixed_k", 1)):
         if FLAGS[flag].value < low:
@@ -154,4 +155,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    app.run(main, flags_parser=cli.flags_parser(()))  # one-line errors, exit 2

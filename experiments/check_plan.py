@@ -18,7 +18,7 @@ synthetic inputs at the config's widest shapes), and prints the plan's
 per-device memory and roofline time beside the measured peak memory, median
 time and MFU; --json writes the table with the machine, the command line and
 the UTC time. A plan for another platform, device count, mesh or model is
-refused (one line naming the fix).
+refused (one line naming the fix) before any measuring process starts.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
 
 from gdpo_jax.train import cli
 
@@ -55,6 +55,11 @@ _CACHE_ENV = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
+# The GPU client's up-front memory grab, off in the parent process only.
+_PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+_USER_PREALLOCATE = os.environ.get(_PREALLOCATE)
+# What a plan must hold for the checks before any process starts (`measure.check_matches`).
+_PLAN_KEYS = ("programs", "target", "platform", "num_devices", "mesh")
 log = logging.getLogger("gdpo_jax.check_plan")
 
 
@@ -79,6 +84,16 @@ def _measure_one() -> None:
         json.dump(result, f)
 
 
+def _child_env(tmp: str) -> dict[str, str]:
+    """A measuring process's environment: this one's, the compilation cache in `tmp`,
+    and the user's own GPU preallocation setting (not the parent's, `main`)."""
+    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, "cache"), **_CACHE_ENV)
+    env.pop(_PREALLOCATE, None)
+    if _USER_PREALLOCATE is not None:
+        env[_PREALLOCATE] = _USER_PREALLOCATE
+    return env
+
+
 def _child(program: str, phase: str, tmp: str) -> dict:
     """Runs this command for one program and phase in a fresh process (its own peak
     counter), the compilation cache in `tmp`; returns what the process measured."""
@@ -88,8 +103,7 @@ def _child(program: str, phase: str, tmp: str) -> dict:
     ]
     cmd = [sys.executable, "-m", "experiments.check_plan", *argv]
     cmd += [f"--program={program}", f"--phase={phase}", f"--measure_json={path}"]
-    env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=os.path.join(tmp, "cache"), **_CACHE_ENV)
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(tmp))
     if _JSON.value:  # the process's own log beside the result, e.g. for a failure
         log_path = f"{os.path.splitext(_JSON.value)[0]}.{program}.{phase}.log"
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
@@ -114,10 +128,15 @@ def _measure_in_subprocess(program: str, tmp: str) -> dict:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}")
     if _PROGRAM.value:
         _measure_one()
         return
+    # This process only lists the devices and builds the mesh to check the plan; the
+    # measuring processes need the accelerator's memory, and on a GPU JAX's client
+    # takes 75 % of it when it starts unless told not to. Set before JAX's backend
+    # starts (validate_config below); the children get the user's value back (_child).
+    os.environ[_PREALLOCATE] = "false"
     if not _PLAN.value or not os.path.isfile(_PLAN.value):
         cli.fail(
             f"--plan={_PLAN.value or ''}: no such file; write one with python -m experiments.plan "
@@ -128,17 +147,18 @@ def main(argv: list[str]) -> None:
             plan = json.load(f)
     except (OSError, ValueError) as e:
         cli.fail(f"--plan={_PLAN.value}: not a readable JSON file ({type(e).__name__}: {e}).")
-    if not isinstance(plan, dict) or not isinstance(plan.get("programs"), dict):
+    missing = [k for k in _PLAN_KEYS if not isinstance(plan, dict) or k not in plan]
+    if missing or not isinstance(plan["programs"], dict):
         cli.fail(
-            f"--plan={_PLAN.value}: not a plan (no 'programs'); write one with python -m "
-            "experiments.plan --json=<path>."
+            f"--plan={_PLAN.value}: not a plan (no {missing or 'programs'}); write one with "
+            "python -m experiments.plan --json=<path>."
         )
-    from gdpo_jax.errors import ConfigError as _ConfigError
+    from gdpo_jax.errors import ConfigError
     from gdpo_jax.train.paths import check_output
 
     try:
         check_output(_JSON.value, "--json", is_dir=False)  # before any program is compiled
-    except _ConfigError as e:
+    except ConfigError as e:
         cli.fail(e)
     programs = _PROGRAMS.value or list(plan["programs"])
     unknown = [p for p in programs if p not in plan["programs"]]
@@ -146,13 +166,23 @@ def main(argv: list[str]) -> None:
         cli.fail(f"--programs: {unknown} not in the plan (it has {list(plan['programs'])}).")
     if _STEPS.value < 1:
         cli.fail(f"--steps={_STEPS.value}: time at least 1 call per program.")
-    from gdpo_jax.errors import ConfigError
-    from gdpo_jax.scale.measure import compare, format_comparison
+    import jax
+
+    from gdpo_jax.scale.arch import PlanError
+    from gdpo_jax.scale.measure import check_matches, compare, format_comparison
+    from gdpo_jax.train import mesh as mesh_lib
     from gdpo_jax.train.config import validated_copy
 
     try:  # bad input: one line before any process starts
-        validated_copy(flags.FLAGS.config, "/tmp/gdpo_check_plan")
-    except ConfigError as e:
+        cfg = validated_copy(flags.FLAGS.config, "/tmp/gdpo_check_plan")
+        # The plan's platform, devices, mesh and config, checked as each measuring
+        # process checks them (validate_config has started JAX here already).
+        devices = jax.devices()[: cfg.mesh.num_devices or None]
+        mesh = mesh_lib.make_mesh(
+            tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
+        )
+        check_matches(plan, flags.FLAGS.config, mesh, any_platform=_ANY_PLATFORM.value)
+    except (ConfigError, PlanError) as e:
         cli.fail(e)
 
     measured, failed = {}, {}

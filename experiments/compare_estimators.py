@@ -93,7 +93,7 @@ def define_flags() -> None:
         "A study of issue 16 instead of --task: its own configs (configs/study_<name>.py), "
         f"estimators {','.join(STUDY_ESTIMATORS)}, 10 seeds, out_dir runs/study/<name>, "
         "paired bootstrap CIs, AUCs, share diagnostic and prediction verdicts. "
-        "With --size=quick: CI size; other sizes keep the study's defaults.",
+        "With --size=quick: CI size; --task and --size=small are refused with it.",
     )
     flags.DEFINE_enum(
         "size",
@@ -108,7 +108,7 @@ def define_flags() -> None:
         "out_dir", "", "Default: runs/replica/<task> (runs/replica_<size>/<task> for a preset)."
     )
     flags.DEFINE_string("sft_dir", "", "Warm start dir (default <out_dir>/sft); trained if absent.")
-    flags.DEFINE_bool("quick", False, "Same as --size=quick.")
+    flags.DEFINE_bool("quick", False, "Same as --size=quick (refused with another --size).")
     flags.DEFINE_bool("force", False, "Redo finished runs.")
     flags.DEFINE_bool("report_only", False, "Only redraw plots and table from the runs on disk.")
     flags.DEFINE_integer("window", 5, "Moving-average window of the training curves.")
@@ -136,6 +136,18 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}")
     F = flags.FLAGS
+    # Flags another one overrides: refused rather than ignored.
+    if F.quick and F["size"].present and F.size != "quick":
+        cli.fail(f"--quick is --size=quick, so --size={F.size} would be ignored: pass one of them.")
+    if F.study and F["task"].present:
+        cli.fail(
+            f"--task={F.task}: a --study names its own task (configs/study_*.py); drop --task."
+        )
+    if F.study and F.size == "small":
+        cli.fail(
+            "--size=small: a --study runs at its own size (10 seeds), or at --size=quick for CI; "
+            "drop --size or use --size=quick."
+        )
     from gdpo_jax.train import logs
 
     logs.setup_logging(F.log_level)

@@ -49,8 +49,10 @@ _FEWEST = flags.DEFINE_bool(
 
 
 def main(argv: list[str]) -> None:
+    from gdpo_jax.train import cli
+
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}")
     from gdpo_jax.scale.targets import MissingExtraError, TargetError, parse_target, valid_names
     from gdpo_jax.train.config import ConfigError
 
@@ -59,7 +61,7 @@ def main(argv: list[str]) -> None:
         sys.exit(0 if _TOPOLOGY.value == "help" else 2)
     cfg = _CONFIG.value
     if cfg is None:
-        raise app.UsageError("--config=configs/<name>.py is required.")
+        cli.fail("--config=configs/<name>.py is required.")
     from gdpo_jax.scale.plan import PlanError, format_plan, make_plan
     from gdpo_jax.scale.search import fewest_microbatches, find_fit
     from gdpo_jax.train.paths import check_output
@@ -97,8 +99,7 @@ def main(argv: list[str]) -> None:
             else:
                 print("algo.num_microbatches is already the fewest that fits (halving).")
     except (TargetError, ConfigError, PlanError, MissingExtraError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail(e)
     if _JSON.value:
         from benchmarks.common import machine_info, machine_kind
         from experiments.plan_command import plan_command

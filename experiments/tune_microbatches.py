@@ -21,7 +21,7 @@ import json
 import logging
 import os
 
-from absl import app, flags
+from absl import flags
 
 from gdpo_jax.train import cli
 
@@ -42,7 +42,7 @@ log = logging.getLogger("gdpo_jax.tune")
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+        cli.fail(f"unexpected arguments: {argv[1:]}")
     from gdpo_jax.errors import ConfigError
     from gdpo_jax.train.tune import format_table, time_microbatches
 
@@ -50,11 +50,9 @@ def main(argv: list[str]) -> None:
     try:
         counts = [int(c) for c in _COUNTS.value] or [1, 2, 4, 8, 16]
     except ValueError:
-        raise app.UsageError(
-            f"--counts={','.join(_COUNTS.value)}: give integers, e.g. 1,2,4"
-        ) from None
+        cli.fail(f"--counts={','.join(_COUNTS.value)}: give integers, e.g. 1,2,4")
     if any(c < 1 for c in counts):
-        raise app.UsageError(f"--counts={','.join(map(str, counts))}: counts must be >= 1")
+        cli.fail(f"--counts={','.join(map(str, counts))}: counts must be >= 1")
     if _STEPS.value < 1:
         cli.fail(f"--steps={_STEPS.value} must be >= 1 (timed steps per count).")
     from gdpo_jax.train.paths import check_output

@@ -174,3 +174,19 @@ def test_cli_measures_each_program_in_fresh_processes(tmp_path) -> None:
         assert (tmp_path / f"check.{name}.run.log").exists()
     assert m["rows_per_call"] == 16  # generate: 2 prompts x G 8 in one call
     assert "| step | " in done.stdout and "n/a" in done.stdout
+
+
+def test_parent_keeps_off_the_gpus_memory_and_children_get_the_users_setting(monkeypatch):
+    """On a GPU, the checking process's JAX client would take 75 % of the memory the
+    measuring processes need: main turns the preallocation off for itself only."""
+    from experiments import check_plan
+
+    key = "XLA_PYTHON_CLIENT_PREALLOCATE"
+    monkeypatch.setenv(key, "false")  # as main sets it in the parent
+    monkeypatch.setattr(check_plan, "_USER_PREALLOCATE", None)
+    env = check_plan._child_env("/tmp/x")
+    assert key not in env and env["JAX_COMPILATION_CACHE_DIR"] == "/tmp/x/cache"
+    monkeypatch.setattr(check_plan, "_USER_PREALLOCATE", "true")
+    assert check_plan._child_env("/tmp/x")[key] == "true"
+    src = open(check_plan.__file__).read()  # set before validate_config starts the backend
+    assert src.index('os.environ[_PREALLOCATE] = "false"') < src.index("validated_copy(flags")

@@ -1,11 +1,14 @@
 """The command-line tools besides the trainer refuse bad input in one line (exit 2)
 before any work: an output path that cannot be written (checked before a plan
 compiles, a benchmark runs or a comparison trains), a count below its minimum, a
-file that is not a plan, an unknown config option. Each of these ran first and
-failed after the work, most with a traceback (the trainer's own: test_config.py)."""
+file that is not a plan or a plan for another platform, an unknown config option,
+a flag another one would silently override, a stray argument. Each of these ran
+first and failed after the work, most with a traceback, or printed the whole --help
+(the trainer's own: test_config.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,6 +44,22 @@ def afile(tmp_path):
     return path
 
 
+@pytest.fixture
+def cuda_plan(tmp_path):
+    """A plan's JSON for one H100: another platform than this CPU."""
+    path = tmp_path / "plan.json"
+    plan = dict(
+        target="1xh100",
+        platform="cuda",
+        device="1 x NVIDIA H100",
+        num_devices=1,
+        mesh={"data": 1, "fsdp": 1, "tensor": 1},
+        programs={"step": {}},
+    )
+    path.write_text(json.dumps(plan))
+    return path
+
+
 @pytest.mark.parametrize(
     "module,args,text",
     [
@@ -64,6 +83,24 @@ def afile(tmp_path):
             ("--config=configs/tiny_cpu.py", "--steps=0"),
             "--steps=0 must be >= 1",
         ),
+        # These four raised absl's UsageError: the whole --help, then the message, exit 1.
+        (
+            "experiments.tune_microbatches",
+            ("--config=configs/tiny_cpu.py", "--counts=2,0"),
+            "--counts=2,0: counts must be >= 1",
+        ),
+        ("experiments.plan", ("--topology=8xh100",), "--config=configs/<name>.py is required"),
+        (
+            "experiments.check_plan",
+            ("--config=configs/tiny_cpu.py", "stray"),
+            "unexpected arguments",
+        ),
+        ("experiments.advantage_groups", ("stray",), "unexpected arguments: ['stray']"),
+        (  # a plan of another platform: refused in the child, after its compile log was written
+            "experiments.check_plan",
+            ("--config=configs/tiny_cpu.py", "--plan={plan}", "--json={tmp}/c.json"),
+            "the plan is for 1xh100 (cuda) but this machine runs cpu",
+        ),
         (
             "experiments.tune_microbatches",
             ("--config=configs/tiny_cpu.py", "--json={afile}/t.json"),
@@ -84,6 +121,21 @@ def afile(tmp_path):
             "experiments.compare_estimators",
             ("--size=quick", "--out_dir={afile}", "--sft_dir={tmp}/sft"),
             "--out_dir=",
+        ),
+        (  # --task was ignored (the study names the task); --window=0 stops the old code early
+            "experiments.compare_estimators",
+            ("--study=three_binary", "--task=math", "--window=0", "--out_dir={tmp}/cmp"),
+            "--task=math: a --study names its own task",
+        ),
+        (  # --size was ignored (--quick won)
+            "experiments.compare_estimators",
+            ("--quick", "--size=small", "--window=0", "--out_dir={tmp}/cmp"),
+            "--quick is --size=quick",
+        ),
+        (  # --size=small was ignored (the study's own 3 x 10 seeds ran)
+            "experiments.compare_estimators",
+            ("--study=three_binary", "--size=small", "--window=0", "--out_dir={tmp}/cmp"),
+            "--size=small: a --study runs at its own size",
         ),
         (
             "experiments.sft",
@@ -114,10 +166,22 @@ def afile(tmp_path):
             ("--quick", "--out={afile}/x.json"),
             "is a file, so nothing can be written under it",
         ),
+        # Both failed after the benchmark's model was built (ZeroDivisionError; the Sampler's).
+        ("benchmarks.bench_prompt_slots", ("--group=0",), "--group=0 must be >= 1"),
+        (
+            "benchmarks.bench_prompt_slots",
+            ("--prompt-slots", "4", "-3"),
+            "--prompt-slots -3: each W must be >= 1",
+        ),
+        (  # written after the benchmark had run
+            "benchmarks.bench_prompt_slots",
+            ("--out={afile}/x.json",),
+            "is a file, so nothing can be written under it",
+        ),
     ],
 )
-def test_tools_refuse_bad_input_before_any_work(module, args, text, afile, tmp_path):
-    args = tuple(a.format(afile=afile, tmp=tmp_path) for a in args)
+def test_tools_refuse_bad_input_before_any_work(module, args, text, afile, cuda_plan, tmp_path):
+    args = tuple(a.format(afile=afile, tmp=tmp_path, plan=cuda_plan) for a in args)
     before = sorted(os.listdir(tmp_path))
     out = _run(module, *args)
     _one_line_error(out, text)
