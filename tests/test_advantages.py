@@ -388,6 +388,9 @@ def test_gate_reward():
     assert np.isnan(out[3]) and np.isnan(out[4])
     out = gate_reward(np.ones(3), np.array([0.2, 0.5, 0.7]), 0.5)
     np.testing.assert_array_equal(out, [0, 1, 1])
+    # +-inf is unscorable, as NaN: it decides no gate (it kept / zeroed the reward).
+    out = np.asarray(gate_reward(np.ones(3), np.array([np.inf, -np.inf, 2.0]), 1.0))
+    assert np.isnan(out[:2]).all() and out[2] == 1.0
     with pytest.raises(ValueError, match="same shape"):
         gate_reward(np.ones(3), np.ones(2), 1.0)
 
@@ -596,3 +599,29 @@ def test_grpo_penalty_equals_extra_weight_one_column():
             weights=np.append(w, 1.0),
         )
         np.testing.assert_allclose(got, col, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch_norm", ["sample", "token"])
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+def test_constant_nonzero_sums_whiten_to_exact_zero(eps, batch_norm):
+    """GDPO's batch whitening of a batch whose every row sums to the same nonzero value
+    (constant rewards, a KL-in-reward penalty alike on every row): exactly 0, as a
+    constant group is. A plain sum(s)/N left a rounding residue that the division by
+    its tiny std made O(1) at eps 0 (149 of 190 such batches)."""
+    for n in (3, 6, 7, 10, 29):
+        for c in (0.1, 0.3, 1 / 3, 0.7, 2.9):
+            r = np.ones((n, 1), np.float32)
+            ids = np.arange(n, dtype=np.int32) // 2
+            adv = np.asarray(
+                adv_fn(
+                    r,
+                    ids,
+                    num_groups=n,
+                    estimator="gdpo",
+                    eps=eps,
+                    batch_norm=batch_norm,
+                    token_counts=np.full(n, 5, np.int32),
+                    penalty=np.full(n, c, np.float32),
+                )
+            )
+            np.testing.assert_array_equal(adv, np.zeros_like(adv), err_msg=f"n={n} c={c}")

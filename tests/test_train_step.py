@@ -482,3 +482,16 @@ def test_a_mini_batch_of_padding_groups_neither_updates_nor_pulls_the_ratio_metr
     new_state, metrics = step(state, distributed.to_global(batch, None))
     jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, new_state.params))
     assert float(metrics["ratio_max"]) == 1.0  # no token: the neutral value
+
+
+def test_sequence_kl_ignores_masked_positions_even_non_finite():
+    """The KL-in-reward penalty sums k1 over the completion tokens only: an inf or NaN
+    log-prob at a padding position must not make the row's penalty NaN (the advantages
+    take a NaN penalty as none)."""
+    from gdpo_jax.train.step import sequence_kl
+
+    logp = np.array([[-1.0, -2.0, -np.inf], [-0.5, np.nan, 0.0]], np.float32)
+    ref = np.array([[-1.5, -1.0, -3.0], [-0.25, -1.0, -1.0]], np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0]], np.int32)
+    out = np.asarray(sequence_kl(logp, ref, mask))
+    np.testing.assert_allclose(out, [(-1.0 + 1.5) + (-2.0 + 1.0), -0.5 + 0.25])

@@ -143,6 +143,12 @@ def _batch_whiten(
     else:  # "token": each row counts once per valid response token (verl).
         w = jnp.where(row_ok, token_counts.astype(jnp.float32), 0.0)
     total = jnp.sum(w)
+    # Deviations from one valid row's value first, as _group_normalize does: a constant
+    # batch of nonzero sums (a KL-in-reward penalty alike on every row) is then exactly
+    # 0, where sum(s)/N leaves a rounding residue that the division by its tiny std blew
+    # up to O(1) (eps = 0) or O(1e-3) (eps = 1e-4, and x1e4 under verl's token mode).
+    ref = jnp.max(jnp.where(row_ok, s, -jnp.inf))
+    s = jnp.where(row_ok, s - jnp.where(jnp.any(row_ok), ref, 0.0), 0.0)
     mean = jnp.sum(w * s) / jnp.maximum(total, 1.0)
     dev = jnp.where(row_ok, s - mean, 0.0)
     var = jnp.sum(w * dev * dev) / jnp.maximum(total - 1.0, 1.0)
@@ -305,8 +311,8 @@ def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.
       condition: f[...] the reward it is conditioned on (same shape).
       threshold: scalar.
     Returns:
-      f[...]; NaN where ``condition`` is NaN (the gate cannot be decided, so
-      the gated reward is unscorable too).
+      f[...]; NaN where ``condition`` is NaN or +-inf (unscorable, so the gate
+      cannot be decided and the gated reward is unscorable too).
     """
     reward = jnp.asarray(reward)
     condition = jnp.asarray(condition)
@@ -316,6 +322,7 @@ def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.
             f"and {condition.shape}."
         )
     gated = jnp.where(condition >= threshold, reward, jnp.zeros_like(reward))
-    return jnp.where(jnp.isnan(condition), jnp.nan, gated).astype(
+    # +-inf is unscorable for the advantages (as NaN), so it decides no gate either.
+    return jnp.where(~jnp.isfinite(condition), jnp.nan, gated).astype(
         jnp.result_type(reward.dtype, jnp.float32)
     )

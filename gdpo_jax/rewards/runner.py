@@ -75,10 +75,11 @@ def gate(reward: np.ndarray, condition: np.ndarray, threshold: float) -> np.ndar
     """NumPy twin of gdpo_jax.core.gate_reward (no jax import on the host path).
 
     reward where condition >= threshold, else 0; NaN where the condition is
-    NaN (the gate cannot be decided, so the gated reward is unscorable).
+    NaN or +-inf (unscorable, so the gate cannot be decided and the gated reward
+    is unscorable).
     """
     gated = np.where(condition >= threshold, reward, 0.0)
-    return np.where(np.isnan(condition), np.nan, gated)
+    return np.where(~np.isfinite(condition), np.nan, gated)
 
 
 class RewardError(RuntimeError):

@@ -105,8 +105,11 @@ def _logprobs(model: Any, mb: Batch, cfg: StepConfig, views: Any) -> tuple[jax.A
 # The step.
 # --------------------------------------------------------------------------- #
 def sequence_kl(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Array:
-    """Summed per-token k1 KL of each sequence: f32[N] (KL-in-reward penalty)."""
-    return jnp.sum((logp - ref_logp) * mask, axis=-1)
+    """Summed per-token k1 KL of each sequence: f32[N] (KL-in-reward penalty) from
+    logp, ref_logp: f32[N, T] and mask: [N, T]. A select, not a product, so a non-finite
+    log-prob at a masked position cannot turn the row's penalty into NaN (which the
+    advantages would then take as no penalty)."""
+    return jnp.sum(jnp.where(mask > 0, logp - ref_logp, 0.0), axis=-1)
 
 
 def train_step(
