@@ -376,6 +376,41 @@ def test_stop_strings_truncate_at_first_occurrence(sampler, base_run):
     assert hit_rows >= 1 and ro.lengths[0] <= j + 2
 
 
+def test_stop_search_survives_the_tokenizers_space_clean_up():
+    """A non-BPE tokenizer's clean-up rewrites a prefix's text once a later token arrives
+    (" '" -> "'"): the stop " '" is in the 2-token prefix, gone at 3 and back at 8.
+    The search cuts at the first occurrence (2), not where it found one last (8)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from gdpo_jax.sampling.stopping import apply_stop_strings
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "</s>", "x", "'", "y", "z", "w", "v", "u"])}
+    t = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    t.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tk = PreTrainedTokenizerFast(
+        tokenizer_object=t, pad_token="<pad>", eos_token="</s>", clean_up_tokenization_spaces=True
+    )
+    ids = [vocab[w] for w in "x ' y z w v u '".split()]
+    assert tk.decode(ids[:2]) == "x '" and tk.decode(ids[:3]) == "x'y"  # the rewrite
+    tokens, lengths = np.array([ids, ids], np.int32), np.array([8, 3], np.int32)
+    finish = ["length", "length"]
+    texts = [tk.decode(ids), tk.decode(ids[:3])]  # row 1: its final text lacks the stop
+    apply_stop_strings(tk, (" '",), tokens, lengths, finish, texts)
+    assert lengths.tolist() == [2, 2] and finish == ["stop", "stop"]
+    assert texts == ["x '", "x '"]
+
+
+def test_a_stop_string_the_vocabulary_cannot_spell_is_no_device_stop(sampler, tok):
+    """'foo' tokenizes to the unknown id: as a device stop it ended every row that
+    sampled that id, with no 'foo' in the text. Only the host's text check remains."""
+    assert tok("foo", add_special_tokens=False)["input_ids"] == [tok.unk_token_id]
+    assert sampler._stop_sequences(("foo",)).tolist() == []  # no sequence
+    spelled = words([7, 8])
+    assert sampler._stop_sequences(("foo", spelled)).tolist() == [[7, 8]]
+
+
 # ------------------------------------------------- determinism, weights, API
 
 
@@ -440,6 +475,8 @@ def test_rollout_layout_and_prompt_encoding(sampler, tok, base_run):
     [
         dict(max_new_tokens=0),
         dict(temperature=0.0),
+        dict(temperature=1e-39),  # logits / T overflow: NaN log-probs, tokens not the argmax
+        dict(temperature=float("nan")),
         dict(top_p=0.0),
         dict(top_p=1.5),
         dict(top_k=-1),
@@ -450,6 +487,22 @@ def test_bad_sampling_params_name_the_field(bad):
     field = next(iter(bad))
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{"max_new_tokens": 4, **bad})
+
+
+def test_the_lowest_temperature_allowed_is_greedy_with_finite_logprobs(sampler):
+    from gdpo_jax.sampling.params import MIN_TEMPERATURE
+
+    runs = [
+        sampler.generate(
+            PROMPTS,
+            SamplingParams(max_new_tokens=M, temperature=MIN_TEMPERATURE, greedy=greedy),
+            key=jax.random.key(5),
+        )
+        for greedy in (False, True)
+    ]
+    np.testing.assert_array_equal(runs[0].completion_ids, runs[1].completion_ids)
+    for ro in runs:
+        assert np.isfinite(ro.logprobs).all()
 
 
 # ---------------------------------------------------------------- sharding

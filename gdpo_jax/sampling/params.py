@@ -22,6 +22,12 @@ FINISH_NAMES = {
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)
 
 
+# Below this, logits / temperature can overflow f32 (|logit| > 3.4e38 * T), and the
+# max-subtracted logits become inf - inf = NaN: NaN log-probs and tokens that are not
+# the argmax (from about T = 1e-38 with logits near 30).
+MIN_TEMPERATURE = 1e-6
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to sample. Changing temperature / top_p value does not recompile;
@@ -52,9 +58,9 @@ class SamplingParams:
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
         if int(self.max_new_tokens) < 1:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1.")
-        if not self.temperature > 0:
+        if not self.temperature >= MIN_TEMPERATURE:
             raise ValueError(
-                f"SamplingParams.temperature={self.temperature} must be > 0 "
+                f"SamplingParams.temperature={self.temperature} must be >= {MIN_TEMPERATURE:g} "
                 "(use greedy=True for argmax decoding)."
             )
         if int(self.top_k) < 0:

@@ -439,7 +439,10 @@ class Sampler:
         seqs = []
         for s in stop_strings:
             ids = self.tokenizer(s, add_special_tokens=False)["input_ids"]
-            if ids:
+            # Only a tokenization that decodes back to the string: one the vocabulary
+            # cannot spell (a word mapped to <unk>) would stop every row that samples
+            # the unknown id, while the text holds no stop string.
+            if ids and s in self.tokenizer.decode(ids, skip_special_tokens=False):
                 seqs.append(list(ids))
         width = max([len(s) for s in seqs] + [1])
         arr = np.full((len(seqs), width), -1, np.int32)

@@ -2,8 +2,9 @@
 
 A string can span several tokens and tokenize differently in context, so the
 authority is the decoded text: the completion keeps the shortest token prefix
-whose text contains a stop string (the stop string itself is kept, like vLLM's
-``include_stop_str_in_output=True``), and the text is cut right after it.
+whose text (decoded without transformers' space clean-up, so that it only grows
+with the prefix) contains a stop string (the stop string itself is kept, like
+vLLM's ``include_stop_str_in_output=True``), and the text is cut right after it.
 """
 
 from __future__ import annotations
@@ -34,22 +35,40 @@ def apply_stop_strings(
     tokens i32[N, C]; lengths i32[N]; finish / texts: per-row lists.
     """
 
-    def decode(row: int, k: int) -> str:
-        return tokenizer.decode(tokens[row, :k].tolist(), skip_special_tokens=True)
+    def decode(row: int, k: int, **kw: Any) -> str:
+        return tokenizer.decode(tokens[row, :k].tolist(), skip_special_tokens=True, **kw)
+
+    def raw(row: int, k: int) -> str:
+        # Without transformers' clean-up of spaces before punctuation, which a non-BPE
+        # tokenizer applies: it rewrites a prefix's text once a later token arrives
+        # (" '" -> "'"), so "contains a stop string" could turn off again as the prefix
+        # grew, and the search below cut late or not at all.
+        return decode(row, k, clean_up_tokenization_spaces=False)
 
     for r in range(tokens.shape[0]):
-        if first_stop_end(texts[r], stop_strings) is None:
+        n = int(lengths[r])
+        if n == 0:
             continue
-        # "prefix text contains a stop string" is monotone in the prefix length:
-        # binary search the shortest prefix, O(log C) decodes per row.
-        lo, hi = 1, int(lengths[r])
+        # The raw text when it holds a stop string; else the cleaned one, when only the
+        # clean-up made one (e.g. "x'" from "x '").
+        if first_stop_end(raw(r, n), stop_strings) is not None:
+            text_of = raw
+        elif first_stop_end(texts[r], stop_strings) is not None:
+            text_of = decode
+        else:
+            continue
+        # "the prefix text contains a stop string" is monotone in the prefix length
+        # (the raw text only grows): binary search the shortest prefix, O(log C)
+        # decodes per row.
+        lo, hi = 1, n
         while lo < hi:
             mid = (lo + hi) // 2
-            if first_stop_end(decode(r, mid), stop_strings) is None:
+            if first_stop_end(text_of(r, mid), stop_strings) is None:
                 lo = mid + 1
             else:
                 hi = mid
         text = decode(r, lo)
         lengths[r] = lo
         finish[r] = "stop"
-        texts[r] = text[: first_stop_end(text, stop_strings)]
+        end = first_stop_end(text, stop_strings)
+        texts[r] = text if end is None else text[:end]
