@@ -153,6 +153,25 @@ def test_model_and_data_paths_checked_before_the_build(tmp_path):
         paths.check_inputs(c)
 
 
+def test_data_path_checks_take_existing_paths_literally_and_globs_need_data_files(tmp_path):
+    # An existing `set[1]/train.jsonl` was taken as a glob (matching "set1/...") and
+    # rejected; a glob matching only a README passed here and failed in the loader.
+    c = base_config()
+    c.model.name = "smollm2-135m-instruct"
+    (tmp_path / "set[1]").mkdir()
+    (tmp_path / "set[1]" / "train.jsonl").write_text('{"a": 1}\n')
+    (tmp_path / "set[1]" / "README.md").write_text("")
+    c.task.source = str(tmp_path / "set[1]" / "train.jsonl")
+    paths.check_inputs(c)
+    c.task.source = str(tmp_path / "set[1]")
+    paths.check_inputs(c)
+    c.task.source = str(tmp_path / "set?1?" / "*.jsonl")
+    paths.check_inputs(c)
+    c.task.source = str(tmp_path / "set?1?" / "R*")
+    with pytest.raises(ConfigError, match=r"matches no \.jsonl/\.json/\.parquet file.*README\.md"):
+        paths.check_inputs(c)
+
+
 def test_trainer_checks_data_paths_before_building_the_model(tmp_path, monkeypatch):
     # train() / Trainer from Python met a missing task.eval_source only after the model
     # build (the CLI checked paths itself); a run given its records needs no data path.

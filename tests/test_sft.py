@@ -41,6 +41,37 @@ def test_tokenizer_is_deterministic_across_processes():
     assert out.stdout.strip() == hashlib.sha256(here.encode()).hexdigest()
 
 
+def test_tokenizer_cache_is_utf8_whatever_the_locale(tmp_path):
+    # Under LC_ALL=C (no UTF-8 mode) the cache was written in ASCII: UnicodeEncodeError
+    # on the byte-level vocabulary, and a .tmp file left behind.
+    code = (
+        "from gdpo_jax.data import tokenizer as T; a = T.load_tokenizer(); "
+        "T._cached_json.cache_clear(); b = T.load_tokenizer(); "
+        "assert a.get_vocab() == b.get_vocab()"
+    )
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    env["GDPO_JAX_CACHE"] = str(tmp_path)
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
+    (cached,) = tmp_path.glob("synthetic_bpe-*/tokenizer.json")
+    assert "\u0120" in cached.read_text(encoding="utf-8")  # "Ġ", byte-level BPE's space
+    assert list(tmp_path.rglob("*.tmp")) == []
+
+
+def test_failed_tokenizer_cache_write_leaves_no_tmp_file(tmp_path, monkeypatch):
+    class Unwritable:
+        def to_str(self):
+            return "\ud800"  # a lone surrogate: no encoding can write it
+
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path))
+    monkeypatch.setattr(T, "train_bpe", lambda *a, **k: Unwritable())
+    T._cached_json.cache_clear()
+    with pytest.raises(UnicodeEncodeError):
+        T.load_tokenizer(n_toolcall=1, n_math=1)
+    T._cached_json.cache_clear()
+    assert list(tmp_path.rglob("*.tmp")) == []
+    assert list(tmp_path.rglob("tokenizer.json")) == []
+
+
 def test_tokenizer_layout_and_round_trip(tmp_path, monkeypatch):
     monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path))
     T._cached_json.cache_clear()

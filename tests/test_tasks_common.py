@@ -84,3 +84,77 @@ def test_every_shipped_sample_loads():
         sample_path("nope.jsonl")
     with pytest.raises(KeyError, match="known tasks"):
         get_task("chess")
+
+
+def test_utf8_byte_order_mark_is_not_data(tmp_path):
+    # Windows editors save "UTF-8 with BOM"; it was read as part of row 0 (invalid JSON).
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "a.jsonl").write_bytes(bom + b'{"a": 1}\r\n{"a": 2}\r\n')
+    (tmp_path / "b.json").write_bytes(bom + b'[{"a": 1}, {"a": 2}]')
+    (tmp_path / "c.json").write_bytes(bom + b'{"a": 1}\n{"a": 2}\n')  # JSON Lines as .json
+    for f in ("a.jsonl", "b.json", "c.json"):
+        assert [r for _, _, r in iter_records(tmp_path / f)] == [{"a": 1}, {"a": 2}], f
+
+
+def test_non_utf8_file_is_a_record_error_naming_file_and_line(tmp_path):
+    # Latin-1 "café": a bare UnicodeDecodeError named neither the file nor the row.
+    (tmp_path / "l.jsonl").write_bytes(b'{"p": "ok"}\n\n{"p": "caf\xe9"}\n')
+    with pytest.raises(RecordError, match=r"l\.jsonl, row 2: not UTF-8 .*0xe9") as e:
+        list(iter_records(tmp_path / "l.jsonl"))
+    assert e.value.row == 2
+    (tmp_path / "l.json").write_bytes(b'[\n {"p": "ok"},\n {"p": "caf\xe9"}\n]')
+    with pytest.raises(RecordError, match=r"l\.json: line 3: not UTF-8 .*0xe9"):
+        list(iter_records(tmp_path / "l.json"))
+
+
+def test_json_lines_as_json_keeps_unicode_line_separators_inside_strings(tmp_path):
+    # write_jsonl keeps U+2028 / U+0085 raw; str.splitlines() split records at them.
+    text = '{"p": "a\u2028b"}\n{"p": "c\x85d"}\n'
+    (tmp_path / "u.json").write_bytes(text.encode("utf-8"))
+    assert [r["p"] for _, _, r in iter_records(tmp_path / "u.json")] == ["a\u2028b", "c\x85d"]
+
+
+def test_broken_json_array_reports_its_own_line_and_column(tmp_path):
+    # A pretty-printed array with a missing comma after line 3: it fell into the JSON
+    # Lines fallback and was reported as "row 0 ... column 2".
+    (tmp_path / "p.json").write_text('[\n  {"a": 1},\n  {"a": 2}\n  {"a": 3}\n]\n')
+    with pytest.raises(RecordError, match=r"p\.json: invalid JSON .*line 4, column 3") as e:
+        list(iter_records(tmp_path / "p.json"))
+    assert e.value.row is None
+    (tmp_path / "o.json").write_text('{\n  "a": 1,\n}\n')  # a broken single object
+    with pytest.raises(RecordError, match=r"o\.json: invalid JSON .*line 3, column 1"):
+        list(iter_records(tmp_path / "o.json"))
+    (tmp_path / "l.json").write_text('{"a": 1}\n{"a": \n')  # JSON Lines: its row
+    with pytest.raises(RecordError, match=r"l\.json, row 1: invalid JSON"):
+        list(iter_records(tmp_path / "l.json"))
+
+
+def test_existing_path_with_glob_characters_and_globs_keep_data_files(tmp_path):
+    d = tmp_path / "set[1]"
+    d.mkdir()
+    (d / "train.jsonl").write_text('{"a": 1}\n')
+    # An existing path is that path, not a pattern ("set[1]" as a glob means "set1").
+    assert resolve_files(d / "train.jsonl") == [str(d / "train.jsonl")]
+    assert [r for _, _, r in iter_records(d / "train.jsonl")] == [{"a": 1}]
+    (tmp_path / "g").mkdir()
+    for name in ("a.parquet", "b.jsonl"):
+        (tmp_path / "g" / name).write_text("")
+    (tmp_path / "g" / "README.md").write_text("")
+    (tmp_path / "g" / "sub.jsonl").mkdir()  # a directory, despite its name
+    assert [p.split("/")[-1] for p in resolve_files(str(tmp_path / "g" / "*"))] == [
+        "a.parquet",
+        "b.jsonl",
+    ]
+    with pytest.raises(FileNotFoundError, match=r"no .* files match .*skipped: .*README\.md"):
+        resolve_files(str(tmp_path / "g" / "R*"))
+
+
+def test_datasets_backend_reads_files_in_the_given_order(tmp_path):
+    # It grouped files by kind: [a.parquet, b.jsonl, c.parquet] read a, c, b.
+    write_parquet([{"k": "a0"}, {"k": "a1"}], tmp_path / "a.parquet")
+    (tmp_path / "b.jsonl").write_text('{"k": "b0"}\n')
+    write_parquet([{"k": "c0"}], tmp_path / "c.parquet")
+    files = [tmp_path / "a.parquet", tmp_path / "b.jsonl", tmp_path / "c.parquet"]
+    want = ["a0", "a1", "b0", "c0"]
+    assert [r["k"] for _, _, r in iter_records(files)] == want
+    assert [r["k"] for _, _, r in iter_records(files, backend="datasets")] == want

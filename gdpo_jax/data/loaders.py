@@ -12,6 +12,7 @@ A bad record raises RecordError naming the file, the row and the field.
 from __future__ import annotations
 
 import glob
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -61,16 +62,36 @@ def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None)
                 f"in directory {path}"
             )
         return files
-    if any(c in path for c in "*?["):
-        files = sorted(glob.glob(path))
+    if not os.path.exists(path) and is_glob(path):  # an existing `set[1]/a.jsonl` is a file
+        files, skipped = glob_data_files(path)
         if not files:
-            raise FileNotFoundError(f"no files match {path}")
+            raise FileNotFoundError(
+                f"no {'/'.join(_EXTS)} files match {path}"
+                + (
+                    f" (skipped: {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''})"
+                    if skipped
+                    else ""
+                )
+            )
         return files
     if not os.path.exists(path):
         raise FileNotFoundError(f"data file not found: {path}")
     if not path.endswith(_EXTS):
         raise ValueError(f"{path}: unsupported data file type; use one of {_EXTS}")
     return [path]
+
+
+def is_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def glob_data_files(pattern: str) -> tuple[list[str], list[str]]:
+    """(data files, skipped matches) of a glob: regular files with a data extension are
+    kept; READMEs, other files and directories are skipped."""
+    files, skipped = [], []
+    for f in sorted(glob.glob(pattern)):
+        (files if os.path.isfile(f) and f.endswith(_EXTS) else skipped).append(f)
+    return files, skipped
 
 
 def iter_records(
@@ -94,17 +115,34 @@ def iter_records(
             for i, r in enumerate(rows):
                 yield f, i, r
         elif f.endswith(".jsonl"):
-            with open(f, encoding="utf-8") as fh:
-                for i, line in enumerate(fh):
-                    if line.strip():
-                        yield f, i, _loads(line, f, i)
+            try:  # utf-8-sig: a leading byte-order mark (Windows editors) is not data
+                with open(f, encoding="utf-8-sig") as fh:
+                    for i, line in enumerate(fh):
+                        if line.strip():
+                            yield f, i, _loads(line, f, i)
+            except UnicodeDecodeError as e:
+                raise _decode_error(f, per_line=True) from e
         else:
-            with open(f, encoding="utf-8") as fh:
-                text = fh.read()
+            try:
+                with open(f, encoding="utf-8-sig") as fh:
+                    text = fh.read()
+            except UnicodeDecodeError as e:
+                raise _decode_error(f, per_line=False) from e
             try:
                 data = json.loads(text)
-            except json.JSONDecodeError:  # JSON Lines saved as .json
-                for i, line in enumerate(text.splitlines()):
+            except json.JSONDecodeError as e:
+                # JSON Lines saved as .json: its first line is a JSON value by itself. A
+                # broken (pretty-printed) document is reported where it broke instead.
+                if not _first_line_parses(text):
+                    raise RecordError(
+                        f,
+                        None,
+                        None,
+                        f"invalid JSON ({e.msg} at line {e.lineno}, column {e.colno})",
+                    ) from e
+                # "\n" only: str.splitlines() would also split at U+2028 / U+0085 inside
+                # strings, which write_jsonl keeps raw.
+                for i, line in enumerate(text.split("\n")):
                     if line.strip():
                         yield f, i, _loads(line, f, i)
                 continue
@@ -121,14 +159,45 @@ def iter_records(
 def _iter_datasets(files: list[str]) -> Iterator[tuple[str, int, dict]]:
     import datasets
 
-    by_kind: dict[str, list[str]] = {}
-    for f in files:
-        by_kind.setdefault("parquet" if f.endswith(".parquet") else "json", []).append(f)
-    for kind, fs in by_kind.items():
-        ds = datasets.load_dataset(kind, data_files=fs, split="train")
+    # One load per run of same-kind files, so records come in the given file order (as
+    # with the default backend: the shuffle depends on it).
+    for k, run in itertools.groupby(files, key=_datasets_builder):
+        fs = list(run)
+        ds = datasets.load_dataset(k, data_files=fs, split="train")
         label = fs[0] if len(fs) == 1 else f"{fs[0]} (+{len(fs) - 1} files)"
         for i, r in enumerate(ds):
             yield label, i, dict(r)
+
+
+def _datasets_builder(f: str) -> str:
+    return "parquet" if f.endswith(".parquet") else "json"
+
+
+def _first_line_parses(text: str) -> bool:
+    line = next((ln for ln in text.split("\n") if ln.strip()), "")
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return True
+
+
+def _decode_error(path: str, *, per_line: bool) -> RecordError:
+    """RecordError for a file that is not UTF-8, at the first line that fails to decode
+    (0-based; the row of a .jsonl file, a line of a .json file)."""
+    with open(path, "rb") as fh:
+        for i, raw in enumerate(fh):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                problem = (
+                    f"not UTF-8 text (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the "
+                    "line); re-save the file as UTF-8"
+                )
+                if per_line:
+                    return RecordError(path, i, None, problem)
+                return RecordError(path, None, None, f"line {i + 1}: {problem}")
+    return RecordError(path, None, None, "not UTF-8 text; re-save the file as UTF-8")
 
 
 def _loads(line: str, path: str, row: int) -> dict:

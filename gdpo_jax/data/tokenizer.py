@@ -27,6 +27,7 @@ The trainer knows it as `config.model.tokenizer = "synthetic_bpe"`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import hashlib
 import json
@@ -166,15 +167,21 @@ def _cached_json(vocab_size: int, n_toolcall: int, n_math: int, seed: int) -> st
     path = os.path.join(
         cache_dir(), f"synthetic_bpe-{_key(vocab_size, n_toolcall, n_math, seed)}", "tokenizer.json"
     )
+    # UTF-8 whatever the locale: the byte-level vocabulary is not ASCII (LC_ALL=C).
     if os.path.exists(path):
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return f.read()
     text = train_bpe(corpus(n_toolcall, n_math, seed), vocab_size).to_str()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)  # atomic: concurrent first uses never read half a file
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)  # atomic: concurrent first uses never read half a file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
     return text
 
 

@@ -120,6 +120,7 @@ def check_inputs(cfg: Any, *, data: bool = True) -> None:
     Registered model names and "synthetic" data are not paths; URLs are left to
     the loader. data=False: the model's path only (a run given its task's records).
     """
+    from gdpo_jax.data.loaders import glob_data_files, is_glob
     from gdpo_jax.errors import ConfigError
 
     name = str(cfg.model.get("name", ""))
@@ -147,10 +148,15 @@ def check_inputs(cfg: Any, *, data: bool = True) -> None:
                 )
     for field in ("source", "eval_source") if data else ():
         src = str(cfg.task.get(field, ""))
-        if src and src != "synthetic" and not is_url(src) and not glob.glob(src):
+        if not src or src == "synthetic" or is_url(src) or os.path.exists(src):
+            continue  # an existing path is a path, even with glob characters (`set[1]/`)
+        files, skipped = glob_data_files(src) if is_glob(src) else ([], [])
+        if not files:
+            what = "no .jsonl/.json/.parquet file" if skipped else "no file or directory"
             raise ConfigError(
-                f"config.task.{field}={src!r} matches no file or directory (relative to "
-                f"{os.getcwd()}); give a path, glob or directory, or 'synthetic'."
+                f"config.task.{field}={src!r} matches {what} (relative to {os.getcwd()})"
+                + (f"; skipped, not data files: {skipped[:5]}" if skipped else "")
+                + "; give a path, glob or directory, or 'synthetic'."
             )
 
 
