@@ -1,5 +1,6 @@
 """Synthetic generators: determinism, splits, real formats, self-consistency."""
 
+import hashlib
 import json
 import re
 
@@ -19,13 +20,39 @@ def test_deterministic_by_seed_and_split():
 
 
 @pytest.mark.parametrize("task", ["toolcall", "arithmetic"])
-def test_splits_are_disjoint(task):
-    sp = syn.make_splits(task, 300, 60, seed=0)
+@pytest.mark.parametrize("sizes", [(300, 60), (2048, 64), (2000, 200)])
+def test_splits_are_disjoint(task, sizes):
+    # The tool-calling test split shared the user request (and so the reference answer)
+    # with train records when only the order of the listed tools differed: 10 of 60,
+    # 17 of the default config's 64 and 52 of 200 test records.
+    n_train, n_test = sizes
+    sp = syn.make_splits(task, n_train, n_test, seed=0)
     key = lambda r: json.dumps(r["prompt"])  # noqa: E731
-    assert len(sp["train"]) == 300 and len(sp["test"]) == 60
+    request = lambda r: r["prompt"][-1]["content"]  # noqa: E731
+    assert len(sp["train"]) == n_train and len(sp["test"]) == n_test
     assert not {key(r) for r in sp["train"]} & {key(r) for r in sp["test"]}
-    assert len({key(r) for r in sp["train"]}) == 300
+    assert not {request(r) for r in sp["train"]} & {request(r) for r in sp["test"]}
+    assert len({key(r) for r in sp["train"]}) == n_train
+    assert len({request(r) for r in sp["test"]}) == n_test
+    pairs = {(request(r), r["reward_model"]["ground_truth"]) for r in sp["train"]}
+    assert not pairs & {(request(r), r["reward_model"]["ground_truth"]) for r in sp["test"]}
     assert {r["extra_info"]["split"] for r in sp["test"]} == {"test"}
+
+
+# sha256 of json.dumps(make_splits(task, 2048, 64, seed=0)["train"], sort_keys=True): the
+# committed runs trained on these records (the configs' synthetic default, 2048 / 64), so
+# a change to the generator or its train split must leave them as they are.
+TRAIN_SHA256 = {
+    "toolcall": "532997b0fdbf65df9eed183bd7137adf22b72ccb1f9fb34e9c709843f9ba587d",
+    "arithmetic": "aeb9b473e0c1ef588bfbde70a906135856a110ca5e74012864072240030a527b",
+}
+
+
+@pytest.mark.parametrize("task", sorted(TRAIN_SHA256))
+def test_training_records_are_the_committed_runs(task):
+    train = syn.make_splits(task, 2048, 64, seed=0)["train"]
+    digest = hashlib.sha256(json.dumps(train, sort_keys=True).encode()).hexdigest()
+    assert digest == TRAIN_SHA256[task]
 
 
 def test_toolcall_records_load_and_score_perfectly(tmp_path):
@@ -157,3 +184,44 @@ def test_toolcall_lengths_quoted_in_the_docs_are_the_smollm2_tokenizers():
     for x in (np.asarray(prompts), np.asarray(answers)):
         got += [round(float(x.mean())), int(np.percentile(x, 95)), int(x.max())]
     assert got == want, got
+
+
+def test_the_old_held_out_overlap_the_results_docs_state():
+    """Until 2026-12-04 the tool-calling test split excluded only whole train prompts, so a
+    held-out record could repeat a train request with its tools in another order. The
+    committed held-out figures were measured on that split: docs/results.md states, per
+    config, how many of its held-out records did; recomputed here from the old rule."""
+    import pathlib
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root))
+    from configs import replica_toolcall, smollm2_toolcall, study_format_cold
+
+    def old_overlap(cfg) -> tuple[int, int]:
+        t = cfg.task
+        kw = t.kwargs.to_dict()
+        train = syn.toolcall_records(t.num_train, seed=t.seed, split="train", **kw)
+        old_test = syn.toolcall_records(
+            t.num_eval,
+            seed=t.seed,
+            split="test",
+            exclude={syn._prompt_key(r) for r in train},
+            **kw,
+        )[: cfg.train.eval_num_examples or None]
+        requests = {syn._request_key(r) for r in train}
+        return sum(syn._request_key(r) in requests for r in old_test), len(old_test)
+
+    docs = " ".join((root / "docs" / "results.md").read_text().split())  # lines joined
+    for name, cfg in [
+        ("replica_toolcall", replica_toolcall.get_config()),
+        ("study_format_cold", study_format_cold.get_config()),
+        ("smollm2_toolcall", smollm2_toolcall.get_config()),
+    ]:
+        k, n = old_overlap(cfg)
+        assert k > 0, name  # what the fix removed
+        assert f"{k} of the {n} (`{name}`" in docs, (name, k, n)
+    # The split as made now shares no request with train, for the same configs.
+    cfg = replica_toolcall.get_config()
+    s = syn.make_splits("toolcall", cfg.task.num_train, cfg.task.num_eval, seed=cfg.task.seed)
+    assert not {syn._request_key(r) for r in s["test"]} & {syn._request_key(r) for r in s["train"]}

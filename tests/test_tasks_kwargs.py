@@ -93,7 +93,7 @@ def _generator_options(name: str) -> dict:
     if fn is None:  # code: no synthetic source, no options
         return {}
     params = inspect.signature(fn).parameters.values()
-    skip = {"n", "seed", "split", "exclude"}  # set by the loader, not config.task.kwargs
+    skip = {"n", "seed", "split", "exclude", "distinct"}  # set by the loader (make_splits)
     return {p.name: p.default for p in params if p.name not in skip}
 
 

@@ -15,6 +15,8 @@ import random
 import re
 from collections.abc import Sequence
 
+from gdpo_jax.data.tool_calls import call_block, ground_truth_calls
+
 __all__ = ["SFT_TASKS", "make_targets"]
 
 # Tasks whose records have a reference answer to train on.
@@ -22,17 +24,23 @@ SFT_TASKS: tuple[str, ...] = ("toolcall", "math")
 
 
 def _calls(gt: str) -> list[dict]:
-    if "<tool_call>" not in gt:
-        return []
-    body = gt.split("<tool_call>\n", 1)[1].split("\n</tool_call>", 1)[0]
-    return [json.loads(line) for line in body.split("\n")]
+    return ground_truth_calls(gt) or []
 
 
 def _with_calls(gt: str, calls: list[dict]) -> str:
-    head, rest = gt.split("<tool_call>\n", 1)
-    tail = rest.split("\n</tool_call>", 1)[1]
-    body = "\n".join(json.dumps(c, separators=(",", ":")) for c in calls)
-    return f"{head}<tool_call>\n{body}\n</tool_call>{tail}"
+    """`gt` with its first call block's calls replaced by `calls`, one compact JSON a line.
+
+    The block keeps its own framing: the whitespace around the calls and its line
+    end (CRLF or LF), so a target differs from its reference only in the calls.
+    """
+    start, end = call_block(gt)
+    body = gt[start:end]
+    calls_text = body.strip()
+    lead = body[: len(body) - len(body.lstrip())]
+    trail = body[len(body.rstrip()) :]
+    sep = "\r\n" if "\r\n" in calls_text else "\n"
+    text = sep.join(json.dumps(c, separators=(",", ":")) for c in calls)
+    return f"{gt[:start]}{lead}{text}{trail}{gt[end:]}"
 
 
 def _break_format(gt: str, r: random.Random) -> str:

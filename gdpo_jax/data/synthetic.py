@@ -5,7 +5,7 @@
     problems with a length budget (DeepScaleR or verl records, answers in
     \\boxed{}). Prompts stay under ~100 tokens and reference answers under
     ~60 (a compact <think>), because the policies trained on them are tiny.
-Deterministic given (seed, split); the test split never repeats a train prompt.
+Deterministic given (seed, split); the test split never repeats a train request.
 
     python -m gdpo_jax.data.synthetic --task toolcall --out_dir data/tc --n_train 2000 --n_test 200
 """
@@ -226,18 +226,45 @@ def _arith_one(
     }
 
 
-def _key(rec: dict) -> str:
+def _prompt_key(rec: dict) -> str:
+    """The whole prompt (system tool list included): what a split's records differ in.
+
+    Kept as the training split's key: changing it would change the training records.
+    """
     return json.dumps(rec.get("prompt") or rec.get("problem"), sort_keys=True)
 
 
+def _request_key(rec: dict) -> str:
+    """The user's request alone (the last message, or a DeepScaleR problem).
+
+    The held-out split's key: two tool-calling prompts with the same request differ
+    only in the order or choice of the listed tools, and the request fixes the
+    reference answer, so such a pair is the same question.
+    """
+    return rec["prompt"][-1]["content"] if "prompt" in rec else rec["problem"]
+
+
+_KEYS: dict[str, Callable[[dict], str]] = {"prompt": _prompt_key, "request": _request_key}
+
+
 def _generate(
-    one: Callable, task: str, n: int, seed: int, split: str, exclude: set[str], **kw
+    one: Callable,
+    task: str,
+    n: int,
+    seed: int,
+    split: str,
+    exclude: set[str],
+    distinct: str = "prompt",
+    **kw,
 ) -> list[dict]:
+    if distinct not in _KEYS:
+        raise ValueError(f"distinct must be one of {sorted(_KEYS)}, got {distinct!r}")
+    key = _KEYS[distinct]
     r = random.Random(f"gdpo-{task}-{seed}-{split}")  # str seeds hash deterministically
     out, seen, misses = [], set(exclude), 0
     while len(out) < n and misses < 2000:  # 2000 repeats in a row: the space is used up
         rec = one(r, split, len(out), **kw)
-        k = _key(rec)
+        k = key(rec)
         misses = misses + 1 if k in seen else 0
         if k not in seen:
             seen.add(k)
@@ -259,8 +286,13 @@ def toolcall_records(
     p_multi: float = 0.25,
     p_none: float = 0.1,
     exclude: set[str] = frozenset(),
+    distinct: str = "prompt",
 ) -> list[dict]:
-    """`n` distinct ToolRL-format records (verl style)."""
+    """`n` distinct ToolRL-format records (verl style).
+
+    distinct: "prompt" (no two share the whole prompt) or "request" (no two share
+    the user's request); `exclude` holds such keys not to generate.
+    """
     return _generate(
         _toolcall_one,
         "toolcall",
@@ -268,6 +300,7 @@ def toolcall_records(
         seed,
         split,
         set(exclude),
+        distinct,
         n_tools=n_tools,
         p_multi=p_multi,
         p_none=p_none,
@@ -284,9 +317,12 @@ def arithmetic_records(
     fmt: str = "verl",
     max_tokens: int = 64,
     exclude: set[str] = frozenset(),
+    distinct: str = "prompt",
 ) -> list[dict]:
     """`n` distinct word problems; fmt "verl" (prompt baked in) or "deepscaler"
-    ({problem, answer, solution}); extra_info.max_tokens is the length budget."""
+    ({problem, answer, solution}); extra_info.max_tokens is the length budget.
+    `distinct` and `exclude` as for `toolcall_records` (the same here: the prompt
+    is the problem)."""
     if fmt not in ("verl", "deepscaler"):
         raise ValueError(f"fmt must be 'verl' or 'deepscaler', got {fmt!r}")
     return _generate(
@@ -296,6 +332,7 @@ def arithmetic_records(
         seed,
         split,
         set(exclude),
+        distinct,
         max_steps=max_steps,
         max_value=max_value,
         fmt=fmt,
@@ -309,12 +346,20 @@ _GENERATORS = {"toolcall": toolcall_records, "arithmetic": arithmetic_records}
 def make_splits(
     task: str, n_train: int, n_test: int, *, seed: int = 0, **kw
 ) -> dict[str, list[dict]]:
-    """{"train", "test"} for task "toolcall" | "arithmetic"; test prompts are unseen in train."""
+    """{"train", "test"} for task "toolcall" | "arithmetic"; test requests are unseen in train.
+
+    The test split is distinct by the user's request and excludes every train
+    request: a tool-calling prompt that repeats a train request with its tools
+    listed in another order is the same question (the request fixes the answer).
+    The train split stays distinct by whole prompt, as it was generated for the
+    committed runs.
+    """
     if task not in _GENERATORS:
         raise ValueError(f"unknown synthetic task {task!r}; choose from {sorted(_GENERATORS)}")
     gen = _GENERATORS[task]
     train = gen(n_train, seed=seed, split="train", **kw)
-    test = gen(n_test, seed=seed, split="test", exclude={_key(r) for r in train}, **kw)
+    seen = {_request_key(r) for r in train}
+    test = gen(n_test, seed=seed, split="test", exclude=seen, distinct="request", **kw)
     return {"train": train, "test": test}
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from gdpo_jax.data.loaders import PathLike, RecordError, get_field, normalize_messages
+from gdpo_jax.data.tool_calls import ground_truth_calls
 from gdpo_jax.rewards.registry import register_reward
 from gdpo_jax.rewards.runner import RewardSpec
 from gdpo_jax.tasks.common import load_records
@@ -143,23 +144,6 @@ def format_reward(
     return [float(format_ok(c, g)) for c, g in zip(completions, ground_truth)]
 
 
-def _gt_calls(ground_truth: str) -> list[dict] | None:
-    if "<tool_call>" not in ground_truth:
-        return None
-    body = ground_truth.split("<tool_call>", 1)[1].split("</tool_call>", 1)[0]
-    calls = [json.loads(line) for line in body.strip().split("\n") if line.strip()]
-    for c in calls:
-        if not (
-            isinstance(c, dict)
-            and isinstance(c.get("name"), str)
-            and isinstance(c.get("parameters"), dict)
-        ):
-            raise ValueError(
-                f"ground-truth tool call {c!r} needs 'name' (str) and 'parameters' (object)"
-            )
-    return calls
-
-
 @register_reward("toolcall_correctness")
 def correctness_reward(
     prompts: Sequence, completions: Sequence[str], *, ground_truth: Sequence[str], **kwargs
@@ -167,7 +151,7 @@ def correctness_reward(
     """[-3, 3]: 0 if no call expected, -3 if unparseable, else `tool_call_score`."""
     out = []
     for c, g in zip(completions, ground_truth):
-        gt = _gt_calls(g)
+        gt = ground_truth_calls(g)
         if gt is None:
             out.append(0.0)
             continue
@@ -200,7 +184,7 @@ def normalize_record(rec: dict, path: str, row: int) -> dict:
     if not isinstance(gt, str):
         raise RecordError(path, row, field, f"ground truth must be text, got {type(gt).__name__}")
     try:
-        _gt_calls(gt)
+        ground_truth_calls(gt)
     except (ValueError, json.JSONDecodeError) as e:
         raise RecordError(path, row, field, f"tool call does not parse: {e}") from e
     return {
@@ -248,7 +232,7 @@ def ast_match(completion: str, ground_truth: str) -> bool:
     (order-free) of (name, normalized arguments), nothing missing or extra.
     No call expected (relevance): correct when the completion makes none.
     """
-    gt = _gt_calls(ground_truth)
+    gt = ground_truth_calls(ground_truth)
     if gt is None:
         return "<tool_call>" not in completion
     pred = parse_tool_calls(completion)

@@ -27,6 +27,7 @@ from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import (
+    ConfigError,
     check_context_length,
     eval_params,
     prompt_buckets,
@@ -121,9 +122,22 @@ class Trainer:
                 dropped,
                 s.max_prompt_len,
             )
-        self.eval_records, _ = build.prompt_length_filter(
+        if self.task.train and not train_records:
+            self._no_prompt_fits(s.max_prompt_len)
+        self.eval_records, eval_dropped = build.prompt_length_filter(
             self.task.eval, self.sampler, s.max_prompt_len, cfg.task.chat_template
         )
+        if eval_dropped:
+            # Eval metrics then cover a subset of the held-out split: say so, as for training.
+            log.warning(
+                "dropped %d of %d held-out prompts longer than sampling.max_prompt_len=%d; "
+                "eval metrics cover the other %d",
+                eval_dropped,
+                len(self.task.eval),
+                s.max_prompt_len,
+                len(self.eval_records),
+            )
+        self.prompts_dropped = {"train": dropped, "eval": eval_dropped}
         if cfg.train.eval_num_examples:
             self.eval_records = self.eval_records[: cfg.train.eval_num_examples]
         self.stream = PromptStream(train_records, seed=cfg.seed, process_index=pi, process_count=pc)
@@ -171,6 +185,21 @@ class Trainer:
                 self.stream.set_state(data_state)
             nnx.update(self.model, self.state.params)
             log.info("resumed from step %d", self.start_step)
+
+    def _no_prompt_fits(self, max_prompt_len: int) -> None:
+        """Raises the error for a max_prompt_len below every training prompt's length
+        (the stream would otherwise fail on 0 records, naming no setting)."""
+        ids = self.sampler.encode_prompts(
+            [r["prompt"] for r in self.task.train], self.cfg.task.chat_template
+        )
+        self.runner.close()  # its worker pool is already up
+        lo, hi = min(map(len, ids)), max(map(len, ids))
+        span, keep_all = (f"{lo} to {hi}", f" ({hi} keeps them all)") if hi > lo else (lo, "")
+        raise ConfigError(
+            f"config.sampling.max_prompt_len={max_prompt_len} leaves no training prompt: "
+            f"the task's {len(ids)} prompts are {span} tokens long; set it to at least "
+            f"{lo}{keep_all}."
+        )
 
     # ------------------------------------------------------------------ parts
     def _collect(self, step: int) -> tuple[dict, dict]:
