@@ -13,10 +13,33 @@ a resumed run sees exactly the prompts it would have seen.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import grain
+import numpy as np
+
+__all__ = ["PromptStream", "records_fingerprint"]
+
+
+def records_fingerprint(records: Sequence[dict]) -> str:
+    """16 hex digits of SHA-256 over the records, in order, as canonical JSON (keys
+    sorted; arrays as lists). The stream's order is a function of the records and the
+    seed, so a resumed run sees the prompts it would have seen only if this is unchanged
+    (the checkpoint keeps it beside the stream's position)."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, np.ndarray | np.generic):
+            return x.tolist()
+        return repr(x)  # anything else JSON cannot write: its repr, stable enough to compare
+
+    h = hashlib.sha256()
+    for r in records:
+        h.update(json.dumps(r, sort_keys=True, default=plain, ensure_ascii=False).encode())
+        h.update(b"\n")
+    return h.hexdigest()[:16]
 
 
 class PromptStream:

@@ -378,6 +378,55 @@ def _abstract(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
+def _newest_meta(cfg: mlc.ConfigDict) -> dict | None:
+    """The meta of the run directory's newest checkpoint whose meta reads; None when
+    there is none (damaged steps are the restore's to report)."""
+    from gdpo_jax.train import paths
+
+    directory = paths.join(cfg.workdir.rstrip("/"), "checkpoints")
+    if not paths.exists(directory):
+        return None
+    ckpt = Checkpointer.from_config(cfg)
+    try:
+        for step in sorted(ckpt.all_steps(), reverse=True):
+            try:
+                return ckpt.read_meta(step)
+            except Exception:  # noqa: BLE001 - damaged: the restore falls back past it
+                continue
+        return None
+    finally:
+        ckpt.close()
+
+
+def check_resume_data(cfg: mlc.ConfigDict, fingerprint: str, num_records: int) -> None:
+    """Raises ConfigError (one line) when the newest readable checkpoint was trained on
+    other training records than `fingerprint` / `num_records` (data.stream's
+    `records_fingerprint` of the task's training records, before the length filter).
+
+    The checkpoint keeps the stream's position, and the order it indexes is a function
+    of the records: a changed data file under the same config would resume into another
+    sequence of prompts without a word. `checkpoint.allow_config_change=True` resumes
+    anyway, with a warning. Checkpoints written before the fingerprint: not checked.
+    """
+    meta = _newest_meta(cfg)
+    saved = ((meta or {}).get("data_state") or {}).get("records")
+    if not saved or saved.get("fingerprint") == fingerprint:
+        return
+    what = (
+        f"the training records differ from those the checkpoints in {cfg.workdir} were "
+        f"trained on ({saved.get('count')} records, fingerprint {saved.get('fingerprint')}; "
+        f"now {num_records}, {fingerprint})"
+    )
+    if cfg.checkpoint.allow_config_change:
+        log.warning("%s; resuming anyway (checkpoint.allow_config_change=True)", what)
+        return
+    raise config_lib.ConfigError(
+        f"config.task.source={cfg.task.source!r}: {what}, so the resumed run would not see "
+        "the prompts it would have seen. Resume with the same data, start a new "
+        "config.workdir, or pass --config.checkpoint.allow_config_change=True."
+    )
+
+
 def check_resume_config(cfg: mlc.ConfigDict) -> None:
     """Raises ConfigError (one line) when the run directory's newest readable checkpoint
     was written with a config that differs in fields a resume must keep.
@@ -387,26 +436,15 @@ def check_resume_config(cfg: mlc.ConfigDict) -> None:
     No checkpoint, or none whose meta reads: nothing to check (the restore itself
     reports damaged steps).
     """
-    from gdpo_jax.train import paths
-
-    directory = paths.join(cfg.workdir.rstrip("/"), "checkpoints")
-    if not paths.exists(directory):
+    meta = _newest_meta(cfg)
+    if meta is None:
         return
     ckpt = Checkpointer.from_config(cfg)
     try:
-        for step in sorted(ckpt.all_steps(), reverse=True):
-            try:
-                meta = ckpt.read_meta(step)
-            except Exception:  # noqa: BLE001 - damaged: the restore falls back past it
-                continue
-            try:
-                ckpt.check_config(meta)
-            except IncompatibleCheckpointError as e:
-                lines = str(e).splitlines()
-                fields = "; ".join(line.strip() for line in lines[1:-1])
-                raise config_lib.ConfigError(
-                    f"{lines[0].rstrip(':')}: {fields}. {lines[-1]}"
-                ) from None
-            return
+        ckpt.check_config(meta)
+    except IncompatibleCheckpointError as e:
+        lines = str(e).splitlines()
+        fields = "; ".join(line.strip() for line in lines[1:-1])
+        raise config_lib.ConfigError(f"{lines[0].rstrip(':')}: {fields}. {lines[-1]}") from None
     finally:
         ckpt.close()

@@ -21,11 +21,11 @@ import numpy as np
 from flax import nnx
 
 from gdpo_jax import compile_cache
-from gdpo_jax.data.stream import PromptStream
+from gdpo_jax.data.stream import PromptStream, records_fingerprint
 from gdpo_jax.train import build, distributed, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.checkpoint import Checkpointer
+from gdpo_jax.train.checkpoint import Checkpointer, check_resume_data
 from gdpo_jax.train.config import (
     ConfigError,
     check_context_length,
@@ -86,6 +86,13 @@ class Trainer:
         # The records before the model: a bad task setting fails in seconds, not after
         # the build.
         self.task = task or build.load_task(cfg)
+        # What the stream's checkpointed position indexes: a resume over changed records
+        # stops here, before the model build (checkpoint.check_resume_data).
+        self.records = {
+            "fingerprint": records_fingerprint(self.task.train),
+            "count": len(self.task.train),
+        }
+        check_resume_data(cfg, self.records["fingerprint"], self.records["count"])
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         # validate_config cannot read a GGUF name's position table before loading it.
         check_context_length(cfg, self.model.cfg.max_position_embeddings)
@@ -182,6 +189,8 @@ class Trainer:
                 self.state, self.key
             )
             if data_state:
+                data_state = dict(data_state)
+                data_state.pop("records", None)  # checked above (check_resume_data)
                 self.stream.set_state(data_state)
             nnx.update(self.model, self.state.params)
             log.info("resumed from step %d", self.start_step)
@@ -389,7 +398,7 @@ class Trainer:
                     done,
                     self.state,
                     key=self.key,
-                    data_state=self.stream.get_state(),
+                    data_state={**self.stream.get_state(), "records": self.records},
                     force=done == cfg.train.num_steps and cfg.checkpoint.every > 0,
                 )
                 if cfg.train.stop_after_step and done >= cfg.train.stop_after_step:
