@@ -67,6 +67,11 @@ def test_errors_name_file_row_field(tmp_path):
     assert normalize_messages("hi", "f", 0) == [{"role": "user", "content": "hi"}]
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     assert normalize_messages(json.dumps(msgs), "f", 0) == msgs
+    # Plain text that looks like a JSON list is a prompt, not a malformed message list.
+    for text in ("[1, 2, 3]", "[]", '["a", "b"]', "[x]"):
+        assert normalize_messages(text, "f", 0) == [{"role": "user", "content": text}]
+    with pytest.raises(RecordError, match="each message needs 'role' and 'content'"):
+        normalize_messages('[{"role": "user"}]', "f", 0)  # a message list, malformed
     with pytest.raises(RecordError, match=r"row 4, field 'prompt\[1\].content'"):
         normalize_messages([msgs[0], {"role": "user", "content": 3}], "f", 4)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 
 import pytest
 
@@ -61,6 +62,12 @@ def test_directory_source_uses_its_test_split_or_warns(tmp_path, caplog):
     data = sources._load("math", _cfg(str(d)))
     assert len(data.train) == 3 and len(data.eval) == 2
     assert not _problems(data.eval) & _problems(data.train)
+    # A directory named like a glob is still a directory: its test split is used (it was
+    # taken as one file pattern, so the run had no held-out records).
+    glob_named = tmp_path / "set[1]"
+    shutil.copytree(d, glob_named)
+    data = sources._load("math", _cfg(str(glob_named)))
+    assert len(data.train) == 3 and len(data.eval) == 2
 
 
 def test_file_sources_are_cut_to_num_train_and_num_eval_with_a_log_line(tmp_path, caplog):

@@ -238,13 +238,17 @@ def normalize_messages(value: Any, path: str, row: int, field: str = "prompt") -
     """Chat messages [{"role", "content"}, ...] from a list, an array, JSON text or plain text."""
     if isinstance(value, str):
         s = value.strip()
-        if s.startswith("[") and s.endswith("]"):
-            try:
-                value = json.loads(s)
-            except json.JSONDecodeError:
-                return [{"role": "user", "content": value}]
-        else:
+        if not (s.startswith("[") and s.endswith("]")):
             return [{"role": "user", "content": value}]
+        try:
+            parsed = json.loads(s)
+        except json.JSONDecodeError:
+            return [{"role": "user", "content": value}]
+        # A JSON list of objects is a message list (checked below); any other list
+        # ("[1, 2, 3]", "[]", '["a"]') is a plain-text prompt that looks like JSON.
+        if not parsed or not all(isinstance(m, Mapping) for m in parsed):
+            return [{"role": "user", "content": value}]
+        value = parsed
     if hasattr(value, "tolist"):
         value = value.tolist()
     if not isinstance(value, (list, tuple)) or not value:

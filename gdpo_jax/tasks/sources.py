@@ -133,9 +133,13 @@ def _load_held_out(mod, source: str, eval_source: str) -> list:
 
 
 def _is_file(path: str) -> bool:
+    """A file, or a glob of files; an existing directory is a directory even when its
+    name holds glob characters (`set[1]/`: it has train / test splits)."""
     import os
 
-    return os.path.isfile(path) or any(c in path for c in "*?[")
+    from gdpo_jax.data.loaders import is_glob
+
+    return os.path.isfile(path) or (not os.path.exists(path) and is_glob(path))
 
 
 for _name in ("toolcall", "math", "code"):
