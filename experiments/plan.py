@@ -56,9 +56,11 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.scale.targets import MissingExtraError, TargetError, parse_target, valid_names
     from gdpo_jax.train.config import ConfigError
 
-    if _TOPOLOGY.value in (None, "", "help"):
+    if _TOPOLOGY.value == "help":
         print(valid_names())
-        sys.exit(0 if _TOPOLOGY.value == "help" else 2)
+        sys.exit(0)
+    if not _TOPOLOGY.value:
+        cli.fail(f"--topology is required; {valid_names()}")
     cfg = _CONFIG.value
     if cfg is None:
         cli.fail("--config=configs/<name>.py is required.")

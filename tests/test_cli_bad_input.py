@@ -90,6 +90,11 @@ def cuda_plan(tmp_path):
             "--counts=2,0: counts must be >= 1",
         ),
         ("experiments.plan", ("--topology=8xh100",), "--config=configs/<name>.py is required"),
+        (  # it printed the targets' list without saying what was wrong
+            "experiments.plan",
+            ("--config=configs/tiny_cpu.py",),
+            "--topology is required; known targets: v4-8",
+        ),
         (
             "experiments.check_plan",
             ("--config=configs/tiny_cpu.py", "stray"),
