@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import jax
 import numpy as np
@@ -241,6 +242,18 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
     # Batches are a function of (seed, step): every example once per epoch.
     rows = np.concatenate([trainer.batch(s)["completion_ids"] for s in range(2)])
     assert len({r.tobytes() for r in rows}) == 16
+    # On 2 processes each feeds its own half (each fed the whole batch: every row twice
+    # in the global batch to_global builds).
+    shares = []
+    for pi in range(2):
+        with (
+            mock.patch.object(jax, "process_count", lambda: 2),
+            mock.patch.object(jax, "process_index", lambda pi=pi: pi),
+        ):
+            shares.append(trainer.local_batch(0))
+    for k, v in trainer.batch(0).items():
+        np.testing.assert_array_equal(np.concatenate([s[k] for s in shares]), v)
+        assert len(shares[0][k]) == len(v) // 2
 
     result = trainer.run()
     steps = read_jsonl(str(tmp_path / "sft" / "metrics.jsonl"))

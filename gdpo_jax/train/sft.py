@@ -169,6 +169,11 @@ class SFT:
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
         )
         mesh_lib.check_batch_divisible(cfg.sft.batch_size, self.mesh, field="config.sft.batch_size")
+        if cfg.sft.batch_size % jax.process_count():  # each process feeds its share
+            raise ConfigError(
+                f"config.sft.batch_size={cfg.sft.batch_size} must be a multiple of the "
+                f"{jax.process_count()} processes (each feeds an equal share of a batch)."
+            )
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         from gdpo_jax.sampling import Sampler
 
@@ -257,10 +262,22 @@ class SFT:
         rows = idx[start : start + b]
         return {k: v[rows] for k, v in self.data.items()}
 
+    def local_batch(self, step: int) -> dict[str, np.ndarray]:
+        """This process's contiguous share of `batch(step)` (all of it on one process).
+
+        `to_global` stacks the processes' rows: each passing the whole batch made a
+        global batch of batch_size x process_count rows, every row process_count
+        times (the same loss, process_count times the work).
+        """
+        rows = self.batch(step)
+        pi, pc = jax.process_index(), jax.process_count()
+        n = self.cfg.sft.batch_size // pc  # validation: batch_size divides over the mesh
+        return {k: v[pi * n : (pi + 1) * n] for k, v in rows.items()}
+
     def step(self, step: int) -> dict[str, float]:
         from gdpo_jax.train.distributed import to_global
 
-        batch = to_global(self.batch(step), self.mesh)
+        batch = to_global(self.local_batch(step), self.mesh)
         with jax.set_mesh(self.mesh):
             self.state, metrics = self._step(self.state, batch)
         return {k: float(v) for k, v in metrics.items()}
