@@ -163,7 +163,9 @@ def jitted(estimator: str, batch_norm: str = "sample", eps: float = 1e-4):
 def adv_fn(r, ids, **kwargs):
     """One compiled call (cheaper than eager op-by-op dispatch for a new shape)."""
     static = {
-        k: kwargs.pop(k) for k in ("num_groups", "estimator", "eps", "batch_norm") if k in kwargs
+        k: kwargs.pop(k)
+        for k in ("num_groups", "estimator", "eps", "batch_norm", "nan_rewards")
+        if k in kwargs
     }
     return jax.jit(partial(compute_advantages, **static))(r, ids, **kwargs)
 
@@ -625,3 +627,22 @@ def test_constant_nonzero_sums_whiten_to_exact_zero(eps, batch_norm):
                 )
             )
             np.testing.assert_array_equal(adv, np.zeros_like(adv), err_msg=f"n={n} c={c}")
+
+
+def test_nan_rewards_zero_counts_an_unscorable_reward_as_0():
+    """ "zero" (the official TRL patch's nan_to_num) on rewards with NaN / inf equals the
+    default on the same rewards with those set to 0; by hand: a group [1, NaN] is
+    [+-1/sqrt(2)] under "zero" and has < 2 scorable rows (0) under "omit"."""
+    r = np.array([[1.0, 2.0], [np.nan, 1.0], [0.0, np.inf], [1.0, 3.0]], np.float32)
+    ids = np.array([0, 0, 1, 1], np.int32)
+    for est in ESTIMATORS:
+        zero = np.asarray(adv_fn(r, ids, num_groups=2, estimator=est, nan_rewards="zero"))
+        want = np.asarray(adv_fn(np.nan_to_num(r, posinf=0.0), ids, num_groups=2, estimator=est))
+        np.testing.assert_allclose(zero, want, rtol=1e-6, atol=1e-7, err_msg=est)
+    one = np.array([[1.0], [np.nan]], np.float32)
+    gid = np.zeros(2, np.int32)
+    a = np.asarray(adv_fn(one, gid, num_groups=1, estimator="gdpo_no_bn", nan_rewards="zero"))
+    np.testing.assert_allclose(a, [0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4)])
+    np.testing.assert_array_equal(adv_fn(one, gid, num_groups=1, estimator="gdpo_no_bn"), [0, 0])
+    with pytest.raises(ValueError, match="unknown nan_rewards 'nan'"):
+        adv_fn(one, gid, num_groups=1, nan_rewards="nan")

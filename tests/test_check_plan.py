@@ -190,3 +190,15 @@ def test_parent_keeps_off_the_gpus_memory_and_children_get_the_users_setting(mon
     assert check_plan._child_env("/tmp/x")[key] == "true"
     src = open(check_plan.__file__).read()  # set before validate_config starts the backend
     assert src.index('os.environ[_PREALLOCATE] = "false"') < src.index("validated_copy(flags")
+
+
+def test_a_field_added_at_its_old_behaviour_keeps_the_committed_plans_digest() -> None:
+    """algo.nan_rewards="omit" compiles what configs without the field did: the digest
+    leaves it out, so the committed plans hold; "zero" is another program."""
+    cfg = _tiny()
+    with_field = config_digest(cfg)
+    with cfg.algo.unlocked():
+        del cfg.algo["nan_rewards"]
+    assert config_digest(cfg) == with_field
+    cfg = _tiny(nan_rewards="zero")
+    assert config_digest(cfg) != with_field

@@ -179,6 +179,7 @@ def _set(path: str, value):
         (_set("algo.max_len", -1), r"config\.algo\.max_len=-1 must be an int >= 0 \(0 = "),
         (_set("algo.logprob_chunk_size", -4), r"algo\.logprob_chunk_size=-4 must be an int >= 0"),
         (_set("algo.clip_low", 1.5), r"algo\.clip_low=1\.5 must be a number in \[0, 1\)"),
+        (_set("algo.nan_rewards", "nan"), r"config\.algo\.nan_rewards='nan'"),
         (_set("algo.beta", float("nan")), r"config\.algo\.beta=nan must be a number >= 0"),
         (_set("algo.eps", float("nan")), r"config\.algo\.eps=nan must be"),
         (_set("algo.dual_clip", float("nan")), r"config\.algo\.dual_clip=nan must be > 1"),
@@ -212,7 +213,7 @@ def _set(path: str, value):
         (_set("sampling.top_p", 1.5), r"config\.sampling\.top_p=1\.5 must be in \(0, 1\]"),
         (_set("sampling.top_k", -3), r"config\.sampling\.top_k=-3 must be >= 0"),
         (_set("sampling.stop_strings", ("",)), r"config\.sampling\.stop_strings must not"),
-        (_set("eval.temperature", -1.0), r"config\.eval\.temperature=-1\.0 must be > 0"),
+        (_set("eval.temperature", -1.0), r"config\.eval\.temperature=-1\.0 must be >= 1e-06"),
         (_set("eval.top_p", 2.0), r"config\.eval\.top_p=2\.0 must be in \(0, 1\]"),
         (_set("rewards.weights", ("a", "b")), r"rewards\.weights\[0\]='a' is not finite"),
         (

@@ -436,3 +436,24 @@ def test_grpo_signal_is_core_advantages_nonzero_and_gdpo_ignores_zero_weight_col
     )
     assert np.isfinite(m["reward/a/mean"]) and m["reward/a/nan_frac"] == 2 / 8
     assert np.isfinite(m["reward/total"])
+
+
+def test_gdpo_signal_follows_nan_rewards_as_the_advantages_do():
+    """A group [1, NaN] has one scorable row under the default (no advantage, no signal)
+    and the spread 1 vs 0 under nan_rewards="zero" (an advantage, so dynamic sampling
+    keeps it), as core.compute_advantages says."""
+    import jax.numpy as jnp
+
+    from gdpo_jax.core.advantages import compute_advantages
+    from gdpo_jax.train.rollout import groups_with_signal
+
+    r = np.array([[1.0], [np.nan], [2.0], [2.0]], np.float32)
+    ids = jnp.asarray([0, 0, 1, 1], jnp.int32)
+    for policy, want in (("omit", [False, False]), ("zero", [True, False])):
+        adv = compute_advantages(
+            jnp.asarray(r), ids, num_groups=2, estimator="gdpo_no_bn", nan_rewards=policy
+        )
+        has = np.abs(np.asarray(adv).reshape(2, 2)).max(axis=1) > 0
+        np.testing.assert_array_equal(has, want)
+        got = groups_with_signal(r, group_size=2, decoupled=True, nan_rewards=policy)
+        np.testing.assert_array_equal(got, want)

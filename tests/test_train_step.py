@@ -495,3 +495,30 @@ def test_sequence_kl_ignores_masked_positions_even_non_finite():
     mask = np.array([[1, 1, 0], [1, 0, 0]], np.int32)
     out = np.asarray(sequence_kl(logp, ref, mask))
     np.testing.assert_allclose(out, [(-1.0 + 1.5) + (-2.0 + 1.0), -0.5 + 0.25])
+
+
+def test_nan_rewards_zero_is_the_official_patchs_nan_to_num():
+    """algo.nan_rewards="zero": an unscorable reward counts as 0 in its group (the TRL
+    patch's nan_to_num); the default leaves it out. The step's loss under "zero" is the
+    reference's over the rewards with NaN as 0, and differs from the default's."""
+    batch = make_batch(2)
+    batch["rewards"][[1, 5, 6], 0] = np.nan
+    losses = {}
+    for policy in ("omit", "zero"):
+        sc = StepConfig(num_groups=NUM_GROUPS, weights=(1.0, 0.5), eps=EPS, nan_rewards=policy)
+        graphdef, state, step = _sgd_step(sc, create_model(CFG, seed=1))
+        params0 = jax.tree.map(np.asarray, state.params)  # the step donates the state
+        _, metrics = step(state, distributed.to_global(batch, None))
+        losses[policy] = float(metrics["loss"])
+    adv = np_advantages(
+        np.nan_to_num(batch["rewards"]), batch["group_ids"], "gdpo", np.array([1.0, 0.5])
+    )
+    want = reference_loss(
+        jax.tree.map(jnp.asarray, params0),
+        graphdef,
+        jax.tree.map(jnp.asarray, batch),
+        jnp.asarray(adv, jnp.float32),
+        sc,
+    )
+    np.testing.assert_allclose(losses["zero"], float(want), rtol=1e-5, atol=1e-6)
+    assert abs(losses["zero"] - losses["omit"]) > 1e-4

@@ -7,6 +7,7 @@ works with rows sharded over a mesh with Auto or Explicit axes.
 from gdpo_jax.core.advantages import (
     BATCH_NORMS,
     ESTIMATORS,
+    NAN_REWARDS,
     compute_advantages,
     gate_reward,
     group_distinct_advantages,
@@ -32,6 +33,7 @@ __all__ = [
     "BATCH_NORMS",
     "ESTIMATORS",
     "KL_ESTIMATORS",
+    "NAN_REWARDS",
     "aggregate",
     "chunked_token_logprobs",
     "compute_advantages",

@@ -52,6 +52,7 @@ from gdpo_jax.core.rows import check_group_ids, check_num_groups, check_valid, r
 __all__ = [
     "BATCH_NORMS",
     "ESTIMATORS",
+    "NAN_REWARDS",
     "compute_advantages",
     "gate_reward",
     "group_distinct_advantages",
@@ -59,6 +60,10 @@ __all__ = [
 ]
 
 ESTIMATORS = ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn")
+# Unscorable (NaN / +-inf) rewards: "omit" (TRL main: out of that reward's group
+# statistics, 0 advantage) or "zero" (the official GDPO TRL patch's nan_to_num: a 0
+# reward that counts in them, biasing its group).
+NAN_REWARDS = ("omit", "zero")
 BATCH_NORMS = ("sample", "token")
 # verl's masked_whiten adds this to the variance; kept verbatim for parity.
 _VERL_WHITEN_EPS = 1e-8
@@ -175,6 +180,7 @@ def compute_advantages(
     batch_norm: str = "sample",
     token_counts: jax.Array | None = None,
     penalty: jax.Array | None = None,
+    nan_rewards: str = "omit",
 ) -> jax.Array:
     """Per-rollout advantages from K rewards per rollout.
 
@@ -215,11 +221,18 @@ def compute_advantages(
         penalty; adding it after the whitening would instead shift the mean
         advantage by -coef * mean KL). ms-swift forces KL-in-reward off under
         GDPO and verl adds it to the token rewards before any estimator.
+      nan_rewards: one of NAN_REWARDS, what an unscorable reward is under GDPO:
+        "omit" (default, TRL main) leaves it out of its reward's group statistics
+        with 0 advantage; "zero" reads it as a 0 reward in them (the official TRL
+        patch's nan_to_num, for comparisons with it). GRPO sums the rewards with
+        non-finite ones as 0 either way.
     Returns:
       f32[N] advantages, laid out like the rows of ``rewards``.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}.")
+    if nan_rewards not in NAN_REWARDS:
+        raise ValueError(f"unknown nan_rewards {nan_rewards!r}; choose one of {NAN_REWARDS}.")
     if batch_norm not in BATCH_NORMS:
         raise ValueError(f"unknown batch_norm {batch_norm!r}; choose one of {BATCH_NORMS}.")
     rewards = _as_float_array(
@@ -274,6 +287,8 @@ def compute_advantages(
     # inf is unscorable like NaN: one inf would make its group's (or, through
     # the batch whitening, the whole batch's) statistics NaN.
     scorable = jnp.isfinite(rewards)
+    if nan_rewards == "zero":
+        rewards, scorable = jnp.where(scorable, rewards, 0.0), jnp.ones_like(scorable)
     pen = 0.0
     if penalty is not None:
         penalty = seg.match_rows(penalty, rows)

@@ -125,6 +125,7 @@ def validate_config(
     _choice(cfg, "algo.aggregation", aggregations)
     _choice(cfg, "algo.kl_estimator", kl_estimators)
     _choice(cfg, "algo.batch_norm", ("sample", "token"))
+    _choice(cfg, "algo.nan_rewards", ("omit", "zero"))
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)

@@ -222,6 +222,7 @@ class Trainer:
             max_tries=cfg.algo.dynamic_sampling_max_tries,
             decoupled=cfg.algo.estimator.startswith("gdpo"),
             weights=self.weights,
+            nan_rewards=cfg.algo.nan_rewards,
             group_offset=self.group_offset,
             sampler=self.sampler,
             runner=self.runner,

@@ -42,6 +42,7 @@ def groups_with_signal(
     group_size: int,
     decoupled: bool,
     weights: Sequence[float] | None = None,
+    nan_rewards: str = "omit",
 ) -> np.ndarray:
     """rewards f32[P * G, K] of P contiguous groups of G rows -> bool[P]: whether
     normalizing each group gives any nonzero advantage.
@@ -50,6 +51,8 @@ def groups_with_signal(
     scorable (finite) float32 values, the definition of
     `core.per_reward_group_spread`, its JAX form (tests/test_train_rollout.py
     checks the two agree); a column of weight 0 adds nothing to the advantage.
+    With nan_rewards="zero" (`core.compute_advantages`) a non-finite reward counts
+    as a 0 there.
     Otherwise (GRPO): the weighted sum as `core.compute_advantages` forms it
     (non-finite rewards as 0, in float32) has >= 2 distinct values.
 
@@ -66,6 +69,8 @@ def groups_with_signal(
     num_groups = rewards.shape[0] // group_size
     if decoupled:
         r = np.asarray(rewards, np.float32).reshape(num_groups, group_size, rewards.shape[1])
+        if nan_rewards == "zero":
+            r = np.where(np.isfinite(r), r, np.float32(0))
         scorable = np.isfinite(r)
         hi = np.where(scorable, r, -np.inf).max(axis=1, initial=-np.inf)
         lo = np.where(scorable, r, np.inf).min(axis=1, initial=np.inf)
@@ -81,14 +86,22 @@ def groups_with_signal(
 
 
 def group_has_signal(
-    rewards: np.ndarray, *, decoupled: bool, weights: Sequence[float] | None = None
+    rewards: np.ndarray,
+    *,
+    decoupled: bool,
+    weights: Sequence[float] | None = None,
+    nan_rewards: str = "omit",
 ) -> bool:
     """rewards f32[G, K] of one group -> whether normalizing it gives any nonzero
     advantage (see `groups_with_signal`)."""
     rewards = np.asarray(rewards)
     return bool(
         groups_with_signal(
-            rewards, group_size=rewards.shape[0], decoupled=decoupled, weights=weights
+            rewards,
+            group_size=rewards.shape[0],
+            decoupled=decoupled,
+            weights=weights,
+            nan_rewards=nan_rewards,
         )[0]
     )
 
@@ -106,6 +119,7 @@ def collect_batch(
     max_tries: int = 1,
     decoupled: bool = True,
     weights: Sequence[float] | None = None,
+    nan_rewards: str = "omit",
     group_offset: int = 0,
     **kw: Any,
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -116,6 +130,7 @@ def collect_batch(
       key: PRNG key of this step (try t uses fold_in(key, t)).
       dynamic / max_tries: dynamic sampling (see module docstring).
       decoupled: judge spread per reward (GDPO) or on the weighted sum (GRPO).
+      nan_rewards: unscorable rewards as the step takes them ("omit" / "zero").
       group_offset: added to group ids (this host's first global group).
       **kw: passed to `sample_and_score` (sampler, runner, params, ...).
     Returns:
@@ -149,6 +164,7 @@ def collect_batch(
                 group_size=group_size,
                 decoupled=decoupled,
                 weights=weights,
+                nan_rewards=nan_rewards,
             )
             if dynamic
             else np.ones(num_prompts, bool)  # every group is kept

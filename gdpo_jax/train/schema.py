@@ -115,6 +115,9 @@ def base_config() -> mlc.ConfigDict:
     c.algo.estimator = "gdpo"  # grpo | grpo_no_std | gdpo | gdpo_no_bn
     c.algo.eps = 1e-4
     c.algo.batch_norm = "sample"  # sample (TRL patch) | token (verl patch)
+    # Unscorable (NaN) rewards under GDPO: omit (TRL main: out of the group statistics,
+    # 0 advantage) | zero (the official TRL patch's nan_to_num: a 0 reward in them).
+    c.algo.nan_rewards = "omit"
     c.algo.group_size = 4  # G generations per prompt
     c.algo.num_prompts = 8  # prompts per rollout batch (global, all hosts)
     c.algo.clip_low = 0.2

@@ -148,6 +148,7 @@ def train_step(
         batch_norm=cfg.batch_norm,
         token_counts=jnp.sum(mask, axis=-1).astype(jnp.int32),
         penalty=penalty,
+        nan_rewards=cfg.nan_rewards,
     )
 
     keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")

@@ -35,6 +35,7 @@ class StepConfig:
     weights: tuple[float, ...] | None = None
     eps: float = 1e-4
     batch_norm: str = "sample"
+    nan_rewards: str = "omit"
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
@@ -115,6 +116,7 @@ class StepConfig:
             weights=tuple(float(w) for w in cfg.rewards.weights) or None,
             eps=a.eps,
             batch_norm=a.batch_norm,
+            nan_rewards=a.nan_rewards,
             clip_low=a.clip_low,
             clip_high=a.clip_high,
             dual_clip=a.dual_clip or None,
