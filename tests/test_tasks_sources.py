@@ -120,3 +120,19 @@ def test_file_source_warns_that_task_kwargs_are_ignored(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
         assert len(sources._load("math", c).train) == 3
     assert "config.task.kwargs ['max_steps'] are ignored" in caplog.text
+
+
+def test_held_out_records_repeating_training_prompts_are_warned_about(tmp_path, caplog):
+    """eval_source = the training file (or a test split that copies train): eval then
+    measures recall. The run says how many held-out records repeat a training prompt."""
+    src = write_jsonl(_recs("train", 4), tmp_path / "train.jsonl")
+    held = write_jsonl(_recs("train", 2) + _recs("held", 3), tmp_path / "held.jsonl")
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
+        data = sources._load("math", _cfg(str(src), str(held)))
+    assert len(data.eval) == 5  # nothing removed
+    assert f"2 of the 5 held-out records ({held}) repeat a training prompt" in caplog.text
+    caplog.clear()
+    disjoint = write_jsonl(_recs("held", 3), tmp_path / "disjoint.jsonl")
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
+        sources._load("math", _cfg(str(src), str(disjoint)))
+    assert "repeat a training prompt" not in caplog.text

@@ -16,6 +16,7 @@ gdpo_jax.tasks.toy.)
 from __future__ import annotations
 
 import functools
+import json
 import logging
 
 from gdpo_jax.data.synthetic import CATALOGUE
@@ -79,7 +80,30 @@ def _load(name: str, cfg) -> TaskData:
         held = _load_held_out(mod, t.source, t.eval_source)
         train = _first(train, t.num_train, "training", "num_train")
         held = _first(held, t.num_eval, "held-out", "num_eval")
+        _warn_overlap(train, held, t.eval_source or t.source)
     return TaskData(train=train, eval=held, evaluate=mod.evaluate)
+
+
+def _prompt_key(record: dict) -> str:
+    return json.dumps(record.get("prompt"), sort_keys=True, default=str)
+
+
+def _warn_overlap(train: list, held: list, where: str) -> None:
+    """Warns when held-out records repeat a training prompt (an eval_source that is the
+    training file, or a directory's test split copied from train): their eval measures
+    recall, not generalization. Nothing is removed; the data is the user's."""
+    if not held or not train:
+        return
+    seen = {_prompt_key(r) for r in train}
+    n = sum(_prompt_key(r) in seen for r in held)
+    if n:
+        log.warning(
+            "%d of the %d held-out records (%s) repeat a training prompt; eval metrics on "
+            "them measure recall of the training data",
+            n,
+            len(held),
+            where,
+        )
 
 
 def _first(records: list, n: int, what: str, field: str) -> list:
