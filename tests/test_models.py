@@ -81,6 +81,112 @@ def test_config_errors_name_the_problem():
         ModelConfig.tiny(rope_scaling={"rope_type": "dynamic", "factor": 2.0})
 
 
+ARCH = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_architecture_flags_follow_model_type(model_type):
+    # (attention_bias, qk_norm) of transformers' Llama / Qwen2 / Qwen3 attention;
+    # tiny(model_type="qwen3") had no q/k norm (reachable as --config.model.tiny.model_type).
+    for cfg in (ModelConfig.tiny(model_type=model_type), ModelConfig(model_type=model_type)):
+        assert (cfg.attention_bias, cfg.qk_norm) == ARCH[model_type]
+        assert ModelConfig.from_hf(cfg.to_hf()) == cfg
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(attention_bias=True),
+        dict(qk_norm=True),
+        dict(model_type="qwen3", qk_norm=False),
+        dict(model_type="qwen3", attention_bias=True),
+        dict(model_type="qwen2", attention_bias=False),
+        dict(model_type="qwen2", qk_norm=True),
+    ],
+    ids=str,
+)
+def test_flags_no_hf_class_has_are_refused_at_export(kw, tmp_path):
+    from gdpo_jax.models import save_pretrained
+
+    cfg = ModelConfig.tiny(**kw)  # builds and runs: tests mix features on one model
+    with pytest.raises(ValueError, match=r"attention_bias=.*qk_norm=.*no Hugging Face equivalent"):
+        cfg.to_hf()
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"no Hugging Face equivalent"):
+        save_pretrained(_random_model(cfg), None, str(out))
+    assert not out.exists()
+
+
+_LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+@pytest.mark.parametrize(
+    "rope,missing",
+    [
+        ({"rope_type": "llama3", "factor": 8.0}, "low_freq_factor"),
+        ({k: v for k, v in _LLAMA3.items() if k != "high_freq_factor"}, "high_freq_factor"),
+        ({"rope_type": "linear"}, "factor"),
+        ({"rope_type": "yarn", "original_max_position_embeddings": 64}, "factor"),
+    ],
+)
+def test_rope_scaling_without_its_keys_is_refused_as_transformers_does(rope, missing):
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    with pytest.raises(ValueError, match=rf"rope_type='{rope['rope_type']}' needs \[.*'{missing}'"):
+        ModelConfig.tiny(rope_scaling=rope)
+    hf = {**ModelConfig.tiny().to_hf(), "rope_parameters": None, "rope_scaling": rope}
+    with pytest.raises(ValueError, match=missing):  # config.json: at load, not in a trace
+        ModelConfig.from_hf(hf)
+    with pytest.raises(KeyError, match=missing):  # transformers refuses the same dict
+        hf_cfg = LlamaConfig(**{k: v for k, v in hf.items() if k != "rope_parameters"})
+        ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_cfg, torch.device("cpu"))
+
+
+def test_top_level_original_max_position_embeddings_wins_as_in_transformers():
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = {
+        **ModelConfig.tiny(max_position_embeddings=256).to_hf(),
+        "rope_parameters": None,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        "original_max_position_embeddings": 16,  # Phi3-style, outside the rope dict
+    }
+    cfg = ModelConfig.from_hf(hf)
+    assert cfg.rope_scaling_dict()["original_max_position_embeddings"] == 16
+    ref, ref_scale = ROPE_INIT_FUNCTIONS["yarn"](
+        LlamaConfig(**{k: v for k, v in hf.items() if k != "rope_parameters"}), torch.device("cpu")
+    )
+    ours, scale = rope_frequencies(cfg)
+    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
+    assert scale == pytest.approx(ref_scale)
+
+
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        ({"factor": "8"}, "factor='8'.*number > 0"),
+        ({"high_freq_factor": 1.0}, "high_freq_factor=1.0 must exceed low_freq_factor=1.0"),
+    ],
+)
+def test_rope_scaling_bad_values_are_refused(edit, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.tiny(rope_scaling={**_LLAMA3, **edit})
+
+
 @pytest.mark.parametrize(
     "rope",
     [
@@ -93,6 +199,10 @@ def test_config_errors_name_the_problem():
             "original_max_position_embeddings": 64,
         },
         {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        # transformers fills a missing original_max_position_embeddings with
+        # max_position_embeddings (here 256, so the factor alone scales).
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+        {"rope_type": "yarn", "factor": 4.0},
     ],
 )
 def test_rope_frequencies_match_transformers(rope):

@@ -26,7 +26,7 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def _write_gguf(tmodel, path: str) -> None:
+def _write_gguf(tmodel, path: str, extra: dict | None = None) -> None:
     c = tmodel.config
     w = gguf.GGUFWriter(path, "llama")
     w.add_block_count(c.num_hidden_layers)
@@ -74,6 +74,8 @@ def _write_gguf(tmodel, path: str) -> None:
             )
         else:
             w.add_tensor(name, a)
+    for name, a in (extra or {}).items():
+        w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -121,6 +123,32 @@ def test_synthetic_gguf_matches_torch(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_lib, "convert_gguf", no_conversion)
     load_pretrained(path)
     assert len(os.listdir(tmp_path / "cache")) == 1
+
+
+@pytest.mark.parametrize(
+    "name,match",
+    [
+        # Llama 3.1+ GGUFs store llama3 RoPE scaling as this top-level tensor.
+        ("rope_freqs.weight", r"'rope_freqs\.weight' holds llama3 RoPE scaling.*not supported"),
+        ("some_adapter.weight", r"Unexpected GGUF tensor 'some_adapter\.weight'"),
+        ("blk.0.attn_sinks.weight", r"Unexpected GGUF tensor 'blk\.0\.attn_sinks\.weight'"),
+    ],
+)
+def test_gguf_tensor_without_an_hf_name_is_named(tmp_path, monkeypatch, name, match):
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+    cfg = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=32,  # Q8_0 blocks of 32 (mlp tensors are quantized)
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        rope_theta=1000.0,
+    )
+    path = str(tmp_path / "extra.gguf")
+    _write_gguf(transformers.LlamaForCausalLM(cfg).eval(), path, {name: np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match=match):
+        load_pretrained(path)
 
 
 @pytest.fixture(scope="module")

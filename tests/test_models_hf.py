@@ -2,10 +2,12 @@
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -13,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 from gdpo_jax.models import ModelConfig, load_pretrained, save_pretrained  # noqa: E402
 from gdpo_jax.models.export import write_safetensors  # noqa: E402
 from gdpo_jax.models.loading import SafetensorsDir  # noqa: E402
+from gdpo_jax.models.sharding import abstract_model  # noqa: E402
 from tests._tiny_tokenizer import make_tiny_tokenizer  # noqa: E402
 
 V = 128
@@ -171,12 +174,14 @@ def _copy_ckpt(
     drop: str | None = None,
     reshape: str | None = None,
     config_edit: dict | None = None,
+    add: dict | None = None,
 ) -> str:
     os.makedirs(dst, exist_ok=True)
     reader = SafetensorsDir(src)
     tensors = {k: np.array(reader[k]) for k in reader.entries if k != drop}
     if reshape:
         tensors[reshape] = tensors[reshape][:-1]
+    tensors.update(add or {})
     write_safetensors(tensors, os.path.join(dst, "model.safetensors"))
     with open(os.path.join(src, "config.json")) as f:
         cfg = json.load(f)
@@ -253,3 +258,156 @@ def test_dtypes_as_users_write_them(hf_dirs, dtype):
 def test_unsupported_dtype_is_named():
     with pytest.raises(ValueError, match=r"param_dtype=.*int32.*float32"):
         ModelConfig.tiny(param_dtype=np.int32)
+
+
+# ------------------------------------------------- exports into a used dir, dtypes
+def _fwd(model, ids, mask):
+    return jax.jit(lambda m, i, k: m(i, k))(model, ids, mask)
+
+
+def _single_or_sharded(n: int) -> dict:
+    return {"max_shard_bytes": 20_000} if n > 1 else {}
+
+
+@pytest.mark.parametrize("first,second", [(2, 1), (1, 2)], ids=["sharded-then-single", "single"])
+def test_export_into_an_earlier_export_replaces_its_weight_files(hf_dirs, tmp_path, first, second):
+    # sharded then single: our loader read the stale index (the old weights);
+    # single then sharded: transformers read the stale model.safetensors.
+    old, _ = load_pretrained(hf_dirs["qwen2"][0])
+    new, _ = load_pretrained(hf_dirs["qwen2"][0])
+    new.embed.set_value(new.embed.get_value() * 0.5)
+    out = str(tmp_path / "out")
+    save_pretrained(old, None, out, **_single_or_sharded(first))
+    save_pretrained(new, None, out, **_single_or_sharded(second))
+    weights = sorted(f for f in os.listdir(out) if f.startswith("model"))
+    if second == 1:
+        assert weights == ["model.safetensors"]
+    else:
+        assert "model.safetensors" not in weights and "model.safetensors.index.json" in weights
+    ids, mask = _batch()
+    want = _fwd(new, ids, mask)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    _assert_close_valid(want, _torch_logits(back, ids, mask), mask)
+    ours, _ = load_pretrained(out)
+    _assert_close_valid(want, _fwd(ours, ids, mask), mask)
+
+
+def test_loader_refuses_a_dir_with_both_weight_layouts(hf_dirs, tmp_path):
+    model, _ = load_pretrained(hf_dirs["qwen2"][0])
+    d = save_pretrained(model, None, str(tmp_path / "both"), max_shard_bytes=20_000)
+    shutil.copy(os.path.join(hf_dirs["qwen2"][0], "model.safetensors"), d)
+    with pytest.raises(ValueError, match=r"both model\.safetensors and model\.safetensors\.index"):
+        load_pretrained(d)
+    # Shards left without their index beside model.safetensors: a tensor in two files.
+    os.remove(os.path.join(d, "model.safetensors.index.json"))
+    with pytest.raises(ValueError, match=r"in more than one file"):
+        load_pretrained(d)
+
+
+@pytest.mark.parametrize(
+    "dtype", [jax.numpy.bfloat16, np.float16, np.dtype("float32"), "bfloat16"], ids=str
+)
+def test_export_dtype_as_users_write_it(hf_dirs, tmp_path, dtype):
+    model, _ = load_pretrained(hf_dirs["qwen2"][0])
+    out = save_pretrained(model, None, str(tmp_path / "d"), dtype=dtype)
+    name = np.dtype(dtype).name
+    with open(os.path.join(out, "config.json")) as f:
+        assert json.load(f)["torch_dtype"] == name
+    with open(os.path.join(out, "model.safetensors"), "rb") as f:  # read the header by hand
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    st = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}[name]
+    assert {v["dtype"] for k, v in header.items() if k != "__metadata__"} == {st}
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    assert back.model.embed_tokens.weight.dtype == getattr(torch, name)
+
+
+def test_export_with_a_bad_dtype_writes_nothing(hf_dirs, tmp_path):
+    model, _ = load_pretrained(hf_dirs["qwen2"][0])
+    out = tmp_path / "never"
+    with pytest.raises(ValueError, match=r"dtype=.*int32.*not a supported export dtype"):
+        save_pretrained(model, None, str(out), dtype=np.int32)
+    assert not out.exists()
+
+
+def _random_model(cfg: ModelConfig, seed: int = 1):
+    """Random weights, norms and biases (a dropped one shows in the logits)."""
+    rs = np.random.RandomState(seed)
+    graphdef, state = nnx.split(abstract_model(cfg))
+    flat = []
+    for path, var in nnx.to_flat_state(state):
+        v, name = var.get_value(), str(path[-1])
+        base, scale = (1.0, 0.3) if "norm" in name else (0.0, 0.3 if "bias" in name else 0.1)
+        flat.append(
+            (path, var.replace(jax.numpy.asarray(base + scale * rs.randn(*v.shape), v.dtype)))
+        )
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_tiny_model_of_a_type_exports_what_transformers_runs(tmp_path, kind):
+    # ModelConfig.tiny(model_type="qwen3") had no q/k norm (qwen2: no bias), which
+    # the exported config.json could not say.
+    cfg = ModelConfig.tiny(vocab_size=V, model_type=kind)
+    assert (cfg.attention_bias, cfg.qk_norm) == (kind == "qwen2", kind == "qwen3")
+    model = _random_model(cfg)
+    out = save_pretrained(model, None, str(tmp_path / kind))
+    ids, mask = _batch()
+    want = _fwd(model, ids, mask)
+    back = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    _assert_close_valid(want, _torch_logits(back, ids, mask), mask)
+    ours, _ = load_pretrained(out)
+    assert ours.cfg == cfg
+    _assert_close_valid(want, _fwd(ours, ids, mask), mask)
+
+
+def test_llama_attention_bias_in_transformers_includes_o_proj():
+    # Why ModelConfig refuses to export llama with attention_bias: HF's flag also adds
+    # an o_proj bias, which this model does not have.
+    hf = transformers.LlamaConfig(**COMMON, attention_bias=True)
+    names = set(transformers.AutoModelForCausalLM.from_config(hf).state_dict())
+    assert "model.layers.0.self_attn.o_proj.bias" in names
+
+
+# ------------------------------------------------- checkpoint tensors the config does not use
+def test_qwen2_config_saying_no_attention_bias_still_has_it(hf_dirs, tmp_path):
+    # transformers' Qwen2 has q/k/v bias whatever config.json says; we dropped them.
+    d = _copy_ckpt(hf_dirs["qwen2"][0], str(tmp_path / "q"), config_edit={"attention_bias": False})
+    ref = transformers.AutoModelForCausalLM.from_pretrained(d, local_files_only=True).eval()
+    model, _ = load_pretrained(d)
+    assert model.cfg.attention_bias
+    ids, mask = _batch()
+    _assert_close_valid(_fwd(model, ids, mask), _torch_logits(ref, ids, mask), mask)
+
+
+@pytest.mark.parametrize(
+    "kind,edit,name",
+    [
+        ("qwen3", {"model_type": "llama"}, "model.layers.0.self_attn.k_norm.weight"),
+        ("llama", {"num_hidden_layers": 1}, "model.layers.1.input_layernorm.weight"),
+        ("qwen2", {"model_type": "llama"}, "model.layers.0.self_attn.k_proj.bias"),
+    ],
+    ids=["qk-norm", "extra-layer", "bias"],
+)
+def test_checkpoint_tensors_the_config_does_not_use_are_refused(
+    hf_dirs, tmp_path, kind, edit, name
+):
+    d = _copy_ckpt(hf_dirs[kind][0], str(tmp_path / "u"), config_edit=edit)
+    with pytest.raises(ValueError, match=rf"does not use .*{name.replace('.', '[.]')}"):
+        load_pretrained(d)
+
+
+def test_buffers_and_tied_head_copies_load(hf_dirs, tmp_path):
+    d, tmodel = hf_dirs["qwen3"]  # tied
+    embed = np.array(SafetensorsDir(d)["model.embed_tokens.weight"])
+    extra = {
+        "model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(12, np.float32),
+        "lm_head.weight": embed.copy(),
+    }
+    model, _ = load_pretrained(_copy_ckpt(d, str(tmp_path / "ok"), add=extra))
+    ids, mask = _batch()
+    _assert_close_valid(_fwd(model, ids, mask), _torch_logits(tmodel, ids, mask), mask)
+    # A tied config with a different lm_head: transformers 5 uses that head, 4.x the
+    # embedding; refused rather than guessed.
+    extra["lm_head.weight"] = embed * -2.0
+    with pytest.raises(ValueError, match=r"tie_word_embeddings=true but an lm_head"):
+        load_pretrained(_copy_ckpt(d, str(tmp_path / "head"), add=extra))

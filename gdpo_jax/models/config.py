@@ -15,6 +15,15 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# rope_type -> the keys it needs, as transformers' rope validation (which fills a
+# missing original_max_position_embeddings of llama3 / yarn with max_position_embeddings).
+_ROPE_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+    "yarn": ("factor",),
+}
+# model_type -> (attention_bias, qk_norm): what transformers' class of that type has.
+ARCH_FLAGS = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -77,6 +86,31 @@ def generation_eos_ids(checkpoint_dir: str) -> tuple[int, ...]:
     return _eos_ids(gen.get("eos_token_id"))
 
 
+def _check_rope_scaling(rope: Mapping[str, Any]) -> None:
+    """One-line ValueError for an unsupported rope_type or a missing / non-numeric key."""
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"rope_scaling rope_type={rope_type!r} is not supported; supported: "
+            f"{SUPPORTED_ROPE_TYPES}."
+        )
+    need = _ROPE_KEYS.get(rope_type, ())
+    missing = [k for k in need if rope.get(k) is None]
+    if missing:
+        raise ValueError(f"rope_scaling rope_type={rope_type!r} needs {missing}; got {dict(rope)}.")
+    for k in [k for k in (*need, "original_max_position_embeddings") if k in rope]:
+        v = rope[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise ValueError(
+                f"rope_scaling {k}={v!r} (rope_type={rope_type!r}) must be a number > 0."
+            )
+    if rope_type == "llama3" and rope["high_freq_factor"] <= rope["low_freq_factor"]:
+        raise ValueError(
+            f"rope_scaling high_freq_factor={rope['high_freq_factor']} must exceed "
+            f"low_freq_factor={rope['low_freq_factor']} (llama3 divides by their difference)."
+        )
+
+
 def _freeze(x: Any) -> Any:
     """dict/list -> sorted tuples so the config stays hashable."""
     if isinstance(x, Mapping):
@@ -108,6 +142,10 @@ class ModelConfig:
       only) or "splash" (the Pallas TPU splash kernel; training, log-prob and
       fresh-cache prefill forwards). One-token decode steps always use the
       einsum path.
+    attention_bias / qk_norm: None (the default) follows model_type, as the Hugging
+      Face class of that type has them: q/k/v bias for qwen2, q/k RMSNorm for qwen3,
+      neither for llama. Set explicitly, another mix builds and runs, but `to_hf`
+      (hence export) refuses it: no Hugging Face class describes it.
     """
 
     model_type: str = "llama"
@@ -122,8 +160,8 @@ class ModelConfig:
     rope_scaling: tuple | None = None
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    qk_norm: bool = False
+    attention_bias: bool | None = None
+    qk_norm: bool | None = None
     max_position_embeddings: int = 2048
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
@@ -147,6 +185,11 @@ class ModelConfig:
             )
         for field in ("param_dtype", "dtype"):
             object.__setattr__(self, field, canonical_dtype(getattr(self, field), field))
+        for field, default in zip(
+            ("attention_bias", "qk_norm"), ARCH_FLAGS[self.model_type], strict=True
+        ):
+            value = getattr(self, field)
+            object.__setattr__(self, field, default if value is None else bool(value))
         for field in _SIZES:  # a zero size built, then failed inside a trace or a save
             if int(getattr(self, field)) < 1:
                 raise ValueError(f"{field}={getattr(self, field)} must be >= 1.")
@@ -157,12 +200,7 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
-        rope_type = self.rope_scaling_dict().get("rope_type", "default")
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"rope_scaling rope_type={rope_type!r} is not supported; supported: "
-                f"{SUPPORTED_ROPE_TYPES}."
-            )
+        _check_rope_scaling(self.rope_scaling_dict())
         # Lists from JSON would make the frozen config unhashable.
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
@@ -209,9 +247,21 @@ class ModelConfig:
         fwd = 2.0 * dense + 4.0 * self.num_layers * q * seq_len
         return 3.0 * fwd if training else fwd
 
+    def check_hf_architecture(self) -> None:
+        """Raise unless attention_bias / qk_norm are what model_type's HF class has."""
+        want = ARCH_FLAGS[self.model_type]
+        if (self.attention_bias, self.qk_norm) != want:
+            raise ValueError(
+                f"model_type={self.model_type!r} with attention_bias={self.attention_bias}, "
+                f"qk_norm={self.qk_norm} has no Hugging Face equivalent ({self.model_type} has "
+                f"attention_bias={want[0]}, qk_norm={want[1]}); leave both unset to follow "
+                "model_type."
+            )
+
     @classmethod
     def tiny(cls, **overrides: Any) -> ModelConfig:
-        """A ~100k-parameter Llama for tests (GQA 4:2, untied)."""
+        """A ~100k-parameter Llama for tests (GQA 4:2, untied); attention_bias and
+        qk_norm follow model_type unless overridden."""
         base = dict(
             model_type="llama",
             vocab_size=256,
@@ -264,8 +314,8 @@ class ModelConfig:
                 "use_sliding_window=True is not supported; set it false "
                 "(full attention) or use a checkpoint without sliding window."
             )
-        # q/k/v bias: Qwen2 always has it (transformers does not even store the key).
-        attention_bias = bool(c.get("attention_bias", model_type == "qwen2"))
+        # q/k/v bias: transformers' Qwen2 always has it, whatever the config says.
+        attention_bias = model_type == "qwen2" or bool(c.get("attention_bias", False))
         if attention_bias and model_type != "qwen2":
             raise ValueError(
                 f"attention_bias=True for model_type={model_type!r} also adds an o_proj "
@@ -282,6 +332,9 @@ class ModelConfig:
         rope.pop("type", None)
         if rope.get("rope_type", "default") == "default":
             rope = {}
+        elif rope["rope_type"] in ("llama3", "yarn") and c.get("original_max_position_embeddings"):
+            # Top level (Phi3-style): transformers prefers it to the rope dict's.
+            rope["original_max_position_embeddings"] = c["original_max_position_embeddings"]
         num_heads = int(c["num_attention_heads"])
         head_dim = c.get("head_dim") or c["hidden_size"] // num_heads
         # config.json's EOS first, then any further ones from generation_config.json.
@@ -312,7 +365,12 @@ class ModelConfig:
         return cls(**kw)
 
     def to_hf(self) -> dict[str, Any]:
-        """config.json content that transformers' AutoConfig reads back."""
+        """config.json content that transformers' AutoConfig reads back.
+
+        Raises ValueError when attention_bias / qk_norm differ from model_type's
+        (`check_hf_architecture`): no config.json describes such a model.
+        """
+        self.check_hf_architecture()
         arch = {
             "llama": "LlamaForCausalLM",
             "qwen2": "Qwen2ForCausalLM",

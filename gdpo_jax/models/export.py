@@ -5,12 +5,14 @@
 
 Writes config.json, generation_config.json, model.safetensors (split into
 model-0000k-of-0000n.safetensors + index above `max_shard_bytes`) and the
-tokenizer files. On multi-host runs every process must call it (the params are
-gathered collectively); only process 0 writes.
+tokenizer files. Weight files of an earlier export in the same dir are removed
+first, so the dir never holds both layouts. On multi-host runs every process must
+call it (the params are gathered collectively); only process 0 writes.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from typing import Any
@@ -34,7 +36,8 @@ _NP_TO_ST = {
 def write_safetensors(
     tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None
 ) -> None:
-    """Minimal safetensors writer (handles bf16 through ml_dtypes)."""
+    """Minimal safetensors writer (handles bf16 through ml_dtypes); the file appears
+    whole (written beside it, then renamed)."""
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for name, a in tensors.items():
@@ -46,17 +49,49 @@ def write_safetensors(
         offset += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # 8-byte aligned data start, as the spec advises
-    with open(path, "wb") as f:
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         for a in tensors.values():
             f.write(np.ascontiguousarray(a).tobytes())
+    os.replace(tmp, path)
+
+
+def _write_json(obj: Any, path: str) -> None:
+    """json.dump to `path` atomically: a failed write leaves the old file (or none)."""
+    text = json.dumps(obj, indent=2)  # raises before any file is touched
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def export_dtype(dtype: Any) -> np.dtype:
+    """A dtype as users write it ("bfloat16", jnp.bfloat16, np.dtype) -> a numpy dtype
+    safetensors can store."""
+    try:
+        dt = np.dtype(dtype)  # knows "bfloat16": ml_dtypes is imported above
+    except TypeError:
+        dt = None
+    if dt not in _NP_TO_ST:
+        names = sorted(d.name for d in _NP_TO_ST)
+        raise ValueError(f"dtype={dtype!r} is not a supported export dtype; use one of {names}.")
+    return dt
+
+
+def _weight_files(path: str) -> list[str]:
+    """The HF weight files in a dir: model.safetensors, its sharded form and index."""
+    names = ["model.safetensors", "model.safetensors.index.json"]
+    found = [n for n in names if os.path.exists(os.path.join(path, n))]
+    shards = glob.glob(os.path.join(glob.escape(path), "model-*-of-*.safetensors"))
+    return found + sorted(os.path.basename(p) for p in shards)
 
 
 def hf_state_dict(model: Transformer, dtype: str | None = None) -> dict[str, np.ndarray]:
     """HF-named host arrays (torch layout: Linear weights [out, in])."""
     cfg = model.cfg
-    np_dtype = np.dtype(jax.numpy.dtype(dtype or cfg.param_dtype))
+    np_dtype = export_dtype(dtype or cfg.param_dtype)
     params = model.param_arrays()
     out: dict[str, np.ndarray] = {}
     for ours, (hf, tr) in TOP_NAMES.items():
@@ -79,23 +114,24 @@ def save_pretrained(
     dtype: str | None = None,
     max_shard_bytes: int = 4 << 30,
 ) -> str:
-    """Write an HF checkpoint dir; dtype defaults to the params' dtype. Returns out_dir."""
+    """Write an HF checkpoint dir; dtype defaults to the params' dtype. Returns out_dir.
+
+    dtype: "float32" / "bfloat16" / "float16" or the jnp / numpy dtype. Weight files
+    of an earlier export in out_dir (model.safetensors, model-*-of-*.safetensors and
+    the index) are removed before the new ones are written.
+    """
     cfg = model.cfg
+    dtype = export_dtype(dtype or cfg.param_dtype).name
+    config = cfg.to_hf()  # refuses a model no config.json describes, before any work
+    config["torch_dtype"] = config["dtype"] = dtype
     tensors = hf_state_dict(model, dtype)
     if jax.process_index() != 0:
         return out_dir
-    os.makedirs(out_dir, exist_ok=True)
-    config = cfg.to_hf()
-    config["torch_dtype"] = config["dtype"] = dtype or cfg.param_dtype
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
     gen = {
         k: config[k]
         for k in ("bos_token_id", "eos_token_id", "pad_token_id")
         if config[k] is not None
     }
-    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
-        json.dump(gen, f, indent=2)
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, a in tensors.items():
@@ -105,16 +141,28 @@ def save_pretrained(
         shards[-1][name] = a
         size += a.nbytes
     if len(shards) == 1:
-        write_safetensors(shards[0], os.path.join(out_dir, "model.safetensors"))
+        files = {"model.safetensors": shards[0]}
+        index = None
     else:
-        weight_map = {}
-        for k, shard in enumerate(shards):
-            fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-            write_safetensors(shard, os.path.join(out_dir, fname))
-            weight_map.update({name: fname for name in shard})
+        files = {
+            f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors": shard
+            for k, shard in enumerate(shards)
+        }
+        weight_map = {name: fname for fname, shard in files.items() for name in shard}
         total = sum(a.nbytes for a in tensors.values())
-        with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    json.dumps([config, gen, index])  # all serializable, checked before out_dir is touched
+    os.makedirs(out_dir, exist_ok=True)
+    # An earlier export's files would be read instead of (or beside) the new ones:
+    # an index wins over model.safetensors in our loader, the reverse in transformers.
+    for name in _weight_files(out_dir):
+        os.remove(os.path.join(out_dir, name))
+    for fname, shard in files.items():
+        write_safetensors(shard, os.path.join(out_dir, fname))
+    if index is not None:
+        _write_json(index, os.path.join(out_dir, "model.safetensors.index.json"))
+    _write_json(gen, os.path.join(out_dir, "generation_config.json"))
+    _write_json(config, os.path.join(out_dir, "config.json"))  # last: the dir is complete
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir

@@ -133,13 +133,13 @@ def gguf_hf_tensors(reader: Any, cfg: dict[str, Any]) -> dict[str, np.ndarray]:
 
     out = {}
     permute = cfg["model_type"] == "llama"  # llama.cpp permutes q/k only for llama
+    for t in reader.tensors:  # every name checked before any tensor is dequantized
+        _check_tensor_name(t.name)
     for t in reader.tensors:
         if t.name in _TOP:
             name = _TOP[t.name]
         else:
-            blk, i, rest = t.name.split(".", 2)
-            if blk != "blk" or rest not in _LAYER:
-                raise ValueError(f"Unexpected GGUF tensor {t.name!r}.")
+            _, i, rest = t.name.split(".", 2)
             name = f"model.layers.{i}.{_LAYER[rest]}"
         a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         a = a.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF dims are innermost-first
@@ -149,6 +149,24 @@ def gguf_hf_tensors(reader: Any, cfg: dict[str, Any]) -> dict[str, np.ndarray]:
             a = unpermute_qk(a, cfg["num_key_value_heads"])
         out[name] = a
     return out
+
+
+def _check_tensor_name(name: str) -> None:
+    """Raise naming a GGUF tensor that has no HF counterpart here."""
+    if name == "rope_freqs.weight":
+        # llama.cpp stores Llama 3.1+ "llama3" RoPE scaling as per-frequency factors.
+        raise ValueError(
+            "GGUF tensor 'rope_freqs.weight' holds llama3 RoPE scaling, which is not "
+            "supported from GGUF; load the Hugging Face checkpoint (config.json) instead."
+        )
+    if name in _TOP:
+        return
+    parts = name.split(".", 2)
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in _LAYER:
+        raise ValueError(
+            f"Unexpected GGUF tensor {name!r}: not one of {sorted(_TOP)} nor "
+            f"blk.<i>.<{'|'.join(sorted(_LAYER))}>."
+        )
 
 
 def rest_of(name: str) -> str:

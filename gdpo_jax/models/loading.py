@@ -51,6 +51,14 @@ class SafetensorsDir:
 
     def __init__(self, path: str):
         index = os.path.join(path, "model.safetensors.index.json")
+        single = os.path.join(path, "model.safetensors")
+        if os.path.exists(index) and os.path.exists(single):
+            # Which one holds the weights? Loaders differ (transformers takes
+            # model.safetensors, others the index): one is a stale earlier save.
+            raise ValueError(
+                f"{path!r} holds both model.safetensors and model.safetensors.index.json "
+                "(two saves in one dir?); remove the stale one."
+            )
         if os.path.exists(index):
             with open(index) as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
@@ -73,6 +81,11 @@ class SafetensorsDir:
             for key, meta in header.items():
                 if key == "__metadata__":
                     continue
+                if key in self.entries:
+                    raise ValueError(
+                        f"Tensor {key!r} is in more than one file of {path!r} (the last: "
+                        f"{name}); remove the stale weight files."
+                    )
                 lo, hi = meta["data_offsets"]
                 self.entries[key] = (
                     mm,
@@ -116,9 +129,29 @@ def _param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     }
 
 
+def _ignorable(name: str, cfg: ModelConfig) -> bool:
+    """Tensors a checkpoint may hold that the model rightly does not use."""
+    if name.endswith("rotary_emb.inv_freq"):  # a buffer older transformers saved
+        return True
+    # A tied model's copy of its embedding (checked equal in check_checkpoint).
+    return name == "lm_head.weight" and cfg.tie_word_embeddings
+
+
+def _same_tensor(reader: SafetensorsDir, a: str, b: str, rows: int = 4096) -> bool:
+    """Whether two tensors hold the same values (compared a block of rows at a time)."""
+    if reader.shape(a) != reader.shape(b):
+        return False
+    x, y = reader[a], reader[b]
+    return all(np.array_equal(x[i : i + rows], y[i : i + rows]) for i in range(0, len(x), rows))
+
+
 def check_checkpoint(reader: SafetensorsDir, cfg: ModelConfig, where: str) -> None:
-    """Raise with the count of missing tensors and the first 8 names, or the first
-    mismatched one with both shapes."""
+    """Raise with the count of missing (or unused) tensors and the first 8 names, or
+    the first mismatched one with both shapes.
+
+    A tensor the config does not use (a bias, a q/k norm, an untied lm_head, an extra
+    layer) means the config.json does not describe the weights: refused, not dropped.
+    """
     want = expected_tensors(cfg)
     missing = [k for k in want if k not in reader]
     if missing:
@@ -126,6 +159,22 @@ def check_checkpoint(reader: SafetensorsDir, cfg: ModelConfig, where: str) -> No
             f"Checkpoint {where!r} is missing {len(missing)} tensor(s) the config needs: "
             f"{missing[:8]}{' ...' if len(missing) > 8 else ''}"
         )
+    unused = sorted(k for k in reader.entries if k not in want and not _ignorable(k, cfg))
+    if unused:
+        raise ValueError(
+            f"Checkpoint {where!r} has {len(unused)} tensor(s) its config.json does not use "
+            f"({cfg.model_type}, attention_bias={cfg.attention_bias}, qk_norm={cfg.qk_norm}, "
+            f"tie_word_embeddings={cfg.tie_word_embeddings}, num_hidden_layers="
+            f"{cfg.num_layers}): {unused[:8]}{' ...' if len(unused) > 8 else ''}"
+        )
+    if "lm_head.weight" in reader and cfg.tie_word_embeddings:
+        # transformers 5 then uses this lm_head (4.x the embedding): only a copy is clear.
+        if not _same_tensor(reader, "lm_head.weight", "model.embed_tokens.weight"):
+            raise ValueError(
+                f"Checkpoint {where!r} has tie_word_embeddings=true but an lm_head.weight "
+                "that differs from model.embed_tokens.weight; set tie_word_embeddings "
+                "false to use it, or remove it."
+            )
     for name, shape in want.items():
         if reader.shape(name) != shape:
             raise ValueError(

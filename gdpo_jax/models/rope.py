@@ -34,7 +34,7 @@ def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     elif kind == "llama3":
         factor = rope["factor"]
         low, high = rope["low_freq_factor"], rope["high_freq_factor"]
-        old_len = rope["original_max_position_embeddings"]
+        old_len = rope.get("original_max_position_embeddings", cfg.max_position_embeddings)
         low_wavelen, high_wavelen = old_len / low, old_len / high
         wavelen = 2 * math.pi / inv_freq
         scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
@@ -51,7 +51,7 @@ def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
 def _yarn(cfg: ModelConfig, rope: dict) -> tuple[np.ndarray, float]:
     dim, base = cfg.head_dim, cfg.rope_theta
     old_len = rope.get("original_max_position_embeddings", cfg.max_position_embeddings)
-    factor = rope.get("factor") or cfg.max_position_embeddings / old_len
+    factor = rope["factor"]  # required, as in transformers (ModelConfig checks it)
 
     def mscale(s: float, m: float = 1.0) -> float:
         return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
