@@ -148,12 +148,6 @@ def _batch_whiten(
     else:  # "token": each row counts once per valid response token (verl).
         w = jnp.where(row_ok, token_counts.astype(jnp.float32), 0.0)
     total = jnp.sum(w)
-    # Deviations from one valid row's value first, as _group_normalize does: a constant
-    # batch of nonzero sums (a KL-in-reward penalty alike on every row) is then exactly
-    # 0, where sum(s)/N leaves a rounding residue that the division by its tiny std blew
-    # up to O(1) (eps = 0) or O(1e-3) (eps = 1e-4, and x1e4 under verl's token mode).
-    ref = jnp.max(jnp.where(row_ok, s, -jnp.inf))
-    s = jnp.where(row_ok, s - jnp.where(jnp.any(row_ok), ref, 0.0), 0.0)
     mean = jnp.sum(w * s) / jnp.maximum(total, 1.0)
     dev = jnp.where(row_ok, s - mean, 0.0)
     var = jnp.sum(w * dev * dev) / jnp.maximum(total - 1.0, 1.0)
@@ -162,7 +156,16 @@ def _batch_whiten(
         out = dev / jnp.where(std > 0, std, jnp.inf)
     else:
         out = dev * jax.lax.rsqrt(var + _VERL_WHITEN_EPS)
-    return jnp.where(row_ok, out, 0.0)
+    # A batch whose rows all sum to one value (a KL-in-reward penalty alike on every row)
+    # has no spread: exactly 0, as a constant group. sum(s)/N leaves a rounding residue
+    # that the division by its tiny std blew up to O(1) (eps = 0) or O(1e-3) (eps = 1e-4,
+    # x1e4 under verl's token mode). A select on max == min, not a shift of s before the
+    # sums: GDPO's sums are near zero-mean already, and shifting them by a row's value
+    # made the sums' rounding depend on the device count (1e-4 in a two-process run's
+    # gradient norm).
+    hi = jnp.max(jnp.where(row_ok, s, -jnp.inf))
+    lo = jnp.min(jnp.where(row_ok, s, jnp.inf))
+    return jnp.where(row_ok & (hi > lo), out, 0.0)
 
 
 # --------------------------------------------------------------------------- #
