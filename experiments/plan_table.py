@@ -186,12 +186,13 @@ def sampler_table(directory: str = "docs/scale/sampler") -> str:
             n = g["decode_phases"]
             kind = f"static, {n} phase{'s' if n > 1 else ''}"
             kind += f", {g['decode_growth']} growth" if n > 1 else ""
-            lanes = f"{g['rows_per_call'] // p['num_devices']} rows"
+            shards = p["mesh"]["data"] * p["mesh"]["fsdp"]  # a call's rows split over these
+            lanes = f"{g['rows_per_call'] // shards} rows"
         rows.append(
             f"| {name} | {p['target']} | {kind} | {lanes} | "
             f"{p['per_device']['kv_cache'] / 2**30:.2f} | "
             f"{g.get('gathered_params_bytes', 0) / 2**30:.2f} | {g['temp_gib']:.2f} | "
-            f"{g['total_gib']:.2f} of {p['usable_gib']:.0f} | {'yes' if g['fits'] else '**no**'} | "
+            f"{g['total_gib']:.2f} of {p['usable_gib']:.2f} | {'yes' if g['fits'] else '**no**'} | "
             f"{p['roofline']['decode']:.0f} |"
         )
     return "\n".join(rows)

@@ -93,12 +93,42 @@ def make_mesh(
     """A ("data", "fsdp", "tensor") mesh over `devices` (default: all devices).
 
     Every axis gets the one type named by `axis_types` ("explicit" or "auto").
+    Devices of several TPU slices (more than one `slice_index`, multi-slice over
+    DCN) are laid out by `mesh_utils.create_hybrid_device_mesh`: the slices split
+    the outermost batch axis that divides by their count ("data", else "fsdp"),
+    so only the batch's gradient reduction (data) or the weights' gathers (fsdp)
+    cross the slower DCN, never "tensor".
     """
     devices = list(jax.devices() if devices is None else devices)
     if axis_types not in AXIS_TYPES:
         raise ValueError(f"mesh.axis_types={axis_types!r}; use one of {tuple(AXIS_TYPES)}.")
     resolved = resolve_mesh_shape(shape, len(devices))
-    return jax.make_mesh(resolved, AXES, (AXIS_TYPES[axis_types],) * len(AXES), devices=devices)
+    types = (AXIS_TYPES[axis_types],) * len(AXES)
+    slices = len({getattr(d, "slice_index", None) for d in devices})
+    if slices > 1:
+        return Mesh(_multislice_devices(resolved, slices, devices), AXES, axis_types=types)
+    return jax.make_mesh(resolved, AXES, types, devices=devices)
+
+
+def _multislice_devices(
+    shape: tuple[int, int, int], slices: int, devices: Sequence[jax.Device]
+) -> np.ndarray:
+    """The device array of a ("data", "fsdp", "tensor") mesh over `slices` slices:
+    the slices along "data" when it divides by their count, else along "fsdp"."""
+    from jax.experimental import mesh_utils
+
+    data, fsdp, tensor = shape
+    if data % slices == 0:
+        ici, dcn = (data // slices, fsdp, tensor), (slices, 1, 1)
+    elif fsdp % slices == 0:
+        ici, dcn = (data, fsdp // slices, tensor), (1, slices, 1)
+    else:
+        raise ValueError(
+            f"mesh.shape={shape}: the devices span {slices} slices, and neither data={data} "
+            f"nor fsdp={fsdp} divides over them; make one a multiple of {slices}, "
+            f"e.g. --config.mesh.shape='({slices},-1,{tensor})'."
+        )
+    return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
 
 
 def is_explicit(mesh: Any) -> bool:

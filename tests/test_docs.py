@@ -417,7 +417,7 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
         f"({gen(rc, 'temp_gib'):.2f} against {gen(r1, 'temp_gib'):.2f})",
         f"{gen(qc, 'temp_gib') - gen(q1, 'temp_gib'):.2f} GiB more",
         f"({gen(qc, 'temp_gib'):.2f} against {gen(q1, 'temp_gib'):.2f})",
-        f"{gen(qc, 'total_gib'):.2f} of {plans[qc]['usable_gib']:.0f} GiB",
+        f"{gen(qc, 'total_gib'):.2f} of {plans[qc]['usable_gib']:.2f} GiB",
         f"{gen(r4, 'temp_gib'):.2f} and {gen(q4, 'temp_gib'):.2f} GiB",
         f"fits at {gen(q4, 'total_gib'):.2f}",
         f"{decode_s(r1) / decode_s(r4):.2f}x",

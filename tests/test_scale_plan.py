@@ -114,6 +114,57 @@ def test_target_table():
         assert f"device_memory_size: {targets_lib.CHIPS[chip].memory_bytes}" in text
 
 
+def test_gpu_usable_memory_is_the_runs_pool_at_most_the_card_less_the_reserve():
+    """Runs set XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 (docs/scale.md): on an H200
+    the 4 GiB reserve left 3 GiB more than that pool (137.0 GiB against 133.95).
+    Hand-worked from the proto's device_memory_size."""
+    h200, h100 = (targets_lib.parse_target(n) for n in ("1xh200", "8xh100"))
+    assert h200.usable_bytes == 143827717324  # floor(0.95 x 151397597184)
+    assert h100.usable_bytes == 84942979072 - 4 * 2**30  # the reserve binds on 80 GB
+
+
+@needs_tpu
+def test_tpu_usable_hbm_is_libtpus_available_hbm():
+    """The TPU fits check used the nominal HBM; libtpu's compiler refuses a program
+    over its own, lower figure on v4 / v5e / v6e (higher on a v5p). Each chip: one
+    over-size array compiled, the available HBM read from the compiler's error."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    for name in ("v4-8", "v5e-4", "v5p-8", "v6e-8"):
+        target = targets_lib.parse_target(name)
+        sh = NamedSharding(Mesh(targets_lib.target_devices(target)[:1], ("x",)), P())
+        n = (target.chip.memory_bytes + 2 * 2**30) // 4  # f32: 2 GiB over the nominal size
+        f = jax.jit(lambda x, n=n: jnp.arange(n, dtype=jnp.float32) * x, out_shardings=sh)
+        with pytest.raises(Exception, match="RESOURCE_EXHAUSTED") as e:
+            f.lower(jax.ShapeDtypeStruct((), jnp.float32, sharding=sh)).compile()
+        got = re.search(r"available HBM \(([\d.]+)G\)", str(e.value))
+        assert got, str(e.value)[:300]
+        assert target.usable_bytes / 2**30 == pytest.approx(float(got.group(1)), abs=0.005), name
+
+
+@needs_tpu
+def test_multislice_mesh_puts_the_slices_on_the_outer_batch_axis():
+    """`tpu:<topology>,slices=N` (a RAW_FORMS example) gave devices of N slice_index
+    values, and jax.make_mesh raised: the mesh is now hybrid, the slices (DCN) split
+    "data" when it divides by their count, else "fsdp"; never "tensor"."""
+    from gdpo_jax.sharding import make_mesh
+
+    devices = targets_lib.target_devices(targets_lib.parse_target("tpu:v5e:2x2,slices=2"))
+    assert len(devices) == 8
+    mesh = make_mesh((-1, 1, 1), devices=devices)
+    assert [d.slice_index for d in mesh.devices[:, 0, 0]] == [0] * 4 + [1] * 4
+    mesh = make_mesh((1, -1, 2), devices=devices)
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert [{d.slice_index for d in row} for row in mesh.devices[0]] == [{0}] * 2 + [{1}] * 2
+    with pytest.raises(ValueError, match="slices"):
+        make_mesh((1, 1, -1), devices=devices)
+
+
 @needs_tpu
 def test_every_tpu_target_gets_its_device_count_from_libtpu():
     """Each TPU target's abstract devices are its chips (v4-16: 8 chips of 2
@@ -188,11 +239,14 @@ def test_flops_against_a_token_by_token_count():
     attn = lambda ctx: 4 * L * q * ctx  # noqa: E731 - QK^T and AV over ctx positions
     prefill = U * (sum(per_tok + attn(t) for t in range(1, P_ + 1)) + 2 * D * V)
     decode = U * G * sum(per_tok + 2 * D * V + attn(P_ + t) for t in range(1, C_ + 1))
-    fwd = U * G * (sum(per_tok + attn(t) for t in range(1, P_ + C_ + 1)) + C_ * 2 * D * V)
+    layers = U * G * sum(per_tok + attn(t) for t in range(1, P_ + C_ + 1))
+    fwd = layers + U * G * C_ * 2 * D * V
     got = flops_lib.step_flops(mc, s)
+    # remat re-runs the layers' forward in the backward, not the unembedding (it
+    # counted (3 + remat) whole passes: 4 fwd).
     np.testing.assert_allclose(
         [got["prefill"], got["decode"], got["logprob"], got["train"]],
-        [prefill, decode, 2 * fwd, 4 * fwd],
+        [prefill, decode, 2 * fwd, 3 * fwd + layers],
         rtol=1e-12,
     )
     # Prompt sharing: each prompt's P tokens once (U of them), then every row's C
@@ -201,10 +255,12 @@ def test_flops_against_a_token_by_token_count():
     own = U * G * sum(per_tok + 2 * D * V + attn(P_ + t) for t in range(1, C_ + 1))
     prompt_once = U * sum(per_tok + attn(t) for t in range(1, P_ + 1))
     got = flops_lib.step_flops(mc, shared)
+    own_layers = own - U * G * C_ * 2 * D * V
     np.testing.assert_allclose(
-        [got["logprob"], got["train"]], [2 * (prompt_once + own), 4 * (prompt_once + own)]
+        [got["logprob"], got["train"]],
+        [2 * (prompt_once + own), 3 * (prompt_once + own) + prompt_once + own_layers],
     )
-    assert got["train"] < 4 * fwd
+    assert got["train"] < 3 * fwd + layers
     # Decode in phases (2, 1): steps 1-2 attend over the first phase's P + 2 slots,
     # step 3 over P + 3, the slots no token has reached yet included.
     phased = dataclasses.replace(s, decode_chunks=(2, 1))
@@ -212,6 +268,83 @@ def test_flops_against_a_token_by_token_count():
     want = U * G * sum(per_tok + 2 * D * V + attn(c) for c in ctx)
     assert flops_lib.step_flops(mc, phased)["decode"] == pytest.approx(want, rel=1e-12)
     assert want > decode  # more than the filled slots' count
+
+
+def test_flops_count_the_chunked_unembeddings_recompute_and_padding():
+    """algo.logprob_chunk_size = c re-runs each chunk's unembedding in the backward
+    (jax.checkpoint of its body), with or without model.remat, over ceil(C / c) c
+    positions (the last chunk padded): hand-worked with C = 3, c = 2, so 4 positions
+    a row."""
+    mc = ModelConfig.tiny(
+        hidden_size=D,
+        intermediate_size=F,
+        num_layers=L,
+        num_heads=HQ,
+        num_kv_heads=HKV,
+        head_dim=DH,
+        vocab_size=V,
+    )
+    P_, C_, N = 5, 3, 8
+    s = flops_lib.StepShape(
+        rows=N,
+        prompts=2,
+        rows_per_call=N,
+        prompt_len=P_,
+        new_tokens=C_,
+        logprob_passes=1,
+        epochs=2,
+        remat=False,
+        micro_batches=2,
+        param_bytes=0,
+        kv_bytes_per_token=0,
+        logprob_chunk_size=2,
+    )
+    q, kv = HQ * DH, HKV * DH
+    per_tok = 2 * L * (D * q + 2 * D * kv + q * D + 3 * D * F)
+    layers = N * sum(per_tok + 4 * L * q * t for t in range(1, P_ + C_ + 1))
+    unembed = N * 4 * 2 * D * V  # 2 chunks of 2 positions per row
+    got = flops_lib.step_flops(mc, s)
+    assert got["logprob"] == pytest.approx(layers + unembed, rel=1e-12)
+    assert got["train"] == pytest.approx(2 * (3 * (layers + unembed) + unembed), rel=1e-12)
+    remat = flops_lib.step_flops(mc, dataclasses.replace(s, remat=True))
+    assert remat["train"] == pytest.approx(2 * (4 * layers + 4 * unembed), rel=1e-12)
+    whole = flops_lib.step_flops(mc, dataclasses.replace(s, logprob_chunk_size=0))
+    assert whole["train"] == pytest.approx(2 * 3 * (layers + N * 3 * 2 * D * V), rel=1e-12)
+
+
+def test_sampler_calls_are_the_configured_rows_per_call_each_padded_to_the_shards():
+    """8 rows in calls of 2 over 4 batch shards: 4 calls, each decoding 4 rows (the
+    sampler pads a call's rows to the shards). The planner recorded the padded 4 as
+    the rows per call: 2 calls, half the decode. Hand-worked roofline, 4 devices:
+    4 calls x 10 steps x (1000 B of weights + 1 row x 10 B x (100 + 10 / 2) slots)
+    at 1000 B/s = 82 s; prefill 4 calls x 1000 B = 4 s."""
+    mc = ModelConfig.tiny()
+    s = flops_lib.StepShape(**{**ROOFLINE_SHAPE, "rows_per_call": 2, "batch_shards": 4})
+    assert (s.calls, s.call_rows) == (4, 4)
+    got = flops_lib.roofline(mc, s, **{**ROOFLINE_CHIP, "num_devices": 4})
+    assert got["decode"] == pytest.approx(82.0) and got["prefill"] == pytest.approx(4.0)
+    fl = flops_lib.step_flops(mc, s)
+    unpadded = flops_lib.step_flops(mc, dataclasses.replace(s, batch_shards=1))
+    assert fl["decode"] == pytest.approx(2 * unpadded["decode"])  # 16 rows decoded, not 8
+    assert fl["prefill"] == unpadded["prefill"]  # the padding rows copy a prompt: no prefill
+
+
+def test_roofline_reads_one_devices_tensor_shard_of_the_weights():
+    """A "tensor" axis of 2 splits every weight (and the 2 kv heads of the tiny model)
+    over 2 devices, which FSDP's gathers leave split: each device reads half the
+    weights per decode step and per training pass. Hand-worked, 2 devices, 1 batch
+    shard: decode 10 steps x (500 B + 8 rows x 10 B / 2 x 105 slots) / 1000 B/s = 47 s;
+    prefill 500 B = 0.5 s; 2 log-prob passes x 1 micro-batch x 500 B = 1 s; train
+    3 passes x 500 B = 1.5 s. Continuous batching gathers the weights (every kv head)
+    whole: decode 10 x (1000 + 8 x 10 x 105) / 1000 = 94 s."""
+    mc = ModelConfig.tiny()
+    s = flops_lib.StepShape(**{**ROOFLINE_SHAPE, "logprob_passes": 2, "tensor": 2})
+    got = flops_lib.roofline(mc, s, **{**ROOFLINE_CHIP, "num_devices": 2})
+    want = dict(decode=47.0, prefill=0.5, logprob=1.0, train=1.5)
+    assert {k: got[k] for k in want} == pytest.approx(want)
+    whole = dataclasses.replace(s, sampler_weights_whole=True)
+    got = flops_lib.roofline(mc, whole, **{**ROOFLINE_CHIP, "num_devices": 2})
+    assert got["decode"] == pytest.approx(94.0) and got["train"] == pytest.approx(1.5)
 
 
 # A step shape for the roofline's memory-bound decode: 8 rows of 2 prompts, 100-token
@@ -311,6 +444,39 @@ def test_tiny_plan_on_tpu_bytes_per_device():
     assert plan["peak_program"] in plan["programs"]
     assert plan["step_flops"] > 0 and plan["est_step_s"] > 0
     assert plan["device_memory_gib"] == 16
+
+
+@needs_tpu
+def test_multislice_plan_counts_every_padded_sampler_call_and_the_tensor_shard():
+    """A plan of two v5e slices (it raised in jax.make_mesh), mesh data 2 (over the
+    slices) x fsdp 2 x tensor 2, 8 prompts x G 2 = 16 rows in calls of 2: each call's
+    2 rows are padded to the 4 batch shards, so 8 calls decode 4 rows each (the plan
+    recorded 4 rows per call: 4 calls, half the decode). Its roofline is the search's
+    estimate of the same config."""
+    from gdpo_jax.scale.plan import make_plan
+    from gdpo_jax.scale.search import estimate
+
+    cfg = tiny_config(group_size=2)
+    cfg.mesh.shape = (2, 2, 2)
+    cfg.sampling.rows_per_call = 2
+    target = targets_lib.parse_target("tpu:v5e:2x2,slices=2")
+    plan = make_plan(cfg, target)
+    assert plan["fits"] and plan["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert plan["device"] == "8 x TPU v5e (v5e:2x2 x 2 slices)"
+    assert plan["usable_gib"] == pytest.approx(15.75)
+    shape = plan["step_shape"]
+    assert (shape["rows_per_call"], plan["programs"]["generate"]["rows_per_call"]) == (2, 4)
+    assert (shape["batch_shards"], shape["tensor"]) == (4, 2)
+    # Hand count: 8 calls x 4 rows x 16 steps, each step over all P + C = 32 slots
+    # (16 new tokens: one decode phase).
+    q, kv = HQ * DH, HKV * DH
+    per_tok = 2 * L * (D * q + 2 * D * kv + q * D + 3 * D * F)
+    step = per_tok + 2 * D * V + 4 * L * q * 32
+    assert plan["flops"]["decode"] == pytest.approx(8 * 4 * 16 * step, rel=1e-12)
+    assert estimate(cfg, plan, target) == pytest.approx(plan["est_step_s"], rel=1e-12)
+    from gdpo_jax.scale.report import format_plan
+
+    assert "2 rows per call (each call decodes 4: padded to the batch shards)" in format_plan(plan)
 
 
 @pytest.mark.slow  # four TPU compiles (two stop early, out of memory)

@@ -4,34 +4,44 @@ XLA's `cost_analysis()` counts a `scan` / `while` body once (and is
 unimplemented on GPU), so the step's FLOPs are counted here by hand, per phase,
 with every row running to `max_new_tokens` (the worst case the memory plan is
 also made for). Notation: L layers, d hidden, f MLP width, q = Hq * Dh,
-kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C.
+kv = Hkv * Dh, V vocab, P prompt width, C completion width, T = P + C;
+B rows_per_call as configured, S batch shards (data x fsdp), B' = ceil(B / S) S
+the rows a call decodes (the sampler pads them to the shards), N / B calls.
 
   matmul FLOPs per token, forward:   m = 2 * L * (d * (q + 2 kv) + q * d + 3 d f)
   unembedding per predicted token:   u = 2 * d * V
   attention at context length s:     a(s) = 4 * L * q * s   (QK^T and AV)
 
   sampling (per call):  prefill U prompts: U * (P m + u + a(P) * (P + 1) / 2)
-                        decode B rows:     B * (C (m + u) + 4 L q (C P + C (C + 1) / 2))
-                        ... in phases:     B * (C (m + u) + 4 L q C (P + sum_j c_j E_j / C))
+                        decode B' rows:    B' * (C (m + u) + 4 L q (C P + C (C + 1) / 2))
+                        ... in phases:     B' * (C (m + u) + 4 L q C (P + sum_j c_j E_j / C))
                                            (a phase's steps attend over all its slots)
-  log-prob pass:        N * (T m + C u + a(T) * (T + 1) / 2)        (causal attention)
-  ... prompts shared:   N / S * (P m + a(P) (P + 1) / 2)             (algo.share_prompt: each
-                        + N * (C (m + u) + 4 L q (C P + C (C + 1) / 2))  prompt once per S = G rows)
-  training:             E * (3 + remat) * log-prob pass FLOPs       (fwd + 2x bwd [+ fwd again])
+  log-prob pass:        N * (T m + C' u + a(T) * (T + 1) / 2)       (causal attention)
+  ... prompts shared:   N / G * (P m + a(P) (P + 1) / 2)             (algo.share_prompt: each
+                        + N * (C m + C' u + 4 L q (C P + C (C + 1) / 2))   prompt once per G rows)
+  training:             E * (3 pass + remat * layers + chunked * N C' u)
+                        (forward + 2x backward; model.remat re-runs the layers' forward,
+                        `layers` = the pass less its unembedding N C' u; a chunked log-prob,
+                        algo.logprob_chunk_size = c > 0, re-runs each chunk's unembedding
+                        in the backward, whether or not the layers are rematerialized)
+  C' = C, or the c-position chunks' ceil(C / c) c (the last chunk padded).
 
 The roofline time of a phase is max(FLOPs / (n * peak), bytes / HBM bw), bytes
-per device, summed over phases (n devices). Bytes: decode streams the whole weight matrix
-(FSDP all-gathers it) and the rows' KV cache once per step (the whole cache of
-the step's decode phase: phase j of `decode_chunks` c_0..c_{K-1} reads
-P + E_j slots, E_j = c_0 + ... + c_j, at every step, the slots
-no token has reached yet too; a row's own-slot reads average sum_j c_j E_j / C
-per step, 5/8 C with 4 equal phases, C with one), the weights in the
-dtype the decode form reads (`StepShape.decode_param_bytes`: the storage dtype
-under the layer scan; the unrolled forms read a compute-dtype copy, made once
-per call, which also costs one read and one write of the weights per call);
-the other phases are compute bound at these sizes and count their weight reads
-per micro-batch. Communication, host work (rewards, tokenizing)
-and kernel efficiency are left out: it is a lower bound on the step time.
+per device, summed over phases (n devices). Bytes: decode streams the weights
+(FSDP all-gathers them; each device reads its "tensor" shard, 1 / tp of them,
+except continuous batching on several devices, which gathers them whole) and
+the rows' KV cache (B' / S rows per device, kv heads split over "tensor" when
+they divide) once per step (the whole cache of the step's decode phase: phase j
+of `decode_chunks` c_0..c_{K-1} reads P + E_j slots, E_j = c_0 + ... + c_j, at
+every step, the slots no token has reached yet too; a row's own-slot reads
+average sum_j c_j E_j / C per step, 5/8 C with 4 equal phases, C with one), the
+weights in the dtype the decode form reads (`StepShape.decode_param_bytes`: the
+storage dtype under the layer scan; the unrolled forms read a compute-dtype
+copy, made once per call, which also costs one read and one write of the
+weights per call); the other phases are compute bound at these sizes and count
+their weight reads (1 / tp of them per device) per micro-batch. Communication,
+host work (rewards, tokenizing) and kernel efficiency are left out: it is a
+lower bound on the step time.
 """
 
 from __future__ import annotations
@@ -49,7 +59,7 @@ class StepShape:
 
     rows: int  # N = num_prompts * group_size
     prompts: int  # num_prompts
-    rows_per_call: int  # sampler rows per generate call
+    rows_per_call: int  # B: sampler rows per generate call, as configured (N / B calls)
     prompt_len: int  # P
     new_tokens: int  # C
     logprob_passes: int  # recompute old + reference (0..2)
@@ -70,6 +80,31 @@ class StepShape:
     # and attends over only the slots filled so far (C / 2 own slots per step on
     # average).
     decode_chunks: tuple[int, ...] = ()
+    # The mesh's batch shards (data x fsdp): each call decodes rows_per_call rows
+    # padded up to a multiple of them (`call_rows`).
+    batch_shards: int = 1
+    # The mesh's "tensor" size: a device reads 1 / tensor of the (gathered) weights.
+    tensor: int = 1
+    # Continuous batching on several devices: every device gathers the whole weights
+    # (each kv head too) once per call, so the sampler reads them whole.
+    sampler_weights_whole: bool = False
+    logprob_chunk_size: int = 0  # algo.logprob_chunk_size (0: the whole completion at once)
+
+    @property
+    def calls(self) -> int:
+        """Sampler calls per step: N / B."""
+        return -(-self.rows // self.rows_per_call)
+
+    @property
+    def call_rows(self) -> int:
+        """B': the rows one call decodes, padded to the batch shards."""
+        return -(-self.rows_per_call // self.batch_shards) * self.batch_shards
+
+    @property
+    def unembed_positions(self) -> int:
+        """C': the positions a log-prob pass unembeds per row (chunks padded)."""
+        c = min(self.logprob_chunk_size, self.new_tokens) if self.logprob_chunk_size else 0
+        return -(-self.new_tokens // c) * c if c else self.new_tokens
 
 
 def _matmul_flops(mc: ModelConfig) -> float:
@@ -95,22 +130,28 @@ def _attn(mc: ModelConfig) -> float:
 def step_flops(mc: ModelConfig, s: StepShape) -> dict[str, float]:
     """FLOPs per RL step by phase: prefill, decode, logprob, train, total."""
     m, u, a = _matmul_flops(mc), 2.0 * mc.hidden_size * mc.vocab_size, _attn(mc)
-    P, C = s.prompt_len, s.new_tokens
+    P, C, Cu = s.prompt_len, s.new_tokens, s.unembed_positions
     T = P + C
     prefill = s.prompts * (P * m + u + a * P * (P + 1) / 2)
     # A phased decode computes attention over its phase's every slot (masked or
     # not: own_slots_per_step), an unphased count over the filled ones.
     own = C * own_slots_per_step(C, s.decode_chunks) if s.decode_chunks else C * (C + 1) / 2
-    decode = s.rows * (C * (m + u) + a * (C * P + own))
+    # Every call decodes its padded rows (the batch-padding rows run every step too).
+    decode = s.calls * s.call_rows * (C * (m + u) + a * (C * P + own))
     if s.train_prompt_share > 1:  # each prompt once, its rows' completions over it
         prompts = s.rows / s.train_prompt_share
-        one_pass = prompts * (P * m + a * P * (P + 1) / 2) + s.rows * (
-            C * (m + u) + a * (C * P + C * (C + 1) / 2)
+        layers = prompts * (P * m + a * P * (P + 1) / 2) + s.rows * (
+            C * m + a * (C * P + C * (C + 1) / 2)
         )
     else:
-        one_pass = s.rows * (T * m + C * u + a * T * (T + 1) / 2)
+        layers = s.rows * (T * m + a * T * (T + 1) / 2)
+    unembed = s.rows * Cu * u
+    one_pass = layers + unembed
     logprob = s.logprob_passes * one_pass
-    train = s.epochs * (3 + int(s.remat)) * one_pass
+    # Forward + backward (2x); remat re-runs the layers' forward, a chunked log-prob
+    # each chunk's unembedding (jax.checkpoint of its body).
+    recompute = int(s.remat) * layers + int(s.logprob_chunk_size > 0) * unembed
+    train = s.epochs * (3 * one_pass + recompute)
     out = dict(prefill=prefill, decode=decode, logprob=logprob, train=train)
     out["total"] = float(sum(out.values()))
     return out
@@ -123,26 +164,30 @@ def roofline(
     fl = step_flops(mc, s)
     n = num_devices
     compute = {k: fl[k] / (n * peak_flops) for k in ("prefill", "decode", "logprob", "train")}
-    calls = -(-s.rows // s.rows_per_call)
-    # Decode: every step of every call reads all weights (per device, gathered) and
-    # the call's KV cache shard (P + the phase's own slots; a prompt's slots once
-    # per prompt_share rows when its cache is shared).
+    calls = s.calls
+    # Decode: every step of every call reads the weights (per device: gathered over
+    # fsdp, its 1 / tp of them over "tensor") and the call's KV cache shard (its
+    # padded rows over the batch shards, the kv heads over "tensor"; P + the phase's
+    # own slots; a prompt's slots once per prompt_share rows when its cache is shared).
+    tp = 1 if s.sampler_weights_whole else s.tensor
+    kv_tp = tp if mc.num_kv_heads % tp == 0 else 1
     kv_step = (
-        s.rows_per_call
-        / n
+        s.call_rows
+        / (s.batch_shards * kv_tp)
         * s.kv_bytes_per_token
         * (s.prompt_len / s.prompt_share + own_slots_per_step(s.new_tokens, s.decode_chunks))
     )
-    read = s.param_bytes if s.decode_param_bytes is None else s.decode_param_bytes
-    copy = 0 if s.decode_param_bytes is None else s.param_bytes + s.decode_param_bytes
+    stored = s.param_bytes / s.tensor  # one device's share of the gathered weights
+    read = (s.param_bytes if s.decode_param_bytes is None else s.decode_param_bytes) / tp
+    copy = 0 if s.decode_param_bytes is None else (s.param_bytes + s.decode_param_bytes) / tp
     decode_bytes = calls * (copy + s.new_tokens * (read + kv_step))
     passes = s.micro_batches * (3 + int(s.remat))  # weight reads of the training passes
     mem = {
         "prefill": calls * read / hbm_bw,
         "decode": decode_bytes / hbm_bw,
         # A log-prob pass runs its U x M micro-batches once per step, not per epoch.
-        "logprob": s.logprob_passes * (s.micro_batches // s.epochs) * s.param_bytes / hbm_bw,
-        "train": passes * s.param_bytes / hbm_bw,
+        "logprob": s.logprob_passes * (s.micro_batches // s.epochs) * stored / hbm_bw,
+        "train": passes * stored / hbm_bw,
     }
     out = {k: float(max(compute[k], mem[k])) for k in compute}
     out["total"] = float(np.sum(list(out.values())))

@@ -294,7 +294,10 @@ def compare(plan: dict[str, Any], measured: dict[str, dict[str, Any]]) -> list[d
     peak = target.chip.peak_flops * plan["num_devices"]
     roof, fl = plan["roofline"], plan["flops"]
     gen = plan["programs"].get("generate", {})
-    n_calls = -(-plan["rows"] // gen["rows_per_call"]) if gen else 1  # as the roofline counts
+    # Calls per step as the roofline counts them: the configured rows per call
+    # (step_shape), not the call's rows padded to the batch shards (programs.generate).
+    rpc = plan.get("step_shape", {}).get("rows_per_call") or gen.get("rows_per_call")
+    n_calls = -(-plan["rows"] // rpc) if gen else 1
     passes = plan.get("step_shape", {}).get("logprob_passes", 0)  # old + reference, all programs
     rows = []
     for name, m in measured.items():

@@ -20,9 +20,12 @@ run executes:
 Per program and device: the compiler's argument / output / alias / temporary
 bytes, plus the state resident beside the program but not an argument of it
 (the optimizer state while sampling, the reference weights...), which is what
-must fit in the chip's memory. TPU: a program over HBM fails to compile
-(RESOURCE_EXHAUSTED) and is reported as not fitting; GPU compilers never
-refuse, so the total is compared with the card minus GPU_RUNTIME_RESERVE_BYTES.
+must fit in the chip's memory (`Target.usable_bytes`). TPU: a program over
+HBM fails to compile (RESOURCE_EXHAUSTED) and is reported as not fitting, and
+program + beside is compared with the HBM libtpu makes available; GPU
+compilers never refuse, so the total is compared with the pool of a run with
+XLA_PYTHON_CLIENT_MEM_FRACTION=0.95, at most the card less
+GPU_RUNTIME_RESERVE_BYTES.
 """
 
 from __future__ import annotations
@@ -401,7 +404,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     shape = flops_lib.StepShape(
         rows=cfg.algo.num_prompts * cfg.algo.group_size,
         prompts=cfg.algo.num_prompts,
-        rows_per_call=gen_rows,
+        rows_per_call=rows,  # as configured: the step's rows / it calls, each of gen_rows
         prompt_len=cfg.sampling.max_prompt_len,
         new_tokens=cfg.sampling.max_new_tokens,
         logprob_passes=n_fwd,
@@ -414,6 +417,10 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         train_prompt_share=max(sc.shared_group, 1),
         decode_param_bytes=decode_b,
         decode_chunks=tuple(int(c) for c in gen_spec.chunks),
+        batch_shards=mesh_lib.batch_axis_size(mesh),
+        tensor=int(dict(mesh.shape)["tensor"]),
+        sampler_weights_whole=bool(sampler.get("gathered_params_bytes")),
+        logprob_chunk_size=int(sc.logprob_chunk_size),
     )
     fl = flops_lib.step_flops(mc, shape)
     roof = flops_lib.roofline(

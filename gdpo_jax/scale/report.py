@@ -53,9 +53,13 @@ def format_plan(plan: dict) -> str:
             "temporaries"
         )
     elif gen:
-        lines.append(
-            f"sampler: static decode, {gen['rows_per_call']} rows per call, {grows}, {layers}"
+        asked = plan.get("step_shape", {}).get("rows_per_call", gen["rows_per_call"])
+        rows = f"{asked} rows per call" + (
+            f" (each call decodes {gen['rows_per_call']}: padded to the batch shards)"
+            if asked != gen["rows_per_call"]
+            else ""
         )
+        lines.append(f"sampler: static decode, {rows}, {grows}, {layers}")
     if plan.get("attention_note"):
         lines.append(plan["attention_note"])
     return "\n".join(lines)

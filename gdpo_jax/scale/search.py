@@ -74,7 +74,8 @@ def _override(path: str, value: Any) -> str:
 def estimate(cfg: mlc.ConfigDict, plan: dict, target: Target) -> float:
     """Roofline seconds per step of `cfg`, a sampler-knob change of the config
     `plan` was made for, from the plan's step shape (no compile): the rows per
-    call and the decode phases are read from `cfg`, the rest from the plan."""
+    call and the decode phases are read from `cfg`, the rest from the plan (its
+    batch shards pad each call's rows, as the plan's own roofline counts them)."""
     shape = flops_lib.StepShape(**plan["step_shape"])
     s = cfg.sampling
     m = int(s.max_new_tokens)

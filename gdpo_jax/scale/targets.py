@@ -18,6 +18,13 @@ published numbers: Cloud TPU system-architecture pages (v4 275 TF/s 1.2 TB/s
 32 GiB; v5e 197 TF/s 819 GB/s 16 GiB; v5p 459 TF/s 2.76 TB/s 95 GiB; v6e 918 TF/s
 1.64 TB/s 32 GiB) and NVIDIA datasheets (A100 312 TF/s, H100 / H200 SXM 989 TF/s
 dense); GPU memory size and bandwidth come from the target proto itself.
+
+What a run's programs may use per device (`Target.usable_bytes`) is less than
+the nominal memory: on a TPU, the HBM libtpu makes available to a program
+(`Chip.usable_bytes`: the "exceeds available HBM (15.75G)" figure of its
+RESOURCE_EXHAUSTED messages, which test_scale_plan reproduces per chip); on a
+GPU, the pool a run with XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 gives XLA, and at
+most the card less GPU_RUNTIME_RESERVE_BYTES.
 """
 
 from __future__ import annotations
@@ -29,17 +36,21 @@ from typing import Any
 
 GIB = 1024**3
 _SPEC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs")
-# Memory a GPU process cannot give to XLA's programs: CUDA context, cuBLAS /
-# cuDNN workspaces, NCCL buffers, fragmentation (XLA's own default caps the
-# pool at 75-90 % of the card; 4 GiB is what a tuned run with
-# XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 leaves on an 80 GB card).
+# The share of a GPU's memory a run gives XLA's pool (runs set
+# XLA_PYTHON_CLIENT_MEM_FRACTION=0.95; XLA's own default is 0.75), and the memory
+# a GPU process cannot give to XLA's programs whatever the fraction: CUDA context,
+# cuBLAS / cuDNN workspaces, NCCL buffers, fragmentation. A program's total is
+# compared with the smaller of the two limits (the reserve binds on 80 GB cards,
+# the fraction on an H200).
+GPU_MEM_FRACTION = 0.95
 GPU_RUNTIME_RESERVE_BYTES = 4 * GIB
 
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One accelerator. memory_bytes: HBM per chip; peak_flops: dense bf16 FLOP/s;
-    hbm_bw: bytes/s; spec: GPU target proto file in gpu_specs/ ("" for TPUs)."""
+    """One accelerator. memory_bytes: HBM per chip (nominal); peak_flops: dense bf16
+    FLOP/s; hbm_bw: bytes/s; spec: GPU target proto file in gpu_specs/ ("" for TPUs);
+    hbm_available: a TPU's HBM that libtpu lets a program use (0 for GPUs)."""
 
     name: str
     platform: str  # "tpu" | "cuda"
@@ -51,15 +62,55 @@ class Chip:
     # libtpu's chip_config_name. A v4 chip's two TensorCores are one JAX device
     # ("megacore", as JAX runs a v4 slice); libtpu's default describes each core.
     tpu_chip_config: str = ""
+    hbm_available: int = 0
+
+
+# libtpu's available HBM per chip, as its compiler's out-of-memory message states it
+# ("... exceeds available HBM (15.75G)", G = GiB, two decimals; libtpu of the [aot]
+# extra, reproduced by test_scale_plan.py::test_tpu_usable_hbm_is_libtpus_available_hbm).
+# Below the nominal size on v4 / v5e / v6e; above the nominal 95 GiB on a v5p.
+def _libtpu_gib(gib: float) -> int:
+    return int(round(gib * GIB))
 
 
 CHIPS: dict[str, Chip] = {
     "v4": Chip(
-        "TPU v4", "tpu", 32 * GIB, 275e12, 1.2e12, tpu_prefix="v4", tpu_chip_config="megacore"
+        "TPU v4",
+        "tpu",
+        32 * GIB,
+        275e12,
+        1.2e12,
+        tpu_prefix="v4",
+        tpu_chip_config="megacore",
+        hbm_available=_libtpu_gib(30.75),
     ),
-    "v5e": Chip("TPU v5e", "tpu", 16 * GIB, 197e12, 0.819e12, tpu_prefix="v5e"),
-    "v5p": Chip("TPU v5p", "tpu", 95 * GIB, 459e12, 2.765e12, tpu_prefix="v5p"),
-    "v6e": Chip("TPU v6e", "tpu", 32 * GIB, 918e12, 1.64e12, tpu_prefix="v6e"),
+    "v5e": Chip(
+        "TPU v5e",
+        "tpu",
+        16 * GIB,
+        197e12,
+        0.819e12,
+        tpu_prefix="v5e",
+        hbm_available=_libtpu_gib(15.75),
+    ),
+    "v5p": Chip(
+        "TPU v5p",
+        "tpu",
+        95 * GIB,
+        459e12,
+        2.765e12,
+        tpu_prefix="v5p",
+        hbm_available=_libtpu_gib(95.74),
+    ),
+    "v6e": Chip(
+        "TPU v6e",
+        "tpu",
+        32 * GIB,
+        918e12,
+        1.64e12,
+        tpu_prefix="v6e",
+        hbm_available=_libtpu_gib(31.25),
+    ),
     # Memory and bandwidth of the GPUs: device_memory_size / memory_bandwidth of the proto.
     "h100": Chip("NVIDIA H100 SXM 80GB", "cuda", 84942979072, 989e12, 3.35232e12, "h100_sxm"),
     "h200": Chip("NVIDIA H200 141GB", "cuda", 151397597184, 989e12, 4.8e12, "h200"),
@@ -99,12 +150,19 @@ class Target:
 
     @property
     def usable_bytes(self) -> int:
-        """Memory a run's programs may use per device (GPU: minus the runtime reserve)."""
-        reserve = GPU_RUNTIME_RESERVE_BYTES if self.platform == "cuda" else 0
-        return self.chip.memory_bytes - reserve
+        """Memory a run's programs may use per device: a TPU's HBM as libtpu makes it
+        available; a GPU's XLA_PYTHON_CLIENT_MEM_FRACTION share of the card, at most
+        the card less the runtime reserve."""
+        if self.platform == "tpu":
+            return self.chip.hbm_available
+        mem = self.chip.memory_bytes
+        return min(mem - GPU_RUNTIME_RESERVE_BYTES, int(GPU_MEM_FRACTION * mem))
 
     def describe(self) -> str:
-        return f"{self.num_devices} x {self.chip.name} ({self.topology})"
+        slices = (
+            f" x {self.num_slices} slices" if self.platform == "tpu" and self.num_slices > 1 else ""
+        )
+        return f"{self.num_devices} x {self.chip.name} ({self.topology}{slices})"
 
 
 def _tpu(name: str, chip: str, topo: str) -> Target:
