@@ -210,8 +210,9 @@ def test_model_from_variant_name_without_checkpoint():
         model_config(c)
 
 
-def test_flops_against_a_token_by_token_count():
-    mc = ModelConfig.tiny(
+def _hand_model() -> ModelConfig:
+    """The model of the hand-worked FLOP counts (D, F, L, HQ, HKV, DH, V above)."""
+    return ModelConfig.tiny(
         hidden_size=D,
         intermediate_size=F,
         num_layers=L,
@@ -220,6 +221,10 @@ def test_flops_against_a_token_by_token_count():
         head_dim=DH,
         vocab_size=V,
     )
+
+
+def test_flops_against_a_token_by_token_count():
+    mc = _hand_model()
     P_, C_, U, G = 5, 3, 2, 4
     s = flops_lib.StepShape(
         rows=U * G,
@@ -275,15 +280,7 @@ def test_flops_count_the_chunked_unembeddings_recompute_and_padding():
     (jax.checkpoint of its body), with or without model.remat, over ceil(C / c) c
     positions (the last chunk padded): hand-worked with C = 3, c = 2, so 4 positions
     a row."""
-    mc = ModelConfig.tiny(
-        hidden_size=D,
-        intermediate_size=F,
-        num_layers=L,
-        num_heads=HQ,
-        num_kv_heads=HKV,
-        head_dim=DH,
-        vocab_size=V,
-    )
+    mc = _hand_model()
     P_, C_, N = 5, 3, 8
     s = flops_lib.StepShape(
         rows=N,
