@@ -31,6 +31,11 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
 
 
+# JAX's start without the CUDA plugin's driver-probe lines, as in every CLI
+# (gdpo_jax/quiet_start.py): before anything below imports jax.
+import gdpo_jax  # noqa: E402, F401
+
+
 def _cache_single_device_programs_only() -> None:
     """This process's programs over several CPU devices bypass the shared cache:
     XLA:CPU can deadlock running one loaded from it (gdpo_jax/compile_cache.py).
