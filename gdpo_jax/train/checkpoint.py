@@ -378,24 +378,25 @@ def _abstract(tree: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
-def _newest_meta(cfg: mlc.ConfigDict) -> dict | None:
-    """The meta of the run directory's newest checkpoint whose meta reads; None when
-    there is none (damaged steps are the restore's to report)."""
+def _existing_checkpointer(cfg: mlc.ConfigDict) -> Checkpointer | None:
+    """The run directory's checkpointer when `<workdir>/checkpoints` exists (None
+    otherwise: nothing is created)."""
     from gdpo_jax.train import paths
 
-    directory = paths.join(cfg.workdir.rstrip("/"), "checkpoints")
-    if not paths.exists(directory):
+    if not paths.exists(paths.join(cfg.workdir.rstrip("/"), "checkpoints")):
         return None
-    ckpt = Checkpointer.from_config(cfg)
-    try:
-        for step in sorted(ckpt.all_steps(), reverse=True):
-            try:
-                return ckpt.read_meta(step)
-            except Exception:  # noqa: BLE001 - damaged: the restore falls back past it
-                continue
-        return None
-    finally:
-        ckpt.close()
+    return Checkpointer.from_config(cfg)
+
+
+def _newest_meta(ckpt: Checkpointer) -> dict | None:
+    """The meta of the newest checkpoint whose meta reads; None when there is none
+    (damaged steps are the restore's to report)."""
+    for step in sorted(ckpt.all_steps(), reverse=True):
+        try:
+            return ckpt.read_meta(step)
+        except Exception:  # noqa: BLE001 - damaged: the restore falls back past it
+            continue
+    return None
 
 
 def check_resume_data(cfg: mlc.ConfigDict, fingerprint: str, num_records: int) -> None:
@@ -408,7 +409,13 @@ def check_resume_data(cfg: mlc.ConfigDict, fingerprint: str, num_records: int) -
     sequence of prompts without a word. `checkpoint.allow_config_change=True` resumes
     anyway, with a warning. Checkpoints written before the fingerprint: not checked.
     """
-    meta = _newest_meta(cfg)
+    ckpt = _existing_checkpointer(cfg)
+    if ckpt is None:
+        return
+    try:
+        meta = _newest_meta(ckpt)
+    finally:
+        ckpt.close()
     saved = ((meta or {}).get("data_state") or {}).get("records")
     if not saved or saved.get("fingerprint") == fingerprint:
         return
@@ -436,12 +443,13 @@ def check_resume_config(cfg: mlc.ConfigDict) -> None:
     No checkpoint, or none whose meta reads: nothing to check (the restore itself
     reports damaged steps).
     """
-    meta = _newest_meta(cfg)
-    if meta is None:
+    ckpt = _existing_checkpointer(cfg)
+    if ckpt is None:
         return
-    ckpt = Checkpointer.from_config(cfg)
     try:
-        ckpt.check_config(meta)
+        meta = _newest_meta(ckpt)
+        if meta is not None:
+            ckpt.check_config(meta)
     except IncompatibleCheckpointError as e:
         lines = str(e).splitlines()
         fields = "; ".join(line.strip() for line in lines[1:-1])
