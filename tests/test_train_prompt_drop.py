@@ -1,5 +1,6 @@
 """Prompts longer than sampling.max_prompt_len: the trainer says what it drops, from the
-held-out split too, and stops with a named setting when no training prompt is left."""
+held-out split too, and stops with a named setting when no training prompt is left (or
+fewer than the processes that share them). Its errors leave no reward pool running."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import pytest
 
 from gdpo_jax.tasks import TaskData
+from gdpo_jax.train import build, loop
 from gdpo_jax.train.config import ConfigError
 from gdpo_jax.train.loop import Trainer
 from tests._train_fixtures import tiny_config
@@ -52,3 +54,56 @@ def test_no_training_prompt_fits_names_the_setting(tmp_path):
         ConfigError, match=r"3 prompts are 10 tokens long; set it to at least 10\.$"
     ):
         Trainer(cfg, task=_task(train=[10, 10, 10], held_out=[4]))
+
+
+@pytest.fixture
+def runners(monkeypatch):
+    """The reward runners the Trainer starts (each owns a worker pool)."""
+    made = []
+
+    def record(*args, **kwargs):
+        made.append(args)
+        raise AssertionError("the reward pool was started before a config error")
+
+    monkeypatch.setattr(loop, "reward_runner", record)
+    return made
+
+
+def _processes(monkeypatch, count: int) -> None:
+    monkeypatch.setattr(build, "process_info", lambda: (0, count))
+
+
+@pytest.mark.parametrize(
+    "train, dropped",
+    [([3, 9, 12, 15, 5], True), ([3, 4, 5], False)],
+)
+def test_fewer_training_prompts_than_processes(tmp_path, monkeypatch, runners, train, dropped):
+    # It failed in the prompt stream ("2 training records cannot be split over 4
+    # processes"), naming no setting, with the reward pool already running.
+    _processes(monkeypatch, 4)
+    with pytest.raises(ConfigError) as e:
+        Trainer(tiny_config(str(tmp_path)), task=_task(train=train, held_out=[4]))
+    msg = str(e.value)
+    assert "\n" not in msg
+    if dropped:
+        assert msg.startswith("config.sampling.max_prompt_len=8 keeps 2 of the task's 5 ")
+        assert "raise max_prompt_len or give the task at least 4 training prompts." in msg
+    else:
+        assert msg.startswith("config.task has 3 training prompts, fewer than the 4 processes")
+        assert msg.endswith("give the task at least 4 training prompts.")
+    assert runners == []
+
+
+def test_rows_per_call_over_processes_fails_before_the_build(tmp_path, monkeypatch, runners):
+    # A ValueError after the model build, with the reward pool left running.
+    _processes(monkeypatch, 2)
+    monkeypatch.setattr(build, "build_model", lambda *a: pytest.fail("model built"))
+    cfg = tiny_config(str(tmp_path))  # 4 prompts x G = 4: 2 prompts per process
+    cfg.sampling.rows_per_call = 4  # 1 prompt per call: half a prompt per process
+    with pytest.raises(ConfigError) as e:
+        Trainer(cfg, task=_task(train=[3, 4, 5, 6], held_out=[4]))
+    assert str(e.value) == (
+        "config.sampling.rows_per_call=4 gives 1 prompts per call, which does not split "
+        "evenly over 2 processes of 2 prompts each; use a multiple of 8 that divides 16."
+    )
+    assert runners == []

@@ -60,6 +60,24 @@ def _gather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     }
 
 
+def _prompts_per_call(cfg, processes: int) -> int:
+    """This process's prompts per sampler call (0: one call), every process making the
+    same calls; a ConfigError when `sampling.rows_per_call` does not split over them."""
+    rpc = int(cfg.sampling.get("rows_per_call", 0))
+    if not rpc:
+        return 0
+    group, local = cfg.algo.group_size, cfg.algo.num_prompts // processes
+    per_call = rpc // group // processes
+    if per_call < 1 or local % per_call:
+        raise ConfigError(
+            f"config.sampling.rows_per_call={rpc} gives {rpc // group} prompts per call, "
+            f"which does not split evenly over {processes} processes of {local} prompts "
+            f"each; use a multiple of {group * processes} that divides "
+            f"{cfg.algo.num_prompts * group}."
+        )
+    return per_call
+
+
 class Trainer:
     """Everything one run needs, built from a validated config. `run()` trains."""
 
@@ -69,6 +87,10 @@ class Trainer:
         # met a missing data path only after the build).
         paths.check_inputs(cfg, data=task is None)
         self.cfg = cfg
+        pi, pc = build.process_info()
+        self.local_prompts = cfg.algo.num_prompts // pc
+        self.group_offset = pi * self.local_prompts
+        self.prompts_per_call = _prompts_per_call(cfg, pc)
         devices = jax.devices()[: cfg.mesh.num_devices or None]
         self.mesh = mesh_lib.make_mesh(
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
@@ -117,9 +139,7 @@ class Trainer:
         self.specs = reward_specs(cfg)
         self.reward_names = [sp.name for sp in self.specs]
         self.weights = [sp.weight for sp in self.specs]
-        self.runner = reward_runner(cfg, self.specs)
 
-        pi, pc = build.process_info()
         train_records, dropped = build.prompt_length_filter(
             self.task.train, self.sampler, s.max_prompt_len, cfg.task.chat_template
         )
@@ -147,19 +167,9 @@ class Trainer:
         self.prompts_dropped = {"train": dropped, "eval": eval_dropped}
         if cfg.train.eval_num_examples:
             self.eval_records = self.eval_records[: cfg.train.eval_num_examples]
+        if len(train_records) < pc:
+            self._too_few_prompts(len(train_records), dropped, pc)
         self.stream = PromptStream(train_records, seed=cfg.seed, process_index=pi, process_count=pc)
-        self.local_prompts = cfg.algo.num_prompts // pc
-        self.group_offset = pi * self.local_prompts
-        # This process's prompts per sampler call (every process makes the same calls).
-        rpc = int(s.get("rows_per_call", 0))
-        self.prompts_per_call = rpc // cfg.algo.group_size // pc if rpc else 0
-        if rpc and (self.prompts_per_call < 1 or self.local_prompts % self.prompts_per_call):
-            raise ValueError(
-                f"config.sampling.rows_per_call={rpc} gives {rpc // cfg.algo.group_size} prompts "
-                f"per call, which does not split evenly over {pc} processes of "
-                f"{self.local_prompts} prompts each; use a multiple of "
-                f"{cfg.algo.group_size * pc}."
-            )
 
         sc = self.step_cfg
         self.tx, self.schedule = state_lib.rl_optimizer(cfg, sc.updates_per_step)
@@ -194,6 +204,9 @@ class Trainer:
                 self.stream.set_state(data_state)
             nnx.update(self.model, self.state.params)
             log.info("resumed from step %d", self.start_step)
+        # Last: its worker pool (threads or processes) is up from here on, and every
+        # error above would have left it running.
+        self.runner = reward_runner(cfg, self.specs)
 
     def _no_prompt_fits(self, max_prompt_len: int) -> None:
         """Raises the error for a max_prompt_len below every training prompt's length
@@ -201,13 +214,27 @@ class Trainer:
         ids = self.sampler.encode_prompts(
             [r["prompt"] for r in self.task.train], self.cfg.task.chat_template
         )
-        self.runner.close()  # its worker pool is already up
         lo, hi = min(map(len, ids)), max(map(len, ids))
         span, keep_all = (f"{lo} to {hi}", f" ({hi} keeps them all)") if hi > lo else (lo, "")
         raise ConfigError(
             f"config.sampling.max_prompt_len={max_prompt_len} leaves no training prompt: "
             f"the task's {len(ids)} prompts are {span} tokens long; set it to at least "
             f"{lo}{keep_all}."
+        )
+
+    def _too_few_prompts(self, kept: int, dropped: int, processes: int) -> None:
+        """Raises the error for fewer training prompts than processes (each process
+        draws its own share of every batch)."""
+        cause = (
+            f"config.sampling.max_prompt_len={self.cfg.sampling.max_prompt_len} keeps "
+            f"{kept} of the task's {kept + dropped} training prompts"
+            if dropped
+            else f"config.task has {kept} training prompts"
+        )
+        raise ConfigError(
+            f"{cause}, fewer than the {processes} processes that each draw their own; "
+            + ("raise max_prompt_len or " if dropped else "")
+            + f"give the task at least {processes} training prompts."
         )
 
     # ------------------------------------------------------------------ parts
