@@ -481,12 +481,26 @@ def test_rollout_layout_and_prompt_encoding(sampler, tok, base_run):
         dict(top_p=1.5),
         dict(top_k=-1),
         dict(stop_strings=("",)),
+        # int() truncated these (10.7 -> 10 new tokens, top_k=True -> 1) without a word.
+        dict(max_new_tokens=10.7),
+        dict(max_new_tokens=float("inf")),
+        dict(max_new_tokens="8"),
+        dict(top_k=2.5),
+        dict(top_k=True),
     ],
 )
 def test_bad_sampling_params_name_the_field(bad):
     field = next(iter(bad))
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{"max_new_tokens": 4, **bad})
+
+
+def test_whole_float_counts_are_ints():
+    # A config's 64.0 is a count; the params keep ints, so they hash like the int's.
+    p = SamplingParams(max_new_tokens=np.float32(64.0), top_k=np.int64(5))
+    assert (p.max_new_tokens, p.top_k) == (64, 5)
+    assert type(p.max_new_tokens) is int and type(p.top_k) is int
+    assert hash(p) == hash(SamplingParams(max_new_tokens=64, top_k=5))
 
 
 def test_the_lowest_temperature_allowed_is_greedy_with_finite_logprobs(sampler):

@@ -28,6 +28,17 @@ DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)
 MIN_TEMPERATURE = 1e-6
 
 
+def _whole(name: str, value) -> int:
+    """`value` as an int when it is a whole number (an int, or a float such as 64.0
+    from a config); a ValueError naming the field otherwise."""
+    whole = isinstance(value, (int, np.integer)) or (
+        isinstance(value, (float, np.floating)) and float(value).is_integer()
+    )
+    if not whole or isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"SamplingParams.{name}={value!r} must be a whole number.")
+    return int(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to sample. Changing temperature / top_p value does not recompile;
@@ -56,14 +67,17 @@ class SamplingParams:
         if isinstance(self.stop_strings, str):
             object.__setattr__(self, "stop_strings", (self.stop_strings,))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
-        if int(self.max_new_tokens) < 1:
+        # int() truncated 10.7 to 10 and took True as 1: a count must be a whole number.
+        for name in ("max_new_tokens", "top_k"):
+            object.__setattr__(self, name, _whole(name, getattr(self, name)))
+        if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1.")
         if not self.temperature >= MIN_TEMPERATURE:
             raise ValueError(
                 f"SamplingParams.temperature={self.temperature} must be >= {MIN_TEMPERATURE:g} "
                 "(use greedy=True for argmax decoding)."
             )
-        if int(self.top_k) < 0:
+        if self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 disables it).")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(
