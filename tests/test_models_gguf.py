@@ -123,6 +123,16 @@ def test_synthetic_gguf_matches_torch(tmp_path, monkeypatch):
     monkeypatch.setattr(gguf_lib, "convert_gguf", no_conversion)
     load_pretrained(path)
     assert len(os.listdir(tmp_path / "cache")) == 1
+    # A fixed converter (its version bumped) does not reuse the earlier conversion: the
+    # cache was keyed on the file alone, so a fix never reached converted models.
+    monkeypatch.undo()
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(gguf_lib, "CONVERTER_VERSION", gguf_lib.CONVERTER_VERSION + 1)
+    converted = []
+    real = gguf_lib.convert_gguf
+    monkeypatch.setattr(gguf_lib, "convert_gguf", lambda *a: converted.append(a) or real(*a))
+    load_pretrained(path)
+    assert len(converted) == 1 and len(os.listdir(tmp_path / "cache")) == 2
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Parity with transformers' PyTorch models; HF checkpoint loading, export, bad input."""
 
 import json
+import logging
 import os
 import shutil
 
@@ -292,6 +293,26 @@ def test_export_into_an_earlier_export_replaces_its_weight_files(hf_dirs, tmp_pa
     _assert_close_valid(want, _fwd(ours, ids, mask), mask)
 
 
+def test_export_into_an_earlier_export_replaces_its_tokenizer_files(hf_dirs, tmp_path, caplog):
+    # The earlier export's tokenizer stayed beside weights exported without one, and was
+    # loaded with them as this model's tokenizer.
+    model, _ = load_pretrained(hf_dirs["qwen2"][0])
+    out = str(tmp_path / "out")
+    save_pretrained(model, make_tiny_tokenizer(V), out)
+    (tmp_path / "out" / "merges.txt").write_text("#version: 0.2\n")  # another kind's file
+    assert "tokenizer.json" in os.listdir(out)
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.models.export"):
+        save_pretrained(model, None, out)
+    assert sorted(os.listdir(out)) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    assert "removed an earlier export's tokenizer files" in caplog.text
+    assert "merges.txt" in caplog.text
+    assert load_pretrained(out)[1] is None
+
+
 def test_loader_refuses_a_dir_with_both_weight_layouts(hf_dirs, tmp_path):
     model, _ = load_pretrained(hf_dirs["qwen2"][0])
     d = save_pretrained(model, None, str(tmp_path / "both"), max_shard_bytes=20_000)
@@ -411,3 +432,21 @@ def test_buffers_and_tied_head_copies_load(hf_dirs, tmp_path):
     extra["lm_head.weight"] = embed * -2.0
     with pytest.raises(ValueError, match=r"tie_word_embeddings=true but an lm_head"):
         load_pretrained(_copy_ckpt(d, str(tmp_path / "head"), add=extra))
+
+
+def test_an_unknown_tensor_dtype_is_named_when_read(tmp_path):
+    # Opening a dir with one F8_E4M3 tensor was a bare KeyError('F8_E4M3'), even when
+    # only the other tensors were needed.
+    ok = np.arange(6, dtype=np.float32).reshape(2, 3)
+    header = {
+        "ok.weight": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+        "fp8.weight": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [24, 28]},
+    }
+    blob = json.dumps(header).encode()
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.write(len(blob).to_bytes(8, "little") + blob + ok.tobytes() + bytes(4))
+    reader = SafetensorsDir(str(tmp_path))
+    np.testing.assert_array_equal(reader["ok.weight"], ok)
+    assert reader.shape("fp8.weight") == (4,)
+    with pytest.raises(ValueError, match=r"'fp8.weight' in model.safetensors is stored as F8_E4M3"):
+        reader["fp8.weight"]

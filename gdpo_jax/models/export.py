@@ -5,15 +5,17 @@
 
 Writes config.json, generation_config.json, model.safetensors (split into
 model-0000k-of-0000n.safetensors + index above `max_shard_bytes`) and the
-tokenizer files. Weight files of an earlier export in the same dir are removed
-first, so the dir never holds both layouts. On multi-host runs every process must
-call it (the params are gathered collectively); only process 0 writes.
+tokenizer files. Weight and tokenizer files of an earlier export in the same dir are
+removed first, so the dir never holds both weight layouts or another tokenizer. On
+multi-host runs every process must call it (the params are gathered collectively); only
+process 0 writes.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 from typing import Any
 
@@ -31,6 +33,8 @@ _NP_TO_ST = {
     np.dtype(ml_dtypes.bfloat16): "BF16",
     np.dtype(np.float64): "F64",
 }
+
+log = logging.getLogger(__name__)
 
 
 def write_safetensors(
@@ -80,6 +84,26 @@ def export_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
+# What tokenizer.save_pretrained writes, fast or slow, with or without a chat template.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+def _tokenizer_files(path: str) -> list[str]:
+    """An earlier export's tokenizer files in a dir."""
+    return [n for n in _TOKENIZER_FILES if os.path.exists(os.path.join(path, n))]
+
+
 def _weight_files(path: str) -> list[str]:
     """The HF weight files in a dir: model.safetensors, its sharded form and index."""
     names = ["model.safetensors", "model.safetensors.index.json"]
@@ -118,7 +142,7 @@ def save_pretrained(
 
     dtype: "float32" / "bfloat16" / "float16" or the jnp / numpy dtype. Weight files
     of an earlier export in out_dir (model.safetensors, model-*-of-*.safetensors and
-    the index) are removed before the new ones are written.
+    the index) and its tokenizer files are removed before the new ones are written.
     """
     cfg = model.cfg
     dtype = export_dtype(dtype or cfg.param_dtype).name
@@ -157,6 +181,18 @@ def save_pretrained(
     # an index wins over model.safetensors in our loader, the reverse in transformers.
     for name in _weight_files(out_dir):
         os.remove(os.path.join(out_dir, name))
+    # So are its tokenizer files: with tokenizer=None they stayed beside the new weights
+    # (another vocabulary, read as this model's), and a new tokenizer of another kind
+    # (sentencepiece after BPE) left the old kind's files to be picked up instead.
+    stale = _tokenizer_files(out_dir)
+    for name in stale:
+        os.remove(os.path.join(out_dir, name))
+    if stale and tokenizer is None:
+        log.warning(
+            "removed an earlier export's tokenizer files from %s (%s); this export has none",
+            out_dir,
+            ", ".join(stale),
+        )
     for fname, shard in files.items():
         write_safetensors(shard, os.path.join(out_dir, fname))
     if index is not None:

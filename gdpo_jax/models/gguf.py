@@ -5,7 +5,8 @@ SmolLM2-135M-Instruct as a Q4_1 GGUF. We read it with the `gguf` package,
 dequantize to f32, undo llama.cpp's q/k row permutation, rebuild the tokenizer
 and chat template from the GGUF metadata (transformers' `gguf_file=` loader),
 and write a normal HF dir under ~/.cache/gdpo_jax (env GDPO_JAX_CACHE) keyed by
-the file's sha256; loading then takes the ordinary safetensors path.
+the file's sha256 and the converter's version; loading then takes the ordinary
+safetensors path.
 """
 
 from __future__ import annotations
@@ -206,6 +207,11 @@ def convert_gguf(path: str, out_dir: str) -> str:
     return out_dir
 
 
+# Part of the cache key: bump it whenever convert_gguf writes different files for the
+# same GGUF (a fix to the conversion), so that earlier conversions are not reused.
+CONVERTER_VERSION = 2
+
+
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -226,7 +232,7 @@ def converted_hf_dir(name_or_path: str) -> str:
     if not os.path.exists(path):
         raise FileNotFoundError(f"GGUF file {path!r} does not exist.")
     stem = os.path.splitext(os.path.basename(path))[0].lower()
-    final = os.path.join(cache_root(), f"{stem}-{_sha256(path)[:16]}")
+    final = os.path.join(cache_root(), f"{stem}-{_sha256(path)[:16]}-c{CONVERTER_VERSION}")
     if os.path.exists(os.path.join(final, "config.json")):
         return final
     os.makedirs(cache_root(), exist_ok=True)

@@ -71,7 +71,7 @@ class SafetensorsDir:
                 f"No *.safetensors files in {path!r} (PyTorch .bin "
                 "checkpoints are not supported; re-save with safetensors)."
             )
-        self.entries: dict[str, tuple[np.memmap, int, Any, tuple[int, ...], int]] = {}
+        self.entries: dict[str, tuple[np.memmap, int, str, tuple[int, ...], int, str]] = {}
         for name in files:
             fp = os.path.join(path, name)
             with open(fp, "rb") as f:
@@ -90,9 +90,10 @@ class SafetensorsDir:
                 self.entries[key] = (
                     mm,
                     8 + n + lo,
-                    _ST_DTYPES[meta["dtype"]],
-                    tuple(meta["shape"]),
+                    meta["dtype"],  # a code; looked up when read (an unknown one was a
+                    tuple(meta["shape"]),  # bare KeyError here, even for a tensor not needed)
                     hi - lo,
+                    name,
                 )
 
     def shape(self, name: str) -> tuple[int, ...]:
@@ -102,8 +103,16 @@ class SafetensorsDir:
         return name in self.entries
 
     def __getitem__(self, name: str) -> np.ndarray:
-        mm, off, dt, shape, nbytes = self.entries[name]
-        return mm[off : off + nbytes].view(dt).reshape(shape)
+        mm, off, code, shape, nbytes, file = self.entries[name]
+        if code not in _ST_DTYPES:
+            # F8_E4M3 / F8_E5M2 checkpoints are quantized: their scales live in other
+            # tensors, so the raw values are not the weights.
+            raise ValueError(
+                f"Tensor {name!r} in {file} is stored as {code}, which the loader does not "
+                f"read (it reads {', '.join(_ST_DTYPES)}); convert the checkpoint to "
+                "bf16 or f32 safetensors first."
+            )
+        return mm[off : off + nbytes].view(_ST_DTYPES[code]).reshape(shape)
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
