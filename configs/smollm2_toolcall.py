@@ -63,7 +63,8 @@ def one_shot(record: dict) -> dict:
     return dict(record, prompt=[{"role": "system", "content": header}, *EXAMPLE, *rest])
 
 
-@tasks.register_task("toolcall_oneshot")
+# The plain task's kwargs table: validate_config then checks them before any work.
+@tasks.register_task("toolcall_oneshot", kwargs=tasks.task_kwargs("toolcall"))
 def _load_one_shot(cfg) -> tasks.TaskData:
     base = mlc.ConfigDict(cfg.to_dict())  # an unlocked copy, asking for the plain task
     base.task.name = "toolcall"

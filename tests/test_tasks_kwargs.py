@@ -136,13 +136,25 @@ def _configs():
 
 
 def test_config_files_task_kwargs_pass():
-    # toolcall_oneshot (configs/smollm2_toolcall.py) loads "toolcall" with the same kwargs.
-    same = {"toolcall_oneshot": "toolcall"}
     seen = 0
     for where, c in _configs():
-        name = same.get(c.task.name, c.task.name)
-        table = tasks.task_kwargs(name)
+        table = tasks.task_kwargs(c.task.name)
         assert table is not None or not c.task.kwargs.to_dict(), where
-        registry.check_kwargs(name, c.task.kwargs.to_dict(), table or ())
+        registry.check_kwargs(c.task.name, c.task.kwargs.to_dict(), table or ())
         seen += bool(c.task.kwargs.to_dict())
     assert seen >= 2  # tiny_cpu and smollm2_toolcall set some
+
+
+def test_a_config_files_own_task_declares_its_kwargs():
+    # toolcall_oneshot (configs/smollm2_toolcall.py) loads "toolcall" with the same
+    # kwargs; registered without a table, a bad value met validate_config unchecked.
+    from gdpo_jax.train.config import validate_config
+
+    c = dict(_configs())["smollm2_toolcall:"]
+    c.workdir = "/tmp/unused"
+    assert tasks.task_kwargs("toolcall_oneshot") == tasks.task_kwargs("toolcall")
+    c.task.kwargs.n_tools = 0
+    with pytest.raises(
+        ConfigError, match=r"config\.task\.kwargs\.n_tools=0: task 'toolcall_oneshot'"
+    ):
+        validate_config(c)

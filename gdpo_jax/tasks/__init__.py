@@ -28,7 +28,6 @@ from gdpo_jax.tasks.registry import (
     TaskLoader,
     get_task,
     register_task,
-    task_kwargs,
 )
 
 # The modules whose import registers the built-in trainer tasks (and a rewards-only one).
@@ -59,6 +58,16 @@ def _load_builtin_tasks() -> None:
         raise ImportError(
             f"importing the built-in tasks ({mod}) failed: {type(e).__name__}: {e}"
         ) from e
+
+
+def task_kwargs(name: str) -> Any:
+    """The kwargs table (a tuple of Kwarg / SumAtMost) task `name` was registered with;
+    None when it declared none. The built-in tasks are registered first, so a task
+    defined in a config file can take a built-in one's table."""
+    from gdpo_jax.tasks import registry
+
+    _load_builtin_tasks()
+    return registry.task_kwargs(name)
 
 
 def list_tasks() -> list[str]:
