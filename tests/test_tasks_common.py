@@ -1,6 +1,8 @@
 """Record files: resolution (file, dir + split, glob), formats and error messages."""
 
 import json
+import logging
+import os
 
 import pytest
 
@@ -163,3 +165,88 @@ def test_datasets_backend_reads_files_in_the_given_order(tmp_path):
     want = ["a0", "a1", "b0", "c0"]
     assert [r["k"] for _, _, r in iter_records(files)] == want
     assert [r["k"] for _, _, r in iter_records(files, backend="datasets")] == want
+
+
+def _write(path, recs):
+    """JSON Lines, JSON or Parquet by the (any-case) extension."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ext = path.suffix.lower()
+    if ext == ".parquet":
+        write_parquet(recs, path)
+    elif ext == ".json":
+        path.write_text(json.dumps(recs))
+    else:
+        path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_directory_splits_are_named_as_hf_datasets_names_them(tmp_path):
+    # Sharded `train.part0.jsonl` and upper-case `train.JSONL` / `test.Json` were missed:
+    # "no ... files for split 'train'".
+    split_files = {
+        "train.part1.jsonl": ["t1"],
+        "train.part0.jsonl": ["t0a", "t0b"],
+        "my_train_v2.json": ["my"],
+        "old-train.JSONL": ["old"],
+        "train/shard.jsonl": ["dir"],
+        "test.Json": ["e0", "e1"],
+        "test/sub/a.parquet": ["e2"],
+    }
+    others = ["training.jsonl", "contrain.jsonl", ".train.jsonl", "train/.x.jsonl"]
+    for name, keys in split_files.items():
+        _write(tmp_path / name, [{"k": k} for k in keys])
+    for name in others:  # not split files: another word, or hidden
+        _write(tmp_path / name, [{"k": "no"}])
+    (tmp_path / "test" / "notes.txt").write_text("")
+
+    def names(split):
+        return [os.path.relpath(p, tmp_path) for p in resolve_files(tmp_path, split)]
+
+    # Sorted by path ("." < "/"), every shard of the split, nothing else.
+    assert names("train") == [
+        "my_train_v2.json",
+        "old-train.JSONL",
+        "train.part0.jsonl",
+        "train.part1.jsonl",
+        "train/shard.jsonl",
+    ]
+    assert names("test") == ["test.Json", "test/sub/a.parquet"]
+    want = ["my", "old", "t0a", "t0b", "t1", "dir"]
+    assert [r["k"] for _, _, r in iter_records(tmp_path, split="train")] == want
+    got = [r["k"] for _, _, r in iter_records(tmp_path, split="train", backend="datasets")]
+    assert got == want
+    assert [r["k"] for _, _, r in iter_records(tmp_path, split="test")] == ["e0", "e1", "e2"]
+    # Upper-case extensions also count in a glob and as a single file.
+    assert [os.path.basename(p) for p in resolve_files(str(tmp_path / "old-*"))] == [
+        "old-train.JSONL"
+    ]
+    assert resolve_files(tmp_path / "test.Json") == [str(tmp_path / "test.Json")]
+
+
+def test_a_name_of_two_splits_is_an_error_naming_both(tmp_path):
+    (tmp_path / "a").mkdir()
+    _write(tmp_path / "a" / "train.jsonl", [{"k": 1}])
+    _write(tmp_path / "a" / "train_test.jsonl", [{"k": 2}])
+    for split, other in (("train", "test"), ("test", "train")):
+        with pytest.raises(
+            ValueError, match=rf"train_test\.jsonl: .*split '{split}' and split '{other}'"
+        ):
+            resolve_files(tmp_path / "a", split)
+    _write(tmp_path / "b" / "validation-train" / "0.jsonl", [{"k": 3}])
+    with pytest.raises(ValueError, match=r"validation-train: .*'train' and split 'validation'"):
+        resolve_files(tmp_path / "b", "train")
+
+
+def test_overlapping_path_list_reads_each_file_once(tmp_path, caplog):
+    # ["d/*.jsonl", "d/b.jsonl"] read b.jsonl twice: its records counted double.
+    d = tmp_path / "d"
+    for name in ("a", "b", "c"):
+        _write(d / f"{name}.jsonl", [{"k": name}])
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax"):
+        recs = iter_records([str(d / "*.jsonl"), str(d / "b.jsonl"), f"{tmp_path}/./d/a.jsonl"])
+        assert [r["k"] for _, _, r in recs] == ["a", "b", "c"]
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2 and "b.jsonl is listed twice" in warned[0]
+    assert "a.jsonl is listed twice" in warned[1]
+    # The first occurrence keeps its place.
+    recs = iter_records([d / "b.jsonl", str(d / "*.jsonl")])
+    assert [r["k"] for _, _, r in recs] == ["b", "a", "c"]

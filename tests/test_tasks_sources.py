@@ -70,6 +70,23 @@ def test_directory_source_uses_its_test_split_or_warns(tmp_path, caplog):
     assert len(data.train) == 3 and len(data.eval) == 2
 
 
+def test_directory_source_reads_sharded_and_upper_case_split_files(tmp_path):
+    # train.part0/1.jsonl and test.Json were not split files: "no ... files for split 'train'".
+    d = tmp_path / "ds"
+    write_jsonl(_recs("a", 2), d / "train.part0.jsonl")
+    write_jsonl(_recs("b", 3), d / "train.part1.jsonl")
+    write_jsonl(_recs("held", 2), d / "test.Json")  # JSON Lines under a .Json name
+    c = _cfg(str(d))
+    c.task.num_train = c.task.num_eval = 0
+    data = sources._load("math", c)
+
+    def firsts(records) -> list[str]:  # in file order
+        return [r["prompt"][0]["content"].split("?")[0] for r in records]
+
+    assert firsts(data.train) == ["a 0", "a 1", "b 0", "b 1", "b 2"]
+    assert firsts(data.eval) == ["held 0", "held 1"]
+
+
 def test_file_sources_are_cut_to_num_train_and_num_eval_with_a_log_line(tmp_path, caplog):
     """base_config's counts (2048 / 64) also cut a file source: the run says so, and
     0 keeps every record."""

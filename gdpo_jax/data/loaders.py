@@ -14,12 +14,23 @@ from __future__ import annotations
 import glob
 import itertools
 import json
+import logging
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 _EXTS = (".jsonl", ".json", ".parquet")
 PathLike = str | os.PathLike
+log = logging.getLogger(__name__)
+
+# A directory's split files are named as in Hugging Face `datasets` (data_files.py): the
+# split's name is a word of a file's name or of a directory's name above it (`train.jsonl`,
+# `train-00000-of-00002.parquet`, `train.part0.jsonl`, `my_train_v2.json`, `train/0.jsonl`,
+# `data-train/a.jsonl`), a word being bounded by the name's ends or these characters
+# (their NON_WORDS_CHARS). A name that is a word of two of these splits is an error.
+_WORD_SEP = "-._ 0-9"
+_SPLITS = ("train", "validation", "test")
 
 
 class RecordError(ValueError):
@@ -35,33 +46,36 @@ class RecordError(ValueError):
 def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None) -> list[str]:
     """Data files for `path`: a file, a glob, a directory, or a list of these.
 
-    For a directory, `split` picks `<split>.*` / `<split>-*` / `<split>_*` files
-    (under `data/`, as HF dataset repos store them, when none lie at the top);
-    without it every data file.
+    For a directory, `split` picks the files whose name, or a directory's name under it,
+    holds the split's name as a word (`train.jsonl`, `train-00000-of-00002.parquet`,
+    `train.part0.jsonl`, `x_train_y.json`, `train/*.jsonl`), sorted by path; under `data/`,
+    as HF dataset repos store them, when none lie at the top. Without `split`, every data
+    file at the top (else in `data/`). A list reads a file it names twice once, where it
+    first appears.
     """
     if isinstance(path, (list, tuple)):
-        return [f for p in path for f in resolve_files(p, split)]
+        return _resolve_list(path, split)
     path = os.fspath(path)
     if os.path.isdir(path):
-        files = []
         for d in (path, os.path.join(path, "data")):
-            for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
-                base, ext = os.path.splitext(f)
-                if ext in _EXTS and (
-                    split is None
-                    or base == split
-                    or base.startswith(split + "-")
-                    or base.startswith(split + "_")
-                ):
-                    files.append(os.path.join(d, f))
+            if not os.path.isdir(d):
+                continue
+            if split is None:
+                files = [os.path.join(d, f) for f in sorted(os.listdir(d)) if _is_data(f)]
+            else:
+                files = _split_files(d, split)
             if files:
-                break
-        if not files:
-            raise FileNotFoundError(
-                f"no {'/'.join(_EXTS)} files{f' for split {split!r}' if split else ''} "
-                f"in directory {path}"
+                return files
+        raise FileNotFoundError(
+            f"no {'/'.join(_EXTS)} files"
+            + (
+                f" for split {split!r} (named like {split}.*, {split}-*, *_{split}_*, or in "
+                f"a {split}/ directory)"
+                if split
+                else ""
             )
-        return files
+            + f" in directory {path} or its data/"
+        )
     if not os.path.exists(path) and is_glob(path):  # an existing `set[1]/a.jsonl` is a file
         files, skipped = glob_data_files(path)
         if not files:
@@ -76,9 +90,80 @@ def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None)
         return files
     if not os.path.exists(path):
         raise FileNotFoundError(f"data file not found: {path}")
-    if not path.endswith(_EXTS):
+    if not _is_data(path):
         raise ValueError(f"{path}: unsupported data file type; use one of {_EXTS}")
     return [path]
+
+
+def _resolve_list(paths: Sequence[PathLike], split: str | None) -> list[str]:
+    """resolve_files of each path, in order, each file once: overlapping globs
+    (`["data/*.jsonl", "data/train.jsonl"]`) would repeat its records, weighting them twice."""
+    out, listed_by = [], {}
+    for p in map(os.fspath, paths):
+        for f in resolve_files(p, split):
+            key = os.path.realpath(f)  # one file under two spellings or links is one file
+            if key in listed_by:
+                log.warning(
+                    "data file %s is listed twice (%s, then %s); its records are read once",
+                    f,
+                    listed_by[key],
+                    p,
+                )
+                continue
+            listed_by[key] = p
+            out.append(f)
+    return out
+
+
+def _split_files(root: str, split: str) -> list[str]:
+    """The data files of `split` directly in `root` or in its split-named directories
+    (at any depth below those), sorted by path; hidden names skipped, as HF does."""
+    found = []
+    for name in os.listdir(root):
+        p = os.path.join(root, name)
+        if _hidden(name) or not _is_word(split, name):
+            continue
+        if os.path.isdir(p):
+            files = _data_files_under(p)
+        else:
+            files = [p] if os.path.isfile(p) and _is_data(name) else []
+        others = [s for s in _SPLITS if s != split and _is_word(s, name)]
+        if files and others:
+            raise ValueError(
+                f"{p}: its name matches both split {split!r} and split {others[0]!r}; rename "
+                "it to name one split, or give its files instead of the directory"
+            )
+        found += files
+    return sorted(found)
+
+
+def _data_files_under(d: str) -> list[str]:
+    out = []
+    for top, dirs, names in os.walk(d):
+        dirs[:] = [n for n in dirs if not _hidden(n)]
+        out += [
+            os.path.join(top, n)
+            for n in names
+            if not _hidden(n) and _is_data(n) and os.path.isfile(os.path.join(top, n))
+        ]
+    return out
+
+
+def _is_word(split: str, name: str) -> bool:
+    return re.search(rf"(?:^|[{_WORD_SEP}]){re.escape(split)}(?:[{_WORD_SEP}]|$)", name) is not None
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "__"))
+
+
+def _ext(path: str) -> str:
+    """The extension, lower-case: `train.JSONL` is JSON Lines."""
+    return os.path.splitext(path)[1].lower()
+
+
+def _is_data(path: str) -> bool:
+    return _ext(path) in _EXTS
 
 
 def is_glob(path: str) -> bool:
@@ -90,7 +175,7 @@ def glob_data_files(pattern: str) -> tuple[list[str], list[str]]:
     kept; READMEs, other files and directories are skipped."""
     files, skipped = [], []
     for f in sorted(glob.glob(pattern)):
-        (files if os.path.isfile(f) and f.endswith(_EXTS) else skipped).append(f)
+        (files if os.path.isfile(f) and _is_data(f) else skipped).append(f)
     return files, skipped
 
 
@@ -105,7 +190,7 @@ def iter_records(
         yield from _iter_datasets(files)
         return
     for f in files:
-        if f.endswith(".parquet"):
+        if _ext(f) == ".parquet":
             import pyarrow.parquet as pq
 
             try:
@@ -114,7 +199,7 @@ def iter_records(
                 raise RecordError(f, None, None, f"cannot read parquet: {e}") from e
             for i, r in enumerate(rows):
                 yield f, i, r
-        elif f.endswith(".jsonl"):
+        elif _ext(f) == ".jsonl":
             try:  # utf-8-sig: a leading byte-order mark (Windows editors) is not data
                 with open(f, encoding="utf-8-sig") as fh:
                     for i, line in enumerate(fh):
@@ -170,7 +255,7 @@ def _iter_datasets(files: list[str]) -> Iterator[tuple[str, int, dict]]:
 
 
 def _datasets_builder(f: str) -> str:
-    return "parquet" if f.endswith(".parquet") else "json"
+    return "parquet" if _ext(f) == ".parquet" else "json"
 
 
 def _first_line_parses(text: str) -> bool:
