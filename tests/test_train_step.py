@@ -133,19 +133,29 @@ def _sgd_step(sc: StepConfig, model, mesh=None):
     return graphdef, state, step
 
 
+def np_sequence_kl(old: np.ndarray, ref: np.ndarray, mask: np.ndarray, est: str) -> np.ndarray:
+    """The KL-in-reward per row: the estimator's per-token values summed over the mask."""
+    d = old.astype(np.float64) - ref
+    tok = {"k1": d, "k3": np.exp(-d) + d - 1.0, "mse": 0.5 * d * d}[est]
+    return (tok * mask).sum(1)
+
+
 @pytest.mark.parametrize(
-    "estimator,aggregation,beta,entropy_coef,dual_clip,kl_in_reward",
+    "estimator,aggregation,beta,entropy_coef,dual_clip,kl_in_reward,kl_est",
     [
-        ("gdpo", "grpo", 0.05, 0.01, None, 0.0),
+        ("gdpo", "grpo", 0.05, 0.01, None, 0.0, "k1"),
         # bnpo with one micro-batch is dapo's formula (the reference's); its
         # per-micro-batch form: test_bnpo_per_micro_batch_and_dr_grpo_without_padding_rows
         # dual clip 1.5: this batch's ratios reach 2.3, so it bites on 11 % of tokens
-        ("grpo", "bnpo", 0.0, 0.0, 1.5, 0.1),
-        ("gdpo", "dapo", 0.0, 0.0, None, 0.05),
+        ("grpo", "bnpo", 0.0, 0.0, 1.5, 0.1, "k1"),
+        ("gdpo", "dapo", 0.0, 0.0, None, 0.05, "k1"),
+        # algo.kl_in_reward_estimator: the penalty was always k1
+        ("gdpo", "dapo", 0.0, 0.0, None, 0.5, "k3"),
+        ("grpo", "grpo", 0.0, 0.0, None, 0.5, "mse"),
     ],
 )
 def test_step_equals_unfused_reference(
-    estimator, aggregation, beta, entropy_coef, dual_clip, kl_in_reward
+    estimator, aggregation, beta, entropy_coef, dual_clip, kl_in_reward, kl_est
 ):
     sc = StepConfig(
         num_groups=NUM_GROUPS,
@@ -160,6 +170,7 @@ def test_step_equals_unfused_reference(
         clip_low=0.1,
         clip_high=0.15,
         kl_in_reward=kl_in_reward,
+        kl_in_reward_estimator=kl_est,
     )
     model = create_model(CFG, seed=1)
     graphdef, state, step = _sgd_step(sc, model)
@@ -167,9 +178,11 @@ def test_step_equals_unfused_reference(
     batch = make_batch(1, with_ref=sc.needs_ref)
     penalty = 0.0
     if kl_in_reward:
-        # KL in the reward: -coef * sum_t (old - ref) per row.
-        seq_kl = ((batch["old_logp"] - batch["ref_logp"]) * batch["completion_mask"]).sum(1)
-        penalty = -kl_in_reward * seq_kl.astype(np.float64)
+        # KL in the reward: -coef * sum_t kl(old, ref) per row.
+        seq_kl = np_sequence_kl(
+            batch["old_logp"], batch["ref_logp"], batch["completion_mask"], kl_est
+        )
+        penalty = -kl_in_reward * seq_kl
     adv = np_advantages(
         batch["rewards"], batch["group_ids"], estimator, np.array([1.0, 0.5]), penalty
     )
@@ -199,6 +212,9 @@ def test_step_equals_unfused_reference(
     for k in range(batch["rewards"].shape[1]):
         np.testing.assert_allclose(float(metrics[f"adv/share/{k}"]), want[k], atol=1e-4)
     assert int(new_state.step) == 1
+    if kl_in_reward:  # the logged penalty: the mean row KL over valid rows
+        ok = batch["valid"] > 0
+        np.testing.assert_allclose(float(metrics["kl_in_reward"]), seq_kl[ok].mean(), rtol=1e-5)
     if dual_clip:  # the case reaches the dual clip's branch, or it checks nothing
         assert float(metrics["clip_frac_dual"]) > 0.05
 

@@ -124,6 +124,7 @@ def validate_config(
     aggregations, kl_estimators = _losses()
     _choice(cfg, "algo.aggregation", aggregations)
     _choice(cfg, "algo.kl_estimator", kl_estimators)
+    _choice(cfg, "algo.kl_in_reward_estimator", kl_estimators)
     _choice(cfg, "algo.batch_norm", ("sample", "token"))
     _choice(cfg, "algo.nan_rewards", ("omit", "zero"))
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)

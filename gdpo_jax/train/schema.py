@@ -128,6 +128,9 @@ def base_config() -> mlc.ConfigDict:
     # KL coefficient in the reward (paper's tool calling GRPO: 0.001): a per-sequence
     # penalty -coef * KL added after GDPO's per-reward normalization (not a reward column).
     c.algo.kl_in_reward = 0.0
+    # Its per-token estimator, summed over the response: k1 is verl's default
+    # (algorithm.kl_penalty "kl"); k3 = low_var_kl, mse as for the loss.
+    c.algo.kl_in_reward_estimator = "k1"
     c.algo.entropy_coef = 0.0
     c.algo.aggregation = "grpo"  # grpo | bnpo | dapo | dr_grpo
     c.algo.max_len = 0  # dr_grpo's constant; 0 = sampling.max_new_tokens

@@ -37,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
 from gdpo_jax.core.diagnostics import reward_shares
-from gdpo_jax.core.losses import policy_loss
+from gdpo_jax.core.losses import kl_penalty, policy_loss
 from gdpo_jax.train import layer_views
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.blocks import from_blocks, to_blocks
@@ -104,12 +104,15 @@ def _logprobs(model: Any, mb: Batch, cfg: StepConfig, views: Any) -> tuple[jax.A
 # --------------------------------------------------------------------------- #
 # The step.
 # --------------------------------------------------------------------------- #
-def sequence_kl(logp: jax.Array, ref_logp: jax.Array, mask: jax.Array) -> jax.Array:
-    """Summed per-token k1 KL of each sequence: f32[N] (KL-in-reward penalty) from
-    logp, ref_logp: f32[N, T] and mask: [N, T]. A select, not a product, so a non-finite
-    log-prob at a masked position cannot turn the row's penalty into NaN (which the
-    advantages would then take as no penalty)."""
-    return jnp.sum(jnp.where(mask > 0, logp - ref_logp, 0.0), axis=-1)
+def sequence_kl(
+    logp: jax.Array, ref_logp: jax.Array, mask: jax.Array, estimator: str = "k1"
+) -> jax.Array:
+    """Summed per-token KL estimate of each sequence: f32[N] (KL-in-reward penalty) from
+    logp, ref_logp: f32[N, T] and mask: [N, T]; `estimator` as `core.kl_penalty` (k1 /
+    k3 / mse). A select, not a product, so a non-finite log-prob at a masked position
+    cannot turn the row's penalty into NaN (which the advantages would then take as no
+    penalty)."""
+    return jnp.sum(jnp.where(mask > 0, kl_penalty(logp, ref_logp, estimator), 0.0), axis=-1)
 
 
 def train_step(
@@ -131,12 +134,13 @@ def train_step(
     mask = batch["completion_mask"].astype(jnp.float32) * batch["valid"][:, None]
     rewards = batch["rewards"].astype(jnp.float32)
     weights = None if cfg.weights is None else jnp.asarray(cfg.weights, jnp.float32)
-    penalty = None
+    penalty = seq_kl = None
     if cfg.kl_in_reward > 0:
         # -coef * sum_t (logp_old - logp_ref): a per-row penalty, not a reward column
         # (GDPO would normalize a column into an objective of its own); see
         # compute_advantages for where each estimator adds it.
-        penalty = -cfg.kl_in_reward * sequence_kl(batch["old_logp"], batch["ref_logp"], mask)
+        seq_kl = sequence_kl(batch["old_logp"], batch["ref_logp"], mask, cfg.kl_in_reward_estimator)
+        penalty = -cfg.kl_in_reward * seq_kl
     adv = compute_advantages(
         rewards,
         batch["group_ids"],
@@ -307,10 +311,8 @@ def train_step(
         names = tuple(str(k) for k in range(rewards.shape[1]))
     for k, name in enumerate(names):
         metrics[f"adv/share/{name}"] = shares[k]
-    if cfg.kl_in_reward > 0:
-        metrics["kl_in_reward"] = (
-            jnp.sum(sequence_kl(batch["old_logp"], batch["ref_logp"], mask)) / n_valid
-        )
+    if seq_kl is not None:
+        metrics["kl_in_reward"] = jnp.sum(seq_kl) / n_valid
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 

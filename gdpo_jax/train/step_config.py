@@ -42,6 +42,7 @@ class StepConfig:
     beta: float = 0.0
     kl_estimator: str = "k3"
     kl_in_reward: float = 0.0
+    kl_in_reward_estimator: str = "k1"
     entropy_coef: float = 0.0
     aggregation: str = "grpo"
     max_len: int | None = None
@@ -123,6 +124,7 @@ class StepConfig:
             beta=a.beta,
             kl_estimator=a.kl_estimator,
             kl_in_reward=a.kl_in_reward,
+            kl_in_reward_estimator=a.get("kl_in_reward_estimator", "k1"),
             entropy_coef=a.entropy_coef,
             aggregation=a.aggregation,
             max_len=a.max_len or cfg.sampling.max_new_tokens,
