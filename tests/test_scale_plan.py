@@ -418,6 +418,171 @@ def test_roofline_decode_reads_the_unrolled_forms_weight_copy():
     assert copy["train"] == scan["train"] and copy["logprob"] == scan["logprob"]
 
 
+def test_roofline_kv_reads_split_over_tensor_only_where_the_heads_divide():
+    """The KV cache's heads split over "tensor" only where they divide (the cache's
+    sanitize_spec rule), else every device reads every head. Hand-worked decode,
+    1 device's share, 10 steps x (1000 B / tensor of weights + 8 rows x 10 B x
+    105 slots / kv shards) at 1000 B/s: 2 kv heads on tensor 4 stay whole,
+    10 x (250 + 8400) / 1000 = 86.5 s; 3 heads on tensor 2 too, 10 x (500 + 8400)
+    / 1000 = 89 s; 3 heads on tensor 3 split, 10 x (1000 / 3 + 2800) / 1000."""
+    from gdpo_jax.scale.flops import kv_head_shards
+
+    cases = ((2, 4), (2, 2), (3, 2), (3, 3), (8, 4))  # (kv heads, tensor)
+    assert [kv_head_shards(h, t) for h, t in cases] == [1, 2, 1, 3, 4]
+    kv3 = ModelConfig.tiny(num_heads=6, num_kv_heads=3)
+    for mc, tensor, want in (
+        (_hand_model(), 4, 86.5),
+        (_hand_model(), 2, 47.0),
+        (kv3, 2, 89.0),
+        (kv3, 3, 10 * (1000 / 3 + 2800) / 1000),
+    ):
+        s = flops_lib.StepShape(**ROOFLINE_SHAPE, tensor=tensor)
+        got = flops_lib.roofline(mc, s, **{**ROOFLINE_CHIP, "num_devices": tensor})
+        assert got["decode"] == pytest.approx(want), (mc.num_kv_heads, tensor)
+
+
+def test_static_sampler_cache_splits_kv_heads_only_where_they_divide():
+    """The static sampler's KV cache per device: rows / batch shards x 2 (k, v) x L x
+    Dh x 4 B (f32) x kv heads per device x (P + M) slots. Hand-worked, 8 rows,
+    1 batch shard, L 2, Dh 16, P = M = 16: 8 x 256 B x heads x 32; the 2 kv heads
+    split on tensor 2 (1 a device), stay whole on tensor 4."""
+    from jax.sharding import AbstractMesh
+
+    from gdpo_jax.scale.plan import _sampler_memory
+
+    cfg, mc = tiny_config(), _hand_model()
+    for tensor, heads in ((1, 2), (2, 1), (4, 2)):
+        mesh = AbstractMesh((1, 1, tensor), ("data", "fsdp", "tensor"))
+        got = _sampler_memory(cfg, mc, mesh, 8, 1, 0, 0)
+        assert got == dict(kv_cache_bytes=8 * 256 * heads * 32, decode="static"), tensor
+
+
+def test_tpu_targets_count_their_hosts():
+    """TPU VMs per slice (Cloud TPU system-architecture pages): 4 chips per v4 / v5p
+    VM (v5p 2x2x2 = 2 hosts, 2x4x4 = 8, 4x4x4 = 16); a v5e / v6e slice of up to
+    8 chips is one VM, larger ones 4-chip VMs (4x4 = 4 VMs, 4x8 = 8); each slice
+    of a multi-slice target its own. Every TPU target had 1."""
+    want = {
+        "v4-8": 1,  # 4 chips
+        "v4-16": 2,  # 8
+        "v5p-8": 1,
+        "v5p-16": 2,
+        "v5p-32": 4,  # 16 chips
+        "v5p-64": 8,
+        "v5p-128": 16,
+        "v5e-4": 1,
+        "v5e-8": 1,  # one 8-chip VM
+        "v5e-16": 4,
+        "v5e-32": 8,
+        "v6e-8": 1,
+        "v6e-16": 4,
+        "tpu:v5p:2x2x2": 2,
+        "tpu:v5p:2x2x2,slices=2": 4,
+        "tpu:v5e:2x2,slices=2": 2,
+        "tpu:v6e:4x4,slices=3": 12,
+        "16xh100": 2,
+        "cuda:2x2x8:h100": 4,
+    }
+    assert {n: targets_lib.parse_target(n).num_hosts for n in want} == want
+
+
+def _plan_for_report(**programs) -> dict:
+    """A plan dict as make_plan returns it, with the given programs' byte figures."""
+    return dict(
+        target="v5p-16",
+        device="8 x TPU v5p (v5p:2x2x2)",
+        num_hosts=2,
+        mesh={"data": 1, "fsdp": 8, "tensor": 1},
+        num_params=1.5e9,
+        usable_gib=95.74,
+        device_memory_gib=95.0,
+        programs=programs,
+        per_device=dict(params=0),
+        fits=True,
+        peak_gib=0.0,
+        peak_program="step",
+        step_flops=1e18,
+        est_step_s=1.0,
+        roofline=dict(
+            prefill=0.0,
+            decode=0.0,
+            logprob=0.0,
+            train=1.0,
+            bound=dict(prefill="compute", decode="memory", logprob="compute", train="compute"),
+        ),
+    )
+
+
+def _printed_memory_rows(text: str) -> dict[str, dict[str, float]]:
+    """format_plan's memory table: {program: {column: GiB}} from its header and rows."""
+    lines = text.splitlines()
+    i = next(k for k, x in enumerate(lines) if x.startswith("program"))
+    cols = lines[i].split("fits")[0].split()[1:]
+    rows = {}
+    for line in lines[i + 1 :]:
+        parts = line.split()
+        if len(parts) < len(cols) + 2 or parts[-1] not in ("yes", "NO"):
+            break
+        rows[parts[0]] = dict(zip(cols, map(float, parts[1 : 1 + len(cols)])))
+    return rows
+
+
+def test_format_plan_memory_columns_add_up_to_the_total():
+    """The printed args + out - alias + temp + beside left the generated code out:
+    a v5p plan's step printed 26.55 of its 26.60 GiB. Hand-made plan: 5.25 + 5.5 -
+    5.5 + 19.25 + 0.07 (code) + 1.75 = 26.32 GiB; and every committed plan's rows add
+    up within the rounding of their 7 printed figures (0.005 each)."""
+    import json
+
+    from gdpo_jax.scale.report import format_plan
+
+    gib = 2**30
+    step = dict(
+        args=int(5.25 * gib),
+        outputs=int(5.5 * gib),
+        aliased=int(5.5 * gib),
+        temps=int(19.25 * gib),
+        code=int(0.07 * gib),
+        resident_bytes=int(1.75 * gib),
+        fits=True,
+        compiled=True,
+    )
+    step["total_bytes"] = int(26.32 * gib)
+    generate = dict(
+        step,
+        args=int(1.0 * gib),
+        outputs=0,
+        aliased=0,
+        temps=int(18.5 * gib),
+        code=int(0.03 * gib),
+        resident_bytes=int(5.25 * gib),
+        total_bytes=int(24.78 * gib),  # 1 + 18.5 + 0.03 + 5.25
+        decode="static",
+        rows_per_call=64,
+        decode_layers="scan",
+        decode_phases=1,
+    )
+    text = format_plan(_plan_for_report(step=step, generate=generate))
+    assert text.splitlines()[0].startswith("target v5p-16: 8 x TPU v5p (v5p:2x2x2) on 2 hosts,")
+    rows = _printed_memory_rows(text)
+    assert (rows["step"]["code"], rows["generate"]["code"]) == (0.07, 0.03)
+    assert (rows["step"]["total"], rows["generate"]["total"]) == (26.32, 24.78)
+    for row in rows.values():
+        parts = row["args"] + row["out"] - row["alias"] + row["temp"] + row["code"] + row["beside"]
+        assert parts == pytest.approx(row["total"], abs=1e-9)
+
+    plans = json.loads(open(os.path.join(ROOT, "docs", "scale", "plans.json")).read())
+    checked = 0
+    for key, plan in plans.items():
+        for name, row in _printed_memory_rows(format_plan(plan)).items():
+            parts = (
+                row["args"] + row["out"] - row["alias"] + row["temp"] + row["code"] + row["beside"]
+            )
+            assert abs(parts - row["total"]) <= 7 * 0.005 + 1e-9, (key, name, row)
+            checked += 1
+    assert checked >= 30, checked
+
+
 # --------------------------------------------------------------- compile: TPU
 @needs_tpu
 def test_tiny_plan_on_tpu_bytes_per_device():
@@ -460,6 +625,7 @@ def test_multislice_plan_counts_every_padded_sampler_call_and_the_tensor_shard()
     plan = make_plan(cfg, target)
     assert plan["fits"] and plan["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
     assert plan["device"] == "8 x TPU v5e (v5e:2x2 x 2 slices)"
+    assert plan["num_hosts"] == 2  # one 4-chip VM per slice
     assert plan["usable_gib"] == pytest.approx(15.75)
     shape = plan["step_shape"]
     assert (shape["rows_per_call"], plan["programs"]["generate"]["rows_per_call"]) == (2, 4)
@@ -473,7 +639,9 @@ def test_multislice_plan_counts_every_padded_sampler_call_and_the_tensor_shard()
     assert estimate(cfg, plan, target) == pytest.approx(plan["est_step_s"], rel=1e-12)
     from gdpo_jax.scale.report import format_plan
 
-    assert "2 rows per call (each call decodes 4: padded to the batch shards)" in format_plan(plan)
+    text = format_plan(plan)
+    assert "2 rows per call (each call decodes 4: padded to the batch shards)" in text
+    assert "(v5e:2x2 x 2 slices) on 2 hosts, mesh" in text
 
 
 @pytest.mark.slow  # four TPU compiles (two stop early, out of memory)

@@ -49,8 +49,10 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from jax.sharding import AbstractMesh
 
 from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.sharding import sanitize_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,15 @@ class StepShape:
         """C': the positions a log-prob pass unembeds per row (chunks padded)."""
         c = min(self.logprob_chunk_size, self.new_tokens) if self.logprob_chunk_size else 0
         return -(-self.new_tokens // c) * c if c else self.new_tokens
+
+
+def kv_head_shards(num_kv_heads: int, tensor: int) -> int:
+    """Devices the KV cache's heads split over on a "tensor" axis of `tensor`: the
+    cache's own rule (`sanitize_spec` on its heads dim, as `Transformer.init_cache`
+    lays it out and the sampler keeps it), so `tensor` where it divides the heads,
+    else 1 (every device holds every head)."""
+    mesh = AbstractMesh((tensor,), ("tensor",))
+    return tensor if sanitize_spec(("tensor",), (num_kv_heads,), mesh)[0] else 1
 
 
 def _matmul_flops(mc: ModelConfig) -> float:
@@ -170,7 +181,7 @@ def roofline(
     # padded rows over the batch shards, the kv heads over "tensor"; P + the phase's
     # own slots; a prompt's slots once per prompt_share rows when its cache is shared).
     tp = 1 if s.sampler_weights_whole else s.tensor
-    kv_tp = tp if mc.num_kv_heads % tp == 0 else 1
+    kv_tp = kv_head_shards(mc.num_kv_heads, tp)
     kv_step = (
         s.call_rows
         / (s.batch_shards * kv_tp)

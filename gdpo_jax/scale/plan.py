@@ -171,7 +171,7 @@ def _key(name: str, cfg, target: Target) -> tuple:
 # Fields added to the config after plans were committed, with the value that compiles
 # what the config without them did: at that value they stay out of the digest, so the
 # committed plans (and their check, tests/test_docs.py) hold.
-_ADDED_FIELDS = {"algo.nan_rewards": "omit"}
+_ADDED_FIELDS = {"algo.nan_rewards": "omit", "algo.kl_in_reward_estimator": "k1"}
 
 
 def config_digest(cfg: mlc.ConfigDict) -> str:
@@ -252,7 +252,8 @@ def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, full_b: i
     """The sampler program's KV cache per device and how it decodes.
 
     Static decode: each device's rows hold their new slots plus their prompt's
-    (a G-shared prompt counts 1/G per row), kv heads split over "tensor".
+    (a G-shared prompt counts 1/G per row), kv heads split over "tensor" where
+    they divide (`flops.kv_head_shards`).
     Continuous batching (``sampling.continuous_slots`` = B): each batch shard
     decodes min(B, its rows) lanes of P + M slots, each lane holding a copy of
     its row's prompt (or of M slots, beside min(W, lanes) shared prompt slots
@@ -270,8 +271,9 @@ def _sampler_memory(cfg, mc: ModelConfig, mesh, rows: int, share: int, full_b: i
     per_head = 2 * mc.num_layers * mc.head_dim * jnp.dtype(mc.dtype).itemsize  # k, v per token
     slots = int(s.get("continuous_slots", 0))
     if not slots:
-        tp = dict(mesh.shape)["tensor"]
-        kv_heads = mc.num_kv_heads // tp if mc.num_kv_heads % tp == 0 else mc.num_kv_heads
+        kv_heads = mc.num_kv_heads // flops_lib.kv_head_shards(
+            mc.num_kv_heads, dict(mesh.shape)["tensor"]
+        )
         kv = (rows // shards) * per_head * kv_heads * (plen / share + m)
         return dict(kv_cache_bytes=int(kv), decode="static")
     local = rows // shards
@@ -435,6 +437,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         "device": target.describe(),
         "platform": target.platform,
         "num_devices": target.num_devices,
+        "num_hosts": target.num_hosts,
         "mesh": dict(mesh.shape),
         "rows": int(cfg.algo.num_prompts * cfg.algo.group_size),
         "config_digest": digest,

@@ -7,20 +7,25 @@ from gdpo_jax.scale.targets import GIB
 
 def format_plan(plan: dict) -> str:
     """A human-readable table of a plan."""
+    hosts = plan.get("num_hosts")  # plans made before it was recorded lack it
+    host_s = f" on {hosts} host{'' if hosts == 1 else 's'}" if hosts else ""
     lines = [
-        f"target {plan['target']}: {plan['device']}, mesh {plan['mesh']}, "
+        f"target {plan['target']}: {plan['device']}{host_s}, mesh {plan['mesh']}, "
         f"{plan['num_params'] / 1e9:.3g}B params",
-        f"{'program':<10}{'args':>10}{'out':>10}{'alias':>10}{'temp':>10}{'beside':>10}"
-        f"{'total':>10}  fits   (GiB per device; usable {plan['usable_gib']:.1f} of "
-        f"{plan['device_memory_gib']:.1f})",
+        f"{'program':<10}{'args':>10}{'out':>10}{'alias':>10}{'temp':>10}{'code':>10}"
+        f"{'beside':>10}{'total':>10}  fits   (GiB per device; usable "
+        f"{plan['usable_gib']:.1f} of {plan['device_memory_gib']:.1f})",
     ]
     for name, p in plan["programs"].items():
         g = lambda b: f"{b / GIB:10.2f}"  # noqa: E731
+        # "code": the compiled program's own bytes, part of its total; a program the
+        # compiler refused has no figure for it.
         lines.append(
             f"{name:<10}{g(p['args'])}{g(p['outputs'])}{g(p['aliased'])}"
-            f"{g(p['temps'])}{g(p['resident_bytes'])}{g(p['total_bytes'])}  "
+            f"{g(p['temps'])}{g(p.get('code', 0))}{g(p['resident_bytes'])}{g(p['total_bytes'])}  "
             f"{'yes' if p['fits'] else 'NO'}" + ("" if p["compiled"] else f"  ({p['error'][:80]})")
         )
+    lines.append("total = args + out - alias + temp + code + beside (each rounded)")
     pd = plan["per_device"]
     lines.append("per device: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in pd.items()) + " GiB")
     lines.append(

@@ -30,6 +30,7 @@ most the card less GPU_RUNTIME_RESERVE_BYTES.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any
@@ -125,6 +126,8 @@ class Target:
     """A named slice / cluster: `chip` x `num_devices`, and how to ask XLA for it.
 
     topology: libtpu topology name ("v5p:2x2x2") or the CUDA "SxHxG" string.
+    num_hosts: the machines (TPU VMs, GPU hosts) over all slices, one JAX process
+    each (`tpu_hosts`; S x H for a GPU "SxHxG").
     """
 
     name: str
@@ -165,8 +168,29 @@ class Target:
         return f"{self.num_devices} x {self.chip.name} ({self.topology}{slices})"
 
 
+def tpu_hosts(prefix: str, chips: int) -> int:
+    """TPU VMs (hosts, one JAX process each) of one slice of `chips` chips.
+
+    Cloud TPU system-architecture pages: a v4 or v5p VM holds 4 chips (v5p-8 =
+    2x2x1 is one VM, 2x2x2 two); a v5e / v6e slice of up to 8 chips (1x1, 2x2,
+    2x4) is one VM of 1, 4 or 8 chips (ct5lp-hightpu-8t, ct6e-standard-8t), a
+    larger one is made of 4-chip VMs (v5e / v6e 4x4 = 4 VMs; those pages' "Hosts"
+    column counts the 8-chip machines under them, 2 for a 4x4, but each VM is a
+    host to JAX).
+    """
+    if prefix in ("v5e", "v6e") and chips <= 8:
+        return 1
+    return -(-chips // 4)
+
+
+def _tpu_target(name: str, chip: Chip, topology: str, slices: int = 1) -> Target:
+    chips = math.prod(int(d) for d in topology.split(":", 1)[1].split("x"))
+    hosts = slices * tpu_hosts(chip.tpu_prefix, chips)  # each slice its own VMs
+    return Target(name, chip, topology, num_slices=slices, num_hosts=hosts)
+
+
 def _tpu(name: str, chip: str, topo: str) -> Target:
-    return Target(name, CHIPS[chip], f"{CHIPS[chip].tpu_prefix}:{topo}")
+    return _tpu_target(name, CHIPS[chip], f"{CHIPS[chip].tpu_prefix}:{topo}")
 
 
 def _gpu(name: str, chip: str, hosts: int, gpus: int) -> Target:
@@ -226,7 +250,7 @@ def parse_target(name: str) -> Target:
     m = re.fullmatch(r"tpu:((v4|v5e|v5p|v6e):\d+(?:x\d+){1,2})(?:,slices=(\d+))?", name)
     if m:
         chip = next(c for c in CHIPS.values() if c.tpu_prefix == m.group(2))
-        return Target(name, chip, m.group(1), num_slices=int(m.group(3) or 1))
+        return _tpu_target(name, chip, m.group(1), int(m.group(3) or 1))
     m = re.fullmatch(r"cuda:(\d+)x(\d+)x(\d+):([\w.-]+)", name)
     if m and m.group(4) in CHIPS and CHIPS[m.group(4)].platform == "cuda":
         s, h, g = (int(m.group(i)) for i in (1, 2, 3))
