@@ -40,10 +40,11 @@ def main(argv: list[str]) -> None:
 
     try:
         check_distributed(cfg)  # the fields the multi-host set-up reads
+        # Before anything touches a device: multi-host set-up (a ConfigError, one line,
+        # when JAX finds no coordinator to join).
+        distributed.initialize_from_config(cfg)
     except ConfigError as e:
         cli.fail(e)
-    # Before anything touches a device: multi-host set-up.
-    distributed.initialize_from_config(cfg)
     try:
         validate_config(cfg)
         paths.check_inputs(cfg)  # model and data paths exist, before the build

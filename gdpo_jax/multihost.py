@@ -12,35 +12,86 @@ import os
 import jax
 import numpy as np
 
-__all__ = ["allgather", "cluster_hint", "to_host"]
+__all__ = ["allgather", "cluster_env", "cluster_hint", "to_host"]
 
+# What JAX 0.10's cluster auto-detection (`jax._src.clusters`, each ClusterEnv's
+# `is_env_present`) needs, mirrored here from the environment alone so that no private
+# API runs: SLURM's job id alone is also set in an `salloc` shell or an sbatch script
+# outside `srun`, where JAX finds no coordinator ("coordinator_address should be
+# defined"); `OMPI_COMM_WORLD_SIZE` alone is also set by Open MPI 5 (no ORTE URI).
+_SLURM = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+_OMPI = ("OMPI_MCA_orte_hnp_uri",)
+# Every variable `cluster_env` reads (tests clear them to get a clean environment).
 _ENV_HINTS = (
     "JAX_COORDINATOR_ADDRESS",
-    "SLURM_JOB_ID",
-    "OMPI_COMM_WORLD_SIZE",
     "CLOUD_TPU_TASK_ID",
+    "TPU_WORKER_HOSTNAMES",
+    "OMPI_COMM_WORLD_SIZE",
+    *_SLURM,
+    *_OMPI,
 )
 
 
-def cluster_hint() -> bool:
-    """A cluster environment variable says this is one process of several.
+def cluster_env() -> str | None:
+    """The cluster environment JAX's `jax.distributed.initialize()` finds its
+    coordinator in ("jax", "slurm", "ompi", "tpu"), or None.
 
     TPU_WORKER_HOSTNAMES counts only when it names more than one host: the
     planner (and libtpu's compile-only use on a CPU machine) sets it to
     "localhost", which must not start a multi-host initialization.
     """
-    hosts = [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
-    return len(hosts) > 1 or any(k in os.environ for k in _ENV_HINTS)
+    env = os.environ
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        return "jax"
+    if all(k in env for k in _SLURM):
+        return "slurm"
+    if all(k in env for k in _OMPI):
+        return "ompi"
+    hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+    if len(hosts) > 1 or "CLOUD_TPU_TASK_ID" in env:
+        return "tpu"
+    return None
+
+
+def _env_process_count(kind: str | None) -> int | None:
+    """The process count the cluster environment names (None: it names none)."""
+    var = {"slurm": "SLURM_NTASKS", "ompi": "OMPI_COMM_WORLD_SIZE"}.get(kind or "")
+    try:
+        return int(os.environ[var]) if var else None
+    except (KeyError, ValueError):
+        return None
+
+
+def cluster_hint() -> bool:
+    """This is one process of several in a cluster environment JAX detects.
+
+    A detected environment of one process (`srun -n 1`, `mpirun -n 1`) is one
+    process: initializing it would gain nothing.
+    """
+    kind = cluster_env()
+    return kind is not None and _env_process_count(kind) != 1
 
 
 def allgather(x: np.ndarray) -> np.ndarray:
-    """[...] (same shape on every process) -> [process_count, ...] on every process."""
+    """[...] (same shape and dtype on every process) -> [process_count, ...] on every
+    process, of x's dtype, exact.
+
+    The values travel as raw bytes: `process_allgather` goes through device_put,
+    which turns int64 / float64 into int32 / float32 without jax_enable_x64
+    (2**31 + 5 wrapped, a float64 sum of counts rounded) while one process kept them.
+    """
     x = np.asarray(x)
-    if jax.process_count() == 1:
+    n = jax.process_count()
+    if n == 1:
         return x[None]
+    if x.size == 0:  # equal shapes: nothing to exchange
+        return np.empty((n,) + x.shape, x.dtype)
     from jax.experimental import multihost_utils
 
-    return np.asarray(multihost_utils.process_allgather(x, tiled=False))
+    # (reshape copies a non-contiguous x; np.ascontiguousarray would make a 0-d x 1-d)
+    raw = x.reshape(-1).view(np.uint8)  # [size * itemsize]
+    out = np.ascontiguousarray(multihost_utils.process_allgather(raw, tiled=False))
+    return out.view(x.dtype).reshape((n,) + x.shape)
 
 
 def to_host(x: jax.Array) -> np.ndarray:

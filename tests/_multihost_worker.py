@@ -3,9 +3,10 @@ batch, sampling with its own prompts, and the RL loop.
 
     python -m tests._multihost_worker <process_id> <num_processes> <port> <out.json> <workdir>
 
-Each process has 2 CPU devices (4 in all). Writes loss, metrics and per-leaf
-parameter sums after the update, this process's sampled rows, and the RL
-loop's per-step metrics. `run_step(jax.devices()[:4])`, `run_sampler(...)` and
+Each process has 2 CPU devices (4 in all). Writes the host collectives' results
+(`run_collectives`), loss, metrics and per-leaf parameter sums after the update,
+this process's sampled rows, and the RL loop's per-step metrics.
+`run_collectives(...)`, `run_step(jax.devices()[:4])`, `run_sampler(...)` and
 `run_loop(...)` in one process are the single-process references.
 """
 
@@ -31,7 +32,8 @@ def main() -> None:
             "always", coordinator_address=f"127.0.0.1:{port}", num_processes=nproc, process_id=pid
         )
     assert jax.device_count() == 4 and jax.process_count() == nproc
-    result = run_step(jax.devices())
+    result = {"collectives": run_collectives(workdir + "_collectives")}
+    result.update(run_step(jax.devices()))
     result["sampler"] = run_sampler(
         jax.devices(), SAMPLER_PROMPTS[pid::nproc][0] if nproc > 1 else sum(SAMPLER_PROMPTS, [])
     )
@@ -120,6 +122,98 @@ def run_step(devices) -> dict:
         "fused_param_sums": [host(x) for x in jax.tree.leaves(fused_sums)],
         "rows": [lo, hi],
     }
+
+
+# Host collectives: what each process passes (allgather cases are the same on every
+# process); the results must equal one process's, exact, in the same dtype.
+ALLGATHER_CASES = {
+    "int64": ([2**31 + 5, -3], "int64"),
+    "float64": ([[0.1, 16777217.0]], "float64"),
+    "bfloat16": ([1.5, -2.0], "bfloat16"),
+    "bool": ([True, False], "bool"),
+    "scalar_f64": (0.1, "float64"),
+}
+# Lone surrogates (from decoded completions) on both processes: the strict encode
+# raised on both (on one only it left the other waiting in the collective, a hang).
+STRINGS = [["ok", "bad\udc80"], ["x\ud83d", "\u00e9"]]
+
+
+def run_collectives(workdir: str) -> dict:
+    """gdpo_jax.multihost / train.distributed host collectives and save_pretrained's
+    barrier; a raised error is recorded, not raised (the test shows which case)."""
+    import time
+
+    import jax
+    import ml_dtypes
+    import numpy as np
+
+    from gdpo_jax import multihost
+    from gdpo_jax.train import distributed, loop
+
+    pid, n = jax.process_index(), jax.process_count()
+    out: dict = {}
+
+    def record(name, fn, *args):
+        try:
+            out[name] = fn(*args)
+        except Exception as e:  # the other process records the same case
+            out[name] = f"RAISED {type(e).__name__}: {e}"
+
+    def gathered(values, dtype):
+        dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+        g = multihost.allgather(np.asarray(values, dt))
+        exact = g.tolist() if g.dtype.kind in "bi" else g.astype(np.float64).tolist()
+        return [str(g.dtype), list(g.shape), exact]
+
+    for name, (values, dtype) in ALLGATHER_CASES.items():
+        record(f"allgather/{name}", gathered, values, dtype)
+    record(
+        "sum_processes",
+        lambda: [distributed.sum_processes(16777217.0), distributed.sum_processes(0.1)],
+    )
+    record(
+        "reduce_processes",
+        lambda: distributed.reduce_processes(
+            {"reward_failures/x": 16777217.0, "time/a": 1 + 1e-9}, max_prefixes=("time/",)
+        ),
+    )
+    rows = {"ids": np.asarray([2**40 + pid, 1], np.int64), "f": np.asarray([0.1 * (pid + 1)])}
+    record(
+        "gather_rows",
+        lambda: {k: [str(v.dtype), v.tolist()] for k, v in loop._gather_rows(rows).items()},
+    )
+    record("allgather_strings", lambda: distributed.allgather_strings(sum(STRINGS[pid::n], [])))
+
+    # save_pretrained: process 0 writes slowly; every process must return only after
+    # it has written (the other returned at once, before config.json existed).
+    from gdpo_jax.models import export
+    from gdpo_jax.models.sharding import create_model
+    from gdpo_jax.train import mesh as mesh_lib
+    from tests.test_train_step import CFG
+
+    model = create_model(CFG, mesh=mesh_lib.make_mesh((2, 2, 1), devices=jax.devices()[:4]))
+    write = export.write_safetensors
+
+    def slow_write(*a, **kw):
+        time.sleep(1.0)
+        return write(*a, **kw)
+
+    if pid == 0 and n > 1:
+        export.write_safetensors = slow_write
+    try:
+        record(
+            "export",
+            lambda: (
+                export.save_pretrained(model, None, workdir) == workdir
+                and [
+                    os.path.exists(os.path.join(workdir, f))
+                    for f in ("model.safetensors", "config.json")
+                ]
+            ),
+        )
+    finally:
+        export.write_safetensors = write
+    return out
 
 
 # Process 0 / process 1 prompts (unequal counts); one process samples all five.

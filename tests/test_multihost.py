@@ -1,6 +1,6 @@
 """Two processes on one CPU machine (gloo collectives, loopback coordinator):
-the 2-process step (each host feeding only its own rows), sampler (each host
-passing its own prompts, getting its own rows) and RL loop equal 1 process's."""
+the 2-process host collectives, step (each host feeding only its own rows), sampler
+(each host passing its own prompts, getting its own rows) and RL loop equal 1 process's."""
 
 from __future__ import annotations
 
@@ -177,6 +177,31 @@ def test_chunked_generation_two_processes(two):
         assert m["reward_failures/test_has_w10"] == 0
 
 
+def test_host_collectives_two_processes_match_one(two, tmp_path):
+    """Host collectives over 2 processes give what 1 process does, exact and in the same
+    dtype. They used to go through device_put (int64 / float64 -> int32 / float32 without
+    x64: 2**31 + 5 wrapped, 16777217 + 16777217 summed to 33554432), a lone surrogate
+    raised in allgather_strings, and save_pretrained returned on process 1 before
+    process 0 had written the export."""
+    from tests._multihost_worker import ALLGATHER_CASES, STRINGS, run_collectives
+
+    one = run_collectives(str(tmp_path / "export"))
+    for r in (x["collectives"] for x in two):
+        for name in ALLGATHER_CASES:
+            dtype, shape, values = one[f"allgather/{name}"]
+            assert r[f"allgather/{name}"] == [dtype, [2] + shape[1:], values * 2], name
+        assert one["sum_processes"] == [16777217.0, 0.1]
+        assert r["sum_processes"] == [33554434.0, 0.2]
+        assert r["reduce_processes"] == {"reward_failures/x": 33554434.0, "time/a": 1 + 1e-9}
+        assert r["gather_rows"] == {
+            "ids": ["int64", [2**40, 1, 2**40 + 1, 1]],
+            "f": ["float64", [0.1, 0.2]],
+        }
+        assert r["allgather_strings"] == STRINGS
+        assert sum(r["allgather_strings"], []) == sum(one["allgather_strings"], [])
+        assert r["export"] == one["export"] == [True, True]
+
+
 def test_combine_rows_by_hand():
     from gdpo_jax.train.distributed import combine_rows
 
@@ -187,3 +212,171 @@ def test_combine_rows_by_hand():
         max_prefixes=("time/", "reward_time/"),
     )
     assert out == {"reward_failures/a": 4.0, "time/step_s": 0.5, "reward_time/a": 2.0}
+
+
+# What srun / mpirun (Open MPI 4, ORTE) set in each process of a 2-process job, and
+# what an `salloc` shell or a plain `mpirun`-less shell holds.
+_SRUN = {
+    "SLURM_JOB_ID": "7",
+    "SLURM_STEP_NODELIST": "node[1-2]",
+    "SLURM_NTASKS": "2",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+}
+_SALLOC = {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_NNODES": "2"}
+_MPIRUN = {
+    "OMPI_MCA_orte_hnp_uri": "1531576320.0;tcp://10.0.0.1:34911",
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+}
+
+
+def _cluster_env(monkeypatch, env: dict[str, str]) -> None:
+    from gdpo_jax import multihost
+
+    for k in list(os.environ):
+        if k in multihost._ENV_HINTS or k.startswith(("SLURM_", "OMPI_")):
+            monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.mark.parametrize(
+    "env, cluster, multi",
+    [
+        ({}, None, False),
+        (_SALLOC, None, False),  # JAX: "coordinator_address should be defined"
+        (_SRUN, "slurm", True),
+        ({**_SRUN, "SLURM_NTASKS": "1"}, "slurm", False),  # srun -n 1: one process
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, None, False),  # no ORTE URI (Open MPI 5)
+        (_MPIRUN, "ompi", True),
+        ({**_MPIRUN, "OMPI_COMM_WORLD_SIZE": "1"}, "ompi", False),
+        ({"TPU_WORKER_HOSTNAMES": "localhost"}, None, False),  # the planner's
+        ({"TPU_WORKER_HOSTNAMES": "10.0.0.1,10.0.0.2"}, "tpu", True),
+        ({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}, "jax", True),
+    ],
+)
+def test_cluster_env_is_what_jax_detects(monkeypatch, env, cluster, multi):
+    """An `salloc` shell's SLURM_JOB_ID (or OMPI_COMM_WORLD_SIZE alone) counted as a
+    cluster; JAX finds no coordinator there, so a one-process run in it failed."""
+    from gdpo_jax import multihost
+
+    _cluster_env(monkeypatch, env)
+    assert multihost.cluster_env() == cluster
+    assert multihost.cluster_hint() is multi
+    try:  # JAX's own detection (private; the code mirrors it without importing it)
+        from jax._src.clusters import OmpiCluster, SlurmCluster
+    except ImportError:
+        return
+    assert SlurmCluster.is_env_present() == (cluster == "slurm")
+    assert OmpiCluster.is_env_present() == (cluster == "ompi")
+
+
+def test_auto_initialize_in_an_salloc_shell_is_one_process(monkeypatch):
+    from gdpo_jax.train import distributed
+
+    called = []
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: called.append(kw))
+    _cluster_env(monkeypatch, _SALLOC)
+    assert distributed.initialize("auto") is False and not called
+    _cluster_env(monkeypatch, {**_SRUN, "SLURM_NTASKS": "1"})
+    assert distributed.initialize("auto") is False and not called
+    _cluster_env(monkeypatch, _SRUN)  # a real 2-process step still initializes
+    assert distributed.initialize("auto") is True and called == [{}]
+
+
+def test_initialize_without_a_coordinator_says_what_to_set(monkeypatch):
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train import distributed
+
+    def no_cluster(**kw):
+        raise ValueError("coordinator_address should be defined.")
+
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", no_cluster)
+    with pytest.raises(ConfigError, match="set config.distributed.coordinator_address") as e:
+        distributed.initialize("always")
+    assert "\n" not in str(e.value)
+
+
+def test_check_distributed_needs_an_address_in_an_salloc_shell(monkeypatch):
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train.field_checks import check_distributed
+    from gdpo_jax.train.schema import base_config
+
+    cfg = base_config()
+    cfg.distributed.num_processes = 2
+    _cluster_env(monkeypatch, _SALLOC)  # JAX would find no coordinator here
+    with pytest.raises(ConfigError, match="needs config.distributed.coordinator_address"):
+        check_distributed(cfg)
+    _cluster_env(monkeypatch, _SRUN)  # srun's step: JAX finds it
+    check_distributed(cfg)
+
+
+def _fake_processes(monkeypatch, index: int = 0) -> None:
+    """2 processes as multihost sees them; process_allgather as the real one on equal
+    inputs, through device_put (which keeps no 64-bit types without x64)."""
+    import jax
+    from jax.experimental import multihost_utils
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: index)
+    monkeypatch.setattr(
+        multihost_utils,
+        "process_allgather",
+        lambda x, tiled=False: np.stack([np.asarray(jax.device_put(x))] * 2),
+    )
+
+
+@pytest.mark.parametrize(
+    "x",
+    [
+        np.asarray([2**31 + 5, -3], np.int64),
+        np.asarray([[0.1, 16777217.0]]),
+        np.float64(0.1),
+        np.asarray([1.5, -2.0], "bfloat16"),
+        np.asarray([[True], [False]]),
+        np.zeros((0, 3), np.int64),
+        np.arange(6, dtype=np.int64).reshape(2, 3).T,  # not contiguous
+    ],
+    ids=["int64", "float64", "scalar", "bf16", "bool", "empty", "strided"],
+)
+def test_allgather_keeps_dtype_and_values(monkeypatch, x):
+    from gdpo_jax import multihost
+
+    one = multihost.allgather(x)
+    assert one.dtype == x.dtype and one.shape == (1,) + np.shape(x)
+    _fake_processes(monkeypatch)
+    two = multihost.allgather(x)
+    assert two.dtype == x.dtype and two.shape == (2,) + np.shape(x)
+    np.testing.assert_array_equal(two, np.concatenate([one, one]))
+
+
+def test_allgather_strings_pass_lone_surrogates(monkeypatch):
+    from gdpo_jax.train.distributed import allgather_strings
+
+    texts = ["ok", "bad\udc80", "\ud83d\ude00", ""]
+    assert allgather_strings(texts) == [texts]
+    _fake_processes(monkeypatch)
+    assert allgather_strings(texts) == [texts, texts]
+
+
+def test_save_pretrained_waits_for_process_0(monkeypatch, tmp_path):
+    """Process 1 returns the dir only once process 0 reports it written, and raises
+    when process 0 failed (it used to return at once, before any file existed)."""
+    from gdpo_jax.models import export
+    from gdpo_jax.models.sharding import create_model
+    from tests.test_train_step import CFG
+
+    model = create_model(CFG)
+    _fake_processes(monkeypatch, index=1)
+    seen = []
+
+    def gather(x):  # process 0's status first: it failed
+        seen.append(bool(x))
+        return np.asarray([False, bool(x)])
+
+    monkeypatch.setattr(export, "allgather", gather, raising=False)
+    with pytest.raises(RuntimeError, match="process 0 failed to export"):
+        export.save_pretrained(model, None, str(tmp_path / "hf"))
+    assert seen == [True] and not (tmp_path / "hf").exists()  # process 1 wrote nothing

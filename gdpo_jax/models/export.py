@@ -8,7 +8,7 @@ model-0000k-of-0000n.safetensors + index above `max_shard_bytes`) and the
 tokenizer files. Weight and tokenizer files of an earlier export in the same dir are
 removed first, so the dir never holds both weight layouts or another tokenizer. On
 multi-host runs every process must call it (the params are gathered collectively); only
-process 0 writes.
+process 0 writes, and every process returns once the dir is complete.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 
 from gdpo_jax.models.hf_names import LAYER_NAMES, TOP_NAMES
 from gdpo_jax.models.transformer import Transformer
+from gdpo_jax.multihost import allgather
 from gdpo_jax.multihost import to_host as _to_host
 
 _NP_TO_ST = {
@@ -149,8 +150,32 @@ def save_pretrained(
     config = cfg.to_hf()  # refuses a model no config.json describes, before any work
     config["torch_dtype"] = config["dtype"] = dtype
     tensors = hf_state_dict(model, dtype)
-    if jax.process_index() != 0:
-        return out_dir
+    error: Exception | None = None
+    if jax.process_index() == 0:
+        try:
+            _write_dir(out_dir, config, tensors, tokenizer, max_shard_bytes)
+        except Exception as e:  # the others learn of it below instead of waiting
+            error = e
+    if jax.process_count() > 1:
+        # A barrier that carries process 0's outcome: every process returns only once
+        # the dir is complete (the SFT warm start hands it to the RL run as model.name;
+        # the other hosts returned at once and could read a missing or half-written
+        # dir), and all of them raise when process 0 failed.
+        if not allgather(np.asarray(error is None)).all() and error is None:
+            raise RuntimeError(f"process 0 failed to export to {out_dir}; see its log.")
+    if error is not None:
+        raise error
+    return out_dir
+
+
+def _write_dir(
+    out_dir: str,
+    config: dict,
+    tensors: dict[str, np.ndarray],
+    tokenizer: Any,
+    max_shard_bytes: int,
+) -> None:
+    """save_pretrained's writes (process 0's)."""
     gen = {
         k: config[k]
         for k in ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -201,4 +226,3 @@ def save_pretrained(
     _write_json(config, os.path.join(out_dir, "config.json"))  # last: the dir is complete
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
-    return out_dir

@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from gdpo_jax import sharding as mesh_lib
+from gdpo_jax.errors import ConfigError
 from gdpo_jax.multihost import allgather as allgather_host
 from gdpo_jax.multihost import cluster_hint
 from gdpo_jax.multihost import to_host as to_host  # re-export (public name)
@@ -32,8 +33,10 @@ def initialize(
     """Calls `jax.distributed.initialize` when asked or when the environment asks for it.
 
     mode: "never" does nothing; "always" initializes (explicit arguments, else
-      JAX's cluster auto-detection); "auto" initializes when an address is given
-      or a known cluster environment variable is set.
+      JAX's cluster auto-detection); "auto" initializes when an address or more than
+      one process is given, or in a cluster environment JAX detects that names more
+      than one process (`gdpo_jax.multihost.cluster_hint`: an `salloc` shell's
+      SLURM_JOB_ID alone is not one).
     Must run before anything touches a device. Returns True when initialized.
     """
     if mode == "never":
@@ -48,7 +51,19 @@ def initialize(
         kwargs["num_processes"] = num_processes
     if process_id >= 0:
         kwargs["process_id"] = process_id
-    jax.distributed.initialize(**kwargs)
+    try:
+        jax.distributed.initialize(**kwargs)
+    except ValueError as e:
+        # JAX found no cluster to take the missing arguments from: say what to set.
+        missing = ("coordinator_address should", "Number of processes", "The process id")
+        if not str(e).startswith(missing):
+            raise
+        raise ConfigError(
+            f"jax.distributed.initialize: {e} No cluster environment JAX detects "
+            "(srun, mpirun, a TPU pod) gave it: set config.distributed.coordinator_address "
+            "(host:port of process 0), num_processes and process_id, or "
+            "distributed.initialize=never for one process."
+        ) from None
     return True
 
 
@@ -131,7 +146,10 @@ def allgather_strings(texts: list[str]) -> list[list[str]]:
     """Every process's list of strings (any lengths), indexed by process."""
     if jax.process_count() == 1:
         return [list(texts)]
-    raw = [t.encode("utf-8") for t in texts]
+    # surrogatepass both ways: a decoded completion can hold a lone surrogate, which a
+    # strict encode raised on one process while the others waited in the collective
+    # below (a hang); one process passes such text through, and so do N.
+    raw = [t.encode("utf-8", "surrogatepass") for t in texts]
     sizes = allgather_host(np.asarray([len(raw), max((len(b) for b in raw), default=0)]))
     n, width = int(sizes[:, 0].max()), max(int(sizes[:, 1].max()), 1)
     buf = np.zeros((n, width), np.uint8)
@@ -141,6 +159,9 @@ def allgather_strings(texts: list[str]) -> list[list[str]]:
         lens[i] = len(b)
     bufs, all_lens = allgather_host(buf), allgather_host(lens)
     return [
-        [bytes(bufs[p, i, : all_lens[p, i]]).decode("utf-8") for i in range(int(sizes[p, 0]))]
+        [
+            bytes(bufs[p, i, : all_lens[p, i]]).decode("utf-8", "surrogatepass")
+            for i in range(int(sizes[p, 0]))
+        ]
         for p in range(bufs.shape[0])
     ]

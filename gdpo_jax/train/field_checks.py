@@ -23,7 +23,7 @@ from typing import Any
 import ml_collections as mlc
 
 from gdpo_jax.errors import ConfigError
-from gdpo_jax.multihost import cluster_hint
+from gdpo_jax.multihost import cluster_env
 from gdpo_jax.train.schema import _choice, _get
 
 __all__ = [
@@ -150,7 +150,9 @@ def check_distributed(cfg: mlc.ConfigDict) -> None:
         d.initialize != "never"
         and d.num_processes > 1
         and not d.coordinator_address
-        and not cluster_hint()  # else JAX finds the coordinator in the environment
+        # else JAX finds the coordinator in the environment (srun's, not an salloc
+        # shell's: SLURM_JOB_ID alone gave JAX's "coordinator_address should be defined")
+        and cluster_env() is None
     ):
         raise ConfigError(
             f"config.distributed.num_processes={d.num_processes} needs "

@@ -53,11 +53,13 @@ def _gather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """All hosts' rows (for metrics); identity on one process."""
     if jax.process_count() == 1:
         return arrays
-    from jax.experimental import multihost_utils
-
-    return {
-        k: np.asarray(multihost_utils.process_allgather(v, tiled=True)) for k, v in arrays.items()
-    }
+    # Through the byte-exact host allgather (equal row counts): process_allgather's
+    # device_put made int64 / float64 rows int32 / float32 with more than one process.
+    out = {}
+    for k, v in arrays.items():
+        g = distributed.allgather_host(np.asarray(v))  # [P, rows, ...]
+        out[k] = g.reshape((g.shape[0] * g.shape[1],) + g.shape[2:]) if g.ndim > 1 else g
+    return out
 
 
 def _prompts_per_call(cfg, processes: int) -> int:
