@@ -403,3 +403,37 @@ def test_a_hung_process_job_does_not_time_out_the_jobs_after_it():
         assert info["reward_timeouts/_test_hang"] == 1
         assert wall < 3 * 3.0, wall  # not each job waiting out the hung one
         assert r._retired == []  # terminated when the call ended
+
+
+@register_reward("_test_time_left")
+def _time_left(prompts, completions, **kw):  # module level: picklable
+    """Seconds left to the runner's deadline (NaN when none was given)."""
+    deadline = kw.get("deadline")
+    return [math.nan if deadline is None else deadline - time.monotonic()] * len(completions)
+
+
+_time_left.accepts_deadline = True
+
+
+@register_reward("_test_no_deadline")
+def _no_deadline(prompts, completions, **kw):
+    return [float("deadline" in kw)] * len(completions)
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_runner_passes_its_deadline_to_rewards_that_accept_it(executor):
+    # So that a reward bounding its own work (the code rewards' sandbox) ends before the
+    # runner gives up on it (timeout_s): a margin of 10% of it (at most 1 s) is kept for
+    # returning the values. Other rewards get no such keyword; a config cannot set it.
+    from gdpo_jax.rewards.registry import reward_options
+
+    specs = [
+        RewardSpec("_test_time_left", executor=executor),
+        RewardSpec("_test_no_deadline", executor=executor),
+    ]
+    with RewardRunner(specs, num_workers=2, timeout_s=20) as r:
+        R, _ = r(*_batch([0, 0]))
+    # The clock starts with the task (a process pool's start-up counts too).
+    low = 18 if executor == "thread" else 0
+    assert low < R[:, 0].min() and R[:, 0].max() <= 19 and R[:, 1].tolist() == [0, 0]
+    assert "deadline" not in reward_options("code_pass_rate")

@@ -3,6 +3,8 @@ test case within their limits while this (the runner's) process survives."""
 
 import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
 
@@ -450,3 +452,227 @@ def test_driver_imports_no_json_or_enum_in_stdin_mode_and_output_round_trips():
         "def f(x):\n    return {'k': [x, 'é\\n', None, 1.5]}\n", [["\u2713"]], fn_name="f"
     )
     assert res.cases[0].value == {"k": ["\u2713", "é\n", None, 1.5]}
+
+
+# --- Audit fixes: a program's doing is always the program's failure, never a crash
+# of the trainer, a runner timeout or NaN.
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """{pid: cmdline} of every live (not zombie) process below `root`."""
+    kids: dict[int, list[int]] = {}
+    cmd: dict[int, str] = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if stat[0] != "Z":
+            kids.setdefault(int(stat[1]), []).append(int(p))
+            cmd[int(p)] = line
+    out, todo = {}, [root]
+    while todo:
+        for c in kids.get(todo.pop(), []):
+            out[c] = cmd[c]
+            todo.append(c)
+    return out
+
+
+def _drivers_below(root: int) -> list[int]:
+    return [p for p, c in _descendants(root).items() if "_sandbox_driver.py" in c]
+
+
+def test_runner_deadline_bounds_the_sandbox():
+    """A program's total wall time (2 s + n_cases * (wall_s + 0.25), 11 s here) used to
+    outlive the runner's deadline (3 s): RewardError (or NaN for the chunk) and an
+    abandoned sandbox running on. The runner now passes its deadline, the programs of a
+    chunk share it (the loop cannot eat the good program's time), the loop's unrun
+    cases are timeouts (pass 0, no bug) and nothing of the sandbox is left running."""
+    n = 12
+    tests = {"inputs": ["2\n"] * n, "outputs": ["4\n"] * n, "fn_name": None}
+    comps = ["```python\nwhile True: pass\n```", "```python\nprint(int(input()) * 2)\n```"]
+    kw = {"cpu_s": 0.5, "wall_s": 0.5}
+    specs = [RewardSpec("code_pass_rate", kwargs=kw), RewardSpec("code_bug", kwargs=kw)]
+    t0 = time.monotonic()
+    with RewardRunner(specs, num_workers=2, chunk_size=2, timeout_s=3, on_error="raise") as r:
+        R, info = r(["q"] * 2, comps, [{"tests": tests}] * 2)
+    assert time.monotonic() - t0 < 3.5
+    np.testing.assert_array_equal(R, [[0, 1], [1, 1]])
+    assert info["reward_timeouts/code_pass_rate"] == info["reward_timeouts/code_bug"] == 0
+    assert _drivers_below(os.getpid()) == []
+    # run_program itself: ends before the deadline; what had no time is "timeout".
+    t0 = time.monotonic()
+    res = sb.run_program("while True: pass", [""] * 4, limits=FAST, deadline=t0 + 1.0)
+    assert time.monotonic() - t0 < 1.0 and res.sandbox_error is None
+    assert [c.status for c in res.cases] == ["timeout"] * 4
+
+
+def test_sandbox_dies_with_its_caller():
+    """A caller that dies (a killed process-pool worker, a crashed trainer) used to leave
+    its sandbox running to the end of its cases; the driver now sees its result pipe
+    close, kills the case and exits."""
+    script = (
+        "from gdpo_jax.rewards import sandbox as sb\nsb.isolation()\nprint('go', flush=True)\n"
+        "sb.run_program('import time\\ntime.sleep(60)', [''], "
+        "limits=sb.SandboxLimits(cpu_s=5, wall_s=60))\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    procs = {}
+    try:
+        assert p.stdout.readline() == b"go\n"
+        t0 = time.monotonic()
+        while len(_drivers_below(p.pid)) < 2 and time.monotonic() - t0 < 5:
+            time.sleep(0.02)  # until the driver and its forked test process run
+        # The namespace modes add `unshare` (its command line names the driver too): 2 or
+        # 3 such processes, the last of them forked a moment later.
+        time.sleep(0.3)
+        procs = _descendants(p.pid)
+        assert len(_drivers_below(p.pid)) >= 2, procs
+        p.kill()
+        p.wait()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3 and set(procs) & set(_descendants(1)):
+            time.sleep(0.05)
+        left = set(procs) & set(_descendants(1))
+        assert not left, [procs[q] for q in left]
+    finally:
+        p.kill()
+        p.wait()
+        for q in procs:  # the old driver ran on: end what this test started
+            try:
+                os.kill(q, 9)
+            except OSError:
+                pass
+
+
+def _deep(depth):
+    """A program whose return value is `depth` nested lists, written past json.dumps."""
+    body = f"os.write(3, b'[' * {depth} + b']' * {depth})\n    os._exit(0)\n"
+    return "import os\ndef f():\n    " + body
+
+
+def test_deeply_nested_return_values_fail_as_the_program():
+    # 990 levels passed the driver, then overflowed the recursion limit in the parent
+    # (RecursionError out of run_program: a RewardError, a crash of the trainer), from a
+    # caller's deep stack as here; 5000 killed the driver: every case "killed".
+    def deep_stack(k, fn):
+        return fn() if k == 0 else deep_stack(k - 1, fn)
+
+    for depth, why in ((990, "nested deeper than 100"), (5000, "could not be read back")):
+        src = _deep(depth)
+        res = deep_stack(150, lambda src=src: sb.run_program(src, [[], []], fn_name="f"))
+        assert res.sandbox_error is None
+        assert [c.status for c in res.cases] == ["runtime_error"] * 2, res.cases
+        assert why in res.cases[0].stderr
+    res = sb.run_program(_deep(100), [[]], fn_name="f")
+    assert res.cases[0].status == "ok"  # 100 levels are accepted
+
+
+def test_large_return_value_has_its_own_limit():
+    # A correct 130 KB return value was read with the 64 KiB stdout cap (output_bytes),
+    # cut, and failed as "could not be read back". It has its own limit, value_bytes;
+    # past it the case is an output_limit failure.
+    src = "def f(n):\n    return list(range(n))\n"
+    res = sb.run_program(src, [[20000]], fn_name="f", limits=FAST)
+    assert res.cases[0].status == "ok" and res.cases[0].value == list(range(20000))
+    lim = sb.SandboxLimits(cpu_s=1, wall_s=2, value_bytes=1000)
+    (c,) = sb.run_program(src, [[20000]], fn_name="f", limits=lim).cases
+    assert c.status == "output_limit" and "value_bytes=1000" in c.stderr and c.value is None
+
+
+def _pid_ns_mode(mode):
+    try:
+        sb.isolation(mode)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "userns"])
+def test_program_cannot_block_the_next_case_files(mode):
+    # The driver put case i's files at /tmp/.gdpo_io/{in,out,err,res}i: a program that
+    # made directories there (userns: it owns that directory) failed the next case's
+    # set-up, a "sandbox_error" that scored the whole program NaN. The files are nameless now.
+    _pid_ns_mode(mode)
+    src = (
+        "import os\nfor k in ('in', 'out', 'err', 'res'):\n    for i in range(4):\n"
+        "        try:\n            os.mkdir(f'/tmp/.gdpo_io/{k}{i}')\n"
+        "        except OSError:\n            pass\nprint('x')\n"
+    )
+    res = sb.run_program(src, ["", "", ""], limits=FAST, isolation_mode=mode)
+    assert res.sandbox_error is None
+    assert [(c.status, c.stdout) for c in res.cases] == [("ok", "x\n")] * 3
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "userns"])
+def test_setsid_daemon_does_not_survive_its_case(mode):
+    # A daemon in its own session escaped the process-group kill (userns): it ran on
+    # through the next cases (and could kill their test processes during set-up).
+    _pid_ns_mode(mode)
+    src = (
+        "import os, time\nif not os.path.exists('pid'):\n    if os.fork() == 0:\n"
+        "        os.setsid()\n        open('pid', 'w').write(str(os.getpid()))\n"
+        "        time.sleep(30)\n    time.sleep(0.2)\n    print('started')\nelse:\n"
+        "    try:\n        os.kill(int(open('pid').read()), 0)\n        print('alive')\n"
+        "    except OSError:\n        print('gone')\n"
+    )
+    res = sb.run_program(src, ["", ""], limits=FAST, isolation_mode=mode)
+    assert [c.stdout for c in res.cases] == ["started\n", "gone\n"], res.cases
+
+
+# Runs the real driver, but breaks the set-up of every test process after the first:
+# as a program's leftovers could (a daemon killing it, ...) where nothing kills them.
+_LATE_SETUP_FAILURE = """
+import sys
+sys.path.insert(0, {rewards!r})
+import _sandbox_driver as d
+real, n = d._run_case, [0]
+
+def run_case(code, job, *rest):
+    n[0] += 1
+    if n[0] > 1:
+        job = dict(job, limits=dict(job["limits"], nofile=10**9))  # setrlimit fails
+    return real(code, job, *rest)
+
+d._run_case = run_case
+d.main()
+sys.stdout.flush()
+"""
+
+
+def test_setup_failure_after_the_program_ran_is_its_failure(tmp_path, monkeypatch):
+    # Only a failure before any of the program's code ran is the machine's (NaN): after
+    # a case ran, the program may be the cause. It used to turn the whole program NaN.
+    wrapper = tmp_path / "driver.py"
+    wrapper.write_text(_LATE_SETUP_FAILURE.format(rewards=os.path.dirname(sb._DRIVER)))
+    monkeypatch.setattr(sb, "_DRIVER", str(wrapper))
+    res = sb.run_program("print('x')", ["", "", ""], limits=FAST)
+    assert res.sandbox_error is None
+    assert [c.status for c in res.cases] == ["ok", "runtime_error", "runtime_error"]
+    assert "set-up failed after earlier cases" in res.cases[1].stderr and res.has_error
+
+
+def test_uid_ranges_of_two_processes_never_overlap(monkeypatch):
+    # The base was 200000 + (pid % 4000) * 64: pids 4000 apart shared their uids.
+    bases = []
+    for pid in (1234, 1234 + 4000, 2**22):  # pid_max <= 2**22
+        monkeypatch.setattr(sb.os, "getpid", lambda pid=pid: pid)
+        bases.append(sb._UidPool()._base)
+    monkeypatch.undo()
+    assert bases[1] - bases[0] == 4000 * 64
+    assert bases[2] + 63 < 2**31 - 1
+    # A process forked after import takes its own range.
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, str(sb._UIDS._base).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    assert int(os.read(r, 64)) == 200_000 + pid * 64 != sb._UIDS._base
+    os.close(r)

@@ -7,7 +7,7 @@ import pytest
 
 import gdpo_jax.tasks.code as tcode
 from gdpo_jax.data.loaders import RecordError, sample_path, write_jsonl
-from gdpo_jax.rewards import RewardRunner
+from gdpo_jax.rewards import RewardRunner, RewardTimeouts
 
 
 def fence(src, lang="python"):
@@ -222,3 +222,36 @@ def test_memo_keeps_runs_with_and_without_the_weak_opt_in_apart(monkeypatch):
     for weak in (True, False, True):
         tcode.run_tests(code, tests, allow_weak=weak)
     assert calls == [True, False]  # the third call is the first one's memo
+
+
+def test_waiting_on_another_calls_run_ends_at_the_deadline(monkeypatch):
+    """code_pass_rate and code_bug share one run of a program (single flight). A call
+    waiting on a run that another call started (later, under a later deadline) waited
+    past its own deadline, so the runner gave up on its whole chunk. It now waits until
+    its deadline and reports that sample as timed out (NaN, counted), not as a failure
+    of the program."""
+    import threading
+    import time
+
+    started = threading.Event()
+
+    def slow(*args, **kwargs):
+        started.set()
+        time.sleep(1.0)
+        return run_program(*args, **kwargs)
+
+    run_program = tcode.run_program
+    monkeypatch.setattr(tcode, "run_program", slow)
+    tests = {"inputs": ["1\n"], "outputs": ["1\n"], "fn_name": None}
+    comp = fence("print(input())  # single-flight deadline test")
+    owner = threading.Thread(
+        target=tcode.pass_rate_reward, args=(None, [comp]), kwargs={"tests": [tests]}
+    )
+    owner.start()
+    assert started.wait(5)
+    t0 = time.monotonic()
+    with pytest.raises(RewardTimeouts) as e:
+        tcode.bug_reward(None, ["no code", comp], tests=[tests] * 2, deadline=t0 + 0.3)
+    assert time.monotonic() - t0 < 0.6
+    assert e.value.timed_out == [1] and e.value.values[0] == 0.0 and np.isnan(e.value.values[1])
+    owner.join()

@@ -9,8 +9,8 @@ by the starting user) with keys
   source, mode ("stdin" | "call"), fn_name, inputs (list), limits (dict),
   uid, gid (int | null: drop to this uid in each test process),
   private_mounts (bool), keep_paths (list[str]), workdir (str | null),
-  iodir (str | null: where each case's stdin/stdout/stderr/result files go
-  when private_mounts is false),
+  iodir (str | null: a directory for the per-case files when private_mounts
+  is false; used only where memfd_create is refused, see `_anon_file`),
   nproc_base (int), preload (list[str]: imported before the first case),
   sys_path (list[str]: site-packages directories, put on sys.path here since
   -S skips `site` and its .pth hooks).
@@ -21,14 +21,26 @@ The driver prints one `ascii()` dict literal per line on stdout, as it goes
   {"compile_error": str}  the source does not compile (any exception of compile())
   {"start": i} / {"case": i, "result": {"status", "stdout", "stderr", "value",
                  "time_s", "truncated"}}   per test case ("value": the JSON text
-                 of the return value in call mode, else None)
+                 of the return value in call mode, else None; at most
+                 limits["value_bytes"] long and _MAX_VALUE_DEPTH deep)
   {"end": true}
 The program cannot forge these lines: the test process never holds the
 driver's stdout (its fds are replaced and closed before the program runs) and
 the driver is not dumpable, so /proc/<driver>/fd is closed to the program even
 under the same uid. Whether a test process's own set-up (rlimits, uid drop)
 finished travels on a private pipe closed before the program starts, never in
-an exit code, which the program chooses (`os._exit(97)`).
+an exit code, which the program chooses (`os._exit(97)`). Such a failure is a
+"sandbox_error" (the machine's) only while no case of the program has run:
+after that, what the program left behind may be the cause, so it is the
+program's failure.
+
+A case's stdin/stdout/stderr/return-value files are anonymous (memfd), made
+by the driver and handed to the test process as fds: they have no name, so the
+program cannot pre-create, replace or block them for a later case. In the pid
+namespace modes the driver is pid 1 there and kills every other process after
+each case (a `setsid` daemon escapes its process group). The driver watches
+its stdout: once the runner is gone (its read end closed), it kills the case
+and exits, so an abandoned sandbox does not run on.
 
 Imports are part of every program's cost (one interpreter start per program):
 marshal and `_signal` instead of json and signal keep enum, re, functools and
@@ -50,15 +62,21 @@ import io
 import marshal
 import os
 import resource
+import select
 import stat
 import sys
 import time
 
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 4096, 16384
-_PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 4, 36, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 _EXIT_RUNTIME, _EXIT_MEMORY, _EXIT_SETUP = 1, 3, 97
 _OK_FD = 100  # the test process's "set-up done" pipe, out of the way of 0..3
 _WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# A return value nested deeper than this is refused (runtime_error): the parent
+# decodes it with json (C recursion) and compares it recursively in a reward
+# thread whose stack is already deep; 100 levels leave a wide margin under the
+# interpreter's recursion limit (1000) there, and no test expects more.
+_MAX_VALUE_DEPTH = 100
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -120,7 +138,7 @@ def _private_mounts(keep_paths, tmpfs_mb):
             _mount(f"/proc/self/fd/{fds[(anc, c)]}", dst, None, _MS_BIND | _MS_REC, None)
     for fd in fds.values():
         os.close(fd)
-    os.makedirs("/tmp/.gdpo_io", mode=0o700)
+    os.makedirs("/tmp/.gdpo_io", mode=0o700)  # only where memfd is refused (`_anon_file`)
     os.makedirs("/tmp/work", mode=0o700)
     return "/tmp/work", "/tmp/.gdpo_io"
 
@@ -159,6 +177,41 @@ def _kill_uid(uid):
         time.sleep(0.005)
 
 
+def _kill_namespace():
+    """As pid 1 of a pid namespace: SIGKILL every other process in it, and reap them.
+
+    kill(-1) reaches exactly this namespace's processes but not its init (this
+    driver), whatever their process group or session (`setsid`). A process
+    with SIGKILL pending cannot complete a fork, and every orphan is
+    re-parented to init, so once no child is left none is left at all; the
+    loop checks that with one more kill(-1) (ESRCH: nothing to signal).
+    """
+    for _ in range(100):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        while True:
+            try:
+                os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+
+
+def _kill_leftovers(pid, job):
+    """Every process the case left (daemons, fork bombs), as far as the mode allows."""
+    if os.getpid() == 1:  # pid namespace modes: this driver is its init
+        _kill_namespace()
+    elif job["uid"] is not None:  # setuid mode: the run's own uid
+        _kill_uid(job["uid"])
+    else:  # rlimits mode: its process group only (a setsid daemon escapes)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    _reap()
+
+
 def _reap():
     while True:
         try:
@@ -188,26 +241,22 @@ def _drop_capabilities():
         raise OSError(ctypes.get_errno(), "capset")
 
 
-def _child(code, job, case, stdin_path, out_path, err_path, res_path, ok_fd):
+def _child(code, job, case, fds, ok_fd):
     """Runs in the forked test process. Never returns.
 
+    fds: the case's stdin, stdout, stderr and return-value files (open in the
+    driver, see `_anon_file`), to become fds 0..3.
     ok_fd: write end of the set-up pipe; one byte on it says the set-up
     finished, and it is closed before the program runs.
     """
     lim = job["limits"]
     try:
+        driver = os.getppid()
         ok_fd = fcntl.fcntl(ok_fd, fcntl.F_DUPFD, _OK_FD)  # clear of the dup2s below
         os.setpgid(0, 0)
-        for fd, path, flags in (
-            (0, stdin_path, os.O_RDONLY),
-            (1, out_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-            (2, err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-            (3, res_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-        ):
-            new = os.open(path, flags, 0o600)
-            if new != fd:
-                os.dup2(new, fd)
-                os.close(new)
+        # Moved above 3 first, so that no dup2 onto 0..3 overwrites a source still to come.
+        for dst, src in enumerate([fcntl.fcntl(fd, fcntl.F_DUPFD, 4) for fd in fds]):
+            os.dup2(src, dst)
         os.closerange(4, ok_fd)  # nothing of the driver's stays open
         os.closerange(ok_fd + 1, 65536)
         cpu = max(1, int(lim["cpu_s"] + 0.999))
@@ -233,6 +282,11 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path, ok_fd):
                 os._exit(_EXIT_SETUP)
         elif os.geteuid() == 0:
             _drop_capabilities()
+        # Dies with the driver (set after the uid change, which clears it): where no
+        # pid namespace ends everything, a killed driver leaves no test process running.
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != driver:  # the driver died before that
+            os._exit(_EXIT_SETUP)
         # The uid change left it non-dumpable (/proc/<pid> owned by root), which
         # would hide its processes from _kill_uid; the driver stays non-dumpable.
         _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
@@ -270,8 +324,9 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path, ok_fd):
 
             enc = json.dumps(
                 value, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else repr(o)
-            )
-            os.write(3, enc.encode())
+            ).encode()
+            while enc:  # a large value: one write() may take only part of it
+                enc = enc[os.write(3, enc) :]
     except SystemExit as e:
         status = 0 if e.code in (None, 0) else _EXIT_RUNTIME
     except MemoryError:
@@ -292,34 +347,74 @@ def _child(code, job, case, stdin_path, out_path, err_path, res_path, ok_fd):
     os._exit(status)
 
 
-def _read(path, cap, tail=False):
-    """The first (or, tail=True, the last) `cap` bytes of a file, and whether it held more."""
+def _anon_file(iodir):
+    """A read-write file with no name: memfd, or an O_TMPFILE in `iodir` where memfd is refused.
+
+    Nameless, it cannot be pre-created, replaced, turned into a directory or a
+    FIFO by the program (a named file in a directory it can write could be, and
+    a test process that cannot open its files never ran: that used to be scored
+    as the machine's fault). RLIMIT_FSIZE bounds the test process's writes to it.
+    """
     try:
-        with open(path, "rb") as f:
-            if tail:
-                size = f.seek(0, os.SEEK_END)
-                f.seek(max(0, size - cap))
-                return f.read(cap).decode("utf-8", errors="replace"), size > cap
-            data = f.read(cap + 1)
+        return os.memfd_create("gdpo_case", 0)
     except OSError:
-        return "", False
-    return data[:cap].decode("utf-8", errors="replace"), len(data) > cap
+        return os.open(iodir, os.O_TMPFILE | os.O_EXCL | os.O_RDWR, 0o600)
 
 
-def _run_case(code, job, i, case, iodir):
-    lim = job["limits"]
-    stdin_path = os.path.join(iodir, f"in{i}")
-    with open(stdin_path, "w", encoding="utf-8") as f:
+def _read(fd, cap, tail=False):
+    """The first (or, tail=True, the last) `cap` bytes of a file, and whether it held more."""
+    size = os.fstat(fd).st_size
+    pos = max(0, size - cap) if tail else 0
+    chunks, want = [], min(cap, size - pos)
+    while want > 0:
+        b = os.pread(fd, want, pos)
+        if not b:
+            break
+        chunks.append(b)
+        pos, want = pos + len(b), want - len(b)
+    return b"".join(chunks).decode("utf-8", errors="replace"), size > cap
+
+
+def _too_deep(value, limit):
+    """Whether `value` nests lists / dicts more than `limit` levels (no recursion)."""
+    stack = [(value, 1)] if isinstance(value, (list, dict)) else []
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        items = v.values() if isinstance(v, dict) else v
+        stack.extend((x, depth + 1) for x in items if isinstance(x, (list, dict)))
+    return False
+
+
+def _run_case(code, job, case, iodir, ran, watch):
+    """One test case: (result dict, whether its test process finished its set-up).
+
+    ran: whether a test process of this program finished its set-up before (so
+    the program has run). watch: poll object on this driver's stdout.
+    """
+    fds = [_anon_file(iodir) for _ in range(4)]  # stdin, stdout, stderr, return value
+    try:
         if job["mode"] == "stdin":
-            f.write(case if isinstance(case, str) else "\n".join(map(str, case)))
-    paths = [os.path.join(iodir, f"{k}{i}") for k in ("out", "err", "res")]
+            data = (case if isinstance(case, str) else "\n".join(map(str, case))).encode()
+            while data:
+                data = data[os.write(fds[0], data) :]
+            os.lseek(fds[0], 0, os.SEEK_SET)  # the test process shares this offset
+        return _run_case_files(code, job, case, fds, ran, watch)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _run_case_files(code, job, case, fds, ran, watch):
+    lim = job["limits"]
     sys.stdout.flush()
     ok_r, ok_w = os.pipe()
     t0 = time.monotonic()
     pid = os.fork()
     if pid == 0:
         os.close(ok_r)
-        _child(code, job, case, stdin_path, *paths, ok_w)
+        _child(code, job, case, fds, ok_w)
     os.close(ok_w)
     deadline, delay, killed, status, ru = t0 + lim["wall_s"], 0.001, False, None, None
     while True:
@@ -335,29 +430,36 @@ def _run_case(code, job, i, case, iodir):
             os.kill(pid, signal.SIGKILL)
             wpid, status, ru = os.wait4(pid, 0)
             break
-        time.sleep(delay)
+        # Sleeps like time.sleep(delay), but wakes at once when the reader of the
+        # results is gone (POLLERR on a pipe whose read end closed: the runner
+        # process died or killed this sandbox's process group): end everything now.
+        if watch.poll(max(1, int(delay * 1000))):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            os.kill(pid, signal.SIGKILL)
+            _kill_leftovers(pid, job)
+            os._exit(1)
         delay = min(delay * 2, 0.02)
     elapsed = time.monotonic() - t0
-    if job["uid"] is not None:
-        _kill_uid(job["uid"])  # leftovers of this case (daemons, fork bombs)
-    else:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    _reap()
+    _kill_leftovers(pid, job)
     # Every holder of the write end is gone: b"" = its set-up failed.
     set_up = os.read(ok_r, 1) == b"\x01"
     os.close(ok_r)
-    cap = int(lim["output_bytes"])
-    out, trunc = _read(paths[0], cap)
-    err, _ = _read(paths[1], 4096, tail=True)  # a traceback ends the file
-    res, _ = _read(paths[2], cap)
+    out, trunc = _read(fds[1], int(lim["output_bytes"]))
+    err, _ = _read(fds[2], 4096, tail=True)  # a traceback ends the file
     fsize = int(lim["fsize_mb"]) << 20
-    big = any(os.path.exists(p) and os.path.getsize(p) >= fsize for p in paths[:2])
+    big = any(os.fstat(fd).st_size >= fsize for fd in fds[1:3])
     cpu_used = (ru.ru_utime + ru.ru_stime) if ru else 0.0
     if not set_up and not killed:
-        st = "sandbox_error"  # rlimits / uid drop failed: the program never ran
+        if not ran:
+            st = "sandbox_error"  # rlimits / uid drop failed: the program never ran
+        else:
+            # After the program has run, what it left behind may be why (a daemon
+            # of an earlier case killing this one, ...): the program's failure.
+            st = "runtime_error" if os.WIFEXITED(status) else "killed"
+            err = "the test process's set-up failed after earlier cases of the program ran"
     elif os.WIFEXITED(status):
         # Whatever the code, the program chose it (97 included): only ok_fd
         # tells a set-up failure.
@@ -376,18 +478,24 @@ def _run_case(code, job, i, case, iodir):
     if st == "ok" and job["mode"] == "call":
         import json  # imported by main() in call mode
 
-        try:
-            json.loads(res)
-            value = res
-        except ValueError:
-            st = "runtime_error"
-            err = (err + "\nreturn value could not be read back").strip()
-    for p in [stdin_path] + paths:
-        try:
-            os.unlink(p)
-        except OSError:
-            pass
-    return {
+        vcap = int(lim["value_bytes"])
+        res, too_long = _read(fds[3], vcap)
+        why = None
+        if too_long:
+            st, why = "output_limit", f"return value longer than value_bytes={vcap}"
+        else:
+            try:
+                if _too_deep(json.loads(res), _MAX_VALUE_DEPTH):
+                    why = f"return value nested deeper than {_MAX_VALUE_DEPTH} levels"
+                else:
+                    value = res
+            except (ValueError, RecursionError, MemoryError):
+                why = "return value could not be read back"
+            if why:
+                st = "runtime_error"
+        if why:
+            err = (err + "\n" + why).strip()
+    result = {
         "status": st,
         "stdout": out,
         "stderr": err[-2000:],
@@ -395,6 +503,7 @@ def _run_case(code, job, i, case, iodir):
         "time_s": round(elapsed, 4),
         "truncated": trunc,
     }
+    return result, set_up
 
 
 def _emit(obj):
@@ -426,6 +535,8 @@ def main():
                 __import__(name)
             except ImportError:
                 pass
+        watch = select.poll()
+        watch.register(sys.stdout.fileno(), 0)  # POLLERR / POLLHUP only
     except Exception as e:  # isolation could not be set up: run nothing
         _emit({"setup_error": f"{type(e).__name__}: {e}"})
         return
@@ -436,9 +547,12 @@ def main():
         # of degenerate sources (3,000-term sums, deep unary minus): the program's fault
         _emit({"compile_error": f"{type(e).__name__}: {str(e)[:2000]}"})
         return
+    ran = False
     for i, case in enumerate(job["inputs"]):
         _emit({"start": i})
-        _emit({"case": i, "result": _run_case(code, job, i, case, iodir)})
+        result, set_up = _run_case(code, job, case, iodir, ran, watch)
+        ran = ran or set_up
+        _emit({"case": i, "result": result})
     _emit({"end": True})
 
 

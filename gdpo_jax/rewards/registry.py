@@ -18,6 +18,12 @@ declares with `register_reward(name, options=(...))`; others are rejected.
     def my_reward(prompts, completions, *, ground_truth, **kwargs):
         return [float(c.strip() == g) for c, g in zip(completions, ground_truth)]
 
+A reward that bounds its own work sets `fn.accepts_deadline = True`: the
+RewardRunner then passes `deadline=` (a `time.monotonic()` time, a little before
+the runner's own deadline for the call) and the reward should return by then,
+scoring what it had no time for itself (as the code rewards do: see
+gdpo_jax.tasks.code), rather than being abandoned as a timeout.
+
 A reward can also be named by import path, with no registration: "pkg.mod:fn"
 (or "pkg.mod.fn") imports pkg.mod and uses its attribute fn, as TRL's
 `--reward_funcs my_lib.rewards.fn` does; the path is then the reward's name.
@@ -34,8 +40,10 @@ RewardFn = Callable[..., Sequence[float]]
 
 _REGISTRY: dict[str, RewardFn] = {}
 _OPTIONS: dict[str, tuple[str, ...]] = {}  # options read from **kwargs, declared at registration
-# Per-sample fields the trainer itself passes: not settable from the config.
-_RUNNER_FIELDS = ("completion_lengths", "group_ids")
+# The keyword argument carrying the RewardRunner's deadline (`accepts_deadline`).
+DEADLINE_FIELD = "deadline"
+# Fields the trainer / runner itself passes: not settable from the config.
+_RUNNER_FIELDS = ("completion_lengths", "group_ids", DEADLINE_FIELD)
 
 
 class RewardTimeouts(Exception):  # noqa: N818 - a result carrier, not only an error

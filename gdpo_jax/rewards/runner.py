@@ -4,6 +4,9 @@ Rewards run on the host, off the compiled step, and may be slow (program
 execution) or hang: each reward is called on chunks of the batch, chunks run
 on `num_workers` threads (or, per reward, in a process pool for CPU-bound pure
 Python), each call has a deadline, and the time spent per reward is reported.
+A reward that can bound its own work (`fn.accepts_deadline = True`, as the code
+rewards) is given that deadline as the keyword argument `deadline` (see
+`deadline_for`), so that it ends in time on its own instead of being abandoned.
 
 Conditioned rewards (paper eq. 8) are declared in the specs and gated here,
 on the host, with the semantics of `gdpo_jax.core.gate_reward` (see `gate`).
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gdpo_jax.rewards.calls import _failed, _pool_call, _run_chunk, _worker_init
-from gdpo_jax.rewards.registry import get_reward
+from gdpo_jax.rewards.registry import DEADLINE_FIELD, get_reward
 
 _EXECUTORS = ("thread", "process")
 _ON_ERROR = ("raise", "nan")
@@ -105,6 +108,8 @@ class RewardRunner:
       specs: RewardSpec | name | mapping, one per reward column.
       num_workers: worker threads (and process-pool size when used).
       timeout_s: deadline per reward call on a chunk, from when it starts.
+        Rewards with `accepts_deadline` get `deadline=` (a time.monotonic()
+        time a little before it, `deadline_for`) and end by it themselves.
       on_error: "raise" -> RewardError naming reward, function and sample;
         "nan" -> NaN for failing samples, counted in info.
       executor: default for specs with executor=None ("thread" | "process").
@@ -282,11 +287,23 @@ class RewardRunner:
         info["reward_time/total"] = time.perf_counter() - t_start
         return raw.astype(np.float32), info
 
+    def deadline_for(self, start: float) -> float:
+        """The `deadline` given to a reward call started at `start` (time.monotonic()).
+
+        The runner gives up on the call at start + timeout_s; a margin (10% of
+        timeout_s, at most 1 s) is kept for returning the values (from a worker
+        process: pickled through a pipe). time.monotonic() is one clock for every
+        process of the host, so the value holds in a process-pool worker too.
+        """
+        return start + self.timeout_s - min(1.0, 0.1 * self.timeout_s)
+
     def _task(self, task, prompts, completions, fields, started, i):
         k, s, e = task
         started[i] = time.monotonic()
         sl = {key: v[s:e] for key, v in fields.items()}
         kwargs = self.specs[k].kwargs
+        if getattr(self.fns[k], "accepts_deadline", False):
+            kwargs = {**kwargs, DEADLINE_FIELD: self.deadline_for(started[i])}
         if self._executors[k] == "thread":
             return _run_chunk(
                 self.fns[k], prompts[s:e], completions[s:e], sl, kwargs, keep_exc=True

@@ -21,6 +21,12 @@ naming one explicitly (rewards.sandbox.isolation) is that opt-in.
 --kill-child`; the test process drops to a uid no one else uses (one per
 concurrent run), because root ignores RLIMIT_NPROC and may write anywhere.
 Killing the namespace's first process ends every process inside it.
+
+A caller with a deadline (the RewardRunner's, through the code rewards) passes
+it as `run_program(..., deadline=)`: the whole run, the driver's kill and the
+collection of its results included, then ends before it, and the cases it had
+no time for are "timeout"s, the program's failure. A driver whose caller is
+gone (its result pipe closed) kills its case and exits.
 """
 
 from __future__ import annotations
@@ -116,7 +122,13 @@ class SandboxLimits:
     """Limits per test case (`cpu_s`, `wall_s`, `memory_mb`, ...) and per program.
 
     total_wall_s: whole program (all cases + start-up); None = derived as
-    2 s + n_cases * (wall_s + 0.25).
+    2 s + n_cases * (wall_s + 0.25). A caller's `deadline` can cut it shorter.
+    output_bytes: stdout kept per case (the rest is cut, `truncated`).
+    value_bytes: call mode, the JSON text of the return value per case; a
+      longer one fails the case as "output_limit". A value also has to fit in
+      fsize_mb (the test process writes it to a file), and may nest at most 100
+      lists / dicts deep (a deeper one is a "runtime_error"). Decoded, a value
+      takes up to ~20x its JSON size in the caller, hence 1 MiB, not fsize_mb.
     """
 
     cpu_s: float = 2.0
@@ -126,6 +138,7 @@ class SandboxLimits:
     fsize_mb: int = 4
     nofile: int = 64
     output_bytes: int = 1 << 16
+    value_bytes: int = 1 << 20
     tmpfs_mb: int = 64
     total_wall_s: float | None = None
 
@@ -160,13 +173,26 @@ class _UidPool:
 
     A fresh uid per run makes RLIMIT_NPROC a per-run bound (the kernel counts
     processes per uid) and lets the sandbox kill exactly the run's processes.
-    The base depends on the pid so that two trainers rarely share uids.
+
+    Each process owns the range 200000 + pid * size: live processes have
+    distinct pids, so no two share a uid (the former `pid % 4000` made pids
+    4000 apart collide). pid_max is at most 2**22 (the kernel's PID_MAX_LIMIT),
+    so with size 64 the highest uid is 200000 + 2**28 - 1 = 268,635,455: under
+    2**31 - 1 (tools that read uids as signed 32-bit) and under the default
+    SUB_UID_MAX of login.defs (600,100,000). Like the old range, it may overlap
+    subordinate uids that /etc/subuid hands to containers on this host. A
+    process forked after import (not the forkserver's workers, which import it
+    afresh) takes its own range (`register_at_fork`).
     """
 
     def __init__(self, size: int = 64):
-        self._base = 200_000 + (os.getpid() % 4000) * size
-        self._free = list(range(size))
-        self._cv = threading.Condition()
+        self._size = size
+        self._rebase()
+
+    def _rebase(self) -> None:
+        self._base = 200_000 + os.getpid() * self._size
+        self._free = list(range(self._size))
+        self._cv = threading.Condition()  # a lock held by another thread at fork is lost
 
     def acquire(self) -> int:
         with self._cv:
@@ -180,7 +206,10 @@ class _UidPool:
             self._cv.notify()
 
 
+# How much of a caller's remaining time run_program keeps back (at most 20% of it).
+_STOP_GRACE_S = 0.5
 _UIDS = _UidPool()
+os.register_at_fork(after_in_child=_UIDS._rebase)
 _BASE_LOCK = threading.Lock()
 _BASE_DIR: list[str] = []
 
@@ -229,6 +258,7 @@ def run_program(
     isolation_mode: str = "auto",
     allow_weak: bool = False,
     preload: Sequence[str] = DEFAULT_PRELOAD,
+    deadline: float | None = None,
 ) -> ProgramResult:
     """Run `source` once per input, in the sandbox.
 
@@ -240,9 +270,22 @@ def run_program(
     isolation_mode / allow_weak: see `isolation`.
     preload: modules the sandbox imports before forking the test processes,
       those of them that `source` names (`_named`).
+    deadline: a `time.monotonic()` time by which this call must have returned
+      (a RewardRunner's deadline): the program's total wall time is cut so that
+      the run, its kill and the clean-up end before it; cases left without
+      time are "timeout"s (the program's failure).
     """
     iso = isolation(isolation_mode, allow_weak)
     t0 = time.monotonic()
+    total = limits.total_wall_s or 2.0 + len(inputs) * (limits.wall_s + 0.25)
+    if deadline is not None:
+        # Kept back for killing the driver, reading what it printed and removing
+        # its directory: a few ms normally, but a loaded host may take longer.
+        total = min(total, deadline - t0 - min(_STOP_GRACE_S, 0.2 * (deadline - t0)))
+        if total <= 0:
+            why = "no time left before the caller's deadline"
+            cases = [CaseResult("timeout", stderr=why) for _ in inputs]
+            return ProgramResult(cases, None, None, iso.mode, 0.0)
     uid = _UIDS.acquire() if iso.uid_drop else None
     jobdir = tempfile.mkdtemp(dir=_base_dir())
     try:
@@ -277,8 +320,7 @@ def run_program(
             cmd = [shutil.which("unshare"), *_NS_FLAGS, *cmd]
         elif iso.mode == "userns":
             cmd = [shutil.which("unshare"), "--user", "--map-root-user", *_NS_FLAGS, *cmd]
-        total = limits.total_wall_s or 2.0 + len(job["inputs"]) * (limits.wall_s + 0.25)
-        out, err, timed_out = _spawn(cmd, jobdir, total)
+        out, err, timed_out = _spawn(cmd, jobdir, total, deadline)
         if uid is not None and not iso.pid_namespace:
             _kill_uid_outside(uid)
     finally:
@@ -323,7 +365,13 @@ def _result(
     done = {ev["case"]: ev["result"] for ev in events if "case" in ev}
     for r in done.values():  # call mode: the return value travels as JSON text
         if r.get("value") is not None:
-            r["value"] = json.loads(r["value"])
+            # The driver refuses what would not decode or nests too deep; should
+            # anything still fail here, it is the program's value, not a crash of ours.
+            try:
+                r["value"] = json.loads(r["value"])
+            except (ValueError, RecursionError, MemoryError) as e:
+                r.update(status="runtime_error", value=None)
+                r["stderr"] = f"{r['stderr']}\nreturn value could not be read back: {e!r}"[-2000:]
     if timed_out:
         rest = CaseResult("timeout", stderr=f"program exceeded its total wall time {total:.1f}s")
     else:
@@ -337,8 +385,14 @@ def _result(
     return ProgramResult(cases, None, None, mode, wall)
 
 
-def _spawn(cmd: list[str], cwd: str, timeout: float) -> tuple[str, str, bool]:
-    """(stdout, stderr, timed out) of the driver; what it printed before a kill is kept."""
+def _spawn(
+    cmd: list[str], cwd: str, timeout: float, deadline: float | None = None
+) -> tuple[str, str, bool]:
+    """(stdout, stderr, timed out) of the driver; what it printed before a kill is kept.
+
+    Whatever ends this call (a timeout, an exception, KeyboardInterrupt), the
+    driver's process group is killed: no sandbox outlives it.
+    """
     try:
         proc = subprocess.Popen(
             cmd,
@@ -358,13 +412,23 @@ def _spawn(cmd: list[str], cwd: str, timeout: float) -> tuple[str, str, bool]:
     except subprocess.TimeoutExpired:
         # The session holds unshare and the namespace's first process; killing
         # that one ends every process of the namespace.
+        _killpg(proc.pid)
+        # The pipes close as soon as the kill lands; never wait past the deadline.
+        wait = 5.0 if deadline is None else max(0.05, deadline - time.monotonic() - 0.05)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            out, err = proc.communicate(timeout=5)
+            out, err = proc.communicate(timeout=wait)
         except subprocess.TimeoutExpired:
             out, err = b"", b""
         timed_out = True
+    except BaseException:
+        _killpg(proc.pid)
+        proc.wait()
+        raise
     return out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), timed_out
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass

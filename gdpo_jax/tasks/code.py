@@ -12,6 +12,12 @@ Rewards (the program = the last ```python block of the completion):
   length (generic), conditioned on code_pass_rate >= 1.0.
 Both rewards share one sandbox run per (program, tests, limits): results are
 memoized with single flight, so pass rate and bug cost one execution.
+
+Under a RewardRunner both take its `deadline` (`accepts_deadline`): the
+programs of a call share the time left, each getting at least an equal share
+of it, and a program's sandbox ends before its share does. What a program
+had no time for fails as "timeout" (pass 0): no program can make the runner
+time out (RewardError, or NaN for the whole chunk).
 """
 
 from __future__ import annotations
@@ -22,13 +28,18 @@ import json
 import math
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from gdpo_jax.data.loaders import PathLike, RecordError, get_field, normalize_messages
-from gdpo_jax.rewards.registry import completion_token_counts, register_reward
+from gdpo_jax.rewards.registry import (
+    RewardTimeouts,
+    completion_token_counts,
+    register_reward,
+)
 from gdpo_jax.rewards.runner import RewardSpec
 from gdpo_jax.rewards.sandbox import ProgramResult, SandboxLimits, run_program
 from gdpo_jax.tasks import length as _length  # noqa: F401  (registers "length")
@@ -109,7 +120,9 @@ class _Memo:
         self._d: collections.OrderedDict[str, cf.Future] = collections.OrderedDict()
         self._lock, self._size = threading.Lock(), size
 
-    def get(self, key: str, compute) -> Any:
+    def get(self, key: str, compute, timeout: float | None = None) -> Any:
+        """compute() once per key; a caller waiting on another's run waits at most
+        `timeout` seconds (cf.TimeoutError after it; the run goes on for its owner)."""
         with self._lock:
             fut = self._d.get(key)
             owner = fut is None
@@ -126,7 +139,7 @@ class _Memo:
                 fut.set_exception(e)
                 with self._lock:
                     self._d.pop(key, None)
-        return fut.result()
+        return fut.result(None if owner else timeout)
 
 
 _MEMO = _Memo()
@@ -151,8 +164,16 @@ def run_tests(
     isolation: str = "auto",
     allow_weak: bool = False,
     max_tests: int | None = None,
+    deadline: float | None = None,
 ) -> tuple[float, bool, ProgramResult]:
-    """(pass rate, bug-free, raw result) of `code` on `tests`, memoized."""
+    """(pass rate, bug-free, raw result) of `code` on `tests`, memoized.
+
+    deadline: `time.monotonic()` time by which to return (see `run_program`); not
+    part of the memo key. Waiting on the same run started by another caller
+    raises concurrent.futures.TimeoutError at the deadline.
+    The raw result's return values are dropped once compared: the memo keeps
+    thousands of results, and a decoded value may take ~20x its `value_bytes`.
+    """
     ins, outs = list(tests["inputs"]), list(tests["outputs"])
     if max_tests is not None:
         ins, outs = ins[:max_tests], outs[:max_tests]
@@ -167,16 +188,25 @@ def run_tests(
 
     def compute():
         res = run_program(
-            code, ins, fn_name=fn, limits=limits, isolation_mode=isolation, allow_weak=allow_weak
+            code,
+            ins,
+            fn_name=fn,
+            limits=limits,
+            isolation_mode=isolation,
+            allow_weak=allow_weak,
+            deadline=deadline,
         )
         ok = [
             c.status == "ok"
             and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, _stdout_text(o)))
             for c, o in zip(res.cases, outs)
         ]
+        for c in res.cases:
+            c.value = None
         return (sum(ok) / len(outs) if outs else 0.0), not res.has_error, res
 
-    return _MEMO.get(key, compute)
+    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+    return _MEMO.get(key, compute, wait)
 
 
 def _stdout_text(expected: Any) -> str:
@@ -189,19 +219,43 @@ def _stdout_text(expected: Any) -> str:
 
 def _scores(completions, tests, kwargs, which: int) -> list[float]:
     lim, iso, weak, max_tests = _limits(kwargs)
-    out = []
-    for c, t in zip(completions, tests):
-        code = extract_code(c)
+    deadline = kwargs.get("deadline")  # from the RewardRunner (accepts_deadline)
+    codes = [extract_code(c) for c in completions]
+    left = sum(c is not None for c in codes)
+    out, waited_out = [], []
+    for i, (code, t) in enumerate(zip(codes, tests)):
         if code is None:
             out.append(0.0)
             continue
-        rate, bug_free, res = run_tests(
-            code, t, limits=lim, isolation=iso, allow_weak=weak, max_tests=max_tests
-        )
+        # An equal share of the time left, so that no program of the chunk eats
+        # another's time; what a fast one leaves goes to those after it.
+        share = None
+        if deadline is not None:
+            now = time.monotonic()
+            share = now + max(0.0, deadline - now) / left
+        left -= 1
+        try:
+            rate, bug_free, res = run_tests(
+                code,
+                t,
+                limits=lim,
+                isolation=iso,
+                allow_weak=weak,
+                max_tests=max_tests,
+                deadline=share,
+            )
+        except cf.TimeoutError:
+            # The same program is running for another call (the other reward) that
+            # started later: not scored in time here, through no fault of its own.
+            out.append(math.nan)
+            waited_out.append(i)
+            continue
         if any(c.status == "sandbox_error" for c in res.cases):
             out.append(math.nan)  # the sandbox itself failed: cannot score
         else:
             out.append(rate if which == 0 else float(bug_free))
+    if waited_out:
+        raise RewardTimeouts(out, waited_out)
     return out
 
 
@@ -231,10 +285,13 @@ def bug_reward(
 # Marks the rewards that run the sandbox: config.reward_specs gives them
 # config.rewards.sandbox, and validate_config checks the isolation up front.
 pass_rate_reward.uses_sandbox = bug_reward.uses_sandbox = True
+# The RewardRunner passes them its deadline (kwarg `deadline`): see _scores.
+pass_rate_reward.accepts_deadline = bug_reward.accepts_deadline = True
 
 
 # Suggested RewardRunner settings: one program per call, so the per-call
-# deadline is per program (all its tests) and programs run in parallel.
+# deadline is per program (all its tests) and programs run in parallel. The
+# sandbox ends a program before that deadline (cases left: "timeout").
 RUNNER_DEFAULTS: dict = {"chunk_size": 1, "timeout_s": 120.0}
 
 
