@@ -76,7 +76,9 @@ def relaunch_with_cpu_tunables() -> None:
     Returns only when no re-exec happens; otherwise the process image is
     replaced (os.execve: same PID, same argv, same open stdin/stdout/stderr).
     """
-    if sys.platform != "linux" or os.environ.get(NO_RELAUNCH_ENV, "") not in ("", "0"):
+    # "false" / "no" / "off" keep it on as "0" does (any other value opted out, "false" too).
+    off = os.environ.get(NO_RELAUNCH_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+    if sys.platform != "linux" or off:
         return
     if "glibc.malloc.hugetlb" in os.environ.get("GLIBC_TUNABLES", "") or _backend_started():
         return

@@ -48,6 +48,12 @@ def test_relaunch_adds_the_tunable_and_keeps_the_command_line():
     assert got["argv"] == ["--flag=1", "two words"]
 
 
+@pytest.mark.parametrize("value", ["0", "false", "No", "off"])
+def test_relaunch_when_the_opt_out_says_no(value):
+    # GDPO_JAX_NO_RELAUNCH=false opted out: any value but "" and "0" did.
+    assert _probe({"GDPO_JAX_NO_RELAUNCH": value})["tunables"] == "glibc.malloc.hugetlb=1"
+
+
 def test_relaunch_keeps_existing_tunables():
     got = _probe({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, drop=())
     assert got["tunables"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
