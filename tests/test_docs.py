@@ -1918,3 +1918,61 @@ def test_decode_ops_section_is_the_committed_run() -> None:
         "docs/benchmarks.md's decode-by-product prose",
     )
     assert len(decode_rates) == 4  # q/k/v, o and down, gate/up, the unembedding
+
+
+# The replicas' summary tables in docs/results.md: (results dir, column metrics, decimals).
+_REPLICA_TABLES = {
+    "toolcall": (
+        "| estimator | correctness [-3, 3] | AST accuracy | format |",
+        ("eval/toolcall_correctness", "eval/accuracy", "eval/format"),
+        (3, 3, 3),
+    ),
+    "math": (
+        "| estimator | pass@1 | Exceed ratio | length reward (gated) | length (tokens) |",
+        ("eval/pass@1", "eval/exceed_ratio", "eval/length", "eval/mean_length"),
+        (3, 3, 3, 1),
+    ),
+    "math_plain": (
+        "| estimator | pass@1 | Exceed ratio | length reward | length (tokens) |",
+        ("eval/pass@1", "eval/exceed_ratio", "eval/length", "eval/mean_length"),
+        (3, 3, 3, 1),
+    ),
+}
+
+
+def replica_table(name: str) -> str:
+    """docs/results.md's summary table of a replica: mean ± std over seeds of each
+    metric after RL, the warm start first, rendered from its committed results.json."""
+    import json
+
+    from gdpo_jax.train.plots import LABELS
+
+    header, metrics, decimals = _REPLICA_TABLES[name]
+    res = json.loads((ROOT / "docs" / "results" / name / "results.json").read_text())
+    lines = [header, "|---" * (len(metrics) + 1) + "|"]
+    for row, cells in res["rows"].items():
+        label = "warm start" if row.startswith("warm start") else LABELS[row]
+        vals = [
+            f"{cells[m]['mean']:.{d}f} ± {cells[m]['std']:.{d}f}" for m, d in zip(metrics, decimals)
+        ]
+        lines.append(f"| {label} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("name", sorted(_REPLICA_TABLES))
+def test_replica_tables_are_the_committed_runs(name: str) -> None:
+    # They were typed in from results.json; the tool-calling one was then rerun.
+    doc = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert replica_table(name) in doc, f"docs/results.md, {name}:\n{replica_table(name)}"
+    if name == "toolcall":  # the paired differences its prose quotes
+        import json
+
+        res = json.loads((ROOT / "docs" / "results" / name / "results.json").read_text())
+        gdpo = res["paired_vs_grpo"]["gdpo"]
+        pair = {m: f"{gdpo[m]['mean']:+.2f} ± {gdpo[m]['std']:.2f}" for m in gdpo}
+        prose = " ".join(doc.split())
+        want = (
+            f"GDPO − GRPO: correctness {pair['eval/toolcall_correctness']}, "
+            f"format {pair['eval/format']})"
+        )
+        assert want in prose, want
