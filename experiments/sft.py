@@ -38,10 +38,17 @@ def _build_and_run(cfg) -> dict:
     import jax
 
     from gdpo_jax import compile_cache
-    from gdpo_jax.train import logs
-    from gdpo_jax.train.config import ConfigError
+    from gdpo_jax.train import distributed, logs
+    from gdpo_jax.train.config import ConfigError, check_distributed
     from gdpo_jax.train.sft import SFT
 
+    try:
+        check_distributed(cfg)
+        # Before anything touches a device, as experiments.train does: without it each
+        # process of a multi-host SFT ran alone (SFT.local_batch splits over processes).
+        distributed.initialize_from_config(cfg)
+    except ConfigError as e:
+        cli.fail(e)
     with compile_cache.compiled_fresh_for_run(cfg):
         try:
             trainer = SFT(cfg)  # validates first

@@ -380,3 +380,27 @@ def test_save_pretrained_waits_for_process_0(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="process 0 failed to export"):
         export.save_pretrained(model, None, str(tmp_path / "hf"))
     assert seen == [True] and not (tmp_path / "hf").exists()  # process 1 wrote nothing
+
+
+def test_the_sft_cli_joins_the_cluster_before_building(monkeypatch, tmp_path):
+    # `gdpo-sft` never called distributed.initialize: under srun each process trained
+    # alone on what it took for its share of a global batch.
+    from experiments import sft as sft_cli
+    from gdpo_jax.train import distributed
+    from gdpo_jax.train import sft as sft_lib
+
+    order = []
+    monkeypatch.setattr(distributed, "initialize_from_config", lambda cfg: order.append("init"))
+
+    class FakeSFT:
+        def __init__(self, cfg):
+            order.append("build")
+
+        def run(self):
+            return {}
+
+    monkeypatch.setattr(sft_lib, "SFT", FakeSFT)
+    cfg = sft_lib.sft_config()
+    cfg.workdir = str(tmp_path)
+    sft_cli._build_and_run(cfg)
+    assert order == ["init", "build"]
