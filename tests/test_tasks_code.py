@@ -255,3 +255,20 @@ def test_waiting_on_another_calls_run_ends_at_the_deadline(monkeypatch):
     assert time.monotonic() - t0 < 0.6
     assert e.value.timed_out == [1] and e.value.values[0] == 0.0 and np.isnan(e.value.values[1])
     owner.join()
+
+
+def test_a_run_cut_short_by_the_deadline_is_not_reused():
+    """A run that the caller's deadline (not the program's limits) cut short was
+    memoized: the same program, scored again with time to spare (the next step, the
+    other reward), got its timeouts back instead of a run of its own."""
+    import time
+
+    tests = {"inputs": ["1\n"] * 3, "outputs": ["1\n"] * 3, "fn_name": None}
+    code = "import time\ntime.sleep(0.4)\nprint(input())  # cut-short memo test"
+    rate, _, res = tcode.run_tests(code, tests, deadline=time.monotonic() + 0.8)
+    assert res.cut_short and rate < 1.0
+    assert "timeout" in [c.status for c in res.cases]
+    rate, bug_free, again = tcode.run_tests(code, tests)  # time enough: a run of its own
+    assert again is not res and not again.cut_short
+    assert (rate, bug_free) == (1.0, True)
+    assert tcode.run_tests(code, tests)[2] is again  # a whole run is reused

@@ -160,6 +160,9 @@ class ProgramResult:
     sandbox_error: str | None = None
     isolation: str = ""
     wall_s: float = 0.0
+    # The caller's deadline, not the program's own limits, ended the run with cases
+    # unrun: another call (with more time) may score the same program differently.
+    cut_short: bool = False
 
     @property
     def has_error(self) -> bool:
@@ -277,7 +280,8 @@ def run_program(
     """
     iso = isolation(isolation_mode, allow_weak)
     t0 = time.monotonic()
-    total = limits.total_wall_s or 2.0 + len(inputs) * (limits.wall_s + 0.25)
+    own = limits.total_wall_s or 2.0 + len(inputs) * (limits.wall_s + 0.25)
+    total = own
     if deadline is not None:
         # Kept back for killing the driver, reading what it printed and removing
         # its directory: a few ms normally, but a loaded host may take longer.
@@ -285,7 +289,7 @@ def run_program(
         if total <= 0:
             why = "no time left before the caller's deadline"
             cases = [CaseResult("timeout", stderr=why) for _ in inputs]
-            return ProgramResult(cases, None, None, iso.mode, 0.0)
+            return ProgramResult(cases, None, None, iso.mode, 0.0, cut_short=True)
     uid = _UIDS.acquire() if iso.uid_drop else None
     jobdir = tempfile.mkdtemp(dir=_base_dir())
     try:
@@ -327,7 +331,9 @@ def run_program(
         shutil.rmtree(jobdir, ignore_errors=True)
         if uid is not None:
             _UIDS.release(uid)
-    return _result(out, err, timed_out, len(job["inputs"]), total, iso.mode, t0)
+    res = _result(out, err, timed_out, len(job["inputs"]), total, iso.mode, t0)
+    res.cut_short = timed_out and total < own
+    return res
 
 
 def _result(

@@ -120,9 +120,10 @@ class _Memo:
         self._d: collections.OrderedDict[str, cf.Future] = collections.OrderedDict()
         self._lock, self._size = threading.Lock(), size
 
-    def get(self, key: str, compute, timeout: float | None = None) -> Any:
+    def get(self, key: str, compute, timeout: float | None = None, keep=None) -> Any:
         """compute() once per key; a caller waiting on another's run waits at most
-        `timeout` seconds (cf.TimeoutError after it; the run goes on for its owner)."""
+        `timeout` seconds (cf.TimeoutError after it; the run goes on for its owner).
+        keep(value) False: the value goes to the callers of this run only, not later ones."""
         with self._lock:
             fut = self._d.get(key)
             owner = fut is None
@@ -134,7 +135,12 @@ class _Memo:
                 self._d.move_to_end(key)
         if owner:
             try:
-                fut.set_result(compute())
+                value = compute()
+                fut.set_result(value)
+                if keep is not None and not keep(value):  # its waiters have it; later calls redo it
+                    with self._lock:
+                        if self._d.get(key) is fut:
+                            self._d.pop(key)
             except BaseException as e:
                 fut.set_exception(e)
                 with self._lock:
@@ -206,7 +212,9 @@ def run_tests(
         return (sum(ok) / len(outs) if outs else 0.0), not res.has_error, res
 
     wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-    return _MEMO.get(key, compute, wait)
+    # A run the caller's deadline cut short is not the program's own result: a later
+    # call (next step, more time) runs it again instead of reusing its timeouts.
+    return _MEMO.get(key, compute, wait, keep=lambda r: not r[2].cut_short)
 
 
 def _stdout_text(expected: Any) -> str:
