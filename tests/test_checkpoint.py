@@ -378,3 +378,38 @@ def test_failed_restore_reports_one_error_not_orbax_abandoned_reads(tmp_path):
     reads = [ln for ln in err.splitlines() if "Encountered error while reading" in ln]
     assert len(reads) == 5 and all(ln.startswith("WARNING:gdpo_jax.train:") for ln in reads)
     assert "ValueError: an unrelated unraisable error" in err  # other errors still print
+
+
+@pytest.mark.parametrize("other", ["damaged", "unavailable"])
+def test_processes_agree_on_the_step_they_restore(two_steps, tmp_path, monkeypatch, other):
+    # Each process judged its own read: one that met damage in step 2 fell back to step 1
+    # (or stopped) while the others resumed from step 2. This process reads step 2 fine;
+    # another process's verdict on it (through _agree, an allgather) is the worse one.
+    directory = _copy_steps(two_steps, tmp_path)
+    worse = {"damaged": checkpoint_lib._DAMAGED, "unavailable": checkpoint_lib._UNAVAILABLE}
+    seen = []
+
+    def agree(verdict):
+        seen.append(verdict)
+        return max(verdict, worse[other]) if len(seen) == 1 else verdict  # step 2 only
+
+    monkeypatch.setattr(checkpoint_lib, "_agree", agree)
+    ck = Checkpointer(directory, every=1, keep=3, config=_cfg())
+    if other == "unavailable":
+        with pytest.raises(
+            checkpoint_lib.CheckpointUnavailableError,
+            match=r"another process cannot read checkpoint step 2 .* nothing was moved",
+        ):
+            ck.restore(two_steps[1][1], jax.random.key(0))
+        assert seen == [checkpoint_lib._READ] and _nothing_moved(tmp_path, directory)
+        return
+    restored, _, data_state, step = ck.restore(two_steps[1][2], jax.random.key(0))
+    assert step == 1 and data_state == {"next_index": 1}
+    jax.tree.map(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        restored,
+        two_steps[1][1],
+    )
+    assert seen == [checkpoint_lib._READ, checkpoint_lib._READ]
+    assert ck.all_steps() == [1] and os.path.isdir(directory + "-damaged/2")
+    ck.close()

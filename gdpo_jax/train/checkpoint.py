@@ -264,7 +264,26 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         failed: list[tuple[int, str]] = []
         for s in steps:
-            out, error = self._read(s, target_state, key)
+            unavailable: CheckpointUnavailableError | None = None
+            try:
+                out, error = self._read(s, target_state, key)
+            except CheckpointUnavailableError as e:
+                out, error, unavailable = None, None, e
+            # Every process must restore the same step and move the same ones aside: each
+            # judged its own read, so one that met damage (or a storage error) fell back
+            # (or stopped) while the others resumed from the newer step, or hung in the
+            # move's barrier.
+            verdict = _agree(_UNAVAILABLE if unavailable else _DAMAGED if error else _READ)
+            if verdict == _UNAVAILABLE:
+                if unavailable is not None:
+                    raise unavailable
+                raise CheckpointUnavailableError(
+                    f"another process cannot read checkpoint step {s} at {self._step_dir(s)} "
+                    "now (see its log); it may be intact, so nothing was moved. Check that "
+                    "process's storage and memory, then rerun to resume."
+                )
+            if verdict == _DAMAGED and error is None:
+                error = "damaged as another process read it (see its log)"
             if error is not None:
                 failed.append((s, error))
                 later = [t for t in steps if t < s]
@@ -367,6 +386,19 @@ class Checkpointer:
     def close(self) -> None:
         self._mngr.wait_until_finished()
         self._mngr.close()
+
+
+# What a process made of its read of one step, ordered so that the worst one wins.
+_READ, _DAMAGED, _UNAVAILABLE = 0, 1, 2
+
+
+def _agree(verdict: int) -> int:
+    """The worst of every process's verdict on a step (one process: its own)."""
+    if jax.process_count() == 1:
+        return verdict
+    from gdpo_jax.multihost import allgather
+
+    return int(allgather(np.asarray(verdict, np.int32)).max())
 
 
 def _abstract(tree: Any) -> Any:
