@@ -666,13 +666,15 @@ def test_uid_ranges_of_two_processes_never_overlap(monkeypatch):
     monkeypatch.undo()
     assert bases[1] - bases[0] == 4000 * 64
     assert bases[2] + 63 < 2**31 - 1
-    # A process forked after import takes its own range.
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.write(w, str(sb._UIDS._base).encode())
-        os._exit(0)
-    os.close(w)
-    os.waitpid(pid, 0)
-    assert int(os.read(r, 64)) == 200_000 + pid * 64 != sb._UIDS._base
-    os.close(r)
+    # A process forked after import takes its own range. Forked in a fresh interpreter:
+    # this test process runs JAX's threads, which a fork here could deadlock.
+    script = (
+        "import os\nfrom gdpo_jax.rewards import sandbox as sb\nr, w = os.pipe()\n"
+        "pid = os.fork()\nif pid == 0:\n    os.write(w, str(sb._UIDS._base).encode())\n"
+        "    os._exit(0)\nos.close(w)\nos.waitpid(pid, 0)\n"
+        "print(int(os.read(r, 64)), pid, sb._UIDS._base)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    child_base, child, parent_base = map(int, out.stdout.split())
+    assert child_base == 200_000 + child * 64 != parent_base
