@@ -583,6 +583,20 @@ def test_format_plan_memory_columns_add_up_to_the_total():
     assert checked >= 30, checked
 
 
+def test_format_plan_without_a_generate_program_prints_no_sampler_line():
+    """A plan dict of the training programs alone was a KeyError ('decode_growth'):
+    the sampler line read the `generate` program's fields from an empty dict."""
+    from gdpo_jax.scale.report import format_plan
+
+    step = dict(
+        args=2**30, outputs=0, aliased=0, temps=2**30, code=0, resident_bytes=0,
+        total_bytes=2 * 2**30, fits=True, compiled=True,
+    )  # fmt: skip
+    text = format_plan(_plan_for_report(step=step))
+    assert set(_printed_memory_rows(text)) == {"step"}
+    assert not any(x.startswith("sampler:") for x in text.splitlines())
+
+
 # --------------------------------------------------------------- compile: TPU
 @needs_tpu
 def test_tiny_plan_on_tpu_bytes_per_device():

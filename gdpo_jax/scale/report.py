@@ -38,13 +38,24 @@ def format_plan(plan: dict) -> str:
         )
         + ")"
     )
-    gen = plan["programs"].get("generate", {})
+    gen = plan["programs"].get("generate")
+    if gen:  # a plan of the training programs alone has no sampler line
+        lines.append(_sampler_line(plan, gen))
+    if plan.get("attention_note"):
+        lines.append(plan["attention_note"])
+    return "\n".join(lines)
+
+
+def _sampler_line(plan: dict, gen: dict) -> str:
+    """The sampler's decode design (the `generate` program's recorded choices)."""
     layers = f"layers {gen.get('decode_layers', '?')} (sampling.decode_layers)"
     phases = gen.get("decode_phases", "?")
-    growth = f", growth {gen['decode_growth']} (sampling.decode_growth)" if phases != 1 else ""
+    growth = (
+        f", growth {gen.get('decode_growth', '?')} (sampling.decode_growth)" if phases != 1 else ""
+    )
     grows = f"{phases} phase{'' if phases == 1 else 's'} (sampling.decode_phases){growth}"
     if gen.get("decode") == "continuous":
-        lines.append(
+        return (
             f"sampler: continuous batching, {gen['lanes_per_shard']} lanes per batch shard "
             f"(sampling.continuous_slots={gen['slots']}), "
             + (
@@ -57,14 +68,10 @@ def format_plan(plan: dict) -> str:
             f"device once per call: {gen['gathered_params_bytes'] / GIB:.2f} GiB of its "
             "temporaries"
         )
-    elif gen:
-        asked = plan.get("step_shape", {}).get("rows_per_call", gen["rows_per_call"])
-        rows = f"{asked} rows per call" + (
-            f" (each call decodes {gen['rows_per_call']}: padded to the batch shards)"
-            if asked != gen["rows_per_call"]
-            else ""
-        )
-        lines.append(f"sampler: static decode, {rows}, {grows}, {layers}")
-    if plan.get("attention_note"):
-        lines.append(plan["attention_note"])
-    return "\n".join(lines)
+    asked = plan.get("step_shape", {}).get("rows_per_call", gen["rows_per_call"])
+    rows = f"{asked} rows per call" + (
+        f" (each call decodes {gen['rows_per_call']}: padded to the batch shards)"
+        if asked != gen["rows_per_call"]
+        else ""
+    )
+    return f"sampler: static decode, {rows}, {grows}, {layers}"
