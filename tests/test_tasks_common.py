@@ -191,7 +191,7 @@ def test_directory_splits_are_named_as_hf_datasets_names_them(tmp_path):
         "test.Json": ["e0", "e1"],
         "test/sub/a.parquet": ["e2"],
     }
-    others = ["training.jsonl", "contrain.jsonl", ".train.jsonl", "train/.x.jsonl"]
+    others = ["trainer.jsonl", "contrain.jsonl", ".train.jsonl", "train/.x.jsonl"]
     for name, keys in split_files.items():
         _write(tmp_path / name, [{"k": k} for k in keys])
     for name in others:  # not split files: another word, or hidden
@@ -220,6 +220,49 @@ def test_directory_splits_are_named_as_hf_datasets_names_them(tmp_path):
         "old-train.JSONL"
     ]
     assert resolve_files(tmp_path / "test.Json") == [str(tmp_path / "test.Json")]
+
+
+def test_a_split_is_also_found_under_its_other_hf_names(tmp_path):
+    # `training.jsonl`, `dev/` and `eval-*.parquet` were not split files ("no ... files for
+    # split"): HF `datasets` takes train/training, validation/valid/val/dev and
+    # test/testing/eval/evaluation as one split each.
+    split_files = {
+        "training.jsonl": "train",
+        "my-train.jsonl": "train",
+        "dev/0.jsonl": "validation",
+        "valid.json": "validation",
+        "val_1.jsonl": "validation",
+        "eval-00000-of-00001.parquet": "test",
+        "evaluation/x.jsonl": "test",
+        "testing.jsonl": "test",
+    }
+    for name in split_files:
+        _write(tmp_path / name, [{"k": name}])
+    _write(tmp_path / "interval.jsonl", [{"k": "no"}])  # "val" inside a word: no split
+    for split in ("train", "validation", "test"):
+        want = sorted(n for n, s in split_files.items() if s == split)
+        got = [os.path.relpath(p, tmp_path) for p in resolve_files(tmp_path, split)]
+        assert got == want, split
+    _write(tmp_path / "dev_eval.jsonl", [{"k": 0}])
+    with pytest.raises(ValueError, match=r"dev_eval\.jsonl: .*split 'test' and split 'validation'"):
+        resolve_files(tmp_path, "test")
+    # A split outside the three keeps its own name only.
+    _write(tmp_path / "random-00000-of-00001.jsonl", [{"k": "r"}])
+    assert resolve_files(tmp_path, "random") == [str(tmp_path / "random-00000-of-00001.jsonl")]
+
+
+def test_two_paths_to_one_file_in_a_split_directory_are_read_once(tmp_path, caplog):
+    # A link beside its file (or two links to one file) read the records twice.
+    _write(tmp_path / "shards" / "a.jsonl", [{"k": "a"}])
+    _write(tmp_path / "shards" / "b.jsonl", [{"k": "b"}])
+    (tmp_path / "train").mkdir()
+    os.symlink(tmp_path / "shards" / "a.jsonl", tmp_path / "train" / "a.jsonl")
+    os.symlink(tmp_path / "shards" / "a.jsonl", tmp_path / "train" / "c.jsonl")
+    os.symlink(tmp_path / "shards" / "b.jsonl", tmp_path / "train" / "b.jsonl")
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax"):
+        recs = [r["k"] for _, _, r in iter_records(tmp_path, split="train")]
+    assert recs == ["a", "b"]
+    assert any("train/c.jsonl is a second path to" in r.getMessage() for r in caplog.records)
 
 
 def test_a_name_of_two_splits_is_an_error_naming_both(tmp_path):

@@ -28,9 +28,15 @@ log = logging.getLogger(__name__)
 # split's name is a word of a file's name or of a directory's name above it (`train.jsonl`,
 # `train-00000-of-00002.parquet`, `train.part0.jsonl`, `my_train_v2.json`, `train/0.jsonl`,
 # `data-train/a.jsonl`), a word being bounded by the name's ends or these characters
-# (their NON_WORDS_CHARS). A name that is a word of two of these splits is an error.
+# (their NON_WORDS_CHARS), or one of the split's other names (their SPLIT_KEYWORDS:
+# `training.jsonl`, `dev/`, `eval-00000-of-00001.parquet`). A name that is a word of two
+# of these splits is an error.
 _WORD_SEP = "-._ 0-9"
-_SPLITS = ("train", "validation", "test")
+_SPLIT_NAMES = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
 
 
 class RecordError(ValueError):
@@ -48,10 +54,11 @@ def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None)
 
     For a directory, `split` picks the files whose name, or a directory's name under it,
     holds the split's name as a word (`train.jsonl`, `train-00000-of-00002.parquet`,
-    `train.part0.jsonl`, `x_train_y.json`, `train/*.jsonl`), sorted by path; under `data/`,
-    as HF dataset repos store them, when none lie at the top. Without `split`, every data
-    file at the top (else in `data/`). A list reads a file it names twice once, where it
-    first appears.
+    `train.part0.jsonl`, `x_train_y.json`, `train/*.jsonl`) or one of its other names
+    (`training`; `valid`, `val`, `dev`; `testing`, `eval`, `evaluation`), sorted by path,
+    each file once; under `data/`, as HF dataset repos store them, when none lie at the
+    top. Without `split`, every data file at the top (else in `data/`). A list reads a
+    file it names twice once, where it first appears.
     """
     if isinstance(path, (list, tuple)):
         return _resolve_list(path, split)
@@ -70,7 +77,9 @@ def resolve_files(path: PathLike | Sequence[PathLike], split: str | None = None)
             f"no {'/'.join(_EXTS)} files"
             + (
                 f" for split {split!r} (named like {split}.*, {split}-*, *_{split}_*, or in "
-                f"a {split}/ directory)"
+                f"a {split}/ directory"
+                + (f"; or {', '.join(_SPLIT_NAMES[split][1:])}" if split in _SPLIT_NAMES else "")
+                + ")"
                 if split
                 else ""
             )
@@ -121,20 +130,34 @@ def _split_files(root: str, split: str) -> list[str]:
     found = []
     for name in os.listdir(root):
         p = os.path.join(root, name)
-        if _hidden(name) or not _is_word(split, name):
+        if _hidden(name) or not _names_split(split, name):
             continue
         if os.path.isdir(p):
             files = _data_files_under(p)
         else:
             files = [p] if os.path.isfile(p) and _is_data(name) else []
-        others = [s for s in _SPLITS if s != split and _is_word(s, name)]
+        others = [s for s in _SPLIT_NAMES if s != split and _names_split(s, name)]
         if files and others:
             raise ValueError(
                 f"{p}: its name matches both split {split!r} and split {others[0]!r}; rename "
                 "it to name one split, or give its files instead of the directory"
             )
         found += files
-    return sorted(found)
+    return _once(sorted(found))
+
+
+def _once(files: list[str]) -> list[str]:
+    """`files` without a second path to a file already listed (two links to one file,
+    or a file and a link to it, would weight its records twice)."""
+    seen, out = set(), []
+    for f in files:
+        key = os.path.realpath(f)
+        if key in seen:
+            log.warning("data file %s is a second path to %s; its records are read once", f, key)
+            continue
+        seen.add(key)
+        out.append(f)
+    return out
 
 
 def _data_files_under(d: str) -> list[str]:
@@ -149,8 +172,13 @@ def _data_files_under(d: str) -> list[str]:
     return out
 
 
-def _is_word(split: str, name: str) -> bool:
-    return re.search(rf"(?:^|[{_WORD_SEP}]){re.escape(split)}(?:[{_WORD_SEP}]|$)", name) is not None
+def _names_split(split: str, name: str) -> bool:
+    """`name` holds `split` or one of its other names as a word."""
+    return any(_is_word(k, name) for k in _SPLIT_NAMES.get(split, (split,)))
+
+
+def _is_word(word: str, name: str) -> bool:
+    return re.search(rf"(?:^|[{_WORD_SEP}]){re.escape(word)}(?:[{_WORD_SEP}]|$)", name) is not None
 
 
 def _hidden(name: str) -> bool:
