@@ -678,3 +678,36 @@ def test_uid_ranges_of_two_processes_never_overlap(monkeypatch):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     child_base, child, parent_base = map(int, out.stdout.split())
     assert child_base == 200_000 + child * 64 != parent_base
+
+
+def test_a_killed_process_sandbox_directory_is_removed_by_the_next_one(tmp_path):
+    # A trainer killed with SIGKILL left its /tmp/gdpo_sandbox_* directory for good.
+    script = (
+        "import sys, time\nfrom gdpo_jax.rewards import sandbox as sb\n"
+        "print(sb._base_dir(), flush=True)\nif sys.argv[1] == 'wait':\n    time.sleep(60)\n"
+    )
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "TMPDIR": str(tmp_path)}
+
+    def start(how):
+        p = subprocess.Popen(
+            [sys.executable, "-c", script, how], stdout=subprocess.PIPE, text=True, env=env
+        )
+        return p, p.stdout.readline().strip()
+
+    (tmp_path / "gdpo_sandbox_unlocked").mkdir()  # no owner lock: not ours to judge
+    alive, alive_dir = start("wait")
+    killed, killed_dir = start("wait")
+    try:
+        killed.kill()
+        killed.wait()
+        assert os.path.isdir(killed_dir) and os.path.isdir(alive_dir)
+        assert sb.remove_stale_base_dirs(str(tmp_path)) == [killed_dir]
+        assert os.path.isdir(alive_dir)  # its owner still runs
+    finally:
+        alive.kill()
+        alive.wait()
+        killed.kill()
+    # The next process to make one sweeps first (and removes its own at exit).
+    p, own = start("exit")
+    assert p.wait() == 0 and own not in (alive_dir, killed_dir)
+    assert sorted(os.listdir(tmp_path)) == ["gdpo_sandbox_unlocked"]
