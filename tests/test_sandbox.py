@@ -711,3 +711,50 @@ def test_a_killed_process_sandbox_directory_is_removed_by_the_next_one(tmp_path)
     p, own = start("exit")
     assert p.wait() == 0 and own not in (alive_dir, killed_dir)
     assert sorted(os.listdir(tmp_path)) == ["gdpo_sandbox_unlocked"]
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "userns"])
+def test_program_sees_a_minimal_root_without_the_hosts_files(mode):
+    # Without a root of its own a program could read every world-readable host file: the
+    # working tree, the task's data (its test cases' expected outputs), the checkpoints.
+    _pid_ns_mode(mode)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    secrets = [
+        os.path.join(root, "README.md"),
+        os.path.join(root, "gdpo_jax", "data", "samples", "code_apps.jsonl"),
+        os.path.join(root, "tests", "test_sandbox.py"),
+    ]
+    assert all(os.path.exists(p) for p in secrets)
+    planted = os.path.join(sb._site_paths()[0], f"gdpo_planted_{uuid.uuid4().hex}")
+    src = (
+        f"import os\nfor p in {secrets!r}:\n    print(os.path.exists(p))\n"
+        "import numpy, json\nprint(sorted(os.listdir('/')))\n"
+        f"try:\n    open({planted!r}, 'w')\n    print('wrote')\n"
+        "except OSError as e:\n    print(e.strerror)\n"
+    )
+    try:
+        _, case = run1(src, limits=sb.SandboxLimits(cpu_s=5, wall_s=10), isolation_mode=mode)
+        assert not os.path.exists(planted)
+    finally:
+        if os.path.exists(planted):
+            os.remove(planted)
+    assert case.status == "ok", case.stderr
+    lines = case.stdout.splitlines()
+    assert lines[:3] == ["False"] * 3  # numpy and json still import from the interpreter's trees
+    top = set(eval(lines[3]))
+    assert {"usr", "etc", "tmp", "proc", "dev"} <= top and not top & {"srv", "mnt", "boot", "media"}
+    assert lines[4] == "Read-only file system"  # userns keeps our uid: site-packages is ro
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "userns"])
+def test_site_packages_under_tmp_stay_importable(mode, tmp_path, monkeypatch):
+    # The minimal root is staged under a fresh /tmp: an interpreter or site-packages that
+    # lives under the host's /tmp (a CI clone's .venv) must be bound from before it is hidden.
+    _pid_ns_mode(mode)
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "gdpo_probe_mod.py").write_text("VALUE = 42\n")
+    here = sb._site_paths()
+    monkeypatch.setattr(sb, "_site_paths", lambda: (*here, str(site_dir)))
+    _, case = run1("import gdpo_probe_mod\nprint(gdpo_probe_mod.VALUE)\n", isolation_mode=mode)
+    assert (case.status, case.stdout) == ("ok", "42\n"), case.stderr

@@ -63,15 +63,25 @@ import marshal
 import os
 import resource
 import select
-import stat
 import sys
 import time
 
-_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC = 2, 4, 4096, 16384
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_BIND, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 4096, 16384, 1 << 18, 2
+# statvfs f_flag bits that a read-only remount must repeat: nosuid, nodev,
+# noexec, noatime, nodiratime, relatime (ST_* in statvfs.h).
+_ST_LOCKED = 2 | 4 | 8 | 1024 | 2048 | 4096
+# The trees of the minimal root bound from the host (a symlink is copied as one).
+_SYSTEM_TOPS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/nix")
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+# pivot_root has no glibc wrapper: its system call number per machine.
+_PIVOT_ROOT = {
+    "x86_64": 155, "aarch64": 41, "arm64": 41, "riscv64": 41, "ppc64le": 203,
+    "ppc64": 203, "s390x": 217, "i686": 217, "i386": 217, "armv7l": 218,
+}  # fmt: skip
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 _EXIT_RUNTIME, _EXIT_MEMORY, _EXIT_SETUP = 1, 3, 97
 _OK_FD = 100  # the test process's "set-up done" pipe, out of the way of 0..3
-_WORLD_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # A return value nested deeper than this is refused (runtime_error): the parent
 # decodes it with json (C recursion) and compares it recursively in a reward
 # thread whose stack is already deep; 100 levels leave a wide margin under the
@@ -94,53 +104,102 @@ def _mount(src, target, fstype, flags, data):
         raise OSError(err, f"mount {fstype or 'bind'} {src} -> {target}: {os.strerror(err)}")
 
 
-def _private_mounts(keep_paths, tmpfs_mb):
-    """Fresh tmpfs over world-writable dirs; re-expose the interpreter.
+def _bind(fd, dst, read_only):
+    """Bind the file or tree open at O_PATH `fd` at `dst` (made as a directory or
+    an empty file), read-only if asked.
 
-    Needs root in a private mount namespace. World-writable dirs (/tmp, ...)
-    get an empty tmpfs so writes there vanish with the namespace. A private
-    ancestor of the interpreter (e.g. /root, mode 0700, when python lives in
-    /root/.pyenv) gets a 0755 tmpfs with only the needed child bound back,
-    so the unprivileged test process can still import the standard library.
-    Originals are reached through O_PATH fds opened BEFORE anything is
-    hidden (bind from /proc/self/fd/N).
+    A read-only bind is a second, remounting call, which must keep the flags the
+    kernel locked on the source mount (nosuid, nodev, noexec, atime: a user
+    namespace may not clear them), read from statvfs as bubblewrap does.
     """
-    targets = {d: set() for d in _WORLD_WRITABLE if os.path.isdir(d) and not os.path.islink(d)}
-    for p in keep_paths:
-        p = os.path.realpath(p)
-        if not os.path.exists(p):
-            continue
-        parts = p.strip("/").split("/")
-        for i in range(len(parts)):
-            anc = "/" + "/".join(parts[:i])
-            child = parts[i]
-            if anc in _WORLD_WRITABLE and anc in targets:
-                targets[anc].add(child)
-                break
-            if anc != "/" and not os.stat(anc).st_mode & stat.S_IXOTH:
-                targets.setdefault(anc, set()).add(child)
-                break
-    fds = {}
-    for anc, children in targets.items():
-        for c in children:
-            fds[(anc, c)] = os.open(os.path.join(anc, c), os.O_PATH)
-    for anc in sorted(targets, key=len):
-        ww = anc in _WORLD_WRITABLE
-        size = f"{tmpfs_mb}m" if anc == "/tmp" else ("4m" if ww else "64k")
-        mode = "1777" if ww else "0755"
-        _mount("tmpfs", anc, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode={mode}")
-        for c in sorted(targets[anc]):
-            dst = os.path.join(anc, c)
-            if os.path.isdir(f"/proc/self/fd/{fds[(anc, c)]}"):
-                os.mkdir(dst)
-            else:
-                open(dst, "w").close()
-            _mount(f"/proc/self/fd/{fds[(anc, c)]}", dst, None, _MS_BIND | _MS_REC, None)
-    for fd in fds.values():
+    src = f"/proc/self/fd/{fd}"
+    if os.path.isdir(src):
+        os.makedirs(dst, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        open(dst, "a").close()
+    # Recursive: a user namespace refuses to bind a tree without the mounts below it.
+    _mount(src, dst, None, _MS_BIND | _MS_REC, None)
+    if read_only:
+        locked = os.statvfs(dst).f_flag & _ST_LOCKED
+        _mount(None, dst, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | locked, None)
+
+
+def _covered(path, tops):
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in tops)
+
+
+def _minimal_root(keep_paths, tmpfs_mb):
+    """Build a root holding only what a program needs, and enter it (pivot_root).
+
+    Needs root in a private mount namespace whose pid namespace it leads (the
+    modes with `private_tmp`). The new root is a tmpfs with, read-only, the
+    system's program and library trees (/usr, /lib*, /bin, /sbin, /etc, /nix)
+    and `keep_paths` (the interpreter's prefixes and site-packages) at their own
+    paths; with this pid namespace's /proc, the device nodes null, zero, full,
+    random and urandom, and fresh writable tmpfs at /tmp (`tmpfs_mb`), /var/tmp
+    and /dev/shm. Nothing else of the host is there: not its home directories,
+    the working tree, the task's data files or the checkpoints, readable or not.
+    Returns the work directory and the directory for the per-case files where
+    memfd is refused.
+    """
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE, None)  # nothing leaks back out
+    links, binds, tops = [], [], []  # binds: (source, path in the new root, read-only)
+    for top in _SYSTEM_TOPS:
+        if os.path.islink(top):  # merged /usr: /lib -> usr/lib
+            links.append((os.readlink(top), top))
+        elif os.path.isdir(top):
+            binds.append((top, top, True))
+            tops.append(os.path.realpath(top))
+    for p in sorted({q for k in keep_paths for q in (k, os.path.realpath(k))}, key=len):
+        real = os.path.realpath(p)
+        if os.path.exists(real) and not _covered(real, tops) and not _covered(p, tops):
+            binds.append((real, p, True))
+            tops.append(p)
+    binds += [("/dev/" + d, "/dev/" + d, False) for d in _DEVICES if os.path.exists("/dev/" + d)]
+    binds.append(("/proc", "/proc", False))
+    # Opened before the staging tmpfs covers /tmp: the interpreter may live there.
+    fds = [os.open(src, os.O_PATH) for src, _, _ in binds]
+    _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, "size=64k,mode=0700")
+    new = "/tmp/root"
+    os.mkdir(new, 0o755)
+    _mount("tmpfs", new, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    for target, path in links:
+        os.symlink(target, new + path)
+    # The fresh tmpfs first: a tree bound below /tmp (an interpreter there) must
+    # land on it, not be covered by it.
+    for d in ("/tmp", "/var/tmp", "/dev/shm"):
+        os.makedirs(new + d, exist_ok=True)
+        size = f"{tmpfs_mb}m" if d == "/tmp" else "4m"
+        _mount("tmpfs", new + d, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={size},mode=1777")
+    for fd, (_, path, read_only) in zip(fds, binds):
+        _bind(fd, new + path, read_only)
         os.close(fd)
-    os.makedirs("/tmp/.gdpo_io", mode=0o700)  # only where memfd is refused (`_anon_file`)
-    os.makedirs("/tmp/work", mode=0o700)
+    os.symlink("/proc/self/fd", new + "/dev/fd")
+    for i, name in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"{new}/dev/{name}")
+    os.makedirs(new + "/tmp/.gdpo_io", mode=0o700)  # only where memfd is refused (`_anon_file`)
+    os.makedirs(new + "/tmp/work", mode=0o700)
+    _enter(new)
+    # The root's own tmpfs, now that everything is in place, read-only too.
+    _mount(None, "/", None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
     return "/tmp/work", "/tmp/.gdpo_io"
+
+
+def _enter(new):
+    """Make `new` the root and detach the old one (runc's pivot_root(".", ".")):
+    unlike a chroot, no process here can walk or mount its way back out."""
+    os.chdir(new)
+    number = _PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"pivot_root: no system call number known for {os.uname().machine}")
+    if _libc.syscall(ctypes.c_long(number), b".", b".") != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"pivot_root {new}: {os.strerror(err)}")
+    if _libc.umount2(b".", _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"detaching the old root: {os.strerror(err)}")
+    os.chdir("/")
 
 
 def _count_uid_tasks(uid):
@@ -519,7 +578,7 @@ def main():
     try:
         _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         if job["private_mounts"]:
-            workdir, iodir = _private_mounts(job["keep_paths"], job["limits"]["tmpfs_mb"])
+            workdir, iodir = _minimal_root(job["keep_paths"], job["limits"]["tmpfs_mb"])
         else:
             workdir, iodir = job["workdir"], job["iodir"]
         if job["uid"] is not None:

@@ -1,10 +1,12 @@
 """Sandbox isolation: which mode this machine allows, probed once per process.
 
-  mode          who       network  pid ns  private /tmp  other uid  fork bomb bound by
-  "namespaces"  root      none     yes     yes           yes        per-run uid + RLIMIT_NPROC
-  "userns"      any user  none     yes     yes           no         RLIMIT_NPROC (ns-local count)
-  "setuid"      root      host     no      no            yes        per-run uid + RLIMIT_NPROC
-  "rlimits"     non-root  host     no      no            no         RLIMIT_NPROC, all user's tasks
+  mode          who       network  pid ns  own root  other uid  fork bomb bound by
+  "namespaces"  root      none     yes     yes       yes        per-run uid + RLIMIT_NPROC
+  "userns"      any user  none     yes     yes       no         RLIMIT_NPROC (ns-local count)
+  "setuid"      root      host     no      no        yes        per-run uid + RLIMIT_NPROC
+  "rlimits"     non-root  host     no      no        no         RLIMIT_NPROC, all user's tasks
+
+"own root" (`Isolation.private_tmp`): a minimal root with a fresh /tmp.
 
 "setuid" and "rlimits" (network reachable) are opt-in (`allow_weak`, config
 rewards.sandbox.allow_weak). Root is refused "rlimits": Linux exempts uid 0

@@ -6,11 +6,15 @@ child of it under rlimits (CPU, address space, processes, file size, open
 files, no core) and a wall-clock deadline. What else holds depends on what the
 machine allows; `isolation()` probes it once per process and records it:
 
-  mode          who       network  pid ns  private /tmp  other uid  fork bomb bound by
-  "namespaces"  root      none     yes     yes           yes        per-run uid + RLIMIT_NPROC
-  "userns"      any user  none     yes     yes           no         RLIMIT_NPROC (ns-local count)
-  "setuid"      root      host     no      no            yes        per-run uid + RLIMIT_NPROC
-  "rlimits"     non-root  host     no      no            no         RLIMIT_NPROC, all user's tasks
+  mode          who       network  pid ns  own root  other uid  fork bomb bound by
+  "namespaces"  root      none     yes     yes       yes        per-run uid + RLIMIT_NPROC
+  "userns"      any user  none     yes     yes       no         RLIMIT_NPROC (ns-local count)
+  "setuid"      root      host     no      no        yes        per-run uid + RLIMIT_NPROC
+  "rlimits"     non-root  host     no      no        no         RLIMIT_NPROC, all user's tasks
+
+"own root": the program sees a minimal root (`_sandbox_driver._minimal_root`:
+the system's library trees, the interpreter and its site-packages, read-only,
+and a fresh /tmp), not the host's files.
 
 Anything weaker than "namespaces" is logged as a warning naming what it
 lacks; "setuid" and "rlimits" (network reachable) are opt-in: "auto" refuses
@@ -278,9 +282,12 @@ def remove_stale_base_dirs(tmp: str | None = None) -> list[str]:
 
 
 def _keep_paths() -> list[str]:
+    """What the sandbox's minimal root shows of this interpreter: its prefixes (the
+    standard library) and site-packages. Other `sys.path` entries (the working tree,
+    PYTHONPATH) stay out: they may hold the task's data."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    paths.update(p for p in sys.path if p and os.path.isdir(p))
-    return sorted(paths)
+    paths.update(_site_paths())
+    return sorted(p for p in paths if os.path.isdir(p))
 
 
 def _kill_uid_outside(uid: int) -> None:
