@@ -6,7 +6,7 @@ that points at this interpreter (``sys.executable``), so a user-level
 The notebooks read ``GDPO_NB_FULL`` (unset / "0" = the small settings CI uses).
 
     pytest tests/test_notebooks.py -q              # all notebooks (slow)
-    pytest tests/test_notebooks.py -q -m "not slow"  # only the static checks
+    pytest tests/test_notebooks.py -q -m "not slow"  # the static and in-process checks
 """
 
 from __future__ import annotations
@@ -52,6 +52,86 @@ def test_notebook_is_clean(path: pathlib.Path):
         f"{path.name}: the parameters cell must set SMALL from GDPO_NB_FULL."
     )
     assert nb["metadata"]["kernelspec"]["name"] == "python3"
+    # papermill injects its parameters in a cell after this one: a later cell that reads SMALL
+    # would see the injected value while the sizes above were computed from the default.
+    later = [
+        i
+        for i, c in enumerate(code)
+        if c is not params[0] and re.search(r"\bSMALL\b", "".join(c["source"]))
+    ]
+    assert not later, (
+        f"{path.name}: code cells {later} read SMALL; set what depends on it in the parameters "
+        "cell."
+    )
+
+
+def _exec_cells(path: pathlib.Path, cwd: pathlib.Path, monkeypatch, also: str = "") -> dict:
+    """Runs `path`'s parameters cell, the set-up cell after it and, with `also`, the first code
+    cell containing `also`, in this process with `cwd` as the working directory (the kernel's);
+    returns their namespace."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("GDPO_NB_FULL", "0")
+    monkeypatch.delenv("GDPO_RESULTS_DIR", raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the set-up cell may prepend ROOT
+    nb = json.loads(path.read_text())
+    code = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+    tags = [c["metadata"].get("tags", []) for c in nb["cells"] if c["cell_type"] == "code"]
+    start = next(i for i, t in enumerate(tags) if "parameters" in t)
+    cells = code[start : start + 2] + ([next(c for c in code if also in c)] if also else [])
+    ns: dict = {"__name__": "__notebook__"}
+    for src in cells:
+        exec(compile(src, str(path), "exec"), ns)
+    return ns
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
+@pytest.mark.parametrize("where", ["notebooks", "root", "docs"])
+def test_notebook_finds_the_repository_from_its_working_directory(
+    path: pathlib.Path, where: str, monkeypatch
+):
+    # Jupyter and nbconvert start the kernel in notebooks/; papermill keeps the caller's folder,
+    # typically the repository root, where the parent of the working directory is not the root.
+    cwd = {"notebooks": NB_DIR, "root": ROOT, "docs": ROOT / "docs"}[where]
+    ns = _exec_cells(path, cwd, monkeypatch)
+    assert ns["ROOT"] == ROOT, (path.name, where, ns["ROOT"])
+
+
+def _write_run(run_dir: pathlib.Path) -> None:
+    run_dir.mkdir(parents=True)
+    lines = [{"step": t, "reward/toy_format/mean": 0.5} for t in (1, 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_results_notebook_labels_a_run_by_its_innermost_estimator_folder(tmp_path, monkeypatch):
+    load = _exec_cells(NB_DIR / "04_results.ipynb", NB_DIR, monkeypatch, "def load_results")[
+        "load_results"
+    ]
+    # Experiment folders that start with an estimator name hold runs of other estimators.
+    ok = tmp_path / "ok"
+    for rel in (
+        "gdpo_vs_grpo/grpo/seed0",
+        "gdpo_vs_grpo/gdpo/seed1",
+        "grpo-lr1e-6/gdpo_no_bn/seed2",
+        "gdpo.old/grpo_no_std_seed3",
+        "sft/seed0",  # no estimator: skipped
+    ):
+        _write_run(ok / rel)
+    runs = load(ok)
+    got = set(zip(runs.estimator, runs.seed))
+    assert got == {("grpo", 0), ("gdpo", 1), ("gdpo_no_bn", 2), ("grpo_no_std", 3)}, got
+    # Two folders that are only estimator names: no way to tell which labels the run.
+    for i, rel in enumerate(("gdpo/grpo/seed0", "gdpo/grpo_seed0")):
+        _write_run(tmp_path / f"ambiguous{i}" / rel)
+        with pytest.raises(ValueError, match=r"names two estimators, \['gdpo', 'grpo'\]"):
+            load(tmp_path / f"ambiguous{i}")
+    # Files that were all skipped are not "no metrics.jsonl".
+    for rel in ("sft/seed0", "base"):
+        _write_run(tmp_path / "skipped" / rel)
+    with pytest.raises(FileNotFoundError, match="found 2 metrics.jsonl, none with an estimator"):
+        load(tmp_path / "skipped")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl under"):
+        load(tmp_path / "empty")
 
 
 @pytest.fixture(scope="module")
@@ -111,10 +191,18 @@ def _run_notebook(path: pathlib.Path, kernel_env, monkeypatch, tmp_path) -> list
     return outputs
 
 
+def _stream_text(outputs: list) -> str:
+    return "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
 def test_notebook_runs(path: pathlib.Path, kernel_env, monkeypatch, tmp_path):
-    _run_notebook(path, kernel_env, monkeypatch, tmp_path)
+    # A GDPO_RESULTS_DIR exported by the caller would replace 04's placeholder path.
+    monkeypatch.delenv("GDPO_RESULTS_DIR", raising=False)
+    outputs = _run_notebook(path, kernel_env, monkeypatch, tmp_path)
+    if path.stem == "04_results":
+        assert "SYNTHETIC PLACEHOLDER" in _stream_text(outputs)
 
 
 @pytest.mark.slow
@@ -122,11 +210,12 @@ def test_results_notebook_reads_a_results_dir_relative_to_the_repository(
     kernel_env, monkeypatch, tmp_path
 ):
     # docs/notebooks.md's `GDPO_RESULTS_DIR=runs/... jupyter nbconvert --execute` runs the
-    # kernel in notebooks/, where the repository-relative path did not exist.
+    # kernel in notebooks/, where the repository-relative path did not exist. The runs sit
+    # under an experiment folder whose name starts with "gdpo": each run keeps its own label.
     results = tmp_path / "results"
     for est in ("grpo", "gdpo"):
         for seed in (0, 1):
-            run = results / est / f"seed{seed}"
+            run = results / "gdpo_vs_grpo" / est / f"seed{seed}"
             run.mkdir(parents=True)
             lines = [
                 {"step": t, "reward/toy_format/mean": t / 10 + seed / 100, "eval/format": t / 10}
@@ -137,6 +226,6 @@ def test_results_notebook_reads_a_results_dir_relative_to_the_repository(
     assert not (NB_DIR / rel).is_dir()
     monkeypatch.setenv("GDPO_RESULTS_DIR", rel)
     outputs = _run_notebook(NB_DIR / "04_results.ipynb", kernel_env, monkeypatch, tmp_path)
-    text = "".join("".join(o.get("text", "")) for o in outputs if o.get("output_type") == "stream")
+    text = _stream_text(outputs)
     assert f"Results from {ROOT / rel}" in text and "PLACEHOLDER" not in text, text[-2000:]
     assert "{'gdpo': 2, 'grpo': 2}" in text  # both estimators, two seeds each
