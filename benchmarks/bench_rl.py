@@ -4,8 +4,9 @@ A ~3M-parameter Llama (hidden 256, 4 layers, 4 heads, 2 KV heads, 512-word
 vocabulary), 8 prompts x 8 generations, 64 new tokens, 3 Python rewards,
 fp32, one optimizer step per batch, GDPO (TRL: multi_objective_aggregation=
 "normalize_then_sum"), beta 0 and 0.04. Steady-state seconds per iteration,
-split into sample / reward / step, generated tokens/s, and the step's model
-FLOPs utilization against a matmul peak measured in the same run.
+split into sample / reward / step, the tokens generated per second of the whole
+iteration (not the sampler's throughput: bench_sampler's), and the step's model
+FLOPs utilization against a matmul peak measured in the same run (`matmul_peak`).
 
 Each framework runs ROUNDS times per beta, in alternating order (ours then
 TRL, then TRL then ours), and the figures are medians over all rounds'
@@ -173,9 +174,27 @@ def model_flops(rows: int, seq: int, *, beta: float, shape: Shape = TINY) -> flo
     return 3 * fwd + (fwd if beta > 0 else 0)
 
 
-def matmul_peak(framework: str, n: int = 1024, reps: int = 20, device: str = "cpu") -> float:
-    """Measured f32 matmul FLOP/s of one n x n x n product (best of reps); torch's on
-    `device` (JAX's on its default backend)."""
+# (n, calls per timed round) on CPU: one 1024^3 product (2.1 GFLOP) is long against
+# a call's dispatch there.
+CPU_PEAK = (1024, 1)
+# On an accelerator one synchronised 1024^3 product times its launch and the wait,
+# not its arithmetic (docs/benchmarks/rl_h200_*.json recorded such latency-bound
+# "peaks"): as common.matmul_peak does, a larger product, several calls back to
+# back and one wait per round, so the launches overlap the work.
+ACCEL_PEAK = (8192, 10)
+
+
+def peak_shape(accelerator: bool) -> tuple[int, int]:
+    """(n, calls per round) of `matmul_peak` on an accelerator or on CPU."""
+    return ACCEL_PEAK if accelerator else CPU_PEAK
+
+
+def matmul_peak(
+    framework: str, n: int = 1024, reps: int = 20, device: str = "cpu", calls: int = 1
+) -> float:
+    """Measured f32 matmul FLOP/s of an n x n x n product: the best of `reps` rounds of
+    `calls` products dispatched back to back and waited on once; torch's on `device`
+    (JAX's on its default backend)."""
     if framework == "jax":
         import jax
         import jax.numpy as jnp
@@ -183,7 +202,11 @@ def matmul_peak(framework: str, n: int = 1024, reps: int = 20, device: str = "cp
         a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
         f = jax.jit(lambda x: x @ x)
         f(a).block_until_ready()
-        best = min(_timed(lambda: f(a).block_until_ready()) for _ in range(reps))
+
+        def round_() -> None:
+            jax.block_until_ready([f(a) for _ in range(calls)])
+
+        best = min(_timed(round_) for _ in range(reps))
     else:
         import torch
 
@@ -191,8 +214,8 @@ def matmul_peak(framework: str, n: int = 1024, reps: int = 20, device: str = "cp
         sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
         a @ a
         sync()
-        best = min(_timed(lambda: (a @ a, sync())) for _ in range(reps))
-    return 2 * n**3 / best
+        best = min(_timed(lambda: ([a @ a for _ in range(calls)], sync())) for _ in range(reps))
+    return 2 * n**3 * calls / best
 
 
 def _timed(fn) -> float:
@@ -304,11 +327,17 @@ def bench_trl(
     wrap("_generate", "sample")
     wrap("_calculate_rewards", "reward")
 
+    # CUDA kernels run asynchronously: without a wait, the optimizer's last kernels
+    # would finish after the clock stops and their time would land outside the step.
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **k):
+            sync()
             self.t = time.perf_counter()
 
         def on_step_end(self, *a, **k):
+            sync()
             times["iter"].append(time.perf_counter() - self.t)
 
         def on_log(self, args, state, control, logs=None, **k):
@@ -334,8 +363,8 @@ def bench_trl_clean_env(
     """bench_trl in a child process whose environment lacks our malloc tunable.
 
     gdpo_jax's CLIs and benchmarks run with glibc's huge-page tunable
-    (gdpo_jax/hostenv.py); PyTorch's CPU step measured 15-30 % slower with it,
-    so TRL runs as a TRL user would run it: a plain environment.
+    (gdpo_jax/hostenv.py); PyTorch's CPU step measured slower with it, so TRL
+    runs as a TRL user would run it: a plain environment.
     """
     import subprocess
     import sys
@@ -363,6 +392,8 @@ def summarize(rounds: list[dict[str, Any]], shape: Shape = TINY) -> dict[str, An
         "sample_s": med["sample_s"],
         "reward_s": med["reward_s"],
         "step_s": med["step_s"],
+        # Tokens generated per second of the whole iteration (sampling, rewards and
+        # step), the table's "gen tok / iter s"; the key keeps its committed name.
         "gen_tokens_per_s": med["len"] * shape.prompts * shape.generations / med["iter_s"],
         "mean_len": med["len"],
         "seq": PROMPT_WORDS + 1 + shape.new_tokens,
@@ -388,7 +419,11 @@ def _measure(ckpt: str, shape: Shape, model: str, warmup: int, iters: int, round
     import jax
 
     device = common.torch_device()  # TRL on CUDA where our side runs on a GPU
-    peak = {"jax": matmul_peak("jax"), "torch": matmul_peak("torch", device=device)}
+    n, calls = peak_shape(jax.default_backend() != "cpu")
+    peak = {
+        "jax": matmul_peak("jax", n, calls=calls),
+        "torch": matmul_peak("torch", n, device=device, calls=calls),
+    }
     out: dict[str, Any] = {
         "config": dict(
             **({} if model == "tiny" else {"model": model}),
@@ -414,6 +449,8 @@ def _measure(ckpt: str, shape: Shape, model: str, warmup: int, iters: int, round
         "trl_device": device,
         "matmul_precision": str(jax.config.jax_default_matmul_precision or "default"),
         "matmul_peak_gflops": {k: v / 1e9 for k, v in peak.items()},
+        "matmul_peak_n": n,
+        "matmul_peak_calls": calls,
         "cpu_count": os.cpu_count(),
         "results": {},
     }
@@ -448,7 +485,8 @@ def _measure(ckpt: str, shape: Shape, model: str, warmup: int, iters: int, round
 
 def table(res: dict) -> str:
     lines = [
-        "| beta | framework | iter s | sample s | reward s | step s | gen tok/s | step MFU |",
+        "| beta | framework | iter s | sample s | reward s | step s | gen tok / iter s "
+        "| step MFU |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for key, r in res["results"].items():
@@ -473,8 +511,11 @@ def table(res: dict) -> str:
         head = "\neach round's median iteration s (the spread one run would show): "
         lines.append(head + "; ".join(rounds))
     peak = res["matmul_peak_gflops"]
+    # Runs before matmul_peak_n was recorded timed one 1024^3 product per round.
+    n, calls = res.get("matmul_peak_n", 1024), res.get("matmul_peak_calls", 1)
+    back_to_back = f", {calls} calls back to back" if calls > 1 else ""
     lines.append(
-        f"\nmatmul peak (f32, 1024^3): jax {peak['jax']:.1f} GFLOP/s, "
+        f"\nmatmul peak (f32, {n}^3{back_to_back}): jax {peak['jax']:.1f} GFLOP/s, "
         f"torch {peak['torch']:.1f} GFLOP/s"
     )
     if res.get("trl_device", "cpu") != "cpu":

@@ -18,7 +18,9 @@ greedy, every row to the cap (no stop id). Three decode programs
 
 Each compiled once, then timed twice; the tokens and log-probs of each are
 compared with scan_f32's (the trainer's numerics). Prints a timing line per
-program, then a comparison line per program. The committed H200 output,
+program (the best call's milliseconds per new token: the call over its new
+tokens, so the prompts' prefill is included; the committed output's "ms/step"
+is that figure), then a comparison line per program. The committed H200 output,
 docs/benchmarks/decode_weights_h200.txt, came from this script's first form,
 which also timed the fused form on f32 weights cast at every step (before
 `decode.weights_in`) and on weights cast before the call ("fused_castonce",
@@ -96,7 +98,8 @@ def main() -> None:
         out[name] = dict(tokens=np.asarray(r["tokens"]), lp=np.asarray(r["logprobs"]))
         print(
             f"{name} first {times[0]:.1f} s, calls {[round(t, 3) for t in times[1:]]} s, "
-            f"ms/step {min(times[1:]) / m * 1e3:.2f}",
+            # The whole call over its new tokens: the prompts' prefill is included.
+            f"ms per new token (prefill included) {min(times[1:]) / m * 1e3:.2f}",
             flush=True,
         )
     base = out["scan_f32"]

@@ -20,7 +20,9 @@ description and a matmul peak measured in the same run: compare figures across
 machines as ratios to that peak, not as absolute numbers. A full run also
 writes ``<out_dir>/machines/<kind>.{json,md}`` (the latest full run per machine
 kind: CPU model, vector ISA, cores, accelerator) and ``<out_dir>/summary.md``,
-one row of headline ratios per machine kind and their range over kinds.
+one row of headline ratios per machine kind and their range over kinds. Rows
+retired from the summary live in ``machines/legacy/`` (`LEGACY_DIR`), which the
+summary does not read.
 """
 
 from __future__ import annotations
@@ -246,11 +248,23 @@ def merge_partial(report: Mapping[str, Any], previous: Mapping[str, Any]) -> dic
     kind's previous file with those benchmarks' entries replaced, and the run listed
     under "updates" ({created, command, benchmarks, matmul_peak}); the others, and the
     run they came from ("created", "command", "matmul_peak"), stay. Each entry's
-    result carries its own machine description."""
+    result carries its own machine description.
+
+    Only entries with status "ok" replace the previous ones: a partial run that
+    crashed or timed out would otherwise overwrite the kind's published result with
+    an error record, and the kind would drop out of the summary's ranges. Such entries
+    are listed under the update's "not_merged" ({name: status}); a run with nothing
+    to merge leaves the file as it was."""
+    merged = {k: v for k, v in report["benchmarks"].items() if v.get("status") == "ok"}
+    if not merged:
+        return dict(previous)
     update = {k: report.get(k) for k in ("created", "command", "matmul_peak")}
-    update["benchmarks"] = list(report["benchmarks"])
+    update["benchmarks"] = list(merged)
+    skipped = {k: v.get("status") for k, v in report["benchmarks"].items() if k not in merged}
+    if skipped:
+        update["not_merged"] = skipped
     return dict(previous) | {
-        "benchmarks": dict(previous["benchmarks"]) | dict(report["benchmarks"]),
+        "benchmarks": dict(previous["benchmarks"]) | merged,
         "updates": [*previous.get("updates", []), update],
     }
 
@@ -333,13 +347,20 @@ HEADLINE_COLUMNS = {
 }
 
 
+# Retired rows (a kind recorded before its vector ISA was, an old timing method) move
+# here: kept for the record, out of the summary and so out of the README's ranges.
+LEGACY_DIR = "legacy"
+
+
 def summary_rows(machines_dir: str) -> list[dict[str, Any]]:
-    """headline() of every machines/<kind>.json, sorted by kind."""
+    """headline() of every machines/<kind>.json, sorted by kind (files directly in
+    machines_dir only: not LEGACY_DIR's)."""
     rows = []
     if os.path.isdir(machines_dir):
         for name in sorted(os.listdir(machines_dir)):
-            if name.endswith(".json"):
-                with open(os.path.join(machines_dir, name)) as f:
+            path = os.path.join(machines_dir, name)
+            if name.endswith(".json") and os.path.isfile(path):
+                with open(path) as f:
                     rows.append(headline(json.load(f)))
     return rows
 
@@ -363,7 +384,8 @@ def summary_markdown(machines_dir: str) -> str:
         "each alone; a decode step's products chained, XLA in one compiled loop as the "
         "sampler runs them and PyTorch eagerly as generate() does; the same with the norms "
         "and adds between them), which bounds the step's and the sampler's. Details per "
-        "machine: `machines/<kind>.md`.",
+        "machine: `machines/<kind>.md`. Rows are of different dates (each row's run); "
+        "retired rows are kept in `machines/legacy/`, not summarised.",
         "",
     ]
     table = [

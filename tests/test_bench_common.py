@@ -302,6 +302,52 @@ def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_pa
     assert "updates" not in json.loads((out / "machines" / "amd-epyc-2c.json").read_text())
 
 
+def test_a_failed_run_of_some_benchmarks_keeps_their_published_entries(tmp_path):
+    """`run_all --only bench_rl,bench_matmul` where bench_rl crashes: the kind keeps its
+    published bench_rl entry (its row its RL ratios); only the entry that ran is merged,
+    and the update names the one that was not."""
+    out = tmp_path / "bench"
+    full = _fake_report("AMD EPYC", 2, 1.7, 2.1)
+    full["benchmarks"] = {n: {"status": "ok", "result": {}} for n in run_all.BENCHMARKS} | full[
+        "benchmarks"
+    ]
+    full["machine"] |= dict(cpu_count=2, memory_gib=24, versions={}, device_kind="cpu")
+    full["machine"] |= dict(device_count=1)
+    run_all.write_report(full, str(out))
+    path = out / "machines" / "amd-epyc-2c.json"
+    part = dict(full, created="2026-12-05T12:00:00Z")
+    part["benchmarks"] = {
+        "bench_rl": {"status": "error", "error": "timed out after 1800 s"},
+        "bench_matmul": {"status": "ok", "result": {"families": {"step": 0.5}}},
+    }
+    run_all.write_report(part, str(out))
+    kept = json.loads(path.read_text())
+    assert kept["benchmarks"]["bench_rl"] == full["benchmarks"]["bench_rl"]
+    assert kept["updates"][-1]["benchmarks"] == ["bench_matmul"]
+    assert kept["updates"][-1]["not_merged"] == {"bench_rl": "error"}
+    row = run_all.summary_rows(str(out / "machines"))[0]
+    assert row["rl_iter_b0.0"] == 1.7 and row["matmul_step"] == 0.5
+    # A partial run with nothing that ran leaves the file as it was.
+    before = path.read_text()
+    part["benchmarks"] = {"bench_rl": {"status": "error", "error": "boom"}}
+    run_all.write_report(part, str(out))
+    assert json.loads(path.read_text()) == json.loads(before)
+
+
+def test_summary_skips_the_legacy_folder(tmp_path, monkeypatch):
+    """machines/legacy/ holds retired rows: kept, not summarised (nor in the ranges)."""
+    monkeypatch.setattr(run_all, "report_to_markdown", lambda r: "stub")
+    out = tmp_path / "bench"
+    run_all.write_report(_fake_report("Intel(R) Xeon(R) CPU", 2, 0.8, 1.3), str(out))
+    legacy = out / "machines" / run_all.LEGACY_DIR
+    legacy.mkdir()
+    (legacy / "amd-epyc-2c.json").write_text(json.dumps(_fake_report("AMD EPYC", 2, 9.0, 9.0)))
+    rows = run_all.summary_rows(str(out / "machines"))
+    assert [r["machine"] for r in rows] == ["intel-xeon-2c"]
+    assert run_all.ratio_range(rows, "rl_iter_b0.0") == (0.8, 0.8)
+    assert "amd-epyc-2c" not in run_all.summary_markdown(str(out / "machines"))
+
+
 def test_trace_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
     from benchmarks import xla_trace
     from tests._perfetto import write_trace
@@ -412,9 +458,19 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     )
     ckpts: list[str] = []
     monkeypatch.setattr(bench_rl, "make_checkpoint", lambda d, shape=None: ckpts.append(d) or d)
-    monkeypatch.setattr(bench_rl, "matmul_peak", lambda fw, device="cpu": 1e11)
+    peaks: list[tuple] = []
+
+    def fake_peak(fw, n=1024, reps=20, device="cpu", calls=1):
+        peaks.append((fw, n, device, calls))
+        return 1e11
+
+    monkeypatch.setattr(bench_rl, "matmul_peak", fake_peak)
     monkeypatch.setattr(bench_rl, "ROUNDS", 2)
     res = bench_rl.run(quick=False)
+    # On CPU: one 1024^3 product per round, on both sides, recorded and printed.
+    assert peaks == [("jax", 1024, "cpu", 1), ("torch", 1024, "cpu", 1)]
+    assert (res["matmul_peak_n"], res["matmul_peak_calls"]) == (1024, 1)
+    assert "matmul peak (f32, 1024^3): jax 100.0 GFLOP/s" in bench_rl.table(res)
     assert len(ckpts) == 1 and not os.path.exists(ckpts[0])  # the checkpoint is removed
     # Round 0: ours then TRL; round 1: TRL then ours; per beta.
     order = [n for n, b in calls if b == 0.0]
@@ -441,6 +497,28 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     assert shapes == [bench_rl.SHAPES["smollm2"]] * 2 and models == ["smollm2"] * 2
     assert res["config"]["model"] == "smollm2" and res["config"]["vocab"] == 49152
     assert res["results"]["beta=0.0"]["gdpo_jax"]["seq"] == 9 + 64
+    # On a GPU both peaks are common.matmul_peak's kind: 8192^3, 10 calls back to back
+    # (one synchronised 1024^3 call per round timed its launch latency).
+    import jax
+
+    from benchmarks import common
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(common, "torch_device", lambda: "cuda")
+    peaks.clear()
+    res = bench_rl.run(quick=False, rounds=1)
+    # (JAX's on its default backend: the fake's device argument stays unset.)
+    assert peaks == [("jax", 8192, "cpu", 10), ("torch", 8192, "cuda", 10)]
+    assert "matmul peak (f32, 8192^3, 10 calls back to back)" in bench_rl.table(res)
+
+
+def test_bench_rl_matmul_peak_counts_every_call_of_a_round(monkeypatch):
+    """FLOP/s = 2 n^3 x calls / the best round's seconds, on both frameworks."""
+    from benchmarks import bench_rl
+
+    monkeypatch.setattr(bench_rl, "_timed", lambda fn: (fn(), 0.5)[1])
+    for fw in ("jax", "torch"):
+        assert bench_rl.matmul_peak(fw, n=8, reps=2, calls=3) == 2 * 8**3 * 3 / 0.5
 
 
 def test_bench_attention_quick_compares_kernels_with_the_f32_reference():

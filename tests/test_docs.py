@@ -480,7 +480,7 @@ def test_check_table_and_its_prose_are_the_committed_runs(
         f"({(step256['compile_peak_bytes'] - step256['resident_bytes']) / gib:.2f} of scratch",
         f"{min(ratios):.1f}-{max(ratios):.1f}x below",
         f"ran at {rows[(base, 'step')]['mfu'] * 100:.0f} % MFU",
-        f"{per_step_ms:.1f} ms per decode step against {roof_ms:.1f} ms",
+        f"{per_step_ms:.1f} ms per new token against {roof_ms:.1f} ms",
         f"{cont_run:.2f} s",
     )
     _assert_quotes(prose, figures, "docs/scale.md's check prose")
@@ -529,7 +529,9 @@ def test_gpu_decode_table_is_the_committed_output() -> None:
     sampling = " ".join((ROOT / "docs" / "sampling.md").read_text(encoding="utf-8").split())
     assert f"decoded {fused:.1f}x faster than the scan" in sampling
     scale = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
-    assert f"{runs['fused_castonce'][1]:.2f} ms per step at 256 new tokens" in scale
+    # The probe times whole calls: its figure is per new token, the prefill included.
+    assert f"{runs['fused_castonce'][1]:.2f} ms per new token at 256 new tokens" in scale
+    assert "| ms per new token (the call / 256, prefill included) |" in section
 
 
 def test_tune_table_is_the_committed_run() -> None:
@@ -635,29 +637,83 @@ def test_benchmark_summary_is_the_committed_machine_runs() -> None:
     assert f"took about {minutes:.0f} minutes on the 2-core avx512 kind" in doc
 
 
-def test_readme_speed_ratios_are_the_ranges_over_machine_kinds() -> None:
-    # README states each speed ratio as its range over the committed machine kinds
-    # (never one machine's best): every "a-bx" / "ax" on the speed line must be a
-    # (min, max) pair of the summary's range table, and the line must link it.
-    from benchmarks import run_all
+_RANGE = r"(\d+\.\d\d-\d+\.\d\dx)"
+# Each headline ratio the README's speed line quotes, found by the words around it: the
+# range must be that key's, so a range under another ratio's label is caught.
+README_SPEED_LABELS = {
+    "rl_iter_b0.0": rf"an RL iteration {_RANGE} \(beta 0\)",
+    "rl_iter_b0.04": rf"an RL iteration \S+ \(beta 0\) and {_RANGE} \(beta 0\.04\)",
+    "rl_step_b0.0": rf"its step {_RANGE} \(beta 0\)",
+    "rl_step_b0.04": rf"its step \S+ \(beta 0\) and {_RANGE} \(beta 0\.04\)",
+    "sampler_greedy": rf"{_RANGE} \(greedy\)",
+    "sampler_sampled": rf"{_RANGE} \(sampled\)",
+    "sampler_top_k": rf"{_RANGE} \(top-k 50\)",
+    "matmul_step": rf"{_RANGE} as fast as PyTorch's at the step's shapes",
+    "matmul_decode": rf"{_RANGE} at the decode's",
+    "matmul_decode_glue": rf"as the sampler and `generate\(\)` run them, are {_RANGE}",
+}
 
-    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
-    ranges = {
-        (f"{mm[0]:.2f}", f"{mm[1]:.2f}")
-        for k in run_all.HEADLINE_COLUMNS
-        if (mm := run_all.ratio_range(rows, k)) is not None
-    }
+
+def readme_speed_mismatches(line: str, ranges: dict[str, tuple[float, float]]) -> list[str]:
+    """What is wrong with the README's speed line (whitespace-normalized) against the
+    summary's ranges ({HEADLINE_COLUMNS key: (min, max)}): a labelled ratio missing or
+    not its key's range, or a quoted ratio ("a.bcx", "a.b-c.dx") under no label."""
+    bad, labelled = [], set()
+    for key, pattern in README_SPEED_LABELS.items():
+        m = re.search(pattern, line)
+        if m is None:
+            bad.append(f"{key}: no range under its label")
+            continue
+        labelled.add(m.span(1))
+        lo, hi = ranges[key]
+        if m.group(1) != f"{lo:.2f}-{hi:.2f}x":
+            bad.append(f"{key}: quotes {m.group(1)}, the summary's range is {lo:.2f}-{hi:.2f}x")
+    for m in re.finditer(r"(?<![\w.])\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x\b", line):
+        if m.span() not in labelled:
+            bad.append(f"{m.group()}: a ratio under no label")
+    return bad
+
+
+def _readme_speed_line() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     lines = [
         ln
         for ln in text.split("## Measured so far", 1)[1].split("\n## ", 1)[0].split("\n- ")
         if "docs/benchmarks/summary.md" in ln
     ]
-    assert lines, "README.md 'Measured so far' must link docs/benchmarks/summary.md"
-    quoted = re.findall(r"(\d+\.\d\d)(?:-(\d+\.\d\d))?x", " ".join(lines))
-    assert quoted, "README's speed line quotes no ratio"
-    bad = [q for q in quoted if (q[0], q[1] or q[0]) not in ranges]
-    assert not bad, f"README quotes {bad}; the summary's ranges are {sorted(ranges)}"
+    assert len(lines) == 1, "README.md 'Measured so far' must link docs/benchmarks/summary.md"
+    return " ".join(lines[0].split())
+
+
+def test_readme_speed_ratios_are_the_ranges_over_machine_kinds() -> None:
+    # README states each speed ratio as its range over the committed machine kinds
+    # (never one machine's best): each labelled ratio on the speed line must be that
+    # ratio's (min, max) in the summary's range table, and no ratio may stand unlabelled.
+    from benchmarks import run_all
+
+    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
+    ranges = {
+        k: mm for k in run_all.HEADLINE_COLUMNS if (mm := run_all.ratio_range(rows, k)) is not None
+    }
+    assert not readme_speed_mismatches(_readme_speed_line(), ranges)
+
+
+def test_readme_speed_checker_catches_a_swapped_label_and_an_unlabelled_ratio() -> None:
+    from benchmarks import run_all
+
+    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
+    ranges = {
+        k: mm for k in run_all.HEADLINE_COLUMNS if (mm := run_all.ratio_range(rows, k)) is not None
+    }
+    line = _readme_speed_line()
+    swapped = line.replace("(greedy)", "(GREEDY)").replace("(sampled)", "(greedy)")
+    swapped = swapped.replace("(GREEDY)", "(sampled)")
+    bad = readme_speed_mismatches(swapped, ranges)
+    assert any(b.startswith("sampler_greedy: quotes") for b in bad), bad
+    assert any(b.startswith("sampler_sampled: quotes") for b in bad), bad
+    extra = line.replace("transformers `generate()`.", "transformers `generate()`, 1.9x at best.")
+    assert extra != line
+    assert readme_speed_mismatches(extra, ranges) == ["1.9x: a ratio under no label"]
 
 
 def test_smollm2_rl_section_is_the_committed_run() -> None:
@@ -707,6 +763,30 @@ def test_step_profile_tables_are_the_committed_runs() -> None:
                 f" (python -m benchmarks.profile_step --trace --out docs/benchmarks/{path.name})"
             )
 
+    # The weight-gradient A/B's speed-ups the prose quotes: the avx512 kind's, and the
+    # Intel Xeon kind's against both AMD kinds'.
+    def speedups(*names: str) -> tuple[float, float]:
+        s = [
+            r["speedup"]
+            for n in names
+            for r in json.loads((ROOT / "docs" / "benchmarks" / n).read_text())["weight_grad_ab"]
+        ]
+        return min(s), max(s)
+
+    flat = " ".join(doc.split())
+    avx512 = speedups("profile_step.json")
+    amd = speedups("profile_step.json", "profile_step_avx2.json")
+    xeon = speedups("profile_step_xeon.json")
+    _assert_quotes(
+        flat,
+        (
+            f"the second table, {avx512[0]:.2f}-{avx512[1]:.2f}x faster steps",
+            f"costs {xeon[0]:.2f}-{xeon[1]:.2f}x in step time here (second table), against"
+            f" {amd[0]:.2f}-{amd[1]:.2f}x on the AMD kinds",
+        ),
+        "docs/benchmarks.md (profile_step*.json)",
+    )
+
 
 def test_smollm2_scan_vs_unrolled_table_is_the_committed_run() -> None:
     """The SmolLM2-size step's scan-vs-unrolled A/B (profile_step --model smollm2) is in
@@ -742,6 +822,39 @@ def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
         "docs/benchmarks.md's RL iteration table differs from machines/amd-epyc-avx512-2c.json"
         " (render it with benchmarks.bench_rl.table)"
     )
+    from benchmarks import run_all
+
+    flat = " ".join(doc.split())
+    mfu = sorted(r["gdpo_jax"]["step_mfu"] for r in res["results"].values())
+    assert f"3M model's step reaches {100 * mfu[0]:.0f}-{100 * mfu[1]:.0f} % on this kind" in flat
+    # The targets, per summary.md: its kinds, the step's range, who meets 1.5x.
+    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
+    n = {2: "two", 3: "three", 4: "four", 5: "five"}[len(rows)]
+    steps = [r[k] for r in rows for k in ("rl_step_b0.0", "rl_step_b0.04")]
+    assert min(steps) > 1
+    met = [r["machine"] for r in rows if min(r["rl_iter_b0.0"], r["rl_iter_b0.04"]) >= 1.5]
+    assert met == ["amd-epyc-avx512-2c"]
+    sampled = run_all.ratio_range(rows, "sampler_sampled")
+    assert sampled[0] >= 2 and max(r["sampler_greedy"] for r in rows) < 2
+    _assert_quotes(
+        flat,
+        (
+            f"over its {n} machine kinds: the step is faster than TRL's on all {n}"
+            f" ({min(steps):.2f}x-{max(steps):.2f}x); the RL iteration is 1.5x or more at both"
+            " betas on the avx512 kind.",
+            f"2x or more sampled on every kind ({sampled[0]:.2f}x-{sampled[1]:.2f}x) and under"
+            " 2x greedy on every kind",
+        ),
+        "docs/benchmarks.md (summary.md)",
+    )
+    # The token-choice section's top-k on the Sampler: this machine file's bench_sampler.
+    run = json.loads(path.read_text())["benchmarks"]["bench_sampler"]["result"]["results"]
+    modes = {r["mode"]: r for r in run}
+    topk, plain = modes["top-k 50"], modes["sampled"]
+    assert (
+        f"took {topk['ours_s']:.3f} s in the avx512 kind's machine file, against"
+        f" {plain['ours_s']:.3f} s for plain sampling: {topk['speedup']:.2f}x transformers" in flat
+    )
 
 
 def test_unrolled_layers_smollm2_figures_are_the_committed_run() -> None:
@@ -757,6 +870,13 @@ def test_unrolled_layers_smollm2_figures_are_the_committed_run() -> None:
     assert (
         f"{scan['step_s']:.3f} s per step as a scan, {unrolled['step_s']:.3f} s unrolled, best of"
         f" 3; medians {scan['median_step_s']:.3f} and {unrolled['median_step_s']:.3f} s" in flat
+    )
+    # "remat is slower" on this kind, with the same rows' MFU and best step times.
+    remat = by["smollm2-135m+remat"]
+    assert remat["mfu"] < scan["mfu"] and remat["step_s"] > scan["step_s"]
+    assert (
+        f"remat is slower, MFU {remat['mfu']:.2f} against {scan['mfu']:.2f} without it"
+        f" ({remat['step_s']:.3f} s against {scan['step_s']:.3f} s per step, best of 3)" in flat
     )
 
 
@@ -815,13 +935,32 @@ def test_prompt_sharing_gpu_section_is_the_committed_runs() -> None:
     x2, c2 = r[2048, "xla"], r[2048, "cudnn"]
     assert f"step {x2['step_s_per_row'] / c2['step_s_shared']:.1f}x faster" in flat
     assert f"{c2['max_dlogp_vs_f32_shared']:.3f} from the f32 reference" in flat
+    # mb2 and mb8 are two processes: the prose quotes each one's times, no ratio across them.
     q2 = {x["prompt_width"]: x for x in mb2["results"]}
     q8 = {x["prompt_width"]: x for x in mb8["results"]}
-    ratio = q8[512]["step_s_shared"] / q2[512]["step_s_shared"]
-    assert f"step is {ratio:.2f}x faster with 2 micro-batches at width 512" in flat
-    gains = sorted(q8[w]["step_s_shared"] / q2[w]["step_s_shared"] for w in (512, 2048))
+    assert all(q2[w]["step_s_shared"] < q8[w]["step_s_shared"] for w in (512, 2048))
+
+    def t(q: dict, w: int, k: str = "step_s_shared") -> str:
+        return f"{q[w][k]:.3f}"
+
+    _assert_quotes(
+        flat,
+        (
+            f"the shared cuDNN step took {t(q2, 512)} s with 2 micro-batches against"
+            f" {t(q8, 512)} s with 8 at width 512 ({q2[512]['step_speedup']:.2f}x over per row"
+            " within its run",
+            f"{t(q2, 2048)} s against {t(q8, 2048)} s at 2048"
+            f" ({q2[2048]['step_speedup']:.2f}x over per row",
+            f"({t(q2, 512, 'step_s_per_row')} s against {t(q8, 512, 'step_s_per_row')} s, and"
+            f" {t(q2, 2048, 'step_s_per_row')} s against {t(q8, 2048, 'step_s_per_row')} s)",
+        ),
+        "docs/benchmarks.md (prompt_sharing_h200_cudnn_mb*.json)",
+    )
     scale = " ".join((ROOT / "docs" / "scale.md").read_text(encoding="utf-8").split())
-    assert f"ran {gains[0]:.1f}-{gains[1]:.1f}x faster with 2 micro-batches than with 8" in scale
+    assert (
+        f"took {t(q2, 512)} and {t(q2, 2048)} s with 2 micro-batches against {t(q8, 512)} and"
+        f" {t(q8, 2048)} s with 8" in scale
+    )
     readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
     speedup = x2["step_s_per_row"] / c2["step_s_shared"]
     assert f"step at 2048-token prompts is {speedup:.1f}x faster" in readme
@@ -974,6 +1113,57 @@ def test_matmul_tables_are_the_machine_files_runs() -> None:
         limits,
         (f"large gap ({gap:.2f}x; the other products {min(rest):.2f}-{max(rest):.2f}x)",),
         "docs/limits.md (machines/amd-epyc-avx512-2c.json)",
+    )
+
+
+def test_matmul_chain_differences_are_described_as_committed() -> None:
+    """The committed glued chains' max_rel_diff is over the whole timed call (later runs
+    record check_steps); the prose quotes it, and the other rows' bound."""
+    import json
+
+    diffs = {}
+    for kind in ("amd-epyc-avx512-2c", "intel-xeon-avx512-2c"):
+        run = json.loads((ROOT / "docs/benchmarks/machines" / f"{kind}.json").read_text())
+        rows = run["benchmarks"]["bench_matmul"]["result"]["results"]
+        glue = next(r for r in rows if r["family"] == "decode chain, with glue")
+        assert glue["steps"] == 64 and "check_steps" not in glue
+        assert max(r["max_rel_diff"] for r in rows if r is not glue) < 1e-4
+        diffs[kind] = glue["max_rel_diff"]
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        flat,
+        (
+            "under 1e-4 for every product alone and for the bare chain on both kinds",
+            f"{diffs['amd-epyc-avx512-2c']:.2f} on the avx512 AMD kind and"
+            f" {diffs['intel-xeon-avx512-2c']:.2f} on the Xeon, are over the whole 64-step call",
+        ),
+        "docs/benchmarks.md (machines/*.json's bench_matmul)",
+    )
+
+
+def test_intel_xeon_prose_quotes_its_latest_row() -> None:
+    """The Intel Xeon section's figures for the kind's latest row: run_all's peak and
+    bench_rl's own peaks (each compared at its own size), and bench_model's remat MFU."""
+    import json
+
+    run = json.loads((ROOT / "docs/benchmarks/machines/intel-xeon-avx512-2c.json").read_text())
+    peak = run["matmul_peak"]
+    rl = run["benchmarks"]["bench_rl"]["result"]
+    assert peak["n"] == 2048 and rl.get("matmul_peak_n", 1024) == 1024
+    by = {r["model"]: r for r in run["benchmarks"]["bench_model"]["result"]["results"]}
+    plain, remat = by["smollm2-135m"]["mfu"], by["smollm2-135m+remat"]["mfu"]
+    assert remat < plain  # "does not reproduce on this kind either"
+    rl_peak = rl["matmul_peak_gflops"]
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        flat,
+        (
+            f"run_all's 2048³ matmul peak {peak['gflops_per_s']:.0f} GFLOP/s",
+            f"bench_rl's own 1024³ peaks, XLA's {rl_peak['jax']:.0f} and PyTorch's"
+            f" {rl_peak['torch']:.0f} GFLOP/s",
+            f"at MFU {plain:.2f} without remat and {remat:.2f} with in the latest machine file",
+        ),
+        "docs/benchmarks.md (machines/intel-xeon-avx512-2c.json)",
     )
 
 
