@@ -477,6 +477,25 @@ def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkey
         sandbox.isolation.cache_clear()
 
 
+def test_a_sandbox_that_cannot_set_up_is_a_config_error(tmp_path, monkeypatch):
+    # A set-up the machine refuses (pivot_root under Docker's seccomp profile was one)
+    # made every program a sandbox_error: NaN code rewards, seen only once training ran.
+    from gdpo_jax.rewards import sandbox
+
+    driver = tmp_path / "driver.py"
+    driver.write_text("print(repr({'setup_error': 'OSError: mount refused'}), flush=True)\n")
+    c = _cfg()
+    c.rewards.names = ("code_pass_rate", "test_short")
+    monkeypatch.setattr(sandbox, "_DRIVER", str(driver))
+    sandbox.self_check.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"config\.rewards\.sandbox: a trivial program .*"
+                           r"mount refused"):  # fmt: skip
+            validate_config(c, num_devices=8)
+    finally:
+        sandbox.self_check.cache_clear()
+
+
 def test_custom_rewards_by_import_path_and_config_imports(tmp_path, monkeypatch):
     # Issue #14 item 3: no config file needed to add a reward.
     (tmp_path / "gdpo_cfg_rewards.py").write_text(

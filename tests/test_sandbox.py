@@ -713,11 +713,15 @@ def test_a_killed_process_sandbox_directory_is_removed_by_the_next_one(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["gdpo_sandbox_unlocked"]
 
 
+@pytest.mark.parametrize("pivot", [True, False], ids=["pivot_root", "chroot"])
 @pytest.mark.parametrize("mode", ["namespaces", "userns"])
-def test_program_sees_a_minimal_root_without_the_hosts_files(mode):
+def test_program_sees_a_minimal_root_without_the_hosts_files(mode, pivot, monkeypatch):
     # Without a root of its own a program could read every world-readable host file: the
     # working tree, the task's data (its test cases' expected outputs), the checkpoints.
+    # Where pivot_root is refused (Docker's default seccomp profile) the root is entered
+    # by move and chroot instead; every program was a sandbox_error there.
     _pid_ns_mode(mode)
+    monkeypatch.setattr(sb, "_PIVOT_ROOT", pivot)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     secrets = [
         os.path.join(root, "README.md"),
@@ -731,6 +735,13 @@ def test_program_sees_a_minimal_root_without_the_hosts_files(mode):
         "import numpy, json\nprint(sorted(os.listdir('/')))\n"
         f"try:\n    open({planted!r}, 'w')\n    print('wrote')\n"
         "except OSError as e:\n    print(e.strerror)\n"
+        # No way back out of a chroot without CAP_SYS_CHROOT; the devices work but their
+        # host inodes cannot be changed (userns as root owns them).
+        "os.makedirs('/tmp/w/x')\ntry:\n    os.chroot('/tmp/w/x')\n    print('chrooted')\n"
+        "except OSError as e:\n    print(e.strerror)\n"
+        "open('/dev/null', 'w').write('x')\n"
+        "try:\n    os.chmod('/dev/null', 0o666)\n    print('chmod')\n"
+        "except OSError as e:\n    print('refused')\n"
     )
     try:
         _, case = run1(src, limits=sb.SandboxLimits(cpu_s=5, wall_s=10), isolation_mode=mode)
@@ -744,6 +755,7 @@ def test_program_sees_a_minimal_root_without_the_hosts_files(mode):
     top = set(eval(lines[3]))
     assert {"usr", "etc", "tmp", "proc", "dev"} <= top and not top & {"srv", "mnt", "boot", "media"}
     assert lines[4] == "Read-only file system"  # userns keeps our uid: site-packages is ro
+    assert lines[5:] == ["Operation not permitted", "refused"], lines
 
 
 @pytest.mark.parametrize("mode", ["namespaces", "userns"])
@@ -758,3 +770,64 @@ def test_site_packages_under_tmp_stay_importable(mode, tmp_path, monkeypatch):
     monkeypatch.setattr(sb, "_site_paths", lambda: (*here, str(site_dir)))
     _, case = run1("import gdpo_probe_mod\nprint(gdpo_probe_mod.VALUE)\n", isolation_mode=mode)
     assert (case.status, case.stdout) == ("ok", "42\n"), case.stderr
+
+
+def _with_site(monkeypatch, *dirs):
+    here = sb._site_paths()
+    monkeypatch.setattr(sb, "_site_paths", lambda: (*here, *map(str, dirs)))
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "userns"])
+def test_site_packages_reached_through_a_symlink_stay_importable(mode, tmp_path, monkeypatch):
+    # A kept path whose target was bound first (a shorter string) or lies in /usr was left
+    # out of the new root: every import from it failed (runtime_error, reward 0).
+    _pid_ns_mode(mode)
+    real = tmp_path / "s"
+    real.mkdir()
+    (real / "gdpo_probe_link.py").write_text("VALUE = 7\n")
+    link = tmp_path / "a_site_dir_reached_through_a_longer_symlink"
+    link.symlink_to(real)
+    _with_site(monkeypatch, link)  # the spelling sys.path uses; its target is shorter
+    src = "import sys, gdpo_probe_link\nprint(gdpo_probe_link.__file__, gdpo_probe_link.VALUE)\n"
+    res = sb.run_program(src, [""], limits=FAST, isolation_mode=mode)
+    assert res.sandbox_error is None and res.cases[0].status == "ok", res
+    assert res.cases[0].stdout.split()[1] == "7"
+
+
+@pytest.mark.parametrize("mode", ["namespaces", "userns"])
+def test_an_installed_package_data_and_submounts_stay_out_of_reach(mode, tmp_path, monkeypatch):
+    # Installed from a wheel, gdpo_jax/data/samples (expected outputs) sat in the bound
+    # site-packages; and only the top mount of each bound tree was made read-only, so a
+    # writable mount below it stayed writable.
+    _pid_ns_mode(mode)
+    site = tmp_path / "site"
+    samples = site / "gdpo_jax" / "data" / "samples"
+    samples.mkdir(parents=True)
+    (samples / "code_apps.jsonl").write_text('{"answer": 1}\n')
+    (site / "mnt").mkdir()
+    assert sb._hide_paths()[0].endswith("gdpo_jax")  # this package, wherever it lies
+    monkeypatch.setattr(sb, "_hide_paths", lambda: [str(site / "gdpo_jax")])
+    _with_site(monkeypatch, site)
+    script = (
+        "import sys\nfrom gdpo_jax.rewards import sandbox as sb\n"
+        f"sb._site_paths = lambda: {(*sb._site_paths(),)!r}\n"
+        f"sb._hide_paths = lambda: {[str(site / 'gdpo_jax')]!r}\n"
+        "src = ('import os\\nprint(os.path.exists(%r), os.listdir(%r))\\n'\n"
+        '       \'try:\\n    open(%r, "w")\\n    print("wrote")\\n\'\n'
+        "       'except OSError as e:\\n    print(e.strerror)\\n')"
+        f" % ({str(samples / 'code_apps.jsonl')!r}, {str(site / 'gdpo_jax')!r}, "
+        f"{str(site / 'mnt' / 'x')!r})\n"
+        f"r = sb.run_program(src, [''], isolation_mode={mode!r}, allow_weak=True)\n"
+        "print(r.sandbox_error, r.cases[0].status)\nprint(r.cases[0].stdout, end='')\n"
+    )
+    # A writable tmpfs below the kept tree, in a mount namespace of this test's own.
+    cmd = [
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        f"mount -t tmpfs -o size=1m,mode=1777 t {site / 'mnt'} && exec {sys.executable} -c \"$0\"",
+        script,
+    ]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()[-3:]
+    assert lines == ["None ok", "False []", "Read-only file system"], out.stdout

@@ -214,6 +214,8 @@ class _UidPool:
             self._cv.notify()
 
 
+# Enter the minimal root with pivot_root (False: its fallback, move and chroot; tests).
+_PIVOT_ROOT = True
 # How much of a caller's remaining time run_program keeps back (at most 20% of it).
 _STOP_GRACE_S = 0.5
 _UIDS = _UidPool()
@@ -290,6 +292,34 @@ def _keep_paths() -> list[str]:
     return sorted(p for p in paths if os.path.isdir(p))
 
 
+def _hide_paths() -> list[str]:
+    """Directories the minimal root covers with an empty one where a kept tree holds
+    them: this package when installed (not editable), whose sample data holds the
+    code task's expected outputs."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gdpo_jax/
+    return sorted({here, os.path.realpath(here)})
+
+
+@functools.cache
+def self_check(mode: str = "auto", allow_weak: bool = False) -> None:
+    """Run one trivial program in `mode` (once per process); a RuntimeError naming
+    the sandbox's own set-up error if it does not run.
+
+    A set-up this machine refuses (a mount, the root's entry) would otherwise make
+    every program a `sandbox_error`, a NaN reward, only once training runs.
+    """
+    res = run_program(
+        "def f():\n    return 1\n", [[]], fn_name="f", isolation_mode=mode, allow_weak=allow_weak
+    )
+    case = res.cases[0]
+    if res.sandbox_error is not None or case.status != "ok" or case.value != 1:
+        why = res.sandbox_error or f"{case.status}: {case.stderr[-300:]}"
+        raise RuntimeError(
+            f"sandbox: a trivial program does not run in mode {res.isolation!r} on this "
+            f"machine ({why}); choose another mode with rewards.sandbox.isolation."
+        )
+
+
 def _kill_uid_outside(uid: int) -> None:
     """Kill leftovers of `uid` from outside (setuid mode: no pid namespace)."""
     for _ in range(50):
@@ -358,6 +388,8 @@ def run_program(
             "gid": uid,
             "private_mounts": iso.private_tmp,
             "keep_paths": _keep_paths(),
+            "hide_paths": _hide_paths(),
+            "pivot_root": _PIVOT_ROOT,
             "nproc_base": 0,
             "workdir": None,
             "iodir": None,

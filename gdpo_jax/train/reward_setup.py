@@ -61,6 +61,7 @@ def _check_rewards(cfg: mlc.ConfigDict, names: tuple, known: list | tuple | None
         _choice(cfg, "rewards.sandbox.isolation", ("auto",) + sandbox.MODES)
         try:
             sandbox.isolation(sb.isolation, bool(sb.allow_weak))
+            sandbox.self_check(sb.isolation, bool(sb.allow_weak))
         except RuntimeError as e:
             # The sandbox's own messages start "sandbox: "; the field names it once.
             raise ConfigError(
