@@ -12,7 +12,7 @@ machine allows; `isolation()` probes it once per process and records it:
   "setuid"      root      host     no      no        yes        per-run uid + RLIMIT_NPROC
   "rlimits"     non-root  host     no      no        no         RLIMIT_NPROC, all user's tasks
 
-"own root": the program sees a minimal root (`_sandbox_driver._minimal_root`:
+"own root": the program sees a minimal root (`_sandbox_root.minimal_root`:
 the system's library trees, the interpreter and its site-packages, read-only,
 and a fresh /tmp), not the host's files.
 
