@@ -1410,7 +1410,8 @@ def test_sandbox_cost_section_is_the_committed_run() -> None:
     over = sorted(r["over_bare_interpreter_ms"] for r in plain)
     case = sorted(r["per_extra_case_ms"] for r in plain)
     assert f"about {one[0]:.0f}-{one[-1]:.0f} ms" in flat
-    assert f"{over[0]:.0f}-{over[-1]:.0f} ms over a bare interpreter start" in flat
+    lo, hi = f"{over[0]:.0f}", f"{over[-1]:.0f}"
+    assert f"{lo if lo == hi else f'{lo}-{hi}'} ms over a bare interpreter start" in flat
     assert f"test case {case[0]:.1f}-{case[-1]:.1f} ms" in flat
     (everything,) = [r for r in res["programs"] if r["program"] == "all preloads"]
     (same_mode,) = [r for r in plain if r["mode"] == everything["mode"]]
@@ -1418,6 +1419,7 @@ def test_sandbox_cost_section_is_the_committed_run() -> None:
     assert f"about {extra:.0f} ms more" in flat
     per_s = {r["workers"]: r["completions_per_s"] for r in res["reward"]}
     assert f"one worker thread the reward scores {per_s[1]} completions" in flat
+    assert f"with 2 workers {per_s[2]}" in flat
     assert f"with 4 workers {per_s[4]}" in flat
 
 
