@@ -264,17 +264,23 @@ def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypat
     assert "| XLA matmuls vs PyTorch's, step shapes | 0.75x | 0.75x | 1 |" in text
 
 
-def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_path):
-    """`run_all --only bench_matmul` (a full run of one benchmark) used to replace the
-    kind's machine file with one that held bench_matmul alone: the kind's row lost its
-    RL and sampler ratios. It now updates that entry and lists the run."""
-    out = tmp_path / "bench"
+def _full_report() -> dict:
+    """A full run_all report of one 2-core AMD EPYC kind, every benchmark ok."""
     full = _fake_report("AMD EPYC", 2, 1.7, 2.1)
     full["benchmarks"] = {n: {"status": "ok", "result": {}} for n in run_all.BENCHMARKS} | full[
         "benchmarks"
     ]
     full["machine"] |= dict(cpu_count=2, memory_gib=24, versions={}, device_kind="cpu")
     full["machine"] |= dict(device_count=1)
+    return full
+
+
+def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_path):
+    """`run_all --only bench_matmul` (a full run of one benchmark) used to replace the
+    kind's machine file with one that held bench_matmul alone: the kind's row lost its
+    RL and sampler ratios. It now updates that entry and lists the run."""
+    out = tmp_path / "bench"
+    full = _full_report()
     run_all.write_report(full, str(out))
     part = dict(full, created="2026-12-03T12:00:00Z")
     part["benchmarks"] = {
@@ -307,12 +313,7 @@ def test_a_failed_run_of_some_benchmarks_keeps_their_published_entries(tmp_path)
     published bench_rl entry (its row its RL ratios); only the entry that ran is merged,
     and the update names the one that was not."""
     out = tmp_path / "bench"
-    full = _fake_report("AMD EPYC", 2, 1.7, 2.1)
-    full["benchmarks"] = {n: {"status": "ok", "result": {}} for n in run_all.BENCHMARKS} | full[
-        "benchmarks"
-    ]
-    full["machine"] |= dict(cpu_count=2, memory_gib=24, versions={}, device_kind="cpu")
-    full["machine"] |= dict(device_count=1)
+    full = _full_report()
     run_all.write_report(full, str(out))
     path = out / "machines" / "amd-epyc-2c.json"
     part = dict(full, created="2026-12-05T12:00:00Z")

@@ -758,6 +758,11 @@ def test_program_sees_a_minimal_root_without_the_hosts_files(mode, pivot, monkey
     assert lines[5:] == ["Operation not permitted", "refused"], lines
 
 
+def _with_site(monkeypatch, *dirs):
+    here = sb._site_paths()
+    monkeypatch.setattr(sb, "_site_paths", lambda: (*here, *map(str, dirs)))
+
+
 @pytest.mark.parametrize("mode", ["namespaces", "userns"])
 def test_site_packages_under_tmp_stay_importable(mode, tmp_path, monkeypatch):
     # The minimal root is staged under a fresh /tmp: an interpreter or site-packages that
@@ -766,15 +771,9 @@ def test_site_packages_under_tmp_stay_importable(mode, tmp_path, monkeypatch):
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     (site_dir / "gdpo_probe_mod.py").write_text("VALUE = 42\n")
-    here = sb._site_paths()
-    monkeypatch.setattr(sb, "_site_paths", lambda: (*here, str(site_dir)))
+    _with_site(monkeypatch, site_dir)
     _, case = run1("import gdpo_probe_mod\nprint(gdpo_probe_mod.VALUE)\n", isolation_mode=mode)
     assert (case.status, case.stdout) == ("ok", "42\n"), case.stderr
-
-
-def _with_site(monkeypatch, *dirs):
-    here = sb._site_paths()
-    monkeypatch.setattr(sb, "_site_paths", lambda: (*here, *map(str, dirs)))
 
 
 @pytest.mark.parametrize("mode", ["namespaces", "userns"])
