@@ -77,13 +77,6 @@ _MAX_VALUE_DEPTH = 100
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
-# The minimal root's set-up, a sibling module: -I leaves this directory off the path,
-# so it goes on for this one import and comes off again (the program's path).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _sandbox_root  # noqa: E402
-
-del sys.path[0]
-
 
 def _count_uid_tasks(uid):
     n = 0
@@ -471,6 +464,13 @@ def main():
             except ImportError:
                 pass
         if job["private_mounts"]:
+            # The set-up's sibling module, imported only by the modes that use it: -I
+            # leaves this directory off the path, so it goes on for this one import and
+            # comes off again (the program's path).
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import _sandbox_root
+
+            del sys.path[0]
             workdir, iodir = _sandbox_root.minimal_root(
                 job["keep_paths"],
                 job.get("hide_paths", ()),

@@ -8,7 +8,7 @@ starts once per program.
 import ctypes
 import os
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_REMOUNT = 1, 2, 4, 32
 _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE, _MNT_DETACH = 4096, 8192, 16384, 1 << 18, 2
 # A read-only remount must repeat the flags the kernel may have locked on the
 # source mount (a user namespace may not change them): statvfs's ST_* bit -> MS_*.
@@ -65,8 +65,9 @@ def _mounts_below(path):
         for line in f:
             raw, point, i = line.split()[4], bytearray(), 0
             while i < len(raw):  # the kernel writes space, tab, newline, \\ as \ooo
-                if raw[i] == 92 and raw[i + 1 : i + 4].isdigit() and len(raw[i + 1 : i + 4]) == 3:
-                    point.append(int(raw[i + 1 : i + 4], 8))
+                esc = raw[i + 1 : i + 4]
+                if raw[i] == 92 and len(esc) == 3 and esc.isdigit():
+                    point.append(int(esc, 8))
                     i += 4
                 else:
                     point.append(raw[i])
