@@ -609,11 +609,15 @@ def test_program_cannot_block_the_next_case_files(mode):
     assert [(c.status, c.stdout) for c in res.cases] == [("ok", "x\n")] * 3
 
 
-@pytest.mark.parametrize("mode", ["namespaces", "userns"])
-def test_setsid_daemon_does_not_survive_its_case(mode):
-    # A daemon in its own session escaped the process-group kill (userns): it ran on
-    # through the next cases (and could kill their test processes during set-up).
-    _pid_ns_mode(mode)
+@pytest.mark.parametrize("mode", ["namespaces", "userns", "rlimits"])
+def test_setsid_daemon_does_not_survive_its_case(mode, monkeypatch):
+    # A daemon in its own session escaped the process-group kill (userns, and rlimits
+    # until the driver killed its whole subreaper tree): it ran on through the next
+    # cases (and could kill their test processes during set-up).
+    if mode == "rlimits":
+        _force_rlimits_as_root(monkeypatch)
+    else:
+        _pid_ns_mode(mode)
     src = (
         "import os, time\nif not os.path.exists('pid'):\n    if os.fork() == 0:\n"
         "        os.setsid()\n        open('pid', 'w').write(str(os.getpid()))\n"

@@ -38,7 +38,8 @@ A case's stdin/stdout/stderr/return-value files are anonymous (memfd), made
 by the driver and handed to the test process as fds: they have no name, so the
 program cannot pre-create, replace or block them for a later case. In the pid
 namespace modes the driver is pid 1 there and kills every other process after
-each case (a `setsid` daemon escapes its process group). The driver watches
+each case (a `setsid` daemon escapes its process group); in rlimits mode, every
+process below it (a child subreaper's tree holds such a daemon). The driver watches
 its stdout: once the runner is gone (its read end closed), it kills the case
 and exits, so an abandoned sandbox does not run on.
 
@@ -133,17 +134,64 @@ def _kill_namespace():
                 break
 
 
+def _descendants(root):
+    """Pids of every process below `root`, from each process's parent in /proc/<pid>/stat
+    (`/proc/<pid>/task/<tid>/children` needs CONFIG_PROC_CHILDREN, not always built)."""
+    kids = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and ")".
+        ppid = int(stat[stat.rfind(b")") + 2 :].split(None, 2)[1])
+        kids.setdefault(ppid, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        for child in kids.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_descendants():
+    """SIGKILL every process below this driver, and reap them (rlimits mode).
+
+    The driver is a child subreaper (`main`), so a daemon that left its process group
+    and session (`setsid`, a double fork) is re-parented to it, never to the host's
+    init: the whole tree stays below the driver. All of it is killed at once; a process
+    with SIGKILL pending cannot complete a fork, and one forked between the scan and
+    the kill is found by the next scan.
+    """
+    me = os.getpid()
+    for _ in range(100):
+        pids = _descendants(me)
+        if not pids:
+            return
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        _reap()
+        time.sleep(0.001)
+
+
 def _kill_leftovers(pid, job):
     """Every process the case left (daemons, fork bombs), as far as the mode allows."""
     if os.getpid() == 1:  # pid namespace modes: this driver is its init
         _kill_namespace()
     elif job["uid"] is not None:  # setuid mode: the run's own uid
         _kill_uid(job["uid"])
-    else:  # rlimits mode: its process group only (a setsid daemon escapes)
+    else:  # rlimits mode: the driver's whole tree (a setsid daemon included)
         try:
             os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
+        _kill_descendants()
     _reap()
 
 
