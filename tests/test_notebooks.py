@@ -113,12 +113,14 @@ def test_results_notebook_labels_a_run_by_its_innermost_estimator_folder(tmp_pat
         "gdpo_vs_grpo/gdpo/seed1",
         "grpo-lr1e-6/gdpo_no_bn/seed2",
         "gdpo.old/grpo_no_std_seed3",
+        "seed9_sweep/gdpo/seed4",  # the innermost seed too (the outermost was taken)
         "sft/seed0",  # no estimator: skipped
     ):
         _write_run(ok / rel)
     runs = load(ok)
     got = set(zip(runs.estimator, runs.seed))
-    assert got == {("grpo", 0), ("gdpo", 1), ("gdpo_no_bn", 2), ("grpo_no_std", 3)}, got
+    want = {("grpo", 0), ("gdpo", 1), ("gdpo_no_bn", 2), ("grpo_no_std", 3), ("gdpo", 4)}
+    assert got == want, got
     # Two folders that are only estimator names: no way to tell which labels the run.
     for i, rel in enumerate(("gdpo/grpo/seed0", "gdpo/grpo_seed0")):
         _write_run(tmp_path / f"ambiguous{i}" / rel)
