@@ -190,21 +190,35 @@ def time_fn(fn: Callable[[], Any], *, repeats: int = 5, warmup: int = 1) -> dict
 
 
 def time_interleaved(
-    fns: Sequence[Callable[[], Any]], *, repeats: int, warmup: int = 0
+    fns: Sequence[Callable[[], Any]], *, repeats: int, warmup: int = 0, calls_per_turn: int = 1
 ) -> list[dict[str, float]]:
     """Wall seconds of several functions called in turn, `repeats` rounds (after
     `warmup` calls each), so all see the same machine load. One {"best_s",
-    "median_s"} per function, in order."""
+    "median_s"} per function, in order.
+
+    With `calls_per_turn` k > 1 each turn calls its function k times in a row and times
+    only the last call; the first call's seconds come back too ("first_best_s",
+    "first_median_s"). Two frameworks timed in turn leave each other a process to
+    re-warm (freed pools, sleeping worker threads), which the first call after the other
+    framework pays, as neither framework's user does."""
+    if calls_per_turn < 1:
+        raise ValueError(f"calls_per_turn={calls_per_turn} must be >= 1")
     for _ in range(warmup):
         for fn in fns:
             fn()
     times: list[list[float]] = [[] for _ in fns]
+    first: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, ts in zip(fns, times):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-    return [{"best_s": min(ts), "median_s": statistics.median(ts)} for ts in times]
+        for fn, ts, fs in zip(fns, times, first):
+            for k in range(calls_per_turn):
+                t0 = time.perf_counter()
+                fn()
+                (ts if k == calls_per_turn - 1 else fs).append(time.perf_counter() - t0)
+    out = [{"best_s": min(ts), "median_s": statistics.median(ts)} for ts in times]
+    if calls_per_turn > 1:
+        for o, fs in zip(out, first):
+            o |= {"first_best_s": min(fs), "first_median_s": statistics.median(fs)}
+    return out
 
 
 def matmul_peak(

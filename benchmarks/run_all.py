@@ -296,6 +296,13 @@ def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
 # --------------------------------------------------------------------------- #
 # One row per machine kind: the headline ratios (the reference's seconds / ours, > 1 = ours faster)
 # --------------------------------------------------------------------------- #
+def _run_dates(report: Mapping[str, Any]) -> str:
+    """The full run's date, then each later `--only` update's: "2026-12-04 (bench_sampler
+    2026-12-05)", so a row's ratios are dated by the runs that measured them."""
+    later = [f"{', '.join(u['benchmarks'])} {u['created'][:10]}" for u in report.get("updates", [])]
+    return report["created"][:10] + (f" ({'; '.join(later)})" if later else "")
+
+
 def headline(report: Mapping[str, Any]) -> dict[str, Any]:
     """The ratios README and docs quote, from one run's report (None where a
     benchmark did not run or failed)."""
@@ -309,7 +316,7 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
         "machine": common.machine_kind(report["machine"]),
         "cpu": report["machine"]["cpu_model"],
         "cores": report["machine"]["cpu_usable"],
-        "run": report["created"][:10],
+        "run": _run_dates(report),
     }
     rl = res("bench_rl")
     for beta in ("0.0", "0.04"):

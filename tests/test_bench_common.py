@@ -301,6 +301,10 @@ def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_pa
     row = run_all.summary_rows(str(out / "machines"))[0]
     assert row["rl_iter_b0.0"] == 1.7 and row["sampler_greedy"] == 2.1  # kept
     assert row["matmul_step"] == 0.5  # updated
+    # The row is dated by both runs: its ratios are not all the full run's.
+    assert row["run"] == "2026-11-23 (bench_matmul 2026-12-03)"
+    summary = (out / "summary.md").read_text()
+    assert "| amd-epyc-2c | AMD EPYC | 2 | 2026-11-23 (bench_matmul 2026-12-03) |" in summary
     md = (out / "machines" / "amd-epyc-2c.md").read_text()
     assert "Updated 2026-12-03T12:00:00Z: `python -m benchmarks.run_all` (bench_matmul)" in md
     # A later run of every benchmark replaces the file, updates and all.
@@ -577,6 +581,30 @@ def test_time_interleaved_calls_in_turn_after_warmup(monkeypatch):
     res = common.time_interleaved([fn("a", 1.0), fn("b", 3.0)], repeats=3, warmup=1)
     assert calls == ["a", "b"] * 4
     assert res == [{"best_s": 1.0, "median_s": 1.0}, {"best_s": 3.0, "median_s": 3.0}]
+
+
+def test_time_interleaved_times_the_last_call_of_each_turn(monkeypatch):
+    """calls_per_turn=2: each turn calls its function twice; the second call is timed, the
+    first reported apart (a fake clock where a call right after the other function's
+    costs 5 s more, as a framework's first call after the other's did)."""
+    calls: list[str] = []
+    clock = [0.0]
+    monkeypatch.setattr(common.time, "perf_counter", lambda: clock[0])
+
+    def fn(name: str, cost: float):
+        def call() -> None:
+            clock[0] += cost + (5.0 if calls and calls[-1] != name else 0.0)
+            calls.append(name)
+
+        return call
+
+    res = common.time_interleaved([fn("a", 1.0), fn("b", 3.0)], repeats=3, calls_per_turn=2)
+    assert calls == ["a", "a", "b", "b"] * 3
+    # The very first call follows nothing: a's first calls are 1 s once, then 6 s.
+    assert res[0] == {"best_s": 1.0, "median_s": 1.0, "first_best_s": 1.0, "first_median_s": 6.0}
+    assert res[1] == {"best_s": 3.0, "median_s": 3.0, "first_best_s": 8.0, "first_median_s": 8.0}
+    with pytest.raises(ValueError, match="calls_per_turn=0"):
+        common.time_interleaved([fn("a", 1.0)], repeats=1, calls_per_turn=0)
 
 
 def test_quick_out_main_runs_prints_and_writes(tmp_path, monkeypatch, capsys):
