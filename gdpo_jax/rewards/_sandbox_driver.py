@@ -168,6 +168,12 @@ def _kill_descendants():
     """
     me = os.getpid()
     for _ in range(100):
+        # Any process below a subreaper has a child of it for ancestor (or is one): no
+        # child, nothing below, and the /proc scan (a file per host process) is skipped.
+        try:
+            os.waitpid(-1, os.WNOHANG)  # reaps one exited child, if there is one
+        except ChildProcessError:
+            return
         pids = _descendants(me)
         if not pids:
             return
