@@ -1925,6 +1925,32 @@ def test_limits_cpu_speed_figures_are_each_kinds_latest_row() -> None:
         _assert_quotes(bullet, (pair, greedy), f"docs/limits.md (machines/{kind}.json)")
 
 
+def test_sampler_first_call_figures_are_the_avx512_kinds_run() -> None:
+    """The figures benchmarks.md quotes from the avx512 kind's bench_sampler (timed two
+    calls a turn): each side's first-call cost, greedy's seconds and the top-k row."""
+    import json
+
+    run = json.loads((ROOT / "docs/benchmarks/machines/amd-epyc-avx512-2c.json").read_text())
+    res = run["benchmarks"]["bench_sampler"]["result"]
+    assert res["timing"].startswith("rounds, 2 calls a turn")
+    rows = {r["mode"]: r for r in res["results"]}
+    ours = [r["ours_first_s"] - r["ours_s"] for r in rows.values()]
+    hf = [r["hf_first_s"] - r["hf_s"] for r in rows.values()]
+    g, k, p = rows["greedy"], rows["top-k 50"], rows["sampled"]
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    figures = (
+        f"ours {min(ours):.2f}-{max(ours):.2f} s more and transformers' {min(hf):.2f}-"
+        f"{max(hf):.2f} s",
+        f"greedy is {g['speedup']:.2f}x in the latest run (2026-12-05, two calls a turn, the"
+        f" second timed; by the calls' medians {g['hf_median_s'] / g['ours_median_s']:.2f}x)",
+        f"Our greedy took {g['ours_s']:.3f} s there and its first call of a turn "
+        f"{g['ours_first_s']:.3f} s; transformers' {g['hf_s']:.3f} s and {g['hf_first_s']:.3f} s",
+        f"took {k['ours_s']:.3f} s in the avx512 kind's machine file, against {p['ours_s']:.3f}"
+        f" s for plain sampling: {k['speedup']:.2f}x transformers",
+    )
+    _assert_quotes(flat, figures, "docs/benchmarks.md (machines/amd-epyc-avx512-2c.json)")
+
+
 def test_cpu_smollm2_sampler_section_is_the_committed_runs() -> None:
     """benchmarks.md's SmolLM2-shape CPU sampler section renders the committed run timed two
     calls a turn, and its prose (and limits.md) quote that run's first-call costs and
