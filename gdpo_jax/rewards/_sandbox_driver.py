@@ -67,6 +67,13 @@ import select
 import sys
 import time
 
+# The clean-up after each case is the sibling module's. -I leaves this directory off
+# the path: it goes on for this import and comes off again (the program's path).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _sandbox_reap  # noqa: E402
+
+del sys.path[0]
+
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
 _EXIT_RUNTIME, _EXIT_MEMORY, _EXIT_SETUP = 1, 3, 97
 _OK_FD = 100  # the test process's "set-up done" pipe, out of the way of 0..3
@@ -92,123 +99,6 @@ def _count_uid_tasks(uid):
             except OSError:
                 pass
     return n
-
-
-def _kill_uid(uid):
-    """SIGKILL every process of `uid` (repeat: a fork bomb refills)."""
-    for _ in range(100):
-        found = False
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or int(pid) == os.getpid():
-                continue
-            try:
-                if os.stat(f"/proc/{pid}").st_uid == uid:
-                    os.kill(int(pid), signal.SIGKILL)
-                    found = True
-            except OSError:
-                pass
-        _reap()
-        if not found:
-            return
-        time.sleep(0.005)
-
-
-def _kill_namespace():
-    """As pid 1 of a pid namespace: SIGKILL every other process in it, and reap them.
-
-    kill(-1) reaches exactly this namespace's processes but not its init (this
-    driver), whatever their process group or session (`setsid`). A process
-    with SIGKILL pending cannot complete a fork, and every orphan is
-    re-parented to init, so once no child is left none is left at all; the
-    loop checks that with one more kill(-1) (ESRCH: nothing to signal).
-    """
-    for _ in range(100):
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        while True:
-            try:
-                os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-
-
-def _descendants(root):
-    """Pids of every process below `root`, from each process's parent in /proc/<pid>/stat
-    (`/proc/<pid>/task/<tid>/children` needs CONFIG_PROC_CHILDREN, not always built)."""
-    kids = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue  # exited meanwhile
-        # "pid (comm) state ppid ...": comm may hold spaces and ")".
-        ppid = int(stat[stat.rfind(b")") + 2 :].split(None, 2)[1])
-        kids.setdefault(ppid, []).append(int(name))
-    found, todo = [], [root]
-    while todo:
-        for child in kids.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill_descendants():
-    """SIGKILL every process below this driver, and reap them (rlimits mode).
-
-    The driver is a child subreaper (`main`), so a daemon that left its process group
-    and session (`setsid`, a double fork) is re-parented to it, never to the host's
-    init: the whole tree stays below the driver. All of it is killed at once; a process
-    with SIGKILL pending cannot complete a fork, and one forked between the scan and
-    the kill is found by the next scan.
-    """
-    me = os.getpid()
-    for _ in range(100):
-        # Any process below a subreaper has a child of it for ancestor (or is one): no
-        # child, nothing below, and the /proc scan (a file per host process) is skipped.
-        try:
-            os.waitpid(-1, os.WNOHANG)  # reaps one exited child, if there is one
-        except ChildProcessError:
-            return
-        pids = _descendants(me)
-        if not pids:
-            return
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-        _reap()
-        time.sleep(0.001)
-
-
-def _kill_leftovers(pid, job):
-    """Every process the case left (daemons, fork bombs), as far as the mode allows."""
-    if os.getpid() == 1:  # pid namespace modes: this driver is its init
-        _kill_namespace()
-    elif job["uid"] is not None:  # setuid mode: the run's own uid
-        _kill_uid(job["uid"])
-    else:  # rlimits mode: the driver's whole tree (a setsid daemon included)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        _kill_descendants()
-    _reap()
-
-
-def _reap():
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
 
 
 class _CapHeader(ctypes.Structure):
@@ -428,11 +318,11 @@ def _run_case_files(code, job, case, fds, ran, watch):
             except OSError:
                 pass
             os.kill(pid, signal.SIGKILL)
-            _kill_leftovers(pid, job)
+            _sandbox_reap.kill_leftovers(pid, job)
             os._exit(1)
         delay = min(delay * 2, 0.02)
     elapsed = time.monotonic() - t0
-    _kill_leftovers(pid, job)
+    _sandbox_reap.kill_leftovers(pid, job)
     # Every holder of the write end is gone: b"" = its set-up failed.
     set_up = os.read(ok_r, 1) == b"\x01"
     os.close(ok_r)
@@ -518,9 +408,8 @@ def main():
             except ImportError:
                 pass
         if job["private_mounts"]:
-            # The set-up's sibling module, imported only by the modes that use it: -I
-            # leaves this directory off the path, so it goes on for this one import and
-            # comes off again (the program's path).
+            # The set-up's sibling module, imported only by the modes that use it, as
+            # `_sandbox_reap` above.
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             import _sandbox_root
 
