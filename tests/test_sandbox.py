@@ -2,6 +2,7 @@
 test case within their limits while this (the runner's) process survives."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -236,17 +237,26 @@ def test_stdin_stdout_idioms():
     assert c.stdout == "HI\n"
 
 
-def _force_rlimits_as_root(monkeypatch) -> None:
-    """Root is refused "rlimits" (no process limit); as root the tests of that mode's
-    runner force its Isolation (the driver's code is the same for any uid)."""
-    if os.geteuid() == 0:
-        monkeypatch.setattr(sb, "isolation", lambda *a: isolation_mod._build("rlimits", True))
+def _force_as_root(monkeypatch, mode: str) -> None:
+    """Root is refused "rlimits" (no process limit) and "userns" (its namespace's root is
+    the host's root); as root the tests of those modes' runner force their Isolation
+    where the machine can run it: the driver's code is the same for any uid."""
+    if os.geteuid() != 0 or mode not in ("rlimits", "userns"):
+        return
+    probe = ["unshare", "--user", "--map-root-user", *sb._NS_FLAGS, "true"]
+    if mode == "userns" and not (shutil.which("unshare") and isolation_mod._probe(probe)):
+        return  # sb.isolation("userns") raises: the test skips
+    real = sb.isolation
+
+    def forced(m: str = "auto", allow_weak: bool = False) -> sb.Isolation:
+        return isolation_mod._build(mode, True) if m == mode else real(m, allow_weak)
+
+    monkeypatch.setattr(sb, "isolation", forced)
 
 
 @pytest.mark.parametrize("mode", ["userns", "setuid", "rlimits"])
 def test_weaker_modes_run_benign_programs(mode, monkeypatch):
-    if mode == "rlimits":
-        _force_rlimits_as_root(monkeypatch)
+    _force_as_root(monkeypatch, mode)
     try:
         iso = sb.isolation(mode)
     except RuntimeError as e:
@@ -296,8 +306,7 @@ def test_driver_cannot_be_forged_through_proc(mode, monkeypatch):
     # Same uid as the driver: /proc/<driver>/fd/1 would reach its result pipe
     # were the driver dumpable (and the test process kept CAP_SYS_PTRACE as
     # root, or as root of its user namespace).
-    if mode == "rlimits":
-        _force_rlimits_as_root(monkeypatch)
+    _force_as_root(monkeypatch, mode)
     try:
         sb.isolation(mode)
     except RuntimeError as e:
@@ -316,7 +325,7 @@ def test_program_killing_its_driver_fails_as_the_program(monkeypatch):
     # to the program, which is its failure, not the machine's. Root is refused
     # rlimits (no process limit), so as root the test forces that Isolation:
     # what it checks is how the runner reads a driver that died mid-run.
-    _force_rlimits_as_root(monkeypatch)
+    _force_as_root(monkeypatch, "rlimits")
     src = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nimport time\ntime.sleep(1)\n"
     res = sb.run_program(src, ["", ""], limits=FAST, isolation_mode="rlimits")
     assert res.sandbox_error is None
@@ -387,14 +396,48 @@ def test_rlimits_is_refused_as_root(monkeypatch):
         sb.isolation.cache_clear()
 
 
-def test_userns_fallback_warns_but_runs(probes, caplog):
+def test_userns_fallback_warns_but_runs(probes, caplog, monkeypatch):
+    monkeypatch.setattr(isolation_mod.os, "geteuid", lambda: 1000)
     probes(lambda cmd: "--user" in cmd)
     with caplog.at_level("WARNING", logger="gdpo_jax.sandbox"):
         iso = sb.isolation()
     assert iso.mode == "userns" and "keeps the caller's uid" in caplog.text
 
 
-def test_sandbox_preloads_only_the_modules_a_source_names_and_runs_no_site_hooks():
+def test_userns_is_refused_as_root(probes, monkeypatch):
+    # As root, `unshare --map-root-user` maps the namespace's root to the host's root:
+    # dropped capabilities or not, the program owned root's files and /proc/sys (it could
+    # write kernel.core_pattern, or chmod the interpreter through /proc/self/exe). "auto"
+    # fell back to it as root wherever namespaces failed and user namespaces worked.
+    monkeypatch.setattr(isolation_mod.os, "geteuid", lambda: 0)
+    probes(lambda cmd: "--user" in cmd)
+    with pytest.raises(RuntimeError, match="'userns' is refused as root.*Use 'namespaces'"):
+        sb.isolation("userns")
+    with pytest.raises(RuntimeError, match="allows is 'setuid'"):
+        sb.isolation()  # the next mode down, weak: opt-in only
+    assert sb.isolation(allow_weak=True).mode == "setuid"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="what userns as root would be: needs root")
+def test_userns_as_root_maps_the_programs_root_to_the_hosts(monkeypatch):
+    # Why root is refused "userns": forced, the test process's uid 0 is the host's uid 0
+    # (one line "0 0 1" in its uid_map), which owns /proc/sys whatever its capabilities.
+    _force_as_root(monkeypatch, "userns")
+    try:
+        sb.isolation("userns")
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    src = (
+        "import os\nprint(open('/proc/self/uid_map').read().split(),\n"
+        "      os.access('/proc/sys/kernel/core_pattern', os.W_OK))\n"
+    )
+    _, case = run1(src, isolation_mode="userns")
+    assert (case.status, case.stdout) == ("ok", "['0', '0', '1'] True\n"), case.stderr
+    _, case = run1(src, isolation_mode="namespaces")  # the uid drop: no host root inside
+    assert case.status == "ok" and case.stdout.endswith(" False\n"), case
+
+
+def test_sandbox_preloads_only_the_modules_a_source_names_and_runs_no_site_hooks(monkeypatch):
     """The driver imports a preload module only if the source names it (importing all of
     them was most of every program's cost), starts with -S (no `site`: no .pth hook, such as an
     editable install's finder, runs in the sandbox), and still puts site-packages on
@@ -424,6 +467,7 @@ def test_sandbox_preloads_only_the_modules_a_source_names_and_runs_no_site_hooks
     assert case.status == "ok" and sb._site_paths()
     assert all(p in case.stdout for p in sb._site_paths()), case.stdout
     # ...and where it keeps our uid (userns mode, when this host allows it), importable.
+    _force_as_root(monkeypatch, "userns")
     try:
         sb.isolation("userns")
     except RuntimeError as e:
@@ -588,7 +632,8 @@ def test_large_return_value_has_its_own_limit():
     assert c.status == "output_limit" and "value_bytes=1000" in c.stderr and c.value is None
 
 
-def _pid_ns_mode(mode):
+def _pid_ns_mode(mode, monkeypatch):
+    _force_as_root(monkeypatch, mode)
     try:
         sb.isolation(mode)
     except RuntimeError as e:
@@ -596,11 +641,11 @@ def _pid_ns_mode(mode):
 
 
 @pytest.mark.parametrize("mode", ["namespaces", "userns"])
-def test_program_cannot_block_the_next_case_files(mode):
+def test_program_cannot_block_the_next_case_files(mode, monkeypatch):
     # The driver put case i's files at /tmp/.gdpo_io/{in,out,err,res}i: a program that
     # made directories there (userns: it owns that directory) failed the next case's
     # set-up, a "sandbox_error" that scored the whole program NaN. The files are nameless now.
-    _pid_ns_mode(mode)
+    _pid_ns_mode(mode, monkeypatch)
     src = (
         "import os\nfor k in ('in', 'out', 'err', 'res'):\n    for i in range(4):\n"
         "        try:\n            os.mkdir(f'/tmp/.gdpo_io/{k}{i}')\n"
@@ -616,10 +661,7 @@ def test_setsid_daemon_does_not_survive_its_case(mode, monkeypatch):
     # A daemon in its own session escaped the process-group kill (userns, and rlimits
     # until the driver killed its whole subreaper tree): it ran on through the next
     # cases (and could kill their test processes during set-up).
-    if mode == "rlimits":
-        _force_rlimits_as_root(monkeypatch)
-    else:
-        _pid_ns_mode(mode)
+    _pid_ns_mode(mode, monkeypatch)
     src = (
         "import os, time\nif not os.path.exists('pid'):\n    if os.fork() == 0:\n"
         "        os.setsid()\n        open('pid', 'w').write(str(os.getpid()))\n"
@@ -726,7 +768,7 @@ def test_program_sees_a_minimal_root_without_the_hosts_files(mode, pivot, monkey
     # working tree, the task's data (its test cases' expected outputs), the checkpoints.
     # Where pivot_root is refused (Docker's default seccomp profile) the root is entered
     # by move and chroot instead; every program was a sandbox_error there.
-    _pid_ns_mode(mode)
+    _pid_ns_mode(mode, monkeypatch)
     monkeypatch.setattr(sb, "_PIVOT_ROOT", pivot)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     secrets = [
@@ -773,7 +815,7 @@ def _with_site(monkeypatch, *dirs):
 def test_site_packages_under_tmp_stay_importable(mode, tmp_path, monkeypatch):
     # The minimal root is staged under a fresh /tmp: an interpreter or site-packages that
     # lives under the host's /tmp (a CI clone's .venv) must be bound from before it is hidden.
-    _pid_ns_mode(mode)
+    _pid_ns_mode(mode, monkeypatch)
     site_dir = tmp_path / "site"
     site_dir.mkdir()
     (site_dir / "gdpo_probe_mod.py").write_text("VALUE = 42\n")
@@ -786,7 +828,7 @@ def test_site_packages_under_tmp_stay_importable(mode, tmp_path, monkeypatch):
 def test_site_packages_reached_through_a_symlink_stay_importable(mode, tmp_path, monkeypatch):
     # A kept path whose target was bound first (a shorter string) or lies in /usr was left
     # out of the new root: every import from it failed (runtime_error, reward 0).
-    _pid_ns_mode(mode)
+    _pid_ns_mode(mode, monkeypatch)
     real = tmp_path / "s"
     real.mkdir()
     (real / "gdpo_probe_link.py").write_text("VALUE = 7\n")
@@ -804,7 +846,7 @@ def test_an_installed_package_data_and_submounts_stay_out_of_reach(mode, tmp_pat
     # Installed from a wheel, gdpo_jax/data/samples (expected outputs) sat in the bound
     # site-packages; and only the top mount of each bound tree was made read-only, so a
     # writable mount below it stayed writable.
-    _pid_ns_mode(mode)
+    _pid_ns_mode(mode, monkeypatch)
     site = tmp_path / "site"
     samples = site / "gdpo_jax" / "data" / "samples"
     samples.mkdir(parents=True)
@@ -814,7 +856,10 @@ def test_an_installed_package_data_and_submounts_stay_out_of_reach(mode, tmp_pat
     monkeypatch.setattr(sb, "_hide_paths", lambda: [str(site / "gdpo_jax")])
     _with_site(monkeypatch, site)
     script = (
-        "import sys\nfrom gdpo_jax.rewards import sandbox as sb\n"
+        "import os, sys\nfrom gdpo_jax.rewards import isolation, sandbox as sb\n"
+        # As root, userns is forced here as in this process (`_force_as_root`).
+        f"if {mode!r} == 'userns' and os.geteuid() == 0:\n"
+        "    sb.isolation = lambda *a: isolation._build('userns', True)\n"
         f"sb._site_paths = lambda: {(*sb._site_paths(),)!r}\n"
         f"sb._hide_paths = lambda: {[str(site / 'gdpo_jax')]!r}\n"
         "src = ('import os\\nprint(os.path.exists(%r), os.listdir(%r))\\n'\n"

@@ -2,7 +2,7 @@
 
   mode          who       network  pid ns  own root  other uid  fork bomb bound by
   "namespaces"  root      none     yes     yes       yes        per-run uid + RLIMIT_NPROC
-  "userns"      any user  none     yes     yes       no         RLIMIT_NPROC (ns-local count)
+  "userns"      non-root  none     yes     yes       no         RLIMIT_NPROC (ns-local count)
   "setuid"      root      host     no      no        yes        per-run uid + RLIMIT_NPROC
   "rlimits"     non-root  host     no      no        no         RLIMIT_NPROC, all user's tasks
 
@@ -11,7 +11,11 @@
 "setuid" and "rlimits" (network reachable) are opt-in (`allow_weak`, config
 rewards.sandbox.allow_weak). Root is refused "rlimits": Linux exempts uid 0
 from RLIMIT_NPROC, so a test process left as root could fork without bound;
-"setuid" is the same mode with a per-run uid. The runner is
+"setuid" is the same mode with a per-run uid. Root is refused "userns" too: its
+namespace's root would be the host's root (`unshare --map-root-user` maps uid 0
+to the caller's uid, 0), which owns root's files and /proc/sys however many
+capabilities the program drops: it could write kernel.core_pattern (code run as
+the host's root) or chmod the interpreter through /proc/self/exe. The runner is
 gdpo_jax.rewards.sandbox (`run_program`), which re-exports these names.
 """
 
@@ -111,15 +115,16 @@ def isolation(mode: str = "auto", allow_weak: bool = False) -> Isolation:
     avail = {"rlimits": not root, "setuid": root}
     if unshare:
         avail["namespaces"] = root and _probe([unshare, *_NS_FLAGS, "true"])
-        avail["userns"] = _probe([unshare, "--user", "--map-root-user", *_NS_FLAGS, "true"])
+        cmd = [unshare, "--user", "--map-root-user", *_NS_FLAGS, "true"]
+        avail["userns"] = not root and _probe(cmd)
     if mode == "auto":
         mode = next(m for m in MODES if avail.get(m))
         if mode in WEAK_MODES and not allow_weak:
             raise RuntimeError(
                 f"sandbox: the strongest isolation this machine allows is {mode!r} "
                 f"({_build(mode, root).note}), too weak for untrusted generated code. "
-                "Run as root with `unshare` (namespaces) or where unprivileged user "
-                "namespaces are enabled (userns), or accept it with "
+                "Run as root where `unshare` works (namespaces), or as a non-root user where "
+                "unprivileged user namespaces are enabled (userns), or accept it with "
                 "--config.rewards.sandbox.allow_weak=True (RewardSpec kwargs allow_weak=True)."
             )
     elif mode == "rlimits" and root:
@@ -127,6 +132,12 @@ def isolation(mode: str = "auto", allow_weak: bool = False) -> Isolation:
             "sandbox: isolation 'rlimits' is refused as root: Linux exempts uid 0 from "
             "RLIMIT_NPROC, so generated code could fork without bound. Use 'setuid' (the "
             "same limits with a per-run uid) or 'namespaces'."
+        )
+    elif mode == "userns" and root:
+        raise RuntimeError(
+            "sandbox: isolation 'userns' is refused as root: its namespace's root is the "
+            "host's root, which owns /proc/sys and root's files (a way out of the sandbox). "
+            "Use 'namespaces' (root with `unshare`) or 'setuid'."
         )
     elif not avail.get(mode):
         raise RuntimeError(

@@ -8,7 +8,7 @@ machine allows; `isolation()` probes it once per process and records it:
 
   mode          who       network  pid ns  own root  other uid  fork bomb bound by
   "namespaces"  root      none     yes     yes       yes        per-run uid + RLIMIT_NPROC
-  "userns"      any user  none     yes     yes       no         RLIMIT_NPROC (ns-local count)
+  "userns"      non-root  none     yes     yes       no         RLIMIT_NPROC (ns-local count)
   "setuid"      root      host     no      no        yes        per-run uid + RLIMIT_NPROC
   "rlimits"     non-root  host     no      no        no         RLIMIT_NPROC, all user's tasks
 
