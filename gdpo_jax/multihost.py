@@ -12,7 +12,14 @@ import os
 import jax
 import numpy as np
 
-__all__ = ["allgather", "cluster_env", "cluster_hint", "to_host"]
+__all__ = [
+    "allgather",
+    "cluster_env",
+    "cluster_hint",
+    "mpi_launch",
+    "to_host",
+    "undetected_launch_message",
+]
 
 # What JAX 0.10's cluster auto-detection (`jax._src.clusters`, each ClusterEnv's
 # `is_env_present`) needs, mirrored here from the environment alone so that no private
@@ -21,14 +28,22 @@ __all__ = ["allgather", "cluster_env", "cluster_hint", "to_host"]
 # defined"); `OMPI_COMM_WORLD_SIZE` alone is also set by Open MPI 5 (no ORTE URI).
 _SLURM = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
 _OMPI = ("OMPI_MCA_orte_hnp_uri",)
-# Every variable `cluster_env` reads (tests clear them to get a clean environment).
+# MPI launchers that start every process with its rank and the job's size, whether
+# JAX detects them or not: Open MPI (4 with ORTE, which JAX detects; 5 with PRRTE, which
+# it does not) and the PMI launchers of MPICH and Intel MPI (not detected).
+_MPI_RANKS = (
+    ("Open MPI", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+    ("an MPICH / Intel MPI launcher", "PMI_SIZE", "PMI_RANK"),
+)
+# Every variable `cluster_env` and `mpi_launch` read (tests clear them to get a clean
+# environment).
 _ENV_HINTS = (
     "JAX_COORDINATOR_ADDRESS",
     "CLOUD_TPU_TASK_ID",
     "TPU_WORKER_HOSTNAMES",
-    "OMPI_COMM_WORLD_SIZE",
     *_SLURM,
     *_OMPI,
+    *(v for _, size, rank in _MPI_RANKS for v in (size, rank)),
 )
 
 
@@ -60,6 +75,38 @@ def _env_process_count(kind: str | None) -> int | None:
         return int(os.environ[var]) if var else None
     except (KeyError, ValueError):
         return None
+
+
+def mpi_launch() -> tuple[str, int, int, str, str] | None:
+    """(launcher, size, rank, size variable, rank variable) of an MPI launch that
+    started this process as one of several, or None.
+
+    It is None for one process and under no launcher; it says nothing about whether
+    JAX finds a coordinator there (`cluster_env`): Open MPI 5's `mpirun` and MPICH's
+    `mpiexec` start several processes that JAX 0.10 does not detect.
+    """
+    env = os.environ
+    for name, size_var, rank_var in _MPI_RANKS:
+        try:
+            size, rank = int(env[size_var]), int(env[rank_var])
+        except (KeyError, ValueError):
+            continue
+        if size > 1:
+            return name, size, rank, size_var, rank_var
+    return None
+
+
+def undetected_launch_message(launch: tuple[str, int, int, str, str]) -> str:
+    """The one-line fix for an `mpi_launch` JAX does not detect, where no coordinator
+    address was given: each process would otherwise train alone, all into one workdir."""
+    name, size, rank, size_var, rank_var = launch
+    return (
+        f"config.distributed.coordinator_address is needed: this is process {rank} of "
+        f"{size} started by {name} ({size_var}, {rank_var}), a launch jax.distributed "
+        "does not detect; set it to host:port of process 0 (the process count and index "
+        "are read from those variables), or distributed.initialize=never to run each "
+        "process alone."
+    )
 
 
 def cluster_hint() -> bool:

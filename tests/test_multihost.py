@@ -236,7 +236,7 @@ def _cluster_env(monkeypatch, env: dict[str, str]) -> None:
     from gdpo_jax import multihost
 
     for k in list(os.environ):
-        if k in multihost._ENV_HINTS or k.startswith(("SLURM_", "OMPI_")):
+        if k in multihost._ENV_HINTS or k.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_")):
             monkeypatch.delenv(k)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -311,6 +311,58 @@ def test_check_distributed_needs_an_address_in_an_salloc_shell(monkeypatch):
         check_distributed(cfg)
     _cluster_env(monkeypatch, _SRUN)  # srun's step: JAX finds it
     check_distributed(cfg)
+
+
+# What Open MPI 5's mpirun (PRRTE: no ORTE URI) and MPICH's mpiexec (Hydra, PMI) set in
+# process 1 of a 2-process job: launches JAX 0.10 does not detect.
+_MPIRUN5 = {
+    "OMPI_COMM_WORLD_SIZE": "2",
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "PMIX_NAMESPACE": "prterun-node1-4242@1",
+}
+_MPIEXEC_MPICH = {"PMI_SIZE": "2", "PMI_RANK": "1", "PMI_FD": "6"}
+
+
+@pytest.mark.parametrize("env", [_MPIRUN5, _MPIEXEC_MPICH], ids=["open_mpi_5", "mpich"])
+def test_an_mpi_launch_jax_does_not_detect_needs_an_address(monkeypatch, env):
+    """Under Open MPI 5's mpirun or MPICH's mpiexec, "auto" found no cluster and each
+    process trained alone, every one of them into the same workdir. Now the check and
+    initialize both ask for the coordinator address, and with it the process count and
+    index come from the launcher."""
+    from gdpo_jax import multihost
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train import distributed
+    from gdpo_jax.train.field_checks import check_distributed
+    from gdpo_jax.train.schema import base_config
+
+    called = []
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: called.append(kw))
+    _cluster_env(monkeypatch, env)
+    assert multihost.cluster_env() is None and multihost.mpi_launch()[1:3] == (2, 1)
+    cfg = base_config()
+    want = "coordinator_address is needed: this is process 1 of 2 started by"
+    with pytest.raises(ConfigError, match=want) as e:
+        check_distributed(cfg)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match=want):
+        distributed.initialize("auto")
+    assert not called
+    cfg.distributed.coordinator_address = "10.0.0.1:1234"
+    check_distributed(cfg)
+    assert distributed.initialize("auto", coordinator_address="10.0.0.1:1234") is True
+    assert called == [{"coordinator_address": "10.0.0.1:1234", "num_processes": 2, "process_id": 1}]
+    cfg.distributed.coordinator_address = ""
+    cfg.distributed.initialize = "never"  # each process alone, as asked
+    check_distributed(cfg)
+    assert distributed.initialize("never") is False
+    # One process of such a launcher, and Open MPI 4 (which JAX detects), are as before.
+    _cluster_env(monkeypatch, {**env, "OMPI_COMM_WORLD_SIZE": "1", "PMI_SIZE": "1"})
+    assert multihost.mpi_launch() is None and distributed.initialize("auto") is False
+    _cluster_env(monkeypatch, _MPIRUN)
+    check_distributed(base_config())
+    called.clear()
+    assert distributed.initialize("auto") is True and called == [{}]
 
 
 def _fake_processes(monkeypatch, index: int = 0) -> None:

@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from gdpo_jax import sharding as mesh_lib
 from gdpo_jax.errors import ConfigError
 from gdpo_jax.multihost import allgather as allgather_host
-from gdpo_jax.multihost import cluster_hint
+from gdpo_jax.multihost import cluster_env, cluster_hint, mpi_launch, undetected_launch_message
 from gdpo_jax.multihost import to_host as to_host  # re-export (public name)
 
 
@@ -36,14 +36,24 @@ def initialize(
       JAX's cluster auto-detection); "auto" initializes when an address or more than
       one process is given, or in a cluster environment JAX detects that names more
       than one process (`gdpo_jax.multihost.cluster_hint`: an `salloc` shell's
-      SLURM_JOB_ID alone is not one).
+      SLURM_JOB_ID alone is not one). Under an MPI launch JAX does not detect
+      (Open MPI 5, MPICH: `multihost.mpi_launch`), "auto" asks for the coordinator
+      address and takes the process count and index from the launcher.
     Must run before anything touches a device. Returns True when initialized.
     """
     if mode == "never":
         return False
     explicit = bool(coordinator_address) or num_processes > 1
+    launch = mpi_launch()
     if mode == "auto" and not explicit and not cluster_hint():
+        if launch is not None and cluster_env() is None:
+            raise ConfigError(undetected_launch_message(launch))
         return False
+    if coordinator_address and launch is not None and cluster_env() is None:
+        # An MPI launch JAX does not detect (Open MPI 5, MPICH): it names the process
+        # count and index, which JAX would otherwise ask for.
+        num_processes = num_processes or launch[1]
+        process_id = launch[2] if process_id < 0 else process_id
     kwargs: dict[str, Any] = {}
     if coordinator_address:
         kwargs["coordinator_address"] = coordinator_address

@@ -23,7 +23,7 @@ from typing import Any
 import ml_collections as mlc
 
 from gdpo_jax.errors import ConfigError
-from gdpo_jax.multihost import cluster_env
+from gdpo_jax.multihost import cluster_env, mpi_launch, undetected_launch_message
 from gdpo_jax.train.schema import _choice, _get
 
 __all__ = [
@@ -159,6 +159,15 @@ def check_distributed(cfg: mlc.ConfigDict) -> None:
             "config.distributed.coordinator_address (host:port of process 0) outside a "
             "cluster environment JAX detects; set it, or leave num_processes=0."
         )
+    launch = mpi_launch()
+    if (
+        d.initialize != "never"
+        and launch is not None
+        and not d.coordinator_address
+        and d.num_processes <= 1
+        and cluster_env() is None
+    ):
+        raise ConfigError(undetected_launch_message(launch))
     if d.process_id >= max(d.num_processes, 1) and d.num_processes:
         raise ConfigError(
             f"config.distributed.process_id={d.process_id} must be below "
