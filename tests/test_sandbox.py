@@ -881,3 +881,44 @@ def test_an_installed_package_data_and_submounts_stay_out_of_reach(mode, tmp_pat
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()[-3:]
     assert lines == ["None ok", "False []", "Read-only file system"], out.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root")
+@pytest.mark.parametrize("mount_setattr", [True, False], ids=["mount_setattr", "remount"])
+def test_a_read_only_bind_covers_the_mounts_below_it(mount_setattr, tmp_path):
+    # `_read_only` makes a bound tree read-only with mount_setattr (Linux 5.12), or on an
+    # older kernel by remounting each mount of the tree, found in /proc/self/mountinfo:
+    # only the first path ran on this machine. Both must leave a submount read-only too,
+    # and a mount point whose name the kernel escapes (a space) must be found.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "a sub").mkdir(parents=True)
+    script = (
+        "import os, sys\n"
+        f"sys.path.insert(0, {os.path.dirname(sb._DRIVER)!r})\n"
+        "import _sandbox_root as r\n"
+        f"if not {mount_setattr}:\n"
+        "    r._SYS_MOUNT_SETATTR = -1  # ENOSYS, as on a kernel before 5.12\n"
+        f"src, dst = {str(src)!r}, {str(dst)!r}\n"
+        "r._mount(None, '/', None, r._MS_REC | r._MS_PRIVATE, None)\n"
+        "r._mount('tmpfs', src, 'tmpfs', 0, 'size=1m')\n"
+        "os.mkdir(src + '/a sub')\n"
+        "r._mount('tmpfs', src + '/a sub', 'tmpfs', 0, 'size=1m')\n"
+        "fd = os.open(src, os.O_PATH)\n"
+        "r._bind(fd, dst, True)\n"
+        "print(r._mounts_below(dst) == [dst + '/a sub'])\n"
+        "for p in (dst + '/x', dst + '/a sub/x', src + '/a sub/x'):\n"
+        "    try:\n"
+        "        open(p, 'w').close()\n"
+        "        print('wrote')\n"
+        "    except OSError as e:\n"
+        "        print(e.strerror)\n"
+    )
+    out = subprocess.run(
+        ["unshare", "--mount", sys.executable, "-I", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    # The bound copy is read-only, submount included; the source stays writable.
+    assert out.stdout.splitlines() == ["True", *["Read-only file system"] * 2, "wrote"]
