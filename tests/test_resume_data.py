@@ -85,3 +85,36 @@ def test_trainer_stops_before_the_model_build_when_the_records_changed(tmp_path,
     monkeypatch.undo()
     cfg.train.num_steps = 2  # the same records resume
     assert Trainer(cfg, task=task).start_step == 1
+
+
+def test_the_resume_checks_leave_a_save_in_progress_alone(tmp_path):
+    # The checks opened a writing checkpointer, whose clean-up of tmp dirs (in a background
+    # thread, from its constructor) removed the tmp dir of a save in progress: a CI run
+    # failed in the save after `check_resume_data` (FileNotFoundError on
+    # `2.orbax-checkpoint-tmp/meta.orbax-checkpoint-tmp/metadata`), and a run's save would
+    # fail the same way while its directory is checked, or read, from another process.
+    import time
+
+    from gdpo_jax.train.checkpoint import check_resume_config
+
+    cfg = tiny_config(str(tmp_path / "run"))
+    ckpt = Checkpointer.from_config(cfg)
+    ckpt.save(1, {"w": np.zeros(2, np.float32)}, key=jax.random.key(0), force=True)
+    ckpt.close()
+    live = tmp_path / "run" / "checkpoints" / "2.orbax-checkpoint-tmp"
+    (live / "meta.orbax-checkpoint-tmp").mkdir(parents=True)  # as a save in progress has it
+    check_resume_data(cfg, "f" * 16, 3)
+    check_resume_config(cfg)
+    time.sleep(1.0)  # a background clean-up, were one started, has run by now
+    assert live.is_dir()
+    reader = Checkpointer.from_config(cfg, read_only=True)
+    with pytest.raises(RuntimeError, match="read-only"):
+        reader.save(3, {"w": np.zeros(2, np.float32)}, key=jax.random.key(0), force=True)
+    reader.close()
+    # A run's own writer still removes a tmp dir that its directory holds when it opens
+    # (a killed save's), before it saves.
+    Checkpointer.from_config(cfg).close()
+    deadline = time.monotonic() + 10
+    while live.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not live.exists()

@@ -134,6 +134,8 @@ class Checkpointer:
       keep: how many recent checkpoints to keep.
       async_save: write in a background thread.
       config: the run's config; saved with each checkpoint and compared on restore.
+      read_only: only read (the resume checks): no save, and no clean-up of tmp
+        dirs, which would remove a live run's save in progress.
     """
 
     def __init__(
@@ -145,26 +147,35 @@ class Checkpointer:
         async_save: bool = True,
         config: mlc.ConfigDict | None = None,
         allow_config_change: bool = False,
+        read_only: bool = False,
     ):
         # A URL (gs://...) goes to Orbax as is: abspath would make it ./gs:/...
         self.directory = directory if "://" in directory else os.path.abspath(directory)
         self.every = int(every)
         self.config = config
         self.allow_config_change = allow_config_change
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max(int(keep), 1),
-            save_interval_steps=max(self.every, 1),
-            enable_async_checkpointing=async_save,
-            create=True,
-            # A tmp dir left by a killed save is ignored by restore and removed here.
-            cleanup_tmp_directories=True,
-        )
+        self.read_only = read_only
+        if read_only:
+            # Reads only; above all it removes no tmp dir: one may be a live run's save
+            # in progress (a writer's own clean-up runs before its first save).
+            options = ocp.CheckpointManagerOptions(
+                read_only=True, max_to_keep=None, save_interval_steps=0, create=False
+            )
+        else:
+            options = ocp.CheckpointManagerOptions(
+                max_to_keep=max(int(keep), 1),
+                save_interval_steps=max(self.every, 1),
+                enable_async_checkpointing=async_save,
+                create=True,
+                # A tmp dir left by a killed save is ignored by restore and removed here.
+                cleanup_tmp_directories=True,
+            )
         self._mngr = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "meta")
         )
 
     @classmethod
-    def from_config(cls, cfg: mlc.ConfigDict) -> Checkpointer:
+    def from_config(cls, cfg: mlc.ConfigDict, *, read_only: bool = False) -> Checkpointer:
         """The run's checkpointer: `<cfg.workdir>/checkpoints`, `cfg.checkpoint.*` settings."""
         c = cfg.checkpoint
         return cls(
@@ -174,6 +185,7 @@ class Checkpointer:
             async_save=c.async_save,
             config=cfg,
             allow_config_change=c.allow_config_change,
+            read_only=read_only,
         )
 
     # ------------------------------------------------------------------ query
@@ -198,6 +210,8 @@ class Checkpointer:
         extra: dict | None = None,
     ) -> bool:
         """Saves when `step` is on the interval (or `force`). Returns whether it saved."""
+        if self.read_only:
+            raise RuntimeError(f"checkpointer of {self.directory} is read-only: it cannot save")
         if not force and not self.should_save(step):
             return False
         if step in self._mngr.all_steps():
@@ -411,13 +425,13 @@ def _abstract(tree: Any) -> Any:
 
 
 def _existing_checkpointer(cfg: mlc.ConfigDict) -> Checkpointer | None:
-    """The run directory's checkpointer when `<workdir>/checkpoints` exists (None
-    otherwise: nothing is created)."""
+    """A read-only checkpointer of the run directory when `<workdir>/checkpoints` exists
+    (None otherwise: nothing is created, and nothing removed)."""
     from gdpo_jax.train import paths
 
     if not paths.exists(paths.join(cfg.workdir.rstrip("/"), "checkpoints")):
         return None
-    return Checkpointer.from_config(cfg)
+    return Checkpointer.from_config(cfg, read_only=True)
 
 
 def _newest_meta(ckpt: Checkpointer) -> dict | None:
