@@ -8,7 +8,8 @@ eager/jitted kernels compile once per K.
 from __future__ import annotations
 
 import math
-from functools import partial
+from collections.abc import Callable
+from functools import cache, partial
 
 import hypothesis
 import hypothesis.strategies as st
@@ -161,13 +162,20 @@ def jitted(estimator: str, batch_norm: str = "sample", eps: float = 1e-4):
 
 
 def adv_fn(r, ids, **kwargs):
-    """One compiled call (cheaper than eager op-by-op dispatch for a new shape)."""
-    static = {
-        k: kwargs.pop(k)
+    """One compiled call (cheaper than eager op-by-op dispatch for a new shape); one
+    jitted function per set of static arguments, so a repeated shape is not traced and
+    compiled again."""
+    static = tuple(
+        (k, kwargs.pop(k))
         for k in ("num_groups", "estimator", "eps", "batch_norm", "nan_rewards")
         if k in kwargs
-    }
-    return jax.jit(partial(compute_advantages, **static))(r, ids, **kwargs)
+    )
+    return _jitted(static)(r, ids, **kwargs)
+
+
+@cache
+def _jitted(static: tuple) -> Callable:
+    return jax.jit(partial(compute_advantages, **dict(static)))
 
 
 # --------------------------------------------------------------------------- #
