@@ -223,7 +223,7 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
     from flax import nnx
 
     from gdpo_jax.models import load_pretrained
-    from gdpo_jax.train.metrics import read_jsonl
+    from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
 
     cfg = _config(tmp_path / "sft")
     cfg.checkpoint.every = 4
@@ -255,7 +255,24 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
         np.testing.assert_array_equal(np.concatenate([s[k] for s in shares]), v)
         assert len(shares[0][k]) == len(v) // 2
 
-    result = trainer.run()
+    # Each checkpoint flushes the metrics a resume from it will not write again.
+    events = []
+    save, flush = trainer.ckpt.save, MetricsWriter.flush
+
+    def spy_save(step, *a, **k):
+        events.append(("save", step, save(step, *a, **k)))
+        return events[-1][2]
+
+    def spy_flush(self):
+        events.append(("flush",))
+        flush(self)
+
+    trainer.ckpt.save = spy_save
+    with mock.patch.object(MetricsWriter, "flush", spy_flush):
+        result = trainer.run()
+    saves = [i for i, e in enumerate(events) if e[0] == "save" and e[2]]
+    assert [events[i][1] for i in saves] == [4, 8]
+    assert all(events[i + 1] == ("flush",) for i in saves), events
     steps = read_jsonl(str(tmp_path / "sft" / "metrics.jsonl"))
     losses = [steps[s]["loss"] for s in range(1, 9)]
     assert all(np.isfinite(losses))
@@ -278,6 +295,54 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
     np.testing.assert_array_equal(
         np.asarray(again.model(ids, mask)), np.asarray(trainer.model(ids, mask))
     )
+
+
+def test_sft_resume_checks_config_and_records_before_the_build(tmp_path, monkeypatch):
+    """A resume with a changed config was refused in the restore, after the model build,
+    with a traceback (IncompatibleCheckpointError is not a ConfigError); one over other
+    training records (batch(step) indexes them) resumed without a word."""
+    from gdpo_jax.data.stream import records_fingerprint
+    from gdpo_jax.tasks import load_task
+    from gdpo_jax.train.checkpoint import Checkpointer
+    from gdpo_jax.train.config import ConfigError
+
+    class Built(Exception):
+        pass
+
+    def no_build(*a, **k):
+        raise Built
+
+    monkeypatch.setattr(S.build, "build_model", no_build)
+    cfg = _config(tmp_path / "sft")
+    train = load_task(cfg).train[: cfg.sft.num_examples]
+    records = {"fingerprint": records_fingerprint(train), "count": len(train)}
+    ckpt = Checkpointer.from_config(cfg)
+    ckpt.save(
+        4,
+        {"w": np.zeros(2, np.float32)},
+        key=jax.random.key(0),
+        data_state={"records": records},
+        force=True,
+    )
+    ckpt.close()
+    with pytest.raises(Built):  # the same config and records: on to the build
+        S.SFT(cfg)
+    changed = _config(tmp_path / "sft")
+    changed.optim.lr = 0.5
+    with pytest.raises(ConfigError, match="optim.lr: checkpoint=0.003 now=0.5") as e:
+        S.SFT(changed)
+    assert "\n" not in str(e.value)
+    real = S.load_task
+
+    def one_prompt_changed(c):  # the data file edited, the config the same
+        task = real(c)
+        task.train[3] = dict(task.train[3], edited=True)
+        return task
+
+    monkeypatch.setattr(S, "load_task", one_prompt_changed)
+    with pytest.raises(ConfigError, match="training records differ") as e:
+        S.SFT(cfg)
+    assert "\n" not in str(e.value)
 
 
 def test_sft_config_errors(tmp_path):

@@ -155,21 +155,17 @@ class Checkpointer:
         self.config = config
         self.allow_config_change = allow_config_change
         self.read_only = read_only
-        if read_only:
-            # Reads only; above all it removes no tmp dir: one may be a live run's save
-            # in progress (a writer's own clean-up runs before its first save).
-            options = ocp.CheckpointManagerOptions(
-                read_only=True, max_to_keep=None, save_interval_steps=0, create=False
-            )
-        else:
-            options = ocp.CheckpointManagerOptions(
-                max_to_keep=max(int(keep), 1),
-                save_interval_steps=max(self.every, 1),
-                enable_async_checkpointing=async_save,
-                create=True,
-                # A tmp dir left by a killed save is ignored by restore and removed here.
-                cleanup_tmp_directories=True,
-            )
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max(int(keep), 1),
+            save_interval_steps=max(self.every, 1),
+            enable_async_checkpointing=async_save,
+            create=not read_only,
+            # A tmp dir left by a killed save is ignored by restore and removed here, by
+            # a writer only: a reader's clean-up (in a background thread) could remove a
+            # live run's save in progress. (Orbax's own read_only option warns on every
+            # open; `save` refuses instead.)
+            cleanup_tmp_directories=not read_only,
+        )
         self._mngr = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "meta")
         )

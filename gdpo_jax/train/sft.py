@@ -40,11 +40,12 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax import compile_cache
 from gdpo_jax.data.corrupt import SFT_TASKS, make_targets
+from gdpo_jax.data.stream import records_fingerprint
 from gdpo_jax.tasks import check_task_kwargs, load_task
 from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.checkpoint import Checkpointer
+from gdpo_jax.train.checkpoint import Checkpointer, check_resume_config, check_resume_data
 from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.config import (
     SCHEDULES,
@@ -164,6 +165,13 @@ class SFT:
     def __init__(self, cfg: mlc.ConfigDict):
         _validate(cfg)
         self.cfg = cfg
+        # A resume with a changed config, or over other training records (batch(step)
+        # indexes them), stops here in one line, before the model build.
+        check_resume_config(cfg)
+        task = load_task(cfg)
+        train = task.train[: cfg.sft.num_examples or None]
+        self.records = {"fingerprint": records_fingerprint(train), "count": len(train)}
+        check_resume_data(cfg, self.records["fingerprint"], self.records["count"])
         devices = jax.devices()[: cfg.mesh.num_devices or None]
         self.mesh = mesh_lib.make_mesh(
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
@@ -187,8 +195,6 @@ class SFT:
             decode_growth=cfg.sampling.get("decode_growth", "auto"),
             share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
         )
-        task = load_task(cfg)
-        train = task.train[: cfg.sft.num_examples or None]
         self.eval_records = task.eval[: cfg.sft.eval_num_examples or None]
         self.evaluate_fn = task.evaluate
         s = cfg.sft
@@ -366,12 +372,15 @@ class SFT:
                 if done % max(s.log_every, 1) == 0 or done == s.num_steps:
                     writer.write(done, metrics)
                 last = metrics
-                self.ckpt.save(
+                if self.ckpt.save(
                     done,
                     self.state,
                     key=self.key,
+                    data_state={"records": self.records},
                     force=done == s.num_steps and cfg.checkpoint.every > 0,
-                )
+                ):
+                    # What a resume from this checkpoint will not write again.
+                    writer.flush()
             if s.evaluate:
                 ev = self.evaluate()
                 writer.write(
