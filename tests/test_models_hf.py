@@ -313,6 +313,28 @@ def test_export_into_an_earlier_export_replaces_its_tokenizer_files(hf_dirs, tmp
     assert load_pretrained(out)[1] is None
 
 
+def test_an_export_killed_before_its_end_has_no_config_json(hf_dirs, tmp_path):
+    # config.json was written before the tokenizer files, so an export killed in between
+    # (or a re-export killed before its end, the earlier config.json still there) looked
+    # complete: a warm start skipped its SFT and loaded weights without a tokenizer.
+    model, _ = load_pretrained(hf_dirs["qwen2"][0])
+    out = str(tmp_path / "out")
+    tok = make_tiny_tokenizer(V)
+    save_pretrained(model, tok, out)
+    assert "config.json" in os.listdir(out)
+
+    class Killed(Exception):
+        pass
+
+    def killed(*a, **k):
+        raise Killed
+
+    tok.save_pretrained = killed
+    with pytest.raises(Killed):
+        save_pretrained(model, tok, out)
+    assert "config.json" not in os.listdir(out)
+
+
 def test_loader_refuses_a_dir_with_both_weight_layouts(hf_dirs, tmp_path):
     model, _ = load_pretrained(hf_dirs["qwen2"][0])
     d = save_pretrained(model, None, str(tmp_path / "both"), max_shard_bytes=20_000)

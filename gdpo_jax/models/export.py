@@ -6,7 +6,8 @@
 Writes config.json, generation_config.json, model.safetensors (split into
 model-0000k-of-0000n.safetensors + index above `max_shard_bytes`) and the
 tokenizer files. Weight and tokenizer files of an earlier export in the same dir are
-removed first, so the dir never holds both weight layouts or another tokenizer. On
+removed first, so the dir never holds both weight layouts or another tokenizer.
+config.json is removed first and written last: a dir holding it is complete. On
 multi-host runs every process must call it (the params are gathered collectively); only
 process 0 writes, and every process returns once the dir is complete.
 """
@@ -202,6 +203,11 @@ def _write_dir(
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     json.dumps([config, gen, index])  # all serializable, checked before out_dir is touched
     os.makedirs(out_dir, exist_ok=True)
+    # config.json marks a complete directory (a warm start skips its SFT when it exists):
+    # an earlier export's goes first, and this one's is written last, after the tokenizer.
+    done = os.path.join(out_dir, "config.json")
+    if os.path.exists(done):
+        os.remove(done)
     # An earlier export's files would be read instead of (or beside) the new ones:
     # an index wins over model.safetensors in our loader, the reverse in transformers.
     for name in _weight_files(out_dir):
@@ -223,6 +229,6 @@ def _write_dir(
     if index is not None:
         _write_json(index, os.path.join(out_dir, "model.safetensors.index.json"))
     _write_json(gen, os.path.join(out_dir, "generation_config.json"))
-    _write_json(config, os.path.join(out_dir, "config.json"))  # last: the dir is complete
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
+    _write_json(config, done)  # last: the dir is complete
