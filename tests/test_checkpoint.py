@@ -142,10 +142,15 @@ def test_damaged_latest_falls_back_to_previous_with_warning(tmp_path, kind, capl
     assert ck2.all_steps() == [1] and os.path.isdir(str(tmp_path) + "-damaged/2")
     assert ck2.save(2, state, key=jax.random.key(2), data_state={"next_index": 2})
     ck2.close()
-    assert (
-        Checkpointer(str(tmp_path), every=1, config=_cfg()).restore(state, jax.random.key(0))[3]
-        == 2
-    )
+    ck3 = Checkpointer(str(tmp_path), every=1, config=_cfg())
+    assert ck3.restore(state, jax.random.key(0))[3] == 2
+    ck3.close()
+    # Damaged again: it goes beside the first copy (which was deleted to make room).
+    _damage(str(tmp_path / "2"), kind)
+    ck4 = Checkpointer(str(tmp_path), every=1, config=_cfg())
+    assert ck4.restore(state, jax.random.key(0))[3] == 1
+    ck4.close()
+    assert sorted(os.listdir(str(tmp_path) + "-damaged")) == ["2", "2.1"]
 
 
 @pytest.mark.parametrize("kind", ["array", "meta"])

@@ -379,9 +379,10 @@ class Checkpointer:
         if jax.process_index() == 0:
             os.makedirs(aside, exist_ok=True)
             for s in steps:
-                dst = os.path.join(aside, str(s))
-                if os.path.exists(dst):
-                    shutil.rmtree(dst)
+                # A step damaged again in a later run goes beside the earlier copy.
+                dst, k = os.path.join(aside, str(s)), 1
+                while os.path.exists(dst):
+                    dst, k = os.path.join(aside, f"{s}.{k}"), k + 1
                 shutil.move(self._step_dir(s), dst)
                 log.warning("moved damaged checkpoint step %d to %s", s, dst)
         if jax.process_count() > 1:
