@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import shutil
+from unittest import mock
 
 import jax
 import numpy as np
@@ -418,3 +419,45 @@ def test_processes_agree_on_the_step_they_restore(two_steps, tmp_path, monkeypat
     assert seen == [checkpoint_lib._READ, checkpoint_lib._READ]
     assert ck.all_steps() == [1] and os.path.isdir(directory + "-damaged/2")
     ck.close()
+
+
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_failed_move_aside_stops_every_process_in_one_line(
+    two_steps, tmp_path, monkeypatch, process
+):
+    # Process 0 moves the damaged steps; when that failed it raised alone, a traceback
+    # from shutil, while every other process waited at the next barrier for ever.
+    from gdpo_jax import multihost
+    from gdpo_jax.train import paths
+
+    directory = _copy_steps(two_steps, tmp_path)
+    seen = []
+
+    def agree(verdict):  # step 2 is damaged on some process
+        seen.append(verdict)
+        return checkpoint_lib._DAMAGED if len(seen) == 1 else verdict
+
+    def refused(src, dst):
+        raise PermissionError(13, "Permission denied", dst)
+
+    monkeypatch.setattr(checkpoint_lib, "_agree", agree)
+    monkeypatch.setattr(paths, "move", refused)
+    if process:  # a second process: process 0's failure reaches it through the allgather
+        move_aside = Checkpointer._move_aside
+
+        def as_process_1(self, steps):
+            with (
+                mock.patch.object(jax, "process_count", lambda: 2),
+                mock.patch.object(jax, "process_index", lambda: 1),
+            ):
+                return move_aside(self, steps)
+
+        monkeypatch.setattr(Checkpointer, "_move_aside", as_process_1)
+        monkeypatch.setattr(multihost, "allgather", lambda x: np.array([False, bool(x)]))
+    ck = Checkpointer(directory, every=1, keep=3, config=_cfg())
+    with pytest.raises(checkpoint_lib.CheckpointUnavailableError) as e:
+        ck.restore(two_steps[1][2], jax.random.key(0))
+    msg = str(e.value)
+    assert "\n" not in msg and "could not move the damaged steps [2]" in msg
+    assert ("Permission denied" if process == 0 else "on process 0") in msg
+    assert "by hand" in msg and os.path.isdir(os.path.join(directory, "2"))

@@ -28,7 +28,6 @@ import errno
 import logging
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +38,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from gdpo_jax.train import config as config_lib
+from gdpo_jax.train import paths
 from gdpo_jax.train.orbax_noise import quiet_abandoned_reads
 from gdpo_jax.train.state import abstract_of
 
@@ -373,22 +373,35 @@ class Checkpointer:
         """Damaged steps newer than the restored one leave the manager's directory.
 
         Otherwise `save` would skip those steps (they exist) and the next restart
-        would meet them again; moved, not deleted, so nothing is lost.
+        would meet them again; moved, not deleted, so nothing is lost. Process 0 moves
+        them; its failure stops every process in one line (they waited for it at a
+        barrier, for ever, while it raised alone).
         """
-        aside = self.directory.rstrip(os.sep) + "-damaged"
+        aside = self.directory.rstrip("/") + "-damaged"
+        error = ""
         if jax.process_index() == 0:
-            os.makedirs(aside, exist_ok=True)
-            for s in steps:
-                # A step damaged again in a later run goes beside the earlier copy.
-                dst, k = os.path.join(aside, str(s)), 1
-                while os.path.exists(dst):
-                    dst, k = os.path.join(aside, f"{s}.{k}"), k + 1
-                shutil.move(self._step_dir(s), dst)
-                log.warning("moved damaged checkpoint step %d to %s", s, dst)
+            try:
+                paths.makedirs(aside)
+                for s in steps:
+                    # A step damaged again in a later run goes beside the earlier copy.
+                    dst, k = paths.join(aside, str(s)), 1
+                    while paths.exists(dst):
+                        dst, k = paths.join(aside, f"{s}.{k}"), k + 1
+                    paths.move(self._step_dir(s), dst)
+                    log.warning("moved damaged checkpoint step %d to %s", s, dst)
+            except Exception as e:  # noqa: BLE001 - reported on every process below
+                error = _short(e)
+        moved = not error
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
+            from gdpo_jax.multihost import allgather
 
-            multihost_utils.sync_global_devices("gdpo_jax_checkpoint_move_aside")
+            moved = bool(allgather(np.asarray(moved)).all())
+        if not moved:
+            raise CheckpointUnavailableError(
+                f"restored an older checkpoint but could not move the damaged steps {steps} "
+                f"of {self.directory} aside to {aside} ({error or 'on process 0'}); move them "
+                "out of that directory by hand, then rerun to resume."
+            )
         self._mngr.reload()
 
     def wait(self) -> None:
@@ -424,7 +437,6 @@ def _abstract(tree: Any) -> Any:
 def _existing_checkpointer(cfg: mlc.ConfigDict) -> Checkpointer | None:
     """A read-only checkpointer of the run directory when `<workdir>/checkpoints` exists
     (None otherwise: nothing is created, and nothing removed)."""
-    from gdpo_jax.train import paths
 
     if not paths.exists(paths.join(cfg.workdir.rstrip("/"), "checkpoints")):
         return None

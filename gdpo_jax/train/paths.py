@@ -51,6 +51,14 @@ def makedirs(path: str) -> None:
         os.makedirs(path, exist_ok=True)
 
 
+def move(src: str, dst: str) -> None:
+    """Moves a file or a directory tree (a URL through etils.epath's rename)."""
+    if is_url(src):
+        _epath(src).rename(dst)
+    else:
+        shutil.move(src, dst)
+
+
 @contextlib.contextmanager
 def open_file(path: str, mode: str = "r") -> Iterator[IO]:
     """open() for local paths and URLs alike (URLs: no append mode, see `LocalMirror`)."""
