@@ -295,6 +295,9 @@ def test_sft_loss_decreases_matches_reference_and_exports(tmp_path):
     np.testing.assert_array_equal(
         np.asarray(again.model(ids, mask)), np.asarray(trainer.model(ids, mask))
     )
+    # Run again there, it trains nothing and reports the run's last loss (it wrote
+    # sft_result.json with train_loss null over the first run's).
+    assert again.run()["train_loss"] == result["train_loss"] == losses[-1]
 
 
 def test_sft_resume_checks_config_and_records_before_the_build(tmp_path, monkeypatch):

@@ -61,7 +61,7 @@ from gdpo_jax.train.field_checks import (
     check_sampling,
     check_tiny_model,
 )
-from gdpo_jax.train.metrics import MetricsWriter
+from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
 
 __all__ = [
     "SFT",
@@ -391,6 +391,11 @@ class SFT:
             self.ckpt.close()
             writer.close()
         hf_dir = self.export()
+        if "loss" not in last and self.start_step and jax.process_index() == 0:
+            # Resumed at the end: the last step's loss is in the run's metrics, not here
+            # (sft_result.json was rewritten with train_loss null).
+            logged = read_jsonl(paths.join(cfg.workdir, "metrics.jsonl"))
+            last = {"loss": logged.get(self.start_step, {}).get("loss")}
         result = {
             "hf_dir": hf_dir,
             "eval": ev,
