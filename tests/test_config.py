@@ -225,6 +225,13 @@ def _set(path: str, value):
             r"conditions form a cycle \(test_has_w10 -> test_short -> test_has_w10\)",
         ),
         (_set("distributed.initialize", "bogus"), r"distributed\.initialize='bogus' is not"),
+        # Both failed after the model build (the prompt stream's seed) or ran on in silence.
+        (_set("seed", -1), r"config\.seed=-1 must be an int in \[0, 4294967295\]"),
+        (_set("seed", 2**32), r"config\.seed=4294967296 must be"),
+        (
+            _set("eval.num_samples", 4),
+            r"eval\.num_samples=4 with eval\.greedy=True repeats one completion",
+        ),
         (_set("distributed.num_processes", -3), r"distributed\.num_processes=-3 must be"),
         (
             _set("distributed.num_processes", 2),
@@ -265,6 +272,20 @@ def test_workdir_that_is_a_file_and_model_dir_without_weights(tmp_path):
     c.model.name = str(model)
     with pytest.raises(ConfigError, match=r"model\.name=.*holds no \*\.safetensors weights"):
         paths.check_inputs(c)
+
+
+def test_an_existing_workdir_that_is_not_writable_is_refused(tmp_path, monkeypatch):
+    # Only a missing workdir's parent was checked: an existing read-only one (a read-only
+    # mount) failed with a traceback when config.json was written.
+    c = _cfg()
+    c.workdir = str(tmp_path / "ro")
+    (tmp_path / "ro").mkdir()
+    validate_config(c, num_devices=1)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if p == c.workdir else real(p, m))
+    with pytest.raises(ConfigError, match=r"config\.workdir=.*ro' is not writable") as e:
+        validate_config(c, num_devices=1)
+    assert "\n" not in str(e.value)
 
 
 def test_reward_specs_and_fingerprint():

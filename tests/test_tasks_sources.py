@@ -153,3 +153,23 @@ def test_held_out_records_repeating_training_prompts_are_warned_about(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
         sources._load("math", _cfg(str(src), str(disjoint)))
     assert "repeat a training prompt" not in caplog.text
+
+
+def test_a_malformed_or_empty_data_file_is_one_line_naming_the_field(tmp_path):
+    # A RecordError escaped load_task: the CLI printed a 42-line traceback (and SFT did so
+    # after its model build) where every other bad input is one line.
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.tasks import load_task
+
+    good = write_jsonl(_recs("train"), tmp_path / "good.jsonl")
+    bad = write_jsonl([{"question": "1 + 1?", "answer": "2"}], tmp_path / "bad.jsonl")
+    (tmp_path / "empty.jsonl").write_text("")
+    cases = [
+        (_cfg(str(bad)), r"config\.task\.source: .*bad\.jsonl, row 0, field 'prompt'"),
+        (_cfg(str(tmp_path / "empty.jsonl")), r"config\.task\.source: .*empty\.jsonl: no records"),
+        (_cfg(str(good), str(bad)), r"config\.task\.eval_source: .*bad\.jsonl, row 0"),
+    ]
+    for cfg, want in cases:
+        with pytest.raises(ConfigError, match=want) as e:
+            load_task(cfg)
+        assert "\n" not in str(e.value) and "record formats" in str(e.value)

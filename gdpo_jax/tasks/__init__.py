@@ -104,23 +104,34 @@ def load_task(cfg: Any) -> TaskData:
             f"config.task.name={name!r} is not a known task; known: "
             f"{sorted(_TASKS)} (register more with gdpo_jax.tasks.register_task)."
         )
+    from gdpo_jax.data.loaders import RecordError
+    from gdpo_jax.errors import ConfigError
+
     check_task_kwargs(cfg)
     try:
         data = _TASKS[name](cfg)
     except TypeError as e:  # a task without a kwargs table: a key its generator does not take
         if "unexpected keyword argument" not in str(e):
             raise
-        from gdpo_jax.errors import ConfigError
-
         raise ConfigError(
             f"config.task.kwargs: task {name!r} failed to load ({e}); remove the key or "
             "check its spelling against the task's generator."
         ) from None
+    except RecordError as e:  # a malformed or empty data file: one line naming the field
+        held_out = cfg.task.get("eval_source", "")
+        field = "task.eval_source" if held_out and str(held_out) in e.path else "task.source"
+        raise ConfigError(
+            f"config.{field}: {e}; fix the file or point the field at another "
+            "(record formats: docs/tasks-and-rewards.md)."
+        ) from None
     if not data.train:
-        raise ValueError(f"task {name!r} produced no training records.")
+        raise ConfigError(f"config.task.source: task {name!r} produced no training records.")
     missing = [i for i, r in enumerate(data.train[:50]) if "prompt" not in r]
     if missing:
-        raise ValueError(f"task {name!r}: training record {missing[0]} has no 'prompt' field.")
+        raise ConfigError(
+            f"config.task.source: task {name!r}'s training record {missing[0]} has no "
+            "'prompt' field."
+        )
     return data
 
 

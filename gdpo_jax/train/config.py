@@ -170,6 +170,12 @@ def validate_config(
             f"config.algo.dual_clip={a.dual_clip} must be > 1 (or 0 = off); e.g. "
             "--config.algo.dual_clip=3.0."
         )
+    if cfg.eval.greedy and cfg.eval.num_samples > 1:
+        # k copies of one greedy completion: k times the eval's compute, a pass@k of 1.
+        raise ConfigError(
+            f"config.eval.num_samples={cfg.eval.num_samples} with eval.greedy=True repeats one "
+            "completion; set --config.eval.greedy=False to sample them, or num_samples=1."
+        )
     check_distributed(cfg)
     check_tiny_model(cfg)
     for field in ("num_minibatches", "num_epochs", "num_microbatches"):

@@ -114,6 +114,8 @@ RANGES: tuple[Range, ...] = (
     _int("train.stop_after_step", 0, "0 = run to the end"),
     _int("train.eval_num_examples", 0, "0 = the whole held-out split"),
     _int("eval.num_samples", 1),
+    # jax.random.key's and NumPy's seeds: the prompt stream failed on -1 after the build.
+    Range("seed", low=0, high=2**32 - 1, integer=True, example="0"),
     _int("checkpoint.every", 0, "0 = no checkpoints", example="10"),
     _int("checkpoint.keep", 1, example="3"),
     _int("task.num_train", 0, "a file source's first N records; 0 = all", example="2048"),

@@ -95,8 +95,9 @@ def check_workdir(path: str, field: str = "workdir") -> None:
 
 def check_output(path: str, name: str, *, is_dir: bool) -> None:
     """Raises ConfigError (naming `name`, the flag or field) when a local output `path`
-    cannot be written: a file where a directory is wanted or the reverse, or a file
-    (or an unwritable directory) where one of its missing parents would go. Tools
+    cannot be written: a file where a directory is wanted or the reverse, an existing
+    one that is not writable, or a file (or an unwritable directory) where one of its
+    missing parents would go. Tools
     call it before their work, so a typo in an output path does not cost a run.
     URLs are left to their writer; missing parents are for the writer to create."""
     from gdpo_jax.errors import ConfigError
@@ -108,6 +109,9 @@ def check_output(path: str, name: str, *, is_dir: bool) -> None:
         if is_dir != os.path.isdir(full):
             want, found = ("directory", "a file") if is_dir else ("file", "a directory")
             raise ConfigError(f"{name}={path!r} is {found}, not a {want}; choose another path.")
+        # A read-only mount or another user's directory (access() reports EROFS too).
+        if not os.access(full, os.W_OK | (os.X_OK if is_dir else 0)):
+            raise ConfigError(f"{name}={path!r} is not writable; choose another path.")
         return
     parent = os.path.dirname(full)
     while not os.path.exists(parent):
