@@ -981,3 +981,22 @@ def test_continuous_sampled_rows_do_not_depend_on_the_slot_count(model, tok):
     np.testing.assert_array_equal(outs[0].completion_ids, outs[1].completion_ids)
     np.testing.assert_allclose(outs[0].logprobs, outs[1].logprobs, atol=1e-5)
     assert not np.array_equal(outs[1].completion_ids, outs[2].completion_ids)
+
+
+def test_one_row_on_an_explicit_mesh_samples_what_a_larger_batch_does(model, tok):
+    # A call of one row (a 1-prompt eval chunk, train.eval_num_examples=1) on an explicit-
+    # axes mesh failed in the token choice: JAX could not resolve the sharding of the
+    # gather over f32[1@(data,fsdp), V]. Such a call now runs 2 rows, the second inactive.
+    from jax.sharding import AxisType
+
+    mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"), axis_types=(AxisType.Explicit,) * 3)
+    one = Sampler(_make_model(mesh), tok, mesh=mesh, eos_token_ids=())
+    for params in (
+        SamplingParams(max_new_tokens=M, greedy=True),
+        SamplingParams(max_new_tokens=M, temperature=1.0, top_k=5),
+    ):
+        a = one.generate(PROMPTS[:1], params, num_generations=1, key=jax.random.key(4))
+        b = one.generate(PROMPTS[:2], params, num_generations=1, key=jax.random.key(4))
+        assert len(a) == 1 and a.info["batch_rows"] == 2
+        np.testing.assert_array_equal(a.completion_ids, b.completion_ids[:1])
+        np.testing.assert_allclose(a.logprobs, b.logprobs[:1], atol=1e-5)

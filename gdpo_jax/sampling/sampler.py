@@ -260,7 +260,10 @@ class Sampler:
         u_max, n = int(facts[:, 1].max()), len(encoded) * g
         plen = bucket_length(int(facts[:, 2].max()), self.prompt_buckets)
         local_shards = mesh_lib.batch_axis_size(self.mesh) // nblocks
-        n_local_pad = max(-(-(u_max * g) // local_shards) * local_shards, local_shards)
+        # At least 2 rows in all on an explicit-axes mesh: JAX cannot resolve the sharding
+        # of the token-choice gather over a batch of one row (a 1-row eval call failed).
+        least = max(local_shards, -(-2 // nblocks) if mesh_lib.is_explicit(self.mesh) else 1)
+        n_local_pad = max(-(-(u_max * g) // local_shards) * local_shards, least)
         # Absent prompts (a process with fewer) are one pad token: prefilled, read only
         # by inactive batch-padding rows, whose tokens are never used.
         ids = np.full((u_max, plen), self.pad_id, np.int32)
