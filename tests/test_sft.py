@@ -365,6 +365,32 @@ def test_sft_config_errors(tmp_path):
         S._validate(cfg)
 
 
+@pytest.mark.parametrize(
+    "field,value,pattern",
+    [
+        ("model.dtype", "bf16", r"config\.model\.dtype"),
+        ("model.attention", "flash", r"config\.model\.attention='flash' is not one of"),
+        ("mesh.axis_types", "bogus", r"config\.mesh\.axis_types='bogus' is not one of"),
+        ("mesh.num_devices", 16, r"config\.mesh\.num_devices=16 but \d+ devices exist"),
+        ("sampling.max_new_tokens", 300, r"= 412 exceeds the model's max_position_embeddings"),
+        ("rewards.names", ("toolcall_fromat",), r"unknown reward 'toolcall_fromat'"),
+    ],
+)
+def test_sft_checks_the_fields_it_shares_with_rl_before_the_build(tmp_path, field, value, pattern):
+    # The SFT's validation skipped these: each failed after the model build (a traceback),
+    # after the whole training (an unknown reward, at the evaluation), or ran on (past the
+    # model's positions; with more devices than exist).
+    from gdpo_jax.train.config import ConfigError
+
+    cfg = _config(tmp_path)
+    cfg.sft.evaluate = True
+    section, key = field.split(".")
+    cfg[section][key] = value
+    with pytest.raises(ConfigError, match=pattern) as e:
+        S._validate(cfg)
+    assert "\n" not in str(e.value)
+
+
 def test_targets_live_in_the_data_layer_and_stay_importable_from_sft():
     from gdpo_jax.data import corrupt
     from gdpo_jax.train.config import ConfigError

@@ -112,7 +112,6 @@ def validate_config(
       jax.device_count()). known_rewards: registered reward names (default
       gdpo_jax.rewards.list_rewards()).
     """
-    from gdpo_jax.train import mesh as mesh_lib
 
     a = cfg.algo
     if not cfg.workdir:
@@ -130,32 +129,7 @@ def validate_config(
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", SCHEDULES)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
-    from gdpo_jax.models.config import ATTENTION_KINDS, canonical_dtype
-
-    for field in ("dtype", "param_dtype"):  # else the model build fails, after the work
-        try:
-            canonical_dtype(cfg.model[field], f"config.model.{field}")
-        except ValueError as e:
-            raise ConfigError(f"{e} Set --config.model.{field}=float32.") from None
-    _choice(cfg, "model.attention", ATTENTION_KINDS)
-    if cfg.model.attention in ("cudnn", "splash"):
-        # The backend the programs are built for (the planner's target, else JAX's).
-        from gdpo_jax.backend import effective_backend
-
-        backend = effective_backend()
-        if cfg.model.attention == "cudnn" and (
-            backend != "gpu" or cfg.model.dtype not in ("bfloat16", "float16")
-        ):
-            raise ConfigError(
-                f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
-                f"(backend {backend!r}, dtype {cfg.model.dtype!r}); set "
-                "--config.model.attention=auto."
-            )
-        if cfg.model.attention == "splash" and backend != "tpu":
-            raise ConfigError(
-                f"config.model.attention='splash' is the Pallas TPU kernel (backend "
-                f"{backend!r}); set --config.model.attention=auto."
-            )
+    check_model_fields(cfg)
     _choice(cfg, "rewards.executor", ("thread", "process"))
     if a.group_size < 2:
         raise ConfigError(
@@ -296,18 +270,7 @@ def validate_config(
                 f"config.algo.num_prompts={a.num_prompts} does not split over "
                 f"{jax.process_count()} processes (each samples its own prompts); use a multiple."
             )
-    if cfg.mesh.num_devices:
-        if not 0 < cfg.mesh.num_devices <= num_devices:
-            raise ConfigError(
-                f"config.mesh.num_devices={cfg.mesh.num_devices} but "
-                f"{num_devices} devices exist; use 0 (all) or fewer."
-            )
-        num_devices = cfg.mesh.num_devices
-    try:
-        shape = mesh_lib.resolve_mesh_shape(tuple(cfg.mesh.shape), num_devices)
-    except ValueError as e:
-        raise ConfigError(f"config.{e}") from None
-    _choice(cfg, "mesh.axis_types", tuple(mesh_lib.AXIS_TYPES))
+    shape = check_mesh(cfg, num_devices)
     shards = shape[0] * shape[1]
     rows = a.num_prompts * a.group_size
     per_update = a.num_minibatches * a.num_microbatches
@@ -325,6 +288,56 @@ def validate_config(
             f"data x fsdp = {shards} (mesh.shape={shape}); raise config.algo.num_prompts or "
             "lower num_microbatches / num_minibatches, or change config.mesh.shape."
         )
+
+
+def check_model_fields(cfg: mlc.ConfigDict) -> None:
+    """config.model's dtypes and attention kernel (for the backend the programs are built
+    for), checked before the model build (RL and SFT)."""
+    from gdpo_jax.models.config import ATTENTION_KINDS, canonical_dtype
+
+    for field in ("dtype", "param_dtype"):  # else the model build fails, after the work
+        try:
+            canonical_dtype(cfg.model[field], f"config.model.{field}")
+        except ValueError as e:
+            raise ConfigError(f"{e} Set --config.model.{field}=float32.") from None
+    _choice(cfg, "model.attention", ATTENTION_KINDS)
+    if cfg.model.attention in ("cudnn", "splash"):
+        # The backend the programs are built for (the planner's target, else JAX's).
+        from gdpo_jax.backend import effective_backend
+
+        backend = effective_backend()
+        if cfg.model.attention == "cudnn" and (
+            backend != "gpu" or cfg.model.dtype not in ("bfloat16", "float16")
+        ):
+            raise ConfigError(
+                f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
+                f"(backend {backend!r}, dtype {cfg.model.dtype!r}); set "
+                "--config.model.attention=auto."
+            )
+        if cfg.model.attention == "splash" and backend != "tpu":
+            raise ConfigError(
+                f"config.model.attention='splash' is the Pallas TPU kernel (backend "
+                f"{backend!r}); set --config.model.attention=auto."
+            )
+
+
+def check_mesh(cfg: mlc.ConfigDict, num_devices: int) -> tuple[int, ...]:
+    """config.mesh against `num_devices` devices (RL and SFT): the resolved shape."""
+    from gdpo_jax.train import mesh as mesh_lib
+
+    if cfg.mesh.num_devices:
+        if not 0 < cfg.mesh.num_devices <= num_devices:
+            raise ConfigError(
+                f"config.mesh.num_devices={cfg.mesh.num_devices} but "
+                f"{num_devices} devices exist; use 0 (all) or fewer."
+            )
+        num_devices = cfg.mesh.num_devices
+    try:
+        shape = mesh_lib.resolve_mesh_shape(tuple(cfg.mesh.shape), num_devices)
+    except ValueError as e:
+        raise ConfigError(f"config.{e}") from None
+    _choice(cfg, "mesh.axis_types", tuple(mesh_lib.AXIS_TYPES))
+    return shape
 
 
 def _model_max_positions(cfg: mlc.ConfigDict) -> int | None:

@@ -50,8 +50,13 @@ from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.config import (
     SCHEDULES,
     ConfigError,
+    _check_rewards,
     _choice,
     base_config,
+    check_context_length,
+    check_mesh,
+    check_model_fields,
+    import_modules,
     reward_runner,
     reward_specs,
 )
@@ -444,12 +449,18 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
             f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
             "nor a directory; a random-init model (config.model.name='') needs one."
         )
-    try:
-        mesh_lib.resolve_mesh_shape(
-            tuple(cfg.mesh.shape), cfg.mesh.num_devices or jax.device_count()
-        )
-    except ValueError as e:
-        raise ConfigError(f"config.{e}") from None
+    # As validate_config checks them: each used to fail after the build (dtype, attention,
+    # axis types), after all training (an unknown reward, at the evaluation), or to run on
+    # past the model's positions or with more devices than exist.
+    check_model_fields(cfg)
+    check_mesh(cfg, jax.device_count())
+    if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
+        raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
+    check_context_length(cfg)
+    names = tuple(cfg.rewards.names)
+    if s.evaluate or s.eval_every:
+        import_modules(cfg)
+        _check_rewards(cfg, names, None)
 
 
 # The sft section's counts (the shared fields: field_checks.RANGES).
