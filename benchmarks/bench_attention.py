@@ -250,6 +250,7 @@ def main() -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
     parser.add_argument("--quick", action="store_true", help="A tiny model, fewer repeats.")
     args = parser.parse_args()
+    common.check_out(parser, args.out, "--out", is_dir=False)  # before the run
     res = run(args.quick, log=lambda row: print(row, flush=True))
     print(format_table(res))
     print(f"wrote {common.write_json(args.out, res)}")

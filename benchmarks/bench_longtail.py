@@ -394,6 +394,12 @@ def main() -> None:
         "--reads", action="store_true", help="Only the KV-read counts table (no model run)."
     )
     args = parser.parse_args()
+    common.check_out(parser, args.out, "--out", is_dir=False)  # before the run
+    if not args.median > 0 or not args.sigma >= 0:  # NaN fails too
+        parser.error(
+            f"--median={args.median} must be > 0 and --sigma={args.sigma} >= 0 (the log-normal "
+            "lengths' median and spread); e.g. --median=24 --sigma=1."
+        )
     if args.reads:
         print(reads_table_markdown())
         return

@@ -332,6 +332,7 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, help="Override the shape's micro-batch count.")
     ap.add_argument("--widths", help="Comma-separated prompt widths (default: the shape's).")
     a = ap.parse_args()
+    common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
 
     def split(text: str | None, cast: type) -> tuple | None:
         return tuple(cast(x) for x in text.split(",")) if text else None

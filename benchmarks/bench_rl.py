@@ -535,6 +535,8 @@ def main() -> None:
     for hidden in ("--_trl", "--_out", "--_beta", "--_warmup", "--_iters", "--_device"):
         ap.add_argument(hidden, default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.out:
+        common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
     if a._trl:  # the child of bench_trl_clean_env
         res = bench_trl(
             a._trl,

@@ -241,6 +241,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Fewer new tokens and repeats.")
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny", help="Model shapes.")
     args = parser.parse_args()
+    common.check_out(parser, args.out, "--out", is_dir=False)  # before the run
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     result = run(quick=args.quick, model_name=args.model)
     print(format_table(result))

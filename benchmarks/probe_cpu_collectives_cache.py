@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--programs", nargs="+", default=list(PROGRAMS), help="pytest args.")
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON output path.")
     args = parser.parse_args()
+    common.check_out(parser, args.out, "--out", is_dir=False)  # before the run
     result = run(
         runs=args.runs,
         load=args.load,

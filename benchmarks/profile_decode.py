@@ -214,6 +214,7 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="add the per-operation breakdown")
     ap.add_argument("--out", default="runs/bench/profile_decode.json")
     a = ap.parse_args()
+    common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
     from gdpo_jax.hostenv import relaunch_with_cpu_tunables
 
     relaunch_with_cpu_tunables()

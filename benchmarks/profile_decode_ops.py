@@ -192,6 +192,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=DEFAULT_OUT)
     args = ap.parse_args()
+    common.check_out(ap, args.out, "--out", is_dir=False)  # before the run
     with xla_trace.hlo_dump(MODULE, prefix="decode_ops_hlo_") as dump:  # before JAX's backend
         res = run(args.quick, dump) | {"machine": common.machine_info()}
     common.write_json(args.out, res)

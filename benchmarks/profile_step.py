@@ -433,6 +433,7 @@ def main() -> None:
     ap.add_argument("--_trace_dir", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_ab", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
     if a._child:
         if a._ab:
             child = {

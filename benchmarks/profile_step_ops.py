@@ -206,6 +206,7 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--out", default=DEFAULT_OUT)
     args = ap.parse_args()
+    common.check_out(ap, args.out, "--out", is_dir=False)  # before the run
     with xla_trace.hlo_dump(MODULE, prefix="step_ops_hlo_") as dump:  # before JAX's backend
         res = run(args.quick, args.beta, dump) | {"machine": common.machine_info()}
     common.write_json(args.out, res)

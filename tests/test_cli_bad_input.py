@@ -60,6 +60,16 @@ def cuda_plan(tmp_path):
     return path
 
 
+def test_every_benchmark_checks_its_out_flag_before_it_runs():
+    # Most benchmarks wrote --out only after the whole run (a FileExistsError at the end).
+    import glob
+
+    for path in sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py"))):
+        src = open(path).read()
+        if '"--out"' in src and "parse_args(" in src:
+            assert "check_out(" in src, f"{path}: --out is not checked before the run"
+
+
 @pytest.mark.parametrize(
     "module,args,text",
     [
@@ -183,6 +193,17 @@ def cuda_plan(tmp_path):
             ("--out={afile}/x.json",),
             "is a file, so nothing can be written under it",
         ),
+        (  # these ran the whole benchmark, then failed to write (FileExistsError)
+            "benchmarks.bench_longtail",
+            ("--quick", "--out={afile}/x.json"),
+            "is a file, so nothing can be written under it",
+        ),
+        (
+            "benchmarks.bench_sampler",
+            ("--quick", "--out={afile}/x.json"),
+            "is a file, so nothing can be written under it",
+        ),
+        ("benchmarks.bench_longtail", ("--quick", "--median=-5"), "--median=-5.0 must be > 0"),
     ],
 )
 def test_tools_refuse_bad_input_before_any_work(module, args, text, afile, cuda_plan, tmp_path):
