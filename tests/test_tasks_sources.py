@@ -173,3 +173,36 @@ def test_a_malformed_or_empty_data_file_is_one_line_naming_the_field(tmp_path):
         with pytest.raises(ConfigError, match=want) as e:
             load_task(cfg)
         assert "\n" not in str(e.value) and "record formats" in str(e.value)
+
+
+def test_a_file_for_a_task_that_generates_its_records_is_refused(tmp_path):
+    # The toy tasks read no file: a task.source or eval_source naming one was ignored, and
+    # the run trained on the generated records without a word.
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.tasks import check_task_kwargs, load_task
+
+    src = str(write_jsonl(_recs("train"), tmp_path / "train.jsonl"))
+    for name in ("toy_toolcall", "three_binary"):
+        for field, fix in (("source", "source=synthetic"), ("eval_source", "eval_source empty")):
+            c = _cfg("synthetic")
+            c.task.name, c.task[field] = name, src
+            with pytest.raises(ConfigError, match=rf"config\.task\.{field}=.* is not read by"):
+                check_task_kwargs(c)
+            with pytest.raises(ConfigError, match=fix):
+                load_task(c)
+        c = _cfg("synthetic")
+        c.task.name = name
+        assert load_task(c).train  # synthetic: as before
+
+
+def test_chat_template_off_for_a_task_of_chat_messages_is_refused(tmp_path):
+    # The sampler refused message-list prompts without the template once the model was
+    # built; the SFT warm start of a comparison trained and exported first.
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.tasks import load_task
+
+    c = _cfg(str(write_jsonl(_recs("train"), tmp_path / "train.jsonl")))
+    assert isinstance(load_task(c).train[0]["prompt"], list)
+    c.task.chat_template = False
+    with pytest.raises(ConfigError, match=r"chat_template=False but task 'math' gives chat"):
+        load_task(c)

@@ -81,10 +81,27 @@ def list_tasks() -> list[str]:
 def check_task_kwargs(cfg: Any) -> None:
     """ConfigError naming `config.task.kwargs.<key>` when a key is unknown, of the wrong
     type or out of range for `cfg.task.name`'s kwargs table (a task registered without
-    one is not checked here). Makes nothing: `load_task` calls it before the loader."""
-    from gdpo_jax.tasks.registry import check_kwargs
+    one is not checked here), or `config.task.source` / `eval_source` when they name a
+    file for a task that reads none. Makes nothing: `load_task` calls it before the
+    loader."""
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.tasks.registry import SYNTHETIC_ONLY, check_kwargs
 
     _load_builtin_tasks()
+    t = cfg.task
+    if t.name in SYNTHETIC_ONLY:  # its files would be ignored: it generates its records
+        for field in ("source", "eval_source"):
+            if t.get(field, "") not in ("", "synthetic"):
+                fix = (
+                    "set --config.task.source=synthetic"
+                    if field == "source"
+                    else "leave config.task.eval_source empty"
+                )
+                raise ConfigError(
+                    f"config.task.{field}={t[field]!r} is not read by task {t.name!r}, which "
+                    f"generates its records (config.task.kwargs); {fix}, or choose a task "
+                    "that reads files."
+                )
     table = task_kwargs(cfg.task.name)
     if table is None:
         return
@@ -131,6 +148,13 @@ def load_task(cfg: Any) -> TaskData:
         raise ConfigError(
             f"config.task.source: task {name!r}'s training record {missing[0]} has no "
             "'prompt' field."
+        )
+    if not cfg.task.get("chat_template", True) and any(
+        isinstance(r["prompt"], list) for r in data.train[:50]
+    ):  # the sampler refused them once the model was built (the SFT: after its training)
+        raise ConfigError(
+            f"config.task.chat_template=False but task {name!r} gives chat messages (its "
+            "prompts are message lists); set --config.task.chat_template=True."
         )
     return data
 

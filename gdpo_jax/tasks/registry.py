@@ -41,6 +41,7 @@ TASKS = ("toolcall", "math", "code")  # the paper's task modules (get_task)
 TaskLoader = Callable[[Any], "TaskData"]
 _TASKS: dict[str, TaskLoader] = {}
 _KWARGS: dict[str, tuple] = {}  # task name -> its kwargs table (absent: not declared)
+SYNTHETIC_ONLY: set[str] = set()  # tasks whose loader reads no file (register_task)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,12 +155,14 @@ class TaskData:
 
 
 def register_task(
-    name: str, *, kwargs: TaskKwargs | None = None
+    name: str, *, kwargs: TaskKwargs | None = None, synthetic_only: bool = False
 ) -> Callable[[TaskLoader], TaskLoader]:
     """Decorator registering a loader `cfg -> TaskData` under `config.task.name` = name.
 
     kwargs: the table of `config.task.kwargs` the loader takes (`()`: none), checked
     by `load_task` before the loader runs; None leaves them to the loader.
+    synthetic_only: the loader generates its records and reads no file: a
+      `config.task.source` or `eval_source` naming one is refused (it was ignored).
     """
 
     def deco(fn: TaskLoader) -> TaskLoader:
@@ -168,6 +171,10 @@ def register_task(
             _KWARGS.pop(name, None)  # a re-registration drops the old table
         else:
             _KWARGS[name] = tuple(kwargs)
+        if synthetic_only:
+            SYNTHETIC_ONLY.add(name)
+        else:
+            SYNTHETIC_ONLY.discard(name)
         return fn
 
     return deco

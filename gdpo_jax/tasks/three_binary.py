@@ -73,7 +73,7 @@ def evaluate(completions: Sequence[str], examples: Sequence[dict], **kw) -> dict
     }
 
 
-@register_task("three_binary", kwargs=KWARGS)
+@register_task("three_binary", kwargs=KWARGS, synthetic_only=True)
 def load(cfg) -> TaskData:
     t = cfg.task
     kw = t.kwargs.to_dict()

@@ -171,7 +171,7 @@ def evaluate(completions: Sequence[str], examples: Sequence[dict], **kw) -> dict
     }
 
 
-@register_task("toy_toolcall", kwargs=KWARGS)
+@register_task("toy_toolcall", kwargs=KWARGS, synthetic_only=True)
 def load(cfg) -> TaskData:
     t = cfg.task
     kw = t.kwargs.to_dict()
