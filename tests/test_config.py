@@ -591,6 +591,32 @@ def test_tokenizer_fails_at_its_cause(monkeypatch):
     assert build.build_model(c, None)[1] is not None
 
 
+def test_a_directory_without_tokenizer_files_or_of_another_architecture_is_refused(tmp_path):
+    # Both passed validation and failed in the build with a traceback: any directory was
+    # a tokenizer, and any config.json with weights a model the loader builds.
+    from gdpo_jax.train import paths
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    c = _cfg()
+    c.model.tokenizer = str(empty)
+    with pytest.raises(ConfigError, match=r"config\.model\.tokenizer=.*nor a tokenizer dir"):
+        validate_config(c, num_devices=1)
+    (empty / "tokenizer.json").write_text("{}")  # a tokenizer directory now
+    validate_config(c, num_devices=1)
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text('{"model_type": "gpt2"}')
+    (gpt2 / "model.safetensors").write_bytes(b"")
+    c = _cfg()
+    c.model.name = str(gpt2)
+    with pytest.raises(ConfigError, match=r"is a 'gpt2' checkpoint; the loader builds \["):
+        paths.check_inputs(c)
+    (gpt2 / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="does not read as a JSON object"):
+        paths.check_inputs(c)
+
+
 def test_model_scan_layers_reaches_the_model_and_the_planner():
     """config.model.scan_layers=False builds an unrolled model (build.build_model)
     and plans one (scale.arch.model_config); the default keeps the scan."""
@@ -661,6 +687,7 @@ def test_unknown_task_kwarg_names_the_field():
 
     c = _cfg()
     c.task.name, c.task.source, c.task.num_train, c.task.num_eval = "toolcall", "synthetic", 4, 2
+    c.task.chat_template = True  # its prompts are chat messages
     c.task.kwargs.n_tools = 3
     assert len(tasks.load_task(c).train) == 4  # a key the generator takes
     c.task.kwargs.bogus = 1

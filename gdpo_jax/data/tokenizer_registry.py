@@ -41,9 +41,16 @@ def list_tokenizers() -> list[str]:
     return sorted(_TOKENIZERS)
 
 
+# A directory holding one of these is a Hugging Face tokenizer directory.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def tokenizer_known(name: str) -> bool:
-    """`name` is a registered tokenizer or a directory (what build_tokenizer accepts)."""
-    return name in _TOKENIZERS or bool(name and os.path.isdir(name))
+    """`name` is a registered tokenizer or a directory holding tokenizer files (what
+    build_tokenizer loads; an empty directory failed there, with a traceback)."""
+    if name in _TOKENIZERS:
+        return True
+    return bool(name) and any(os.path.isfile(os.path.join(name, f)) for f in TOKENIZER_FILES)
 
 
 def build_tokenizer(name: str) -> Any:

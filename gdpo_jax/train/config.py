@@ -172,8 +172,8 @@ def validate_config(
     if not cfg.model.name and not tokenizer_registry.tokenizer_known(cfg.model.tokenizer):
         raise ConfigError(
             f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
-            f"({tokenizer_registry.list_tokenizers()}) nor a directory; a random-init model "
-            "(config.model.name='') needs one: set --config.model.tokenizer."
+            f"({tokenizer_registry.list_tokenizers()}) nor a tokenizer directory; a "
+            "random-init model (config.model.name='') needs one: set --config.model.tokenizer."
         )
     if cfg.task.name not in tasks:
         raise ConfigError(

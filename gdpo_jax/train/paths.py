@@ -158,6 +158,7 @@ def check_inputs(cfg: Any, *, data: bool = True) -> None:
                     f"config.model.name={name!r} holds no *.safetensors weights (the loader "
                     "reads safetensors only); convert or download the weights there."
                 )
+            _check_model_type(name)
     for field in ("source", "eval_source") if data else ():
         src = str(cfg.task.get(field, ""))
         if not src or src == "synthetic" or is_url(src) or os.path.exists(src):
@@ -170,6 +171,29 @@ def check_inputs(cfg: Any, *, data: bool = True) -> None:
                 + (f"; skipped, not data files: {skipped[:5]}" if skipped else "")
                 + "; give a path, glob or directory, or 'synthetic'."
             )
+
+
+def _check_model_type(name: str) -> None:
+    """ConfigError when the checkpoint's config.json names an architecture the loader does
+    not build (it failed in the build, with a traceback)."""
+    import json
+
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.models.config import SUPPORTED_MODEL_TYPES
+
+    try:
+        with open(os.path.join(name, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ConfigError(
+            f"config.model.name={name!r}: its config.json does not read as a JSON object "
+            f"({type(e).__name__}); fetch the checkpoint again."
+        ) from None
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ConfigError(
+            f"config.model.name={name!r} is a {model_type!r} checkpoint; the loader builds "
+            f"{sorted(SUPPORTED_MODEL_TYPES)} (docs/models.md); choose such a checkpoint."
+        )
 
 
 class LocalMirror:

@@ -447,7 +447,8 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     if not cfg.model.name and not build.tokenizer_known(cfg.model.tokenizer):
         raise ConfigError(
             f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
-            "nor a directory; a random-init model (config.model.name='') needs one."
+            "nor a tokenizer directory (tokenizer.json, ...); a random-init model "
+            "(config.model.name='') needs one."
         )
     # As validate_config checks them: each used to fail after the build (dtype, attention,
     # axis types), after all training (an unknown reward, at the evaluation), or to run on
