@@ -424,16 +424,10 @@ class Trainer:
                 if done % max(cfg.train.log_every, 1) == 0 or done == cfg.train.num_steps:
                     writer.write(done, metrics)
                 last = metrics
-                if self.ckpt.save(
-                    done,
-                    self.state,
-                    key=self.key,
-                    data_state={**self.stream.get_state(), "records": self.records},
-                    force=done == cfg.train.num_steps and cfg.checkpoint.every > 0,
-                ):
-                    # The metrics up to this step: a resume from it will not write them
-                    # again (TensorBoard's buffer, a URL workdir's upload, kept until now).
-                    writer.flush()
+                ds = {**self.stream.get_state(), "records": self.records}
+                end = done == cfg.train.num_steps and cfg.checkpoint.every > 0
+                if self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=end):
+                    writer.flush()  # a resume from this step never writes its metrics again
                 if cfg.train.stop_after_step and done >= cfg.train.stop_after_step:
                     log.info("stop_after_step=%d reached; exiting", done)
                     break
