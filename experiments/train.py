@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.train import logs
 
     logs.setup_logging(flags.FLAGS.log_level)
-    from gdpo_jax.train import checkpoint, distributed, paths
+    from gdpo_jax.train import distributed, paths, resume_checks
     from gdpo_jax.train.config import ConfigError, check_distributed, validate_config
 
     try:
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> None:
         validate_config(cfg)
         paths.check_inputs(cfg)  # model and data paths exist, before the build
         # A resume with a changed config stops here, before config.json is replaced.
-        checkpoint.check_resume_config(cfg)
+        resume_checks.check_resume_config(cfg)
     except ConfigError as e:
         cli.fail(e)
     import jax

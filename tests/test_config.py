@@ -653,7 +653,8 @@ def test_cli_refuses_changed_resume_and_bad_distributed_fields_before_any_work(t
 
     from configs import tiny_cpu
     from gdpo_jax.train import logs
-    from gdpo_jax.train.checkpoint import Checkpointer, check_resume_config
+    from gdpo_jax.train.checkpoint import Checkpointer
+    from gdpo_jax.train.resume_checks import check_resume_config
 
     wd = tmp_path / "run"
     cfg = tiny_cpu.get_config("runlocal")

@@ -14,9 +14,10 @@ import pytest
 from gdpo_jax.data.stream import records_fingerprint
 from gdpo_jax.tasks import TaskData
 from gdpo_jax.train import build
-from gdpo_jax.train.checkpoint import Checkpointer, check_resume_data
+from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import ConfigError
 from gdpo_jax.train.loop import Trainer
+from gdpo_jax.train.resume_checks import check_resume_data
 from tests._train_fixtures import tiny_config
 
 
@@ -95,7 +96,7 @@ def test_the_resume_checks_leave_a_save_in_progress_alone(tmp_path):
     # fail the same way while its directory is checked, or read, from another process.
     import time
 
-    from gdpo_jax.train.checkpoint import check_resume_config
+    from gdpo_jax.train.resume_checks import check_resume_config
 
     cfg = tiny_config(str(tmp_path / "run"))
     ckpt = Checkpointer.from_config(cfg)

@@ -25,7 +25,7 @@ from gdpo_jax.data.stream import PromptStream, records_fingerprint
 from gdpo_jax.train import build, distributed, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.checkpoint import Checkpointer, check_resume_data
+from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import (
     ConfigError,
     check_context_length,
@@ -37,6 +37,7 @@ from gdpo_jax.train.config import (
     validate_config,
 )
 from gdpo_jax.train.metrics import MetricsWriter
+from gdpo_jax.train.resume_checks import check_resume_data
 from gdpo_jax.train.step import CompiledStep, StepConfig
 from gdpo_jax.train.step_config import check_group_prompts, share_prompt_blocker
 
@@ -111,7 +112,7 @@ class Trainer:
         # the build.
         self.task = task or build.load_task(cfg)
         # What the stream's checkpointed position indexes: a resume over changed records
-        # stops here, before the model build (checkpoint.check_resume_data).
+        # stops here, before the model build (resume_checks.check_resume_data).
         self.records = {
             "fingerprint": records_fingerprint(self.task.train),
             "count": len(self.task.train),

@@ -45,7 +45,7 @@ from gdpo_jax.tasks import check_task_kwargs, load_task
 from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
-from gdpo_jax.train.checkpoint import Checkpointer, check_resume_config, check_resume_data
+from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.config import (
     SCHEDULES,
@@ -67,6 +67,7 @@ from gdpo_jax.train.field_checks import (
     check_tiny_model,
 )
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
+from gdpo_jax.train.resume_checks import check_resume_config, check_resume_data
 
 __all__ = [
     "SFT",
