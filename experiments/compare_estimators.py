@@ -181,8 +181,15 @@ def main(argv: list[str]) -> None:
             check_output(path, flag, is_dir=True)  # before the warm start and the runs
     except ConfigError as e:
         cli.fail(e)
-    if F.report_only and not os.path.isdir(out_dir):
-        cli.fail(f"--report_only: --out_dir={out_dir} holds no runs to report on.")
+    if F.report_only:
+        from experiments.compare_report import load_runs
+
+        # An empty table and plots would replace the results.md of another task's runs.
+        if not os.path.isdir(out_dir) or not load_runs(out_dir, estimators, seeds):
+            cli.fail(
+                f"--report_only: --out_dir={out_dir} holds no finished runs of these estimators "
+                f"and seeds (runs/<estimator>/seed<k>/ with run_info.json) to report on."
+            )
     sets = []
     for item in F.set:
         field, eq, value = item.partition("=")

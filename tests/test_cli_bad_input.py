@@ -147,6 +147,11 @@ def test_every_benchmark_checks_its_out_flag_before_it_runs():
             ("--quick", "--size=small", "--window=0", "--out_dir={tmp}/cmp"),
             "--quick is --size=quick",
         ),
+        (  # an existing directory without runs: it wrote an empty table and plots there
+            "experiments.compare_estimators",
+            ("--size=quick", "--report_only", "--out_dir={tmp}"),
+            "holds no finished runs of these estimators and seeds",
+        ),
         (  # --size=small was ignored (the study's own 3 x 10 seeds ran)
             "experiments.compare_estimators",
             ("--study=three_binary", "--size=small", "--window=0", "--out_dir={tmp}/cmp"),
