@@ -110,8 +110,10 @@ def check_task_kwargs(cfg: Any) -> None:
 
 
 def load_task(cfg: Any) -> TaskData:
-    """TaskData of `cfg.task.name`; ValueError naming the field when unknown or empty,
-    ConfigError (before any record is made) when `config.task.kwargs` is bad."""
+    """TaskData of `cfg.task.name`; ValueError naming the field when the task is unknown,
+    ConfigError (one line, naming the field) when `config.task.kwargs` is bad (before any
+    record is made), a data file is malformed or empty, or the records do not fit
+    `config.task.chat_template`."""
     from gdpo_jax.tasks.registry import _TASKS
 
     _load_builtin_tasks()

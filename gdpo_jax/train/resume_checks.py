@@ -24,7 +24,6 @@ log = logging.getLogger("gdpo_jax.train")
 def _existing_checkpointer(cfg: mlc.ConfigDict) -> Checkpointer | None:
     """A read-only checkpointer of the run directory when `<workdir>/checkpoints` exists
     (None otherwise: nothing is created, and nothing removed)."""
-
     if not paths.exists(paths.join(cfg.workdir.rstrip("/"), "checkpoints")):
         return None
     return Checkpointer.from_config(cfg, read_only=True)
