@@ -138,7 +138,7 @@ def test_model_and_data_paths_checked_before_the_build(tmp_path):
     c.model.name = str(tmp_path / "empty")
     with pytest.raises(ConfigError, match="no config.json"):
         paths.check_inputs(c)
-    (tmp_path / "empty" / "config.json").write_text("{}")
+    (tmp_path / "empty" / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ConfigError, match=r"holds no \*\.safetensors weights"):
         paths.check_inputs(c)
     (tmp_path / "empty" / "model.safetensors").write_bytes(b"")
@@ -186,6 +186,8 @@ def test_trainer_checks_data_paths_before_building_the_model(tmp_path, monkeypat
     monkeypatch.setattr(build, "build_model", built)
     c = get_config()
     c.workdir = str(tmp_path / "run")
+    c.task.name, c.task.chat_template = "math", True  # a task that reads files
+    c.task.kwargs = type(c.task.kwargs)()  # not the toy task's
     c.task.eval_source = str(tmp_path / "nope.jsonl")
     with pytest.raises(ConfigError, match=r"config\.task\.eval_source=.*matches no file"):
         Trainer(c)

@@ -190,8 +190,9 @@ def _check_model_type(name: str) -> None:
             f"({type(e).__name__}); fetch the checkpoint again."
         ) from None
     if model_type not in SUPPORTED_MODEL_TYPES:
+        what = f"is a {model_type!r} checkpoint" if model_type else "names no model_type"
         raise ConfigError(
-            f"config.model.name={name!r} is a {model_type!r} checkpoint; the loader builds "
+            f"config.model.name={name!r} {what}; the loader builds "
             f"{sorted(SUPPORTED_MODEL_TYPES)} (docs/models.md); choose such a checkpoint."
         )
 
