@@ -1,0 +1,89 @@
+"""The SFT warm start's config checks (`validate_sft_config`), before any work.
+
+The fields it shares with an RL run are checked with `validate_config`'s own
+functions (ranges, model fields, mesh, context length, sampling, reward names), so
+a mistake reads the same in both; the `sft` section's own fields are checked here.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections as mlc
+
+from gdpo_jax.data.corrupt import SFT_TASKS
+from gdpo_jax.data.tokenizer_registry import tokenizer_known
+from gdpo_jax.tasks import check_task_kwargs
+from gdpo_jax.train import paths
+from gdpo_jax.train.config import (
+    SCHEDULES,
+    ConfigError,
+    _check_rewards,
+    _choice,
+    check_context_length,
+    check_mesh,
+    check_model_fields,
+    import_modules,
+)
+from gdpo_jax.train.field_checks import Range, check_ranges, check_sampling, check_tiny_model
+
+__all__ = ["SFT_RANGES", "validate_sft_config"]
+
+
+def validate_sft_config(cfg: mlc.ConfigDict) -> None:
+    """Raises ConfigError naming the first bad field (model / data paths included)."""
+    if not cfg.workdir:
+        raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/sft_run.")
+    if cfg.task.name not in SFT_TASKS:
+        raise ConfigError(
+            f"config.task.name={cfg.task.name!r}: SFT targets exist for {SFT_TASKS} only."
+        )
+    if paths.is_url(cfg.workdir):
+        raise ConfigError(
+            f"config.workdir={cfg.workdir!r}: SFT exports a Hugging Face directory for the RL "
+            "runs to load, which must be local; use a local directory."
+        )
+    paths.check_workdir(cfg.workdir)  # a file, or a file where a parent would go
+    paths.check_inputs(cfg)
+    check_task_kwargs(cfg)  # before the model build; load_task would check them after it
+    s = cfg.sft
+    if s.num_steps < 1 or s.batch_size < 1:
+        raise ConfigError(
+            f"config.sft.num_steps={s.num_steps} and batch_size={s.batch_size} must be >= 1."
+        )
+    for f in ("format_noise", "value_noise", "verbose_prob"):
+        if not 0.0 <= s[f] <= 1.0:
+            raise ConfigError(f"config.sft.{f}={s[f]} must be a probability in [0, 1].")
+    # The fields the SFT shares with an RL run, checked as validate_config checks them.
+    check_ranges(cfg)
+    check_ranges(cfg, SFT_RANGES)
+    _choice(cfg, "optim.schedule", SCHEDULES)
+    check_tiny_model(cfg)
+    check_sampling(cfg)
+    if not cfg.model.name and not tokenizer_known(cfg.model.tokenizer):
+        raise ConfigError(
+            f"config.model.tokenizer={cfg.model.tokenizer!r} is neither a registered tokenizer "
+            "nor a tokenizer directory (tokenizer.json, ...); a random-init model "
+            "(config.model.name='') needs one."
+        )
+    # As validate_config checks them: each used to fail after the build (dtype, attention,
+    # axis types), after all training (an unknown reward, at the evaluation), or to run on
+    # past the model's positions or with more devices than exist.
+    check_model_fields(cfg)
+    check_mesh(cfg, jax.device_count())
+    if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
+        raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
+    check_context_length(cfg)
+    names = tuple(cfg.rewards.names)
+    if s.evaluate or s.eval_every:
+        import_modules(cfg)
+        _check_rewards(cfg, names, None)
+
+
+# The sft section's counts (the shared fields: field_checks.RANGES).
+SFT_RANGES = (
+    Range("sft.num_examples", low=0, integer=True, note="0 = all", example="0"),
+    Range("sft.log_every", low=1, integer=True, example="10"),
+    Range("sft.eval_every", low=0, integer=True, note="0 = at the end only", example="0"),
+    Range("sft.eval_num_examples", low=0, integer=True, example="64"),
+    Range("sft.eval_samples", low=1, integer=True, example="4"),
+)
