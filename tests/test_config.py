@@ -220,6 +220,11 @@ def _set(path: str, value):
             _set("rewards.thresholds", (1.0, float("nan"))),
             r"rewards\.thresholds\[1\]=nan is not finite",
         ),
+        # A threshold of a reward without a condition was ignored: a gate that did not exist.
+        (
+            _set("rewards.thresholds", (1.0, 0.5)),
+            r"rewards\.thresholds\[1\]=0\.5 is for reward 'test_short', which has no condition",
+        ),
         (
             _set("rewards.conditions", ("test_short", "test_has_w10")),
             r"conditions form a cycle \(test_has_w10 -> test_short -> test_has_w10\)",

@@ -118,12 +118,22 @@ def test_file_sources_are_cut_to_num_train_and_num_eval_with_a_log_line(tmp_path
 
 
 @pytest.mark.parametrize("name", ["math", "toolcall"])
-def test_synthetic_num_eval_0_turns_eval_off_and_num_train_0_names_the_field(name):
+def test_synthetic_num_eval_0_turns_eval_off_and_num_train_0_names_the_field(name, caplog):
     # Both used to fail in the loader with "RecordError []: no records".
     c = _cfg("synthetic")
     c.task.name, c.task.num_train, c.task.num_eval = name, 8, 0
-    data = sources._load(name, c)
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
+        data = sources._load(name, c)
     assert len(data.train) == 8 and data.eval == []
+    assert "periodic eval is off" not in caplog.text  # none asked for (train.eval_every=0)
+    # A periodic eval asked for without held-out records ran nothing, without a word.
+    c.train.eval_every = 5
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.train"):
+        sources._load(name, c)
+    assert (
+        "periodic eval is off: config.task.num_eval=0 generates no held-out records for "
+        "config.train.eval_every=5; set config.task.num_eval to 1 or more"
+    ) in caplog.text
     c.task.num_train = 0
     with pytest.raises(ValueError, match=r"config\.task\.num_train=0.*1 or more"):
         sources._load(name, c)

@@ -65,9 +65,17 @@ def _load(name: str, cfg) -> TaskData:
         splits = make_splits(
             _SYNTHETIC[name], t.num_train, t.num_eval, seed=t.seed, **t.kwargs.to_dict()
         )
-        # num_eval=0: no held-out records, periodic eval off (as for a file without one).
         train = mod.load(splits["train"])
         held = mod.load(splits["test"]) if splits["test"] else []
+        eval_every = cfg.get("train", {}).get("eval_every", 0)
+        if not held and eval_every:
+            # As for a file without a held-out split: the eval curve asked for would be
+            # missing without a word.
+            log.warning(
+                "periodic eval is off: config.task.num_eval=0 generates no held-out records "
+                "for config.train.eval_every=%d; set config.task.num_eval to 1 or more",
+                eval_every,
+            )
     else:
         if t.kwargs.to_dict():
             log.warning(

@@ -31,7 +31,6 @@ __all__ = [
     "list_tasks",
     "load_task",
     "process_info",
-    "prompt_length_filter",
     "register_task",
     "register_tokenizer",
     "tokenizer_known",
@@ -86,18 +85,6 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
             f"tokenizer's {len(tokenizer)} tokens; raise it or leave it unset."
         )
     return create_model(mc, mesh=mesh, seed=cfg.seed), tokenizer
-
-
-def prompt_length_filter(
-    records: list[dict], sampler: Any, max_len: int, chat_template: bool
-) -> tuple[list[dict], int]:
-    """Drops records whose encoded prompt exceeds `max_len` tokens. Returns (kept, dropped)."""
-    kept = []
-    for r in records:
-        ids = sampler.encode_prompts([r["prompt"]], chat_template)[0]
-        if len(ids) <= max_len:
-            kept.append(r)
-    return kept, len(records) - len(kept)
 
 
 def process_info() -> tuple[int, int]:

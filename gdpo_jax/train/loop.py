@@ -37,6 +37,7 @@ from gdpo_jax.train.config import (
     validate_config,
 )
 from gdpo_jax.train.metrics import MetricsWriter
+from gdpo_jax.train.records import usable_records
 from gdpo_jax.train.resume_checks import check_resume_data
 from gdpo_jax.train.step import CompiledStep, StepConfig
 from gdpo_jax.train.step_config import check_group_prompts, share_prompt_blocker
@@ -135,7 +136,6 @@ class Trainer:
             share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
             continuous_prompt_slots=int(cfg.sampling.get("continuous_prompt_slots", 0)),
         )
-        s = cfg.sampling
         self.sampling_params = sampling_params(cfg)
         self.eval_params = eval_params(cfg)
 
@@ -143,35 +143,13 @@ class Trainer:
         self.reward_names = [sp.name for sp in self.specs]
         self.weights = [sp.weight for sp in self.specs]
 
-        train_records, dropped = build.prompt_length_filter(
-            self.task.train, self.sampler, s.max_prompt_len, cfg.task.chat_template
+        train_records, self.eval_records, self.prompts_dropped = usable_records(
+            cfg,
+            self.task.train,
+            self.task.eval,
+            lambda prompts: self.sampler.encode_prompts(prompts, cfg.task.chat_template),
+            pc,
         )
-        if dropped:
-            log.warning(
-                "dropped %d training prompts longer than sampling.max_prompt_len=%d",
-                dropped,
-                s.max_prompt_len,
-            )
-        if self.task.train and not train_records:
-            self._no_prompt_fits(s.max_prompt_len)
-        self.eval_records, eval_dropped = build.prompt_length_filter(
-            self.task.eval, self.sampler, s.max_prompt_len, cfg.task.chat_template
-        )
-        if eval_dropped:
-            # Eval metrics then cover a subset of the held-out split: say so, as for training.
-            log.warning(
-                "dropped %d of %d held-out prompts longer than sampling.max_prompt_len=%d; "
-                "eval metrics cover the other %d",
-                eval_dropped,
-                len(self.task.eval),
-                s.max_prompt_len,
-                len(self.eval_records),
-            )
-        self.prompts_dropped = {"train": dropped, "eval": eval_dropped}
-        if cfg.train.eval_num_examples:
-            self.eval_records = self.eval_records[: cfg.train.eval_num_examples]
-        if len(train_records) < pc:
-            self._too_few_prompts(len(train_records), dropped, pc)
         self.stream = PromptStream(train_records, seed=cfg.seed, process_index=pi, process_count=pc)
 
         sc = self.step_cfg
@@ -210,35 +188,6 @@ class Trainer:
         # Last: its worker pool (threads or processes) is up from here on, and every
         # error above would have left it running.
         self.runner = reward_runner(cfg, self.specs)
-
-    def _no_prompt_fits(self, max_prompt_len: int) -> None:
-        """Raises the error for a max_prompt_len below every training prompt's length
-        (the stream would otherwise fail on 0 records, naming no setting)."""
-        ids = self.sampler.encode_prompts(
-            [r["prompt"] for r in self.task.train], self.cfg.task.chat_template
-        )
-        lo, hi = min(map(len, ids)), max(map(len, ids))
-        span, keep_all = (f"{lo} to {hi}", f" ({hi} keeps them all)") if hi > lo else (lo, "")
-        raise ConfigError(
-            f"config.sampling.max_prompt_len={max_prompt_len} leaves no training prompt: "
-            f"the task's {len(ids)} prompts are {span} tokens long; set it to at least "
-            f"{lo}{keep_all}."
-        )
-
-    def _too_few_prompts(self, kept: int, dropped: int, processes: int) -> None:
-        """Raises the error for fewer training prompts than processes (each process
-        draws its own share of every batch)."""
-        cause = (
-            f"config.sampling.max_prompt_len={self.cfg.sampling.max_prompt_len} keeps "
-            f"{kept} of the task's {kept + dropped} training prompts"
-            if dropped
-            else f"config.task has {kept} training prompts"
-        )
-        raise ConfigError(
-            f"{cause}, fewer than the {processes} processes that each draw their own; "
-            + ("raise max_prompt_len or " if dropped else "")
-            + f"give the task at least {processes} training prompts."
-        )
 
     # ------------------------------------------------------------------ parts
     def _collect(self, step: int) -> tuple[dict, dict]:

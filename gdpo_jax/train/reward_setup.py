@@ -93,6 +93,15 @@ def _check_reward_lists(cfg: mlc.ConfigDict, names: tuple) -> None:
                     f"one per reward, e.g. --config.rewards.{field}='({ones})'."
                 )
     conditions = dict(zip(names, tuple(r.conditions)))
+    for i, (n, t) in enumerate(zip(names, tuple(r.get("thresholds", ())))):
+        # A threshold gates only a conditioned reward (eq. 8): elsewhere it was ignored,
+        # so a gate the user meant to set silently did not exist. 1.0 is the default.
+        if not conditions.get(n) and float(t) != 1.0:
+            raise ConfigError(
+                f"config.rewards.thresholds[{i}]={t!r} is for reward {n!r}, which has no "
+                "condition, so it would be ignored; name the reward it gates on in "
+                "config.rewards.conditions, or leave the threshold at 1.0."
+            )
     for n, cond in conditions.items():
         if cond and cond not in names:
             raise ConfigError(

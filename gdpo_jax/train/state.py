@@ -7,6 +7,7 @@ The policy is an NNX module; the step is a pure function of
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import flax
@@ -15,6 +16,8 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
+
+log = logging.getLogger("gdpo_jax.train")
 
 
 @flax.struct.dataclass
@@ -65,6 +68,18 @@ def make_optimizer(
         total_steps=total_updates,
         min_lr_ratio=optim.min_lr_ratio,
     )
+    steps = total_updates // max(updates_per_step, 1)
+    if optim.warmup_steps and optim.warmup_steps >= steps:
+        # Legal (a short smoke run of a long config), but a run of that length never
+        # trains at the learning rate it names: say so.
+        log.warning(
+            "optim.warmup_steps=%d is not below the run's %d steps: the learning rate never "
+            "reaches optim.lr=%g (its last update uses %.3g)",
+            optim.warmup_steps,
+            steps,
+            optim.lr,
+            float(schedule(max(total_updates - 1, 0))),
+        )
     parts = []
     if optim.max_grad_norm and optim.max_grad_norm > 0:
         parts.append(optax.clip_by_global_norm(optim.max_grad_norm))
