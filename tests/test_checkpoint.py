@@ -461,3 +461,58 @@ def test_a_failed_move_aside_stops_every_process_in_one_line(
     assert "\n" not in msg and "could not move the damaged steps [2]" in msg
     assert ("Permission denied" if process == 0 else "on process 0") in msg
     assert "by hand" in msg and os.path.isdir(os.path.join(directory, "2"))
+
+
+@pytest.mark.parametrize("driver", ["rl", "sft"])
+def test_a_failed_final_save_still_closes_the_metrics_and_the_reward_pool(
+    tmp_path, monkeypatch, driver
+):
+    # A failed final async save raises from Checkpointer.close(); the closes after it
+    # were skipped: TensorBoard's buffer never reached disk and the reward pool kept
+    # running. The loops run here on fakes: the closing order is what is tested.
+    from types import SimpleNamespace
+
+    from gdpo_jax.train import metrics as metrics_lib
+    from gdpo_jax.train.loop import Trainer
+    from gdpo_jax.train.sft import SFT, sft_config
+
+    closed = []
+    real_close = metrics_lib.MetricsWriter.close
+
+    def writer_close(self):
+        closed.append("writer")
+        real_close(self)
+
+    monkeypatch.setattr(metrics_lib.MetricsWriter, "close", writer_close)
+
+    class FailingCkpt:
+        def save(self, *args, **kwargs) -> bool:
+            return False
+
+        def close(self) -> None:
+            closed.append("ckpt")
+            raise RuntimeError("the final save failed")
+
+    cfg = sft_config()
+    cfg.workdir = str(tmp_path)
+    cfg.train.update(num_steps=1, tensorboard=False, progress_bar=False)
+    cfg.sft.update(num_steps=1, evaluate=False)
+    run = object.__new__(Trainer if driver == "rl" else SFT)
+    run.cfg, run.start_step, run.ckpt, run.state, run.key, run.records = (
+        cfg,
+        0,
+        FailingCkpt(),
+        None,
+        None,
+        {},
+    )
+    if driver == "rl":
+        run.train_step = lambda step: {"loss": 0.5}
+        run.stream = SimpleNamespace(get_state=dict)
+        run.runner = SimpleNamespace(close=lambda: closed.append("runner"))
+    else:
+        run.step = lambda step: {"loss": 0.5}
+    with pytest.raises(RuntimeError, match="the final save failed"):
+        run.run()
+    assert closed == (["ckpt", "writer", "runner"] if driver == "rl" else ["ckpt", "writer"])
+    assert '"loss": 0.5' in (tmp_path / "metrics.jsonl").read_text()

@@ -11,6 +11,7 @@ with exactly the batches it would have seen (each step's sampling key is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -382,9 +383,12 @@ class Trainer:
                     log.info("stop_after_step=%d reached; exiting", done)
                     break
         finally:
-            self.ckpt.close()
-            writer.close()
-            self.runner.close()
+            # Each closes even when one before it raises (a failed final async save raises
+            # from ckpt.close): the metrics reach disk and the reward pool stops.
+            with contextlib.ExitStack() as closing:
+                closing.callback(self.runner.close)
+                closing.callback(writer.close)
+                self.ckpt.close()
         return last
 
 

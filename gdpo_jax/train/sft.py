@@ -21,6 +21,7 @@ come from `gdpo_jax.data.corrupt.make_targets` (re-exported here).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -382,8 +383,9 @@ class SFT:
                     {f"eval/{k}": v for k, v in ev.items() if not k.endswith("example")},
                 )
         finally:
-            self.ckpt.close()
-            writer.close()
+            with contextlib.ExitStack() as closing:  # the writer closes even if the save failed
+                closing.callback(writer.close)
+                self.ckpt.close()
         hf_dir = self.export()
         if "loss" not in last and self.start_step and jax.process_index() == 0:
             # Resumed at the end: the last step's loss is in the run's metrics, not here
