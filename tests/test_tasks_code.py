@@ -35,6 +35,18 @@ def test_stdout_and_value_comparisons():
     assert tcode.stdout_matches("0.3333333", "0.33333333")
     assert not tcode.stdout_matches("1 2", "1\n2")  # line structure matters
     assert not tcode.stdout_matches("3\n4", "3")
+    # Integers compare exactly, as the return-value judge does (within 1e-6 and above
+    # 2**53 wrong answers passed); signs and leading zeros are a number's, not its value.
+    for wrong, right in [
+        ("1000001", "1000000"),
+        ("123456789012", "123456789000"),
+        ("12345678901234567891", "12345678901234567890"),
+        ("-5", "5"),
+        ("9" * 5000, "9" * 4999 + "8"),  # more digits than int() takes
+    ]:
+        assert not tcode.stdout_matches(wrong, right), wrong[:20]
+    for a, b in [("007", "7"), ("+7", "7"), ("-0", "0"), ("9" * 5000, "9" * 5000), ("2", "2.0")]:
+        assert tcode.stdout_matches(a, b), a[:20]
     assert tcode.value_matches(14, [14])  # APPS wraps expected values
     assert tcode.value_matches([0, 1], [0, 1])
     assert tcode.value_matches([0.1 + 0.2], [0.3])

@@ -234,6 +234,41 @@ def test_pathological_expression_is_bounded_nan_and_counted(executor):
     assert res["pass@1"] == 1.0
 
 
+def test_slow_comparisons_stop_at_the_runners_deadline_not_the_chunk(monkeypatch):
+    # Six slow comparisons in one chunk spent the runner's whole call (math_correct took
+    # no deadline): the runner failed the chunk, its correct answers too, and with
+    # on_error="raise" stopped the run. A comparison is faked here: "slow" takes its
+    # whole budget, then times out, as the helper process does.
+    import time
+
+    from gdpo_jax.tasks import math_verifier
+
+    budgets = []
+
+    def fake_verify(pred, gold, timeout_s):
+        budgets.append(timeout_s)
+        if pred == "slow":
+            time.sleep(timeout_s)
+            raise TimeoutError("slow")
+        return False
+
+    monkeypatch.setattr(math_verifier, "verify_bounded", fake_verify)
+    comps = ["\\boxed{slow}"] * 6 + ["\\boxed{3}", "\\boxed{4}"]
+    ex = [{"prompt": "q", "ground_truth": "3"}] * 8
+    spec = RewardSpec("math_correct", kwargs={"verify_timeout_s": 1.0})
+    with RewardRunner([spec], num_workers=1, timeout_s=3.0, on_error="raise") as r:
+        t0 = time.monotonic()
+        R, info = r(["q"] * 8, comps, ex)
+        took = time.monotonic() - t0
+    assert took < 3.0  # inside the runner's deadline (start + 3 s - 0.3 s)
+    assert np.isnan(R[:6, 0]).all() and R[6, 0] == 1.0  # equal after normalizing: scored
+    # "4" is checked only while time is left; past the deadline it is NaN, not a guess.
+    assert R[7, 0] == 0.0 or np.isnan(R[7, 0])
+    assert info["reward_timeouts/math_correct"] == int(np.isnan(R[:, 0]).sum())
+    assert info["reward_failures/math_correct"] == 0
+    assert all(b <= 1.0 for b in budgets) and min(budgets) < 1.0  # the deadline's remainder
+
+
 def test_arrows_are_not_left_right_delimiters():
     """The string fallback drops \\left / \\right delimiters but not the arrows that begin
     with those words: \\leftarrow and \\rightarrow both became 'arrow' and matched."""

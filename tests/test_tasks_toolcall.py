@@ -193,3 +193,33 @@ def test_ast_match_keeps_booleans_apart_from_numbers():
     assert not tc.ast_match("<think>a</think>\n" + pred, gt)
     assert tc.ast_match("<think>a</think>\n" + gt, gt)
     assert tc._norm_value({"n": 5}) == tc._norm_value({"n": 5.0})  # numbers by value still
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"name": "f", "parameters": {"a": ' + "9" * 5000 + "}}",  # int() refuses > 4300 digits
+        "[" * 1000,  # unclosed: json recurses once per bracket
+        '{"name": "f", "parameters": ' + '{"a": ' * 1000 + "1" + "}" * 1000 + "}",
+    ],
+)
+def test_json_a_model_can_write_scores_unparsable_not_a_crash(line):
+    # json.loads raises ValueError and RecursionError besides JSONDecodeError: the reward
+    # raised (the runner stopped the run) and the eval crashed whatever on_error said.
+    gt = block(call("f", a=1))
+    completion = f"<think>t</think>\n<tool_call>\n{line}\n</tool_call>"
+    assert tc.parse_tool_calls(completion) is None
+    assert correctness(completion, gt) == -3.0
+    assert not tc.ast_match(completion, gt)
+    assert tc.evaluate([completion], [{"ground_truth": gt}])["accuracy"] == 0.0
+
+
+def test_huge_integer_values_compare_without_overflow():
+    # float() of a 310-digit int raised OverflowError in the eval's value normalizer.
+    big = 10**400
+    gt = block(call("f", a=1))
+    pred = block(call("f", a=big))
+    assert correctness(pred, gt) == pytest.approx(6 * 2 / 3 - 3)  # names and keys, not values
+    assert not tc.ast_match(pred, gt)
+    assert tc.ast_match(pred, pred)
+    assert tc.evaluate([pred], [{"ground_truth": gt}])["accuracy"] == 0.0

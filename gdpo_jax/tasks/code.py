@@ -63,9 +63,23 @@ def extract_code(completion: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def _int_digits(t: str) -> tuple[bool, str]:
+    """An integer token as (negative, digits without leading zeros): int() refuses more
+    than 4300 digits, which a program may well print."""
+    digits = t.lstrip("+-").lstrip("0") or "0"
+    return t.startswith("-") and digits != "0", digits
+
+
 def _tokens_equal(a: str, b: str, tol: float) -> bool:
     if a == b:
         return True
+    if _INT.fullmatch(a) and _INT.fullmatch(b):
+        # Two integers compare exactly, as the return-value judge does: within tol,
+        # 1000001 passed for 1000000 (and above 2**53 float() made any two equal).
+        return _int_digits(a) == _int_digits(b)
     try:
         x, y = float(a), float(b)
     except ValueError:
@@ -75,7 +89,8 @@ def _tokens_equal(a: str, b: str, tol: float) -> bool:
 
 def stdout_matches(actual: str, expected: str, tol: float = 1e-6) -> bool:
     """Judge-style comparison: per line, whitespace-separated tokens equal
-    (numbers within `tol`), trailing spaces and blank lines ignored."""
+    (integers exactly, other numbers within `tol`), trailing spaces and blank lines
+    ignored."""
     a = [ln.split() for ln in actual.strip().splitlines()]
     e = [ln.split() for ln in expected.strip().splitlines()]
     a = [t for t in a if t]

@@ -4,7 +4,8 @@ Rewards:
   math_correct in {0, 1}: the LAST \\boxed{...} of the completion is
     equivalent to the reference: equal after `normalize_answer`, else
     math-verify's parse + verify (not equivalent when either side fails to parse).
-    No boxed answer -> 0. A comparison past `verify_timeout_s` (5 s) -> NaN,
+    No boxed answer -> 0. A comparison past `verify_timeout_s` (5 s), or one
+    left when the RewardRunner's deadline for the call has passed -> NaN,
     counted in reward_timeouts/math_correct.
   length in {0, 1} (gdpo_jax.tasks.length): <= max_tokens tokens; the
     paper conditions it on correctness: RewardSpec("length",
@@ -16,6 +17,7 @@ from __future__ import annotations
 import decimal
 import math
 import re
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -129,17 +131,32 @@ def correctness_reward(
 
     A comparison past verify_timeout_s scores NaN (when no other reference
     matched) and raises RewardTimeouts with all the scores, which the
-    RewardRunner keeps and counts in reward_timeouts/math_correct.
+    RewardRunner keeps and counts in reward_timeouts/math_correct. Under a
+    RewardRunner (`deadline`, a time.monotonic() time) no comparison runs past
+    the call's deadline: once it has passed, an answer that is not equal to a
+    reference after `normalize_answer` scores NaN too, unchecked.
     """
     if verify_timeout_s <= 0:
         raise ValueError(f"math_correct: verify_timeout_s must be > 0, got {verify_timeout_s}")
+    deadline = kwargs.get("deadline")  # from the RewardRunner (accepts_deadline)
     out, timed_out = [], []
     for i, (c, gt) in enumerate(zip(completions, ground_truth)):
         ans, score = last_boxed(c), 0.0
         if ans is not None:
             for g in _golds(gt):
+                if normalize_answer(ans) == normalize_answer(g):
+                    score = 1.0
+                    break
+                budget = verify_timeout_s
+                if deadline is not None:
+                    # A few slow comparisons used to spend the whole call's time, and the
+                    # runner then failed the chunk: every sample, correct ones too.
+                    budget = min(budget, deadline - time.monotonic())
+                    if budget <= 0:
+                        score = math.nan
+                        continue
                 try:
-                    if is_equivalent(ans, g, verify_timeout_s):
+                    if is_equivalent(ans, g, budget):
                         score = 1.0
                         break
                 except TimeoutError:
@@ -151,6 +168,9 @@ def correctness_reward(
         raise RewardTimeouts(out, timed_out)
     return out
 
+
+# The RewardRunner passes it its deadline (kwarg `deadline`): no chunk times out whole.
+correctness_reward.accepts_deadline = True
 
 # Suggested RewardRunner settings: sympy is slow per sample, keep chunks small.
 RUNNER_DEFAULTS: dict = {"chunk_size": 8}

@@ -75,7 +75,10 @@ def parse_tool_calls(text: str) -> list[dict] | None:
     for line in body.split("\n"):
         try:
             c = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
+            # Not only JSONDecodeError: an integer of over 4300 digits (ValueError) or
+            # ~1000 nested brackets (RecursionError) is model text too, and crashed the
+            # reward instead of scoring it unparsable.
             return None
         if not (
             isinstance(c, dict)
@@ -214,8 +217,12 @@ def _norm_value(v: Any) -> Any:
         return ("__bool__", v)
     if v is None:
         return v
-    if isinstance(v, (int, float)):
-        return float(v)
+    if isinstance(v, int):
+        # Ints stay ints (5 == 5.0 and hash(5) == hash(5.0) all the same): float() of a
+        # 310-digit int raised OverflowError and ended the run's eval.
+        return v
+    if isinstance(v, float):
+        return v
     if isinstance(v, str):
         return re.sub(r"[\s,./\-_*^]", "", v).lower()
     if isinstance(v, (list, tuple)):
