@@ -109,7 +109,8 @@ def ref_advantages(
     mean = (tok * msk).sum() / msum
     var = (((tok - mean) ** 2) * msk).sum() / msum * (msum / (msum - 1))
     for i in rows:
-        out[i] = (total[i] - mean) / math.sqrt(var + 1e-8)
+        # A row without response tokens has no token to carry an advantage: 0.
+        out[i] = (total[i] - mean) / math.sqrt(var + 1e-8) if token_counts[i] else 0.0
     return out
 
 
@@ -654,3 +655,32 @@ def test_nan_rewards_zero_counts_an_unscorable_reward_as_0():
     np.testing.assert_array_equal(adv_fn(one, gid, num_groups=1, estimator="gdpo_no_bn"), [0, 0])
     with pytest.raises(ValueError, match="unknown nan_rewards 'nan'"):
         adv_fn(one, gid, num_groups=1, nan_rewards="nan")
+
+
+def test_token_whitening_gives_rows_without_tokens_no_advantage():
+    # Rows of 0 tokens are outside verl's token-weighted statistics but were whitened all
+    # the same: with no spread among the rows that have tokens they came out near -1.4e4
+    # (the step's adv/* metrics). Hand-worked: groups {0, 1}, {2, 3}, {4}; each pair is
+    # (+-1/sqrt(2)) / (1/sqrt(2) + eps), and row 4 is alone (0).
+    r = np.array([[1.0], [0.0], [1.0], [0.0], [1.0]], np.float32)
+    ids = np.array([0, 0, 1, 1, 2], np.int32)
+    a = 1 / math.sqrt(2) / (1 / math.sqrt(2) + 1e-6)
+    for counts, s_rows in [([3, 0, 7, 0, 0], []), ([3, 0, 7, 2, 0], [0, 2, 3])]:
+        got = np.asarray(
+            compute_advantages(
+                r, ids, num_groups=3, eps=1e-6, batch_norm="token", token_counts=np.array(counts)
+            )
+        )
+        want = np.zeros(5)
+        if s_rows:  # rows 0, 2 (S = a, 3 and 7 tokens) and 3 (S = -a, 2 tokens)
+            s, w = np.array([a, a, -a]), np.array([3.0, 7.0, 2.0])
+            mean = (w * s).sum() / w.sum()
+            var = (w * (s - mean) ** 2).sum() / (w.sum() - 1)
+            want[s_rows] = (s - mean) / math.sqrt(var + 1e-8)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            got,
+            ref_advantages(r, ids, 3, "gdpo", eps=1e-6, batch_norm="token", token_counts=counts),
+            rtol=1e-5,
+            atol=1e-6,
+        )

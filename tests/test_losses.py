@@ -319,3 +319,42 @@ def test_sharded_loss_and_grad_equal_unsharded(axis_type):
             rows(mask),
         )
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), got, want)
+
+
+@pytest.mark.parametrize("kl_estimator", ["k1", "k3", "mse"])
+@pytest.mark.parametrize("where, bad", [("old", np.nan), ("ref", np.nan), ("ref", -np.inf)])
+def test_garbage_at_masked_positions_reaches_neither_loss_nor_gradient(kl_estimator, where, bad):
+    # `aggregate` kept masked garbage out of the loss value only: a zero cotangent times a
+    # NaN derivative made the gradient NaN at that position, and so on every parameter.
+    logp = np.full((2, 3), -1.0, np.float32)
+    old = np.full((2, 3), -1.1, np.float32)
+    ref = np.full((2, 3), -0.9, np.float32)
+    ent = np.full((2, 3), 0.5, np.float32)
+    adv = np.array([1.0, -1.0], np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+
+    def loss(lp, old, ref, ent):
+        s, d, _ = policy_loss(
+            lp,
+            old,
+            adv,
+            mask,
+            ref_logp=ref,
+            beta=0.1,
+            kl_estimator=kl_estimator,
+            entropy=ent,
+            entropy_coef=0.01,
+            aggregation="dapo",
+        )
+        return safe_div(s, d)
+
+    grad = jax.value_and_grad(loss, argnums=(0, 3))
+    clean_v, (clean_g, clean_ge) = grad(logp, old, ref, ent)
+    old_b, ref_b, ent_b = old.copy(), ref.copy(), ent.copy()
+    {"old": old_b, "ref": ref_b}[where][0, 2] = bad
+    ent_b[1, 2] = np.nan
+    v, (g, ge) = grad(logp, old_b, ref_b, ent_b)
+    assert float(v) == float(clean_v)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(clean_g))
+    np.testing.assert_array_equal(np.asarray(ge), np.asarray(clean_ge))
+    assert np.asarray(g)[0, 2] == 0.0 and np.asarray(g)[1, 1] == 0.0

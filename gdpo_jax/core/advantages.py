@@ -142,11 +142,15 @@ def _group_normalize(
 def _batch_whiten(
     s: jax.Array, row_ok: jax.Array, *, eps: float, batch_norm: str, token_counts: jax.Array | None
 ) -> jax.Array:
-    """Whitens f32[N] over the valid rows of the whole batch; 0 on invalid rows."""
+    """Whitens f32[N] over the valid rows of the whole batch; 0 on invalid rows (and, by
+    tokens, on rows without a response token: no token carries their advantage)."""
     if batch_norm == "sample":
         w = row_ok.astype(jnp.float32)
     else:  # "token": each row counts once per valid response token (verl).
         w = jnp.where(row_ok, token_counts.astype(jnp.float32), 0.0)
+        # A row of weight 0 is outside the statistics; whitened all the same it came out
+        # near 1e4 when the other rows had no spread, in the step's adv/* metrics.
+        row_ok = row_ok & (w > 0)
     total = jnp.sum(w)
     mean = jnp.sum(w * s) / jnp.maximum(total, 1.0)
     dev = jnp.where(row_ok, s - mean, 0.0)
@@ -208,7 +212,8 @@ def compute_advantages(
         "sample" batch whitening;
         0.0 divides only where std > 0 (NeMo-RL).
       batch_norm: GDPO batch whitening, "sample" (TRL: per-row mean and ddof=1
-        std, + eps) or "token" (verl: token-weighted, rsqrt(var + 1e-8)).
+        std, + eps) or "token" (verl: token-weighted, rsqrt(var + 1e-8); a row
+        with no response token gets 0).
       token_counts: i32[N] valid response tokens per row, for "token".
       penalty: f32[N] per-row term of fixed strength, e.g. KL in the reward,
         ``-coef * sum_t (logp_old - logp_ref)``; NaN/inf count as 0.

@@ -47,6 +47,17 @@ def _check_targets(shape: tuple[int, ...], targets: jax.Array, what: str) -> Non
         raise ValueError(f"targets must be integer token ids; got dtype {targets.dtype}.")
 
 
+def _entropy(x: jax.Array, lse: jax.Array) -> jax.Array:
+    """-sum p log p of softmax(x), x f32[..., V], lse f32[...] its logsumexp.
+
+    As -sum p (x - lse), not lse - sum p x: the latter subtracts two numbers of the
+    logits' size, and lost 1e-3 to 5e-2 of a peaked distribution's entropy with
+    logits of a few hundred (f32).
+    """
+    z = x - lse[..., None]
+    return -jnp.sum(jnp.exp(z) * z, axis=-1)
+
+
 def _logp_and_entropy(
     logits: jax.Array, targets: jax.Array, temperature: float, want_entropy: bool
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -58,9 +69,7 @@ def _logp_and_entropy(
     logp = picked - lse
     if not want_entropy:
         return logp, None
-    p = jnp.exp(x - lse[..., None])
-    entropy = lse - jnp.sum(p * x, axis=-1)
-    return logp, entropy
+    return logp, _entropy(x, lse)
 
 
 def token_logprobs(logits: jax.Array, targets: jax.Array, *, temperature: float = 1.0) -> jax.Array:
@@ -85,9 +94,7 @@ def token_entropy(logits: jax.Array, *, temperature: float = 1.0) -> jax.Array:
     logits = jnp.asarray(logits)
     _check_temperature(temperature)
     x = logits.astype(jnp.float32) / temperature
-    lse = jax.nn.logsumexp(x, axis=-1)
-    p = jnp.exp(x - lse[..., None])
-    return lse - jnp.sum(p * x, axis=-1)
+    return _entropy(x, jax.nn.logsumexp(x, axis=-1))
 
 
 def chunked_token_logprobs(

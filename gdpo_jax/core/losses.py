@@ -170,7 +170,9 @@ def policy_loss(
       logp: f32[B, T] current policy log-probs of the sampled tokens.
       old_logp: f32[B, T] behaviour (rollout-time) log-probs; treated as data.
       advantages: f32[B] (one per sequence) or f32[B, T] (per token).
-      mask: f32[B, T] response-token mask.
+      mask: f32[B, T] response-token mask. At masked positions old_logp,
+        ref_logp and entropy may hold anything (NaN, inf): it reaches neither
+        the loss nor its gradient.
       clip_low / clip_high: ratio clip range (clip-higher when different).
       dual_clip: verl's clip_ratio_c (> 1) for negative advantages; None = off.
       ref_logp: f32[B, T] reference log-probs (needed when beta != 0).
@@ -217,7 +219,14 @@ def policy_loss(
     if entropy_coef != 0.0 and entropy is None:
         raise ValueError("entropy_coef != 0 needs entropy (e.g. from token_entropy).")
 
-    old_logp = jax.lax.stop_gradient(old_logp)
+    # Masked positions may hold garbage (NaN, -inf). `aggregate`'s where keeps it out of
+    # the value, not the gradient: a zero cotangent times a NaN derivative is NaN, on
+    # every parameter. So masked positions take the policy's own log-prob first.
+    on = mask > 0
+    sg_logp = jax.lax.stop_gradient(logp)
+    old_logp = jnp.where(on, jax.lax.stop_gradient(old_logp), sg_logp)
+    if ref_logp is not None:
+        ref_logp = jnp.where(on, jnp.asarray(ref_logp, jnp.float32), sg_logp)
     log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     ratio = jnp.exp(log_ratio)
     pg_unclipped = -adv * ratio
@@ -248,6 +257,7 @@ def policy_loss(
         entropy = jnp.asarray(entropy, jnp.float32)
         if entropy.shape != logp.shape:
             raise ValueError(f"entropy must be [B, T]={logp.shape}; got {tuple(entropy.shape)}.")
+        entropy = jnp.where(on, entropy, 0.0)
         metrics["entropy"] = _token_mean(jax.lax.stop_gradient(entropy), mask)
         if entropy_coef != 0.0:
             per_token = per_token - entropy_coef * entropy
@@ -257,7 +267,6 @@ def policy_loss(
     # k3 estimate of KL(old || new) from old samples: (rho - 1) - log rho.
     metrics["approx_kl"] = _token_mean(sg_ratio - 1.0 - sg_log_ratio, mask)
     metrics["ratio_mean"] = _token_mean(sg_ratio, mask)
-    on = mask > 0
     any_on = jnp.any(on)
     has = any_on.astype(jnp.float32)
     metrics["ratio_max"] = (jnp.where(any_on, jnp.max(jnp.where(on, sg_ratio, -jnp.inf)), 1.0), has)
