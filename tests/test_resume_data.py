@@ -119,3 +119,40 @@ def test_the_resume_checks_leave_a_save_in_progress_alone(tmp_path):
     while live.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not live.exists()
+
+
+def test_a_meta_unreadable_now_stops_the_resume_check_and_damage_falls_back(tmp_path, monkeypatch):
+    # A transient read error (EIO) on the newest step's meta was taken for damage: the
+    # check went on to an older step, not the one the restore resumes from (and each
+    # process of a run could check another step).
+    import errno
+    import json
+
+    from gdpo_jax.train.checkpoint import CheckpointUnavailableError
+
+    cfg = tiny_config(str(tmp_path / "run"))
+    ckpt = Checkpointer.from_config(cfg)
+    state = {"w": np.zeros(2, np.float32)}
+    for step, fp in ((1, "a" * 16), (2, "b" * 16)):
+        records = {"fingerprint": fp, "count": 3}
+        ckpt.save(step, state, key=jax.random.key(0), data_state={"records": records}, force=True)
+    ckpt.close()
+    real = Checkpointer.read_meta
+
+    def failing(error):
+        def read_meta(self, step=None):
+            if step == 2:
+                raise error
+            return real(self, step)
+
+        return read_meta
+
+    monkeypatch.setattr(Checkpointer, "read_meta", failing(OSError(errno.EIO, "I/O error")))
+    with pytest.raises(CheckpointUnavailableError, match=r"cannot read checkpoint step 2 at"):
+        check_resume_data(cfg, "a" * 16, 3)
+    # Damage (bad bytes) is the restore's to report: the check falls back past it.
+    bad = json.JSONDecodeError("Expecting value", "", 0)
+    monkeypatch.setattr(Checkpointer, "read_meta", failing(bad))
+    check_resume_data(cfg, "a" * 16, 3)  # step 1's records
+    with pytest.raises(ConfigError):
+        check_resume_data(cfg, "b" * 16, 3)

@@ -14,7 +14,13 @@ import ml_collections as mlc
 
 from gdpo_jax.train import config as config_lib
 from gdpo_jax.train import paths
-from gdpo_jax.train.checkpoint import Checkpointer, IncompatibleCheckpointError
+from gdpo_jax.train.checkpoint import (
+    Checkpointer,
+    CheckpointUnavailableError,
+    IncompatibleCheckpointError,
+    _short,
+    _unreadable_now,
+)
 
 __all__ = ["check_resume_config", "check_resume_data"]
 
@@ -31,12 +37,24 @@ def _existing_checkpointer(cfg: mlc.ConfigDict) -> Checkpointer | None:
 
 def _newest_meta(ckpt: Checkpointer) -> dict | None:
     """The meta of the newest checkpoint whose meta reads; None when there is none
-    (damaged steps are the restore's to report)."""
+    (damaged steps are the restore's to report).
+
+    Raises CheckpointUnavailableError when a read fails for the storage's sake (EIO, a
+    timeout, permissions: `checkpoint._unreadable_now`): checking an older step then
+    would check what the restore will not resume from, and each process of a run could
+    check a different step.
+    """
     for step in sorted(ckpt.all_steps(), reverse=True):
         try:
             return ckpt.read_meta(step)
-        except Exception:  # noqa: BLE001 - damaged: the restore falls back past it
-            continue
+        except Exception as e:  # noqa: BLE001 - damaged: the restore falls back past it
+            now = _unreadable_now(e)
+            if now is not None:
+                raise CheckpointUnavailableError(
+                    f"cannot read checkpoint step {step} at {ckpt.directory} now to check "
+                    f"the resume ({_short(now)}); it may be intact. Check the storage, "
+                    "then rerun to resume."
+                ) from None
     return None
 
 
