@@ -79,6 +79,25 @@ def test_both_forms_give_the_reference_nucleus(form):
     assert not got[3, :5].any()
 
 
+@pytest.mark.parametrize("form", ["candidates", "bisected"])
+@pytest.mark.parametrize("top_p", [1e-30, 1e-38, 1e-40])
+def test_a_tiny_top_p_keeps_the_most_likely_token(form, top_p):
+    """A subnormal top_p flushed `top_p * sum p` to 0 on XLA:CPU: the candidates' form
+    kept no token and every row sampled token 0. The nucleus is the argmax, as greedy."""
+    from gdpo_jax.sampling import filters
+
+    fn = {"candidates": filters._nucleus_from_candidates, "bisected": filters._nucleus_bisected}
+    lg = mixed_logits()
+    z = jnp.asarray(lg) - jnp.max(jnp.asarray(lg), axis=-1, keepdims=True)
+    p = jnp.exp(z)
+    got = np.asarray(jax.jit(fn[form])(z, p, jnp.float32(top_p) * jnp.sum(p, axis=-1)))
+    want = np.zeros_like(got)
+    want[np.arange(ROWS), lg.argmax(-1)] = True
+    np.testing.assert_array_equal(got, want)
+    tokens, _ = sample_tokens(jnp.asarray(lg), jax.random.key(1), 1.0, jnp.float32(top_p))
+    np.testing.assert_array_equal(np.asarray(tokens), lg.argmax(-1))
+
+
 def _loops_and_their_reductions(jaxpr, depth: int = 0, out=None) -> list[tuple[int, tuple]]:
     """(loop depth, operand shape) of every reduce_sum in a jaxpr, nested ones too."""
     out = [] if out is None else out

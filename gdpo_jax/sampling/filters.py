@@ -103,7 +103,10 @@ def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array) -> j
     # Mass of the tokens strictly more likely than each candidate: all of them are
     # candidates (any other token is at most as likely as the least likely one).
     above = jnp.sum(jnp.where(vals[:, None, :] > vals[:, :, None], pv[:, None, :], 0.0), -1)
-    kept = above < target[:, None]  # [B, k]
+    # The most likely tokens (none above them) are always kept: a subnormal top_p
+    # (< 1.2e-38) flushed target to 0 on XLA:CPU, the nucleus came out empty and every
+    # row sampled token 0. The GPU's bisection keeps them already.
+    kept = (above < target[:, None]) | (above == 0)  # [B, k]
     # A candidate left out (or every token a candidate): the threshold, the least
     # likely kept token, is a candidate. Otherwise it is below all of them.
     found = ~jnp.all(kept, axis=-1) | (k == z.shape[-1])
