@@ -217,11 +217,9 @@ def _norm_value(v: Any) -> Any:
         return ("__bool__", v)
     if v is None:
         return v
-    if isinstance(v, int):
-        # Ints stay ints (5 == 5.0 and hash(5) == hash(5.0) all the same): float() of a
-        # 310-digit int raised OverflowError and ended the run's eval.
-        return v
-    if isinstance(v, float):
+    if isinstance(v, (int, float)):
+        # As they are, not float(v): 5 == 5.0 and hash(5) == hash(5.0) all the same, and
+        # float() of a 310-digit int raised OverflowError and ended the run's eval.
         return v
     if isinstance(v, str):
         return re.sub(r"[\s,./\-_*^]", "", v).lower()
