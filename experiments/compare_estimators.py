@@ -61,6 +61,7 @@ from experiments.compare_runs import (  # noqa: F401
     ROOT,
     SIZES,
     Overrides,
+    check_finished_run,
     config_path,
     enable_compilation_cache,
     load_config,
@@ -199,7 +200,10 @@ def main(argv: list[str]) -> None:
     overrides = [*preset["rl"], *sets, *_OVERRIDES["config"]]
     sft_overrides = [*preset["sft"], *_OVERRIDES["sft_config"]]
     if F.report_only:
-        table = report(task, out_dir, estimators, seeds, window=window)
+        try:
+            table = report(task, out_dir, estimators, seeds, window=window)
+        except ConfigError as e:  # runs of different lengths
+            cli.fail(e)
         path = os.path.join(out_dir, "results.json")
         if os.path.exists(path):  # keep the measured total time of the run that made them
             table["total_seconds"] = _read_json(path).get("total_seconds")
@@ -217,7 +221,9 @@ def main(argv: list[str]) -> None:
             variant=F.variant,
         )
         try:
-            prepare(task, **kw)  # every mistake, before the warm start trains
+            _, configs = prepare(task, **kw)  # every mistake, before the warm start trains
+            for cfg in configs.values() if not F.force else ():
+                check_finished_run(cfg)  # a finished run of other settings in --out_dir
         except ConfigError as e:
             cli.fail(e)
         enable_compilation_cache(

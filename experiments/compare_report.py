@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from experiments.studies import STUDIES
+from gdpo_jax.errors import ConfigError
 from gdpo_jax.train.plots import LABELS, eval_plot_name, plot
 
 # Held-out metrics of the table: (key in metrics.jsonl, label), per task.
@@ -104,8 +105,20 @@ def warm_start_values(runs: dict[str, dict[int, dict[int, dict]]], key: str) -> 
 def report(
     task: str, out_dir: str, estimators: Sequence[str], seeds: Sequence[int], *, window: int = 5
 ) -> dict[str, Any]:
-    """Plots and results.md from the runs on disk. Returns the table dict."""
+    """Plots and results.md from the runs on disk. Returns the table dict.
+
+    Raises ConfigError, before writing anything, when the finished runs end at
+    different steps (a shorter run's last values would count as final)."""
     runs = load_runs(out_dir, estimators, seeds)
+    ends = {(est, seed): max(recs) for est, r in runs.items() for seed, recs in r.items() if recs}
+    if len(set(ends.values())) > 1:
+        last = max(ends.values())
+        short = ", ".join(f"{e} seed {s} at step {t}" for (e, s), t in ends.items() if t < last)
+        raise ConfigError(
+            f"{out_dir}: the finished runs end at different steps ({short}; the others at "
+            f"{last}); their final values are not comparable. Rerun those with --force, or "
+            "report on runs of one length."
+        )
     plots_dir = os.path.join(out_dir, "plots")
     os.makedirs(plots_dir, exist_ok=True)
     some = next((r for recs in runs.values() for r in recs.values()), {})

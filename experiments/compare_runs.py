@@ -18,7 +18,7 @@ from typing import Any
 from experiments.compare_report import TABLE, report
 from experiments.studies import rl_config_name, sft_config_name
 from gdpo_jax.train import cli
-from gdpo_jax.train.config import ConfigError
+from gdpo_jax.train.config import ConfigError, fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ESTIMATORS = ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn")
@@ -172,6 +172,8 @@ def run_one(cfg: Any) -> dict[str, Any]:
         # idle machine, and unaffected by other jobs sharing the cores.
         "cpu_s": time.process_time() - c0,
         "num_steps": cfg.train.num_steps,
+        # What a later comparison over this folder checks before it reuses the run.
+        "fingerprint": fingerprint(cfg),
         "resumed_from": resumed_from,
         "final": final,
     }
@@ -183,6 +185,28 @@ def run_one(cfg: Any) -> dict[str, Any]:
     # Finished: the comparison needs the metrics, not the resume state.
     shutil.rmtree(os.path.join(cfg.workdir, "checkpoints"), ignore_errors=True)
     return info
+
+
+def check_finished_run(cfg: Any) -> bool:
+    """Whether `cfg.workdir` holds a finished run (run_info.json) of this very config:
+    True to reuse it, False when there is none; ConfigError when it ran with other
+    settings (another train.num_steps, or another fingerprint: the fields a resume
+    keeps). Reused, such a run was silently mixed into the new table (a 60-step seed
+    paired with 200-step ones)."""
+    path = os.path.join(cfg.workdir, "run_info.json")
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        info = json.load(f)
+    ran = (info.get("num_steps"), info.get("fingerprint", fingerprint(cfg)))
+    want = (cfg.train.num_steps, fingerprint(cfg))
+    if ran != want:
+        raise ConfigError(
+            f"{cfg.workdir} holds a finished run of train.num_steps={ran[0]} (config "
+            f"fingerprint {ran[1]}), not this comparison's {want[0]} ({want[1]}); its results "
+            "would be mixed with the new runs'. Use another --out_dir, or --force to run it again."
+        )
+    return True
 
 
 def prepare(
@@ -265,13 +289,15 @@ def run_comparison(
         sft_overrides=sft_overrides,
         variant=variant,
     )
+    # Before any work: a finished run of other settings stops the comparison in one line.
+    done = {k: not force and check_finished_run(cfg) for k, cfg in configs.items()}
     warm_start(task, sft_dir or os.path.join(out_dir, "sft"), quick=quick, overrides=sft_overrides)
     # Seed-major order: stopped early, the finished seeds still cover every estimator.
     for seed in seeds:
         for est in estimators:
             cfg = configs[(est, seed)]
             workdir = cfg.workdir
-            if os.path.exists(os.path.join(workdir, "run_info.json")) and not force:
+            if done[(est, seed)]:
                 log.info("%s seed %d: done already, skipped", est, seed)
                 continue
             if force and os.path.isdir(workdir):

@@ -2,9 +2,12 @@
 
 Written (and committed, with docs/results/<study>/predictions.md) before the
 runs. Each prediction is a contrast sum_i coef_i * q_i(estimator_i) per seed;
-it "held" when the 95 % bootstrap CI (over seeds) of its mean lies above
-`margin`, "did not hold" when it lies below, else it is inconclusive
-(experiments/compare_stats.judge). Quantities (experiments/compare_stats.study_stats):
+it "held" when the 95 % CI (over seeds) of its mean lies above `margin`, "did
+not hold" when it lies below, else it is inconclusive
+(experiments/compare_stats.judge). The studies committed so far named the
+percentile bootstrap CI; the report now judges with Student's t interval and
+shows the bootstrap's verdict beside it (experiments/restat_studies.py re-judges
+the committed ones). Quantities (experiments/compare_stats.study_stats):
 final:<eval key>, auc:<eval key>, init:<eval key>, train_auc:<reward>,
 share:<reward>, share_early:<reward> (steps 1-10).
 """

@@ -223,6 +223,8 @@ def test_auc_bootstrap_paired_and_verdicts_by_hand():
     assert cs.auc([5], [0.7]) == 0.7 and math.isnan(cs.auc([], []))
     lo, hi = cs.bootstrap_ci([1.0, 1.0, 1.0])
     assert lo == hi == 1.0
+    # One seed has no spread: its interval is everything (it made any difference "held").
+    assert cs.bootstrap_ci([0.01]) == cs.t_ci([0.01]) == (-math.inf, math.inf)
     lo, hi = cs.bootstrap_ci([0.0, 1.0, 2.0, 3.0, 4.0])
     assert 0.0 <= lo < 2.0 < hi <= 4.0
     # Reference: the same percentile bootstrap written out with NumPy.
@@ -235,7 +237,9 @@ def test_auc_bootstrap_paired_and_verdicts_by_hand():
     assert cs.verdict({"n": 3, "ci_lo": 0.1, "ci_hi": 0.4}) == "held"
     assert cs.verdict({"n": 3, "ci_lo": -0.4, "ci_hi": -0.1}) == "did not hold"
     assert cs.verdict({"n": 3, "ci_lo": -0.1, "ci_hi": 0.4}) == "inconclusive"
-    values = {"a": {"q": {0: 1.0, 1: 2.0}}, "b": {"q": {0: 0.0, 1: 0.5}}}
+    # Two seeds are too few for a verdict, whatever their interval.
+    assert cs.verdict({"n": 2, "ci_lo": 0.1, "ci_hi": 0.4}) == "inconclusive (n<3)"
+    values = {"a": {"q": {0: 1.0, 1: 2.0, 2: 1.5}}, "b": {"q": {0: 0.0, 1: 0.5, 2: 0.25}}}
     preds = [
         {"id": "P1", "text": "a > b", "terms": [(1.0, "a", "q"), (-1.0, "b", "q")]},
         {
@@ -249,6 +253,27 @@ def test_auc_bootstrap_paired_and_verdicts_by_hand():
     got = {p["id"]: p for p in cs.judge(values, preds)}
     assert got["P1"]["verdict"] == "held" and got["P1"]["mean"] == pytest.approx(1.25)
     assert got["P2"]["verdict"] == "did not hold" and got["P3"]["verdict"] == "did not hold"
+    assert got["P1"]["verdict_bootstrap"] == "held" and got["P3"]["verdict_bootstrap"]
+    # A typo in all_of made the prediction hold on its other parts alone.
+    with pytest.raises(ValueError, match=r"prediction P3: all_of names \['P9'\]"):
+        cs.judge(values, preds[:2] + [dict(preds[2], all_of=["P1", "P9"])])
+
+
+def test_t_interval_against_scipys_one_sample_test_and_its_coverage():
+    from scipy import stats
+
+    from experiments import compare_stats as cs
+
+    v = [0.12, -0.03, 0.08, 0.2, 0.05, -0.01, 0.11, 0.07, 0.0, 0.09]
+    ref = stats.ttest_1samp(v, 0.0).confidence_interval(0.95)
+    assert cs.t_ci(v) == pytest.approx((ref.low, ref.high))
+    assert cs.t_ci(v + [float("nan")]) == pytest.approx((ref.low, ref.high))  # dropped
+    # 10 seeds, 2000 studies of a true mean 0: the t interval covers ~95 %, as labelled
+    # (the percentile bootstrap's ~90 % is what made it the wrong label).
+    rng = np.random.default_rng(0)
+    draws = rng.normal(size=(2000, 10))
+    cover = np.mean([lo < 0 < hi for lo, hi in map(cs.t_ci, draws)])
+    assert 0.935 < cover < 0.965, cover
 
 
 def test_study_run_configs_differ_only_in_estimator_and_seed():
@@ -285,11 +310,72 @@ def test_quick_study_writes_shares_cis_and_verdicts(tmp_path, study):
         assert (out / "plots" / f"share_{name}.png").read_bytes()[:8] == PNG_MAGIC
     pair = sec["stats"]["paired"]["gdpo-grpo"]
     q = f"train_auc:{sec['rewards'][0]}"
-    assert pair[q]["n"] == 1 and pair[q]["ci_lo"] == pair[q]["ci_hi"] == pair[q]["mean"]
+    assert pair[q]["n"] == 1 and (pair[q]["ci_lo"], pair[q]["ci_hi"]) == (-math.inf, math.inf)
     ids = [p["id"] for p in sec["predictions"]]
     assert ids and all(p["verdict"] for p in sec["predictions"])
     assert any("no runs" in p["verdict"] for p in sec["predictions"])  # grpo_no_std not run
     md = (out / "results.md").read_text()
-    assert "## Predictions" in md and "95 % bootstrap CI" in md
+    assert "## Predictions" in md and "95 % t interval" in md and "bootstrap CI: verdict" in md
+    # One seed per estimator: no verdict is reached.
+    assert all(p["verdict"].startswith("inconclusive") for p in sec["predictions"])
     saved = json.loads((out / "results.json").read_text())
     assert saved["study"]["predictions"][0]["id"] == ids[0]
+
+
+def test_committed_verdicts_are_current_and_reproduce_the_studies_own(tmp_path):
+    # docs/results/verdicts.md re-judges the committed studies from their results.json:
+    # a stale table is a bug, and its bootstrap verdicts must be the studies' own.
+    from experiments import restat_studies
+
+    results = os.path.join(os.path.dirname(__file__), "..", "docs", "results")
+    result = restat_studies.write(results, str(tmp_path))
+    with open(os.path.join(results, "verdicts.md")) as f:
+        assert (tmp_path / "verdicts.md").read_text() == f.read()
+    assert result["verdicts"], "no committed study found"
+    for row in result["verdicts"]:
+        with open(os.path.join(results, row["study"], "results.json")) as f:
+            saved = json.load(f)
+        own = {p["id"]: p for p in saved["study"]["predictions"]}[row["id"]]
+        assert row["verdict_bootstrap"] == own["verdict"], (row["study"], row["id"])
+        if "ci_lo" in own:
+            assert (row["boot_lo"], row["boot_hi"]) == pytest.approx((own["ci_lo"], own["ci_hi"]))
+
+
+def test_a_finished_run_of_other_settings_is_not_reused_and_reports_need_one_length(
+    tmp_path, monkeypatch
+):
+    # A finished run in --out_dir was reused whatever it ran: a 60-step seed was paired
+    # with 200-step ones, and the report's final_step (the max) hid it.
+    from experiments import compare_report, compare_runs
+    from gdpo_jax.train.config import ConfigError, fingerprint
+
+    out = str(tmp_path / "study")
+    kw = dict(out_dir=out, estimators=["grpo", "gdpo"], seeds=[0], quick=True)
+    _, configs = compare_runs.prepare(
+        "three_binary", sft_dir="", overrides=(), sft_overrides=(), variant="", **kw
+    )
+    cfg = configs[("gdpo", 0)]
+    assert compare_runs.check_finished_run(cfg) is False  # nothing there yet
+    os.makedirs(cfg.workdir)
+    info = {"num_steps": cfg.train.num_steps, "fingerprint": fingerprint(cfg)}
+    with open(os.path.join(cfg.workdir, "run_info.json"), "w") as f:
+        json.dump(info, f)
+    assert compare_runs.check_finished_run(cfg) is True  # the same run: reused
+    with open(os.path.join(cfg.workdir, "run_info.json"), "w") as f:
+        json.dump(dict(info, num_steps=cfg.train.num_steps + 5), f)
+    with pytest.raises(ConfigError, match=r"holds a finished run of train\.num_steps=") as e:
+        compare_runs.check_finished_run(cfg)
+    assert "\n" not in str(e.value) and "--force" in str(e.value)
+    # run_comparison stops before the warm start trains.
+    monkeypatch.setattr(compare_runs, "warm_start", lambda *a, **k: pytest.fail("warm start"))
+    with pytest.raises(ConfigError, match="holds a finished run"):
+        compare_runs.run_comparison("three_binary", **kw)
+    # The report refuses finished runs of different lengths, naming the short ones.
+    for est, last in (("grpo", 4), ("gdpo", 2)):
+        run = tmp_path / "mixed" / "runs" / est / "seed0"
+        run.mkdir(parents=True)
+        lines = [{"step": t, "eval/three_correct": 0.1} for t in range(last + 1)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (run / "run_info.json").write_text(json.dumps({"seconds": 1.0}))
+    with pytest.raises(ConfigError, match=r"end at different steps \(gdpo seed 0 at step 2;"):
+        compare_report.report("three_binary", str(tmp_path / "mixed"), ["grpo", "gdpo"], [0])

@@ -231,3 +231,28 @@ def test_results_notebook_reads_a_results_dir_relative_to_the_repository(
     text = _stream_text(outputs)
     assert f"Results from {ROOT / rel}" in text and "PLACEHOLDER" not in text, text[-2000:]
     assert "{'gdpo': 2, 'grpo': 2}" in text  # both estimators, two seeds each
+
+
+def test_results_notebook_names_the_runs_that_end_early(monkeypatch, capsys):
+    # A killed run's last logged value counted as "final" in the table without a word.
+    path = NB_DIR / "04_results.ipynb"
+    ns = _exec_cells(path, NB_DIR, monkeypatch)
+    cell = next(
+        "".join(c["source"])
+        for c in json.loads(path.read_text())["cells"]
+        if "def final_table" in "".join(c["source"])
+    )
+    exec(compile(cell.split("\n\n\nfinal = ")[0], str(path), "exec"), ns)  # the def alone
+    pd = ns["pd"]
+    ns["ests"] = ["grpo", "gdpo"]
+    rows = [
+        {"estimator": est, "seed": seed, "step": step, "eval/format": step / 200}
+        for est in ("grpo", "gdpo")
+        for seed in (0, 1)
+        for step in range(20, (60 if (est, seed) == ("gdpo", 1) else 200) + 1, 20)
+    ]
+    table = ns["final_table"](pd.DataFrame(rows), ["eval/format"])
+    out = capsys.readouterr().out
+    assert "runs that end before step 200" in out and "GDPO seed 1 at step 60" in out
+    assert "GRPO seed" not in out
+    assert table.loc["GDPO", "last step"] == "60-200" and table.loc["GRPO", "last step"] == "200"

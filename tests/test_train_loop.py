@@ -117,7 +117,9 @@ def test_rows_per_call_splits_generation(tmp_path):
     cfg.sampling.decode_phases = 2
     cfg.sampling.decode_growth = "prefix"
     cfg.train.num_steps = 2
-    cfg.train.eval_every = 2
+    # Not a divisor of num_steps: the held-out eval still runs after the last step (a
+    # study's "final" values were the last multiple of eval_every's).
+    cfg.train.eval_every = 3
     cfg.checkpoint.every = 0
     trainer = Trainer(cfg)
     assert trainer.sampler.decode_chunks == 2 and trainer.sampler.decode_growth == "prefix"
@@ -125,6 +127,7 @@ def test_rows_per_call_splits_generation(tmp_path):
     recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
     assert [recs[s]["data/sample_calls"] for s in (1, 2)] == [2, 2]
     assert math.isfinite(recs[2]["loss"]) and "eval/test_short" in recs[2]
+    assert "eval/test_short" not in recs[1]
 
 
 def _resume_cfg(wd: str):

@@ -370,14 +370,17 @@ class Trainer:
             for step in range(self.start_step, cfg.train.num_steps):
                 metrics = self.train_step(step)
                 done = step + 1
-                if cfg.train.eval_every and done % cfg.train.eval_every == 0:
+                # And after the last step: a study's "final" held-out values were the last
+                # multiple of eval_every's otherwise.
+                end = done == cfg.train.num_steps
+                if cfg.train.eval_every and (done % cfg.train.eval_every == 0 or end):
                     metrics.update(self.evaluate())
-                if done % max(cfg.train.log_every, 1) == 0 or done == cfg.train.num_steps:
+                if done % max(cfg.train.log_every, 1) == 0 or end:
                     writer.write(done, metrics)
                 last = metrics
                 ds = {**self.stream.get_state(), "records": self.records}
-                end = done == cfg.train.num_steps and cfg.checkpoint.every > 0
-                if self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=end):
+                force = end and cfg.checkpoint.every > 0
+                if self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=force):
                     writer.flush()  # a resume from this step never writes its metrics again
                 if cfg.train.stop_after_step and done >= cfg.train.stop_after_step:
                     log.info("stop_after_step=%d reached; exiting", done)
