@@ -221,3 +221,31 @@ def test_smollm2_matches_transformers_gguf_loader(smol):
     # 30 layers, logits up to ~30: allow f32 accumulation-order noise.
     np.testing.assert_allclose(ours, ref, atol=2e-3)
     assert np.array_equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_smollm2_tokenizer_splits_every_digit_as_llama_cpp_does(smol):
+    # The GGUF's tokenizer.ggml.pre is "smollm": llama.cpp splits off each number
+    # character before the GPT-2 regex. transformers' GGUF reader did not, so spaces or a
+    # newline before a number tokenized differently from what the model was trained on.
+    # Hand-worked from llama.cpp's rule: "\p{N}" pieces first, then the GPT-2 regex,
+    # whose "\s+(?!\S)" keeps a run of spaces whole.
+    _, tok = smol
+
+    def pieces(text: str) -> list[str]:
+        return tok.convert_ids_to_tokens(tok(text, add_special_tokens=False).input_ids)
+
+    assert pieces("Total:    42") == ["Total", ":", "ĠĠĠĠ", "4", "2"]
+    assert pieces("Steps:\n  1. add") == ["Steps", ":", "ĊĠĠ", "1", ".", "Ġadd"]
+    assert pieces("What is 12 + 345?") == [
+        "What",
+        "Ġis",
+        "Ġ",
+        "1",
+        "2",
+        "Ġ+",
+        "Ġ",
+        "3",
+        "4",
+        "5",
+        "?",
+    ]

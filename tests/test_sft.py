@@ -123,6 +123,14 @@ def test_tokenizer_layout_and_round_trip(tmp_path, monkeypatch):
     from gdpo_jax.data.tokenizer_registry import build_tokenizer
 
     assert build_tokenizer("synthetic_bpe").get_vocab() == tok.get_vocab()
+    # Saved and loaded back, it still pads on the left (set after the constructor, the
+    # setting was not written and an export padded on the right).
+    from transformers import AutoTokenizer
+
+    assert tok.padding_side == "left"
+    back = AutoTokenizer.from_pretrained(T.save_tokenizer(str(tmp_path / "saved")))
+    assert back.padding_side == "left"
+    assert back(["a", "a b c"], padding=True)["attention_mask"][0][0] == 0
     T._cached_json.cache_clear()
 
 

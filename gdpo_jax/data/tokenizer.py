@@ -131,9 +131,11 @@ def wrap(tok: Any) -> Any:
         pad_token="<pad>",
         unk_token=None,
         additional_special_tokens=list(SPECIAL_TOKENS[3:]),
+        # In the constructor, so save_pretrained writes it (set after, an export loaded
+        # back padded on the right).
+        padding_side="left",
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.padding_side = "left"
     return fast
 
 

@@ -203,13 +203,32 @@ def convert_gguf(path: str, out_dir: str) -> str:
         template = _field(reader, "tokenizer.chat_template")
         if template and not getattr(tok, "chat_template", None):
             tok.chat_template = template
+        if _field(reader, "tokenizer.ggml.pre") in DIGIT_SPLIT_PRE and hasattr(
+            tok, "backend_tokenizer"
+        ):
+            from tokenizers import pre_tokenizers
+
+            # transformers' GGUF reader falls back to plain GPT-2 splitting for these
+            # types; llama.cpp (and the models' own tokenizer.json) first split off every
+            # number character. Without it "Total:    42" tokenized as 'ĠĠĠ', 'Ġ', '4'
+            # where the model was trained on 'ĠĠĠĠ', '4'.
+            pre = tok.backend_tokenizer.pre_tokenizer
+            tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Digits(individual_digits=True), pre]
+            )
         tok.save_pretrained(out_dir)
     return out_dir
 
 
+# GGUF pre-tokenizer types (tokenizer.ggml.pre) that llama.cpp splits with "\p{N}" (each
+# number character alone) before the GPT-2 regex (llama-vocab.cpp); SmolLM2 is "smollm".
+DIGIT_SPLIT_PRE = frozenset(
+    {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+)
+
 # Part of the cache key: bump it whenever convert_gguf writes different files for the
 # same GGUF (a fix to the conversion), so that earlier conversions are not reused.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 
 def _sha256(path: str) -> str:
