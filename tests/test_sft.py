@@ -411,3 +411,49 @@ def test_targets_live_in_the_data_layer_and_stay_importable_from_sft():
     cfg.workdir, cfg.task.name = "/tmp/unused", "code"
     with pytest.raises(ConfigError, match=r"config.task.name='code': SFT targets exist for"):
         S._validate(cfg)
+
+
+class _NoCheckpoints:
+    def save(self, *args, **kwargs) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("driver", ["sft", "rl"])
+def test_every_eval_is_logged_and_the_final_eval_keeps_the_last_loss(tmp_path, driver):
+    # An eval on a step log_every skips was run and dropped (eval_every=5, log_every=10:
+    # steps 5 and 15 lost). SFT's final eval was a record of its own at the last step, and
+    # a step's last record is the one read back: a rerun at the end reported train_loss
+    # null. The loops run here on fakes: what they write is what is tested.
+    from types import SimpleNamespace
+
+    from gdpo_jax.train.loop import Trainer
+    from gdpo_jax.train.metrics import read_jsonl
+
+    cfg = S.sft_config()
+    cfg.workdir = str(tmp_path)
+    cfg.train.update(num_steps=20, log_every=10, eval_every=5, tensorboard=False)
+    cfg.train.progress_bar = False
+    cfg.sft.update(num_steps=20, log_every=10, eval_every=5, evaluate=True)
+    run = object.__new__(S.SFT if driver == "sft" else Trainer)
+    run.cfg, run.start_step, run.ckpt = cfg, 0, _NoCheckpoints()
+    run.state, run.key, run.records = None, None, {}
+    run.evaluate = lambda: {"accuracy": 1.0} if driver == "sft" else {"eval/accuracy": 1.0}
+    if driver == "sft":
+        run.step = lambda step: {"loss": 0.1 * step}
+        run.export, run.num_examples = (lambda: str(tmp_path / "hf")), 4
+    else:
+        run.train_step = lambda step: {"loss": 0.1 * step}
+        run.stream = SimpleNamespace(get_state=dict)
+        run.runner = SimpleNamespace(close=lambda: None)
+    result = run.run()
+    recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
+    assert sorted(recs) == [5, 10, 15, 20]
+    assert all("eval/accuracy" in recs[s] for s in (5, 10, 15, 20))
+    assert recs[20]["loss"] == pytest.approx(1.9)  # the last step's, beside the final eval
+    if driver == "sft":
+        assert result["train_loss"] == pytest.approx(1.9)
+        run.start_step = 20  # rerun at the end: nothing trains, the last loss is reported
+        assert run.run()["train_loss"] == pytest.approx(1.9)

@@ -94,6 +94,11 @@ def test_dynamic_sampling_grpo_keeps_nothing_and_pads_invalid():
     assert arrays["rewards"].shape == (8, 2)
     m = rollout_metrics(arrays | {"valid": np.ones(8, bool)}, ["length"] * 8, ["a", "b"], None)
     assert m["len/truncated_frac"] == 1.0 and m["len/mean"] == 4.0
+    # With no valid row every metric is NaN, as the per-reward means: a finite 0.0 total
+    # (and lengths) was averaged into the plotted curves as a reward of 0.
+    m = rollout_metrics(arrays, ["length"] * 8, ["a", "b"], None)
+    for key in ("reward/total", "reward/a/mean", "len/mean", "len/max", "len/truncated_frac"):
+        assert np.isnan(m[key]), key
 
 
 def test_without_dynamic_sampling_every_group_is_kept_unjudged(monkeypatch):

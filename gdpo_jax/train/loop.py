@@ -373,9 +373,11 @@ class Trainer:
                 # And after the last step: a study's "final" held-out values were the last
                 # multiple of eval_every's otherwise.
                 end = done == cfg.train.num_steps
-                if cfg.train.eval_every and (done % cfg.train.eval_every == 0 or end):
+                evaluated = bool(cfg.train.eval_every) and (done % cfg.train.eval_every == 0 or end)
+                if evaluated:
                     metrics.update(self.evaluate())
-                if done % max(cfg.train.log_every, 1) == 0 or end:
+                # A step that evaluated is written whatever log_every says: its eval was lost.
+                if done % max(cfg.train.log_every, 1) == 0 or end or evaluated:
                     writer.write(done, metrics)
                 last = metrics
                 ds = {**self.stream.get_state(), "records": self.records}

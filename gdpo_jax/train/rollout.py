@@ -258,14 +258,17 @@ def rollout_metrics(
         out[f"reward/{name}/mean"] = float(col[ok].mean()) if ok.any() else float("nan")
         out[f"reward/{name}/std"] = float(col[ok].std()) if ok.any() else float("nan")
         out[f"reward/{name}/nan_frac"] = float(1 - ok.mean()) if col.size else 0.0
+    # No valid row (dynamic sampling found no group with signal): NaN, as the per-reward
+    # means. 0.0 was finite, so the plots averaged a reward of 0 into the curve.
+    nan = float("nan")
     finite = np.where(np.isfinite(r[:, : len(w)]), r[:, : len(w)], 0.0)
-    out["reward/total"] = float((finite @ w).mean()) if r.size else 0.0
+    out["reward/total"] = float((finite @ w).mean()) if r.size else nan
     if "completion_len" in arrays:
         lengths = np.asarray(arrays["completion_len"])[valid]
     else:
         lengths = arrays["completion_mask"].sum(1)[valid]
-    out["len/mean"] = float(lengths.mean()) if lengths.size else 0.0
-    out["len/max"] = float(lengths.max()) if lengths.size else 0.0
+    out["len/mean"] = float(lengths.mean()) if lengths.size else nan
+    out["len/max"] = float(lengths.max()) if lengths.size else nan
     fin = np.asarray(finish)[valid] if len(finish) else np.asarray([])
-    out["len/truncated_frac"] = float((fin == "length").mean()) if fin.size else 0.0
+    out["len/truncated_frac"] = float((fin == "length").mean()) if fin.size else nan
     return out

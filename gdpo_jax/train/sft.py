@@ -356,7 +356,8 @@ class SFT:
             for step in range(self.start_step, s.num_steps):
                 metrics = self.step(step)
                 done = step + 1
-                if s.eval_every and done % s.eval_every == 0 and done < s.num_steps:
+                evaluated = bool(s.eval_every) and done % s.eval_every == 0 and done < s.num_steps
+                if evaluated:
                     metrics.update(
                         {
                             f"eval/{k}": v
@@ -364,7 +365,8 @@ class SFT:
                             if not k.endswith("example")
                         }
                     )
-                if done % max(s.log_every, 1) == 0 or done == s.num_steps:
+                # A step that evaluated is written whatever log_every says: its eval was lost.
+                if done % max(s.log_every, 1) == 0 or done == s.num_steps or evaluated:
                     writer.write(done, metrics)
                 last = metrics
                 if self.ckpt.save(
@@ -376,22 +378,23 @@ class SFT:
                 ):
                     # What a resume from this checkpoint will not write again.
                     writer.flush()
+            if "loss" not in last and self.start_step and jax.process_index() == 0:
+                # Resumed at the end: the last step's loss is in the run's metrics, not here
+                # (sft_result.json was rewritten with train_loss null).
+                writer.flush()
+                logged = read_jsonl(paths.join(cfg.workdir, "metrics.jsonl"))
+                last = {"loss": logged.get(self.start_step, {}).get("loss")}
             if s.evaluate:
                 ev = self.evaluate()
-                writer.write(
-                    s.num_steps,
-                    {f"eval/{k}": v for k, v in ev.items() if not k.endswith("example")},
-                )
+                # One record for the last step, its training metrics and the final eval: a
+                # step's last record is the one read back, and an eval-only one hid the loss.
+                final = {f"eval/{k}": v for k, v in ev.items() if not k.endswith("example")}
+                writer.write(s.num_steps, {**last, **final})
         finally:
             with contextlib.ExitStack() as closing:  # the writer closes even if the save failed
                 closing.callback(writer.close)
                 self.ckpt.close()
         hf_dir = self.export()
-        if "loss" not in last and self.start_step and jax.process_index() == 0:
-            # Resumed at the end: the last step's loss is in the run's metrics, not here
-            # (sft_result.json was rewritten with train_loss null).
-            logged = read_jsonl(paths.join(cfg.workdir, "metrics.jsonl"))
-            last = {"loss": logged.get(self.start_step, {}).get("loss")}
         result = {
             "hf_dir": hf_dir,
             "eval": ev,
