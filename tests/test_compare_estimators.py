@@ -42,6 +42,17 @@ def test_curve_moving_average_and_band_by_hand():
     np.testing.assert_allclose(med, [2.0, 3.0])
     np.testing.assert_allclose(q25, [1.0, 2.0])  # numpy's linear interpolation: 0 + 0.5 * 2
     np.testing.assert_allclose(q75, [3.0, 4.0])
+    # One seed's NaN (a step without a scorable row) made the step's whole band NaN; the
+    # other seeds' quantiles stand, and a step NaN in every seed stays NaN.
+    nan = float("nan")
+    curves = [
+        (np.array([1, 2]), np.array([nan, nan])),
+        (np.array([1, 2]), np.array([2.0, nan])),
+        (np.array([1, 2]), np.array([4.0, nan])),
+    ]
+    _, med, q25, q75 = ce.band(curves)
+    np.testing.assert_allclose([med[0], q25[0], q75[0]], [3.0, 2.5, 3.5])
+    assert np.isnan([med[1], q25[1], q75[1]]).all()
 
 
 def test_stats_by_hand():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 
 import numpy as np
 
@@ -52,10 +53,14 @@ def curve(records: dict[int, dict], key: str, window: int = 1) -> tuple[np.ndarr
 
 
 def band(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, ...]:
-    """(steps, median, 25th, 75th percentile) over seeds, on the steps every seed has."""
+    """(steps, median, 25th, 75th percentile) over seeds, on the steps every seed has;
+    a seed's NaN at a step (no scorable row) leaves the others' quantiles standing (it
+    made the step's whole band NaN), and a step NaN in every seed is NaN."""
     common = sorted(set.intersection(*(set(s.tolist()) for s, _ in curves)))
     mat = np.stack([v[np.searchsorted(s, common)] for s, v in curves])
-    q25, med, q75 = np.percentile(mat, [25, 50, 75], axis=0)
+    with warnings.catch_warnings():  # "All-NaN slice": that step is NaN, as it should be
+        warnings.simplefilter("ignore", RuntimeWarning)
+        q25, med, q75 = np.nanpercentile(mat, [25, 50, 75], axis=0)
     return np.asarray(common), med, q25, q75
 
 
