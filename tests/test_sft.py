@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -457,3 +458,16 @@ def test_every_eval_is_logged_and_the_final_eval_keeps_the_last_loss(tmp_path, d
         assert result["train_loss"] == pytest.approx(1.9)
         run.start_step = 20  # rerun at the end: nothing trains, the last loss is reported
         assert run.run()["train_loss"] == pytest.approx(1.9)
+
+
+def test_sft_result_counts_the_examples_it_trains_on(tmp_path, caplog):
+    # num_examples was the task's count before the length filter: 16 reported, 7 trained.
+    import re
+
+    cfg = _config(tmp_path / "sft")
+    cfg.sampling.max_new_tokens = 32  # drops the longer targets
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.sft"):
+        trainer = S.SFT(cfg)
+    dropped, total = map(int, re.search(r"dropped (\d+) of (\d+) examples", caplog.text).groups())
+    assert total == 16 and 0 < dropped < total
+    assert trainer.num_examples == total - dropped == len(trainer.data["prompt_ids"])

@@ -202,7 +202,8 @@ class SFT:
             verbose_prob=s.verbose_prob,
         )
         self.data = self._encode(train, texts)
-        self.num_examples = len(train)
+        # The examples trained on: those the length filter kept (not the task's count).
+        self.num_examples = len(next(iter(self.data.values())))
         self.tx, self.schedule = state_lib.make_optimizer(cfg.optim, total_updates=s.num_steps)
         self.graphdef, self.state = state_lib.create_train_state(self.model, self.tx, self.mesh)
         shardings = state_lib.shardings_of(self.state)
