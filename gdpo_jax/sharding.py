@@ -28,6 +28,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gdpo_jax.errors import ConfigError
+
 __all__ = [
     "AXES",
     "AXIS_TYPES",
@@ -123,8 +125,8 @@ def _multislice_devices(
     elif fsdp % slices == 0:
         ici, dcn = (data, fsdp // slices, tensor), (1, slices, 1)
     else:
-        raise ValueError(
-            f"mesh.shape={shape}: the devices span {slices} slices, and neither data={data} "
+        raise ConfigError(
+            f"config.mesh.shape={shape}: the devices span {slices} slices, and neither data={data} "
             f"nor fsdp={fsdp} divides over them; make one a multiple of {slices}, "
             f"e.g. --config.mesh.shape='({slices},-1,{tensor})'."
         )

@@ -101,6 +101,50 @@ def test_unknown_topology_lists_the_valid_names():
         assert name in msg
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "cuda:0x1x8:h100",
+        "cuda:1x1x0:h100",
+        "tpu:v5p:0x2x2",
+        "tpu:v5p:2x2x0",
+        "tpu:v5p:2x2x1,slices=0",
+    ],
+)
+def test_a_topology_with_a_count_of_0_is_one_line(name):
+    # A 0-device target failed in validation with ZeroDivisionError.
+    with pytest.raises(targets_lib.TargetError, match=r"has a count of 0; every slice") as e:
+        targets_lib.parse_target(name)
+    assert "\n" not in str(e.value)
+
+
+def test_planner_inputs_that_raised_value_errors_are_one_line(tmp_path):
+    # A checkpoint of an unsupported architecture, and a mesh whose data and fsdp axes both
+    # miss the slice count, escaped the CLI's handling as tracebacks; the search took such a
+    # mesh as a candidate and aborted.
+    from gdpo_jax.scale.arch import PlanError, model_config
+    from gdpo_jax.scale.search import _valid
+    from gdpo_jax.sharding import _multislice_devices
+
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    c = tiny_config()
+    c.model.name = str(tmp_path)
+    with pytest.raises(PlanError, match=r"config\.model\.name=.*gpt2") as e:
+        model_config(c)
+    assert "\n" not in str(e.value)
+    (tmp_path / "config.json").write_text("{broken")
+    with pytest.raises(PlanError, match=r"config\.model\.name="):
+        model_config(c)
+    with pytest.raises(ConfigError, match=r"config\.mesh\.shape=\(2, 2, 4\): the devices span 4"):
+        _multislice_devices((2, 2, 4), 4, [])
+    target = targets_lib.parse_target("tpu:v5p:2x2x1,slices=4")  # 16 chips
+    c = tiny_config()
+    c.mesh.shape = (1, -1, 8)  # data 1, fsdp 2: neither divides over 4 slices
+    assert not _valid(c, target)
+    c.mesh.shape = (4, -1, 1)  # the slices along data
+    assert _valid(c, target)
+
+
 def test_target_table():
     t = targets_lib.parse_target("16xh100")
     assert (t.num_devices, t.num_hosts, t.platform) == (16, 2, "cuda")

@@ -61,7 +61,10 @@ def model_config(cfg: mlc.ConfigDict) -> ModelConfig:
             **kw,
         )
     if m.name and os.path.exists(os.path.join(m.name, "config.json")):
-        return ModelConfig.from_hf(m.name, **kw)
+        try:
+            return ModelConfig.from_hf(m.name, **kw)
+        except ValueError as e:  # an unsupported model_type or broken JSON: one line
+            raise PlanError(f"config.model.name={m.name!r}: {e}") from None
     if m.name:
         raise PlanError(
             f"config.model.name={m.name!r} is neither a checkpoint dir with a config.json nor a "

@@ -43,7 +43,7 @@ from gdpo_jax.scale import flops as flops_lib
 from gdpo_jax.scale.arch import model_config
 from gdpo_jax.scale.plan import make_plan
 from gdpo_jax.scale.targets import Target
-from gdpo_jax.train.config import ConfigError, validate_config
+from gdpo_jax.train.config import ConfigError, check_mesh, validate_config
 
 
 def _get(cfg: mlc.ConfigDict, path: str) -> Any:
@@ -144,16 +144,20 @@ def candidates(
     return out + mesh
 
 
-def _valid(cfg: mlc.ConfigDict, num_devices: int) -> bool:
+def _valid(cfg: mlc.ConfigDict, target: Target) -> bool:
+    """Whether `cfg` passes validation on `target`, and its mesh splits over the target's
+    slices (make_plan refuses a mesh whose data and fsdp axes both miss the slice count:
+    a candidate validation passed aborted the whole search)."""
     c = copy.deepcopy(cfg)
     with c.unlocked():
         c.workdir = c.workdir or "/tmp/gdpo_plan"
         c.mesh.num_devices = 0
     try:
-        validate_config(c, num_devices=num_devices)
+        validate_config(c, num_devices=target.num_devices)
+        data, fsdp, _ = check_mesh(c, target.num_devices)
     except ConfigError:
         return False
-    return True
+    return target.num_slices == 1 or not (data % target.num_slices and fsdp % target.num_slices)
 
 
 def _plan_try(
@@ -211,7 +215,7 @@ def find_fit(
         for change in candidates(now, binding, n, cost, growth):
             trial = {**base, **change}
             c = _apply(cfg, trial)
-            if not _valid(c, n):
+            if not _valid(c, target):
                 continue
             if tried >= max_tries:
                 return None
@@ -247,13 +251,13 @@ def fewest_microbatches(
     """
     if not plan["fits"]:
         return None
-    n, micro = target.num_devices, int(cfg.algo.num_microbatches)
+    micro = int(cfg.algo.num_microbatches)
     found, tried = None, 0
     while micro % 2 == 0 and tried < max_tries:
         micro //= 2
         change = {"algo.num_microbatches": micro}
         c = _apply(cfg, change)
-        if not _valid(c, n):
+        if not _valid(c, target):
             break
         tried += 1
         p = _plan_try(c, target, change, log)

@@ -249,13 +249,25 @@ def parse_target(name: str) -> Target:
         return TARGETS[name]
     m = re.fullmatch(r"tpu:((v4|v5e|v5p|v6e):\d+(?:x\d+){1,2})(?:,slices=(\d+))?", name)
     if m:
+        _check_counts(name, [*m.group(1).split(":")[1].split("x"), m.group(3) or "1"])
         chip = next(c for c in CHIPS.values() if c.tpu_prefix == m.group(2))
         return _tpu_target(name, chip, m.group(1), int(m.group(3) or 1))
     m = re.fullmatch(r"cuda:(\d+)x(\d+)x(\d+):([\w.-]+)", name)
     if m and m.group(4) in CHIPS and CHIPS[m.group(4)].platform == "cuda":
+        _check_counts(name, m.group(1, 2, 3))
         s, h, g = (int(m.group(i)) for i in (1, 2, 3))
         return Target(name, CHIPS[m.group(4)], f"{s}x{h}x{g}", num_slices=s, num_hosts=s * h)
     raise TargetError(f"--topology={name!r} is not a known target; {valid_names()}.")
+
+
+def _check_counts(name: str, counts: Any) -> None:
+    """A count of 0 (chips, hosts, GPUs, slices) made a target of no devices, which
+    failed deep in validation with a ZeroDivisionError."""
+    if any(int(c) < 1 for c in counts):
+        raise TargetError(
+            f"--topology={name!r} has a count of 0; every slice, host, GPU and chip "
+            "dimension is >= 1, e.g. tpu:v5p:2x4x4,slices=2 or cuda:1x2x8:h100."
+        )
 
 
 class MissingExtraError(RuntimeError):
