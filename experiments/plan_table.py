@@ -35,6 +35,13 @@ _ONLY = flags.DEFINE_list(
 )
 _REDO = flags.DEFINE_bool("redo", False, "Re-plan entries already in plans.json.")
 _OUT = flags.DEFINE_string("out", "docs/scale", "Directory of plans.json (and scale.md beside).")
+_RECOUNT = flags.DEFINE_bool(
+    "recount",
+    False,
+    "Recount the analytic fields (FLOPs, roofline, est_step_s) of every committed plan "
+    "(plans.json and <out>/*/*.json) from its step shape with today's formulas, no compile; "
+    "for a change to gdpo_jax/scale/flops.py. Prints the plans that changed.",
+)
 
 # (id, config file, config arg, what the paper / official verl recipe ran it on, targets)
 PAPER = (
@@ -264,6 +271,76 @@ def rederive(plan: dict) -> dict:
     return plan
 
 
+def recount(plan: dict) -> dict:
+    """`plan` with its FLOPs, roofline and est_step_s counted again from its step shape
+    (gdpo_jax.scale.flops, the target's chip); the compiled memory is left as it is.
+    A continuous-batching plan made before `StepShape.decode_lanes` gets its lanes."""
+    import dataclasses
+
+    import ml_collections as mlc
+
+    from gdpo_jax.scale import arch
+    from gdpo_jax.scale import flops as flops_lib
+    from gdpo_jax.scale.targets import parse_target
+
+    shape = dict(plan["step_shape"], decode_chunks=tuple(plan["step_shape"]["decode_chunks"]))
+    gen = plan["programs"].get("generate", {})
+    if gen.get("decode") == "continuous":
+        shape.setdefault("decode_lanes", gen["lanes_per_shard"])
+    step_shape = flops_lib.StepShape(**shape)
+    cfg = mlc.ConfigDict(
+        {"model": {"name": plan["model"], "dtype": "bfloat16", "param_dtype": "float32"}}
+    )
+    cfg.model.remat = True  # FLOPs and bytes do not depend on the dtypes named here
+    mc, chip = arch.model_config(cfg), parse_target(plan["target"]).chip
+    fl = flops_lib.step_flops(mc, step_shape)
+    roof = flops_lib.roofline(
+        mc,
+        step_shape,
+        num_devices=plan["num_devices"],
+        peak_flops=chip.peak_flops,
+        hbm_bw=chip.hbm_bw,
+    )
+    return dict(
+        plan,
+        step_shape=dataclasses.asdict(step_shape),
+        flops=fl,
+        step_flops=fl["total"],
+        roofline=roof,
+        est_step_s=roof["total"],
+    )
+
+
+def _recount_all(directory: str) -> None:
+    """Writes back every committed plan whose recount differs; prints each."""
+
+    def same(a: dict, b: dict) -> bool:
+        return json.dumps(a, sort_keys=True, default=str) == json.dumps(
+            b, sort_keys=True, default=str
+        )
+
+    path = os.path.join(directory, "plans.json")
+    with open(path) as f:
+        table = json.load(f)
+    new = {k: recount(v) if "step_shape" in v else v for k, v in table.items()}
+    if not same(new, table):
+        with open(path, "w") as f:
+            json.dump(new, f, indent=1, default=str)
+        print(f"recounted {[k for k in new if not same(new[k], table[k])]} in {path}")
+    for p in sorted(glob.glob(os.path.join(directory, "*", "*.json"))):
+        with open(p) as f:
+            plan = json.load(f)
+        if "step_shape" not in plan:  # a measured run, or a plan older than step_shape
+            continue
+        again = recount(plan)
+        if not same(again, plan):
+            with open(p, "w") as f:
+                json.dump(again, f, indent=1, default=str)
+            print(
+                f"recounted {p}: est_step_s {plan['est_step_s']:.2f} -> {again['est_step_s']:.2f}"
+            )
+
+
 def main(argv: list[str]) -> None:
     from gdpo_jax.train import cli
 
@@ -273,6 +350,9 @@ def main(argv: list[str]) -> None:
     unknown = [k for k in _ONLY.value or () if k not in known]
     if unknown:  # it would rewrite scale.md with nothing planned
         cli.fail(f"--only: no entry {unknown}; entries: {', '.join(sorted(known))}.")
+    if _RECOUNT.value:
+        _recount_all(_OUT.value)
+        return
     from benchmarks.common import machine_info, machine_kind
     from experiments.plan_command import table_command
     from gdpo_jax.scale.plan import make_plan

@@ -406,6 +406,33 @@ ROOFLINE_SHAPE = dict(
 ROOFLINE_CHIP = dict(num_devices=1, peak_flops=1e30, hbm_bw=1000.0)
 
 
+def test_continuous_batching_with_fewer_lanes_than_rows_decodes_in_rounds():
+    """2 lanes for a shard's 8 rows: 4 rounds of 10 steps, each reading the weights, and
+    the rounds after the first all 100 + 10 slots (the last phase runs until the work is
+    done). The planner counted one round of 8 rows, as the static decode: the estimate
+    was the same for any lane count. Hand-worked: 10 x (1000 + 2 x 10 x (100 + 5)) +
+    3 x 10 x (1000 + 2 x 10 x 110) = 127000 B at 1000 B/s; 8 lanes: one round, the
+    static 10 x (1000 + 8 x 10 x 105) = 94000 B."""
+    mc = ModelConfig.tiny()
+    static = flops_lib.StepShape(**ROOFLINE_SHAPE)
+    two, eight = (dataclasses.replace(static, decode_lanes=n) for n in (2, 8))
+    assert (two.decode_rounds, eight.decode_rounds, static.decode_rounds) == (4, 1, 1)
+    roof = {
+        k: flops_lib.roofline(mc, v, **ROOFLINE_CHIP)
+        for k, v in [("s", static), ("2", two), ("8", eight)]
+    }
+    assert roof["2"]["decode"] == pytest.approx(127.0)
+    assert roof["8"]["decode"] == roof["s"]["decode"] == pytest.approx(94.0)
+    # FLOPs: the same 80 row-steps of matmuls; attention over 2 x (10 x 100 + 55 + 3 x 10 x
+    # 110) slot-steps instead of 8 x (10 x 100 + 55): 270 more, at 4 L Hq Dh each.
+    fl = {
+        k: flops_lib.step_flops(mc, v)["decode"]
+        for k, v in [("s", static), ("2", two), ("8", eight)]
+    }
+    assert fl["8"] == fl["s"]
+    assert fl["2"] - fl["s"] == pytest.approx(270 * 4 * mc.num_layers * mc.num_heads * mc.head_dim)
+
+
 def test_roofline_decode_reads_a_shared_prompt_once_per_group():
     """Decode's memory time: every step reads the weights and each row's
     cache, a shared prompt's slots once per prompt_share rows (hand-worked:

@@ -16,6 +16,10 @@ the rows a call decodes (the sampler pads them to the shards), N / B calls.
                         decode B' rows:    B' * (C (m + u) + 4 L q (C P + C (C + 1) / 2))
                         ... in phases:     B' * (C (m + u) + 4 L q C (P + sum_j c_j E_j / C))
                                            (a phase's steps attend over all its slots)
+                        ... continuous, l lanes per shard, r = ceil(B' / S / l) rounds:
+                            l S * (r C (m + u) + 4 L q (C (P + sum_j c_j E_j / C)
+                                                        + (r - 1) C (P + C)))
+                            (later rounds run in the last phase: all P + C slots)
   log-prob pass:        N * (T m + C' u + a(T) * (T + 1) / 2)       (causal attention)
   ... prompts shared:   N / G * (P m + a(P) (P + 1) / 2)             (algo.share_prompt: each
                         + N * (C m + C' u + 4 L q (C P + C (C + 1) / 2))   prompt once per G rows)
@@ -39,7 +43,9 @@ weights in the dtype the decode form reads (`StepShape.decode_param_bytes`: the
 storage dtype under the layer scan; the unrolled forms read a compute-dtype
 copy, made once per call, which also costs one read and one write of the
 weights per call); the other phases are compute bound at these sizes and count
-their weight reads (1 / tp of them per device) per micro-batch. Communication,
+their weight reads (1 / tp of them per device) per micro-batch. Continuous batching
+with fewer lanes than a shard's rows decodes r rounds of C steps: the weights r times, and
+in rounds after the first all P + C slots per step. Communication,
 host work (rewards, tokenizing) and kernel efficiency are left out: it is a
 lower bound on the step time.
 """
@@ -91,6 +97,22 @@ class StepShape:
     # (each kv head too) once per call, so the sampler reads them whole.
     sampler_weights_whole: bool = False
     logprob_chunk_size: int = 0  # algo.logprob_chunk_size (0: the whole completion at once)
+    # Continuous batching's lanes per batch shard (sampling.continuous_slots, at most a
+    # call's rows per shard); 0: the static decode, every row of a call at once.
+    decode_lanes: int = 0
+
+    @property
+    def decode_rows(self) -> int:
+        """The rows one decode step computes over all shards: the call's, or its lanes."""
+        return self.decode_lanes * self.batch_shards if self.decode_lanes else self.call_rows
+
+    @property
+    def decode_rounds(self) -> int:
+        """C-step rounds of one call's decode: a shard's rows `decode_lanes` at a time
+        (every row running to max_new_tokens); 1 for the static decode."""
+        if not self.decode_lanes:
+            return 1
+        return -(-(self.call_rows // self.batch_shards) // self.decode_lanes)
 
     @property
     def calls(self) -> int:
@@ -147,8 +169,11 @@ def step_flops(mc: ModelConfig, s: StepShape) -> dict[str, float]:
     # A phased decode computes attention over its phase's every slot (masked or
     # not: own_slots_per_step), an unphased count over the filled ones.
     own = C * own_slots_per_step(C, s.decode_chunks) if s.decode_chunks else C * (C + 1) / 2
-    # Every call decodes its padded rows (the batch-padding rows run every step too).
-    decode = s.calls * s.call_rows * (C * (m + u) + a * (C * P + own))
+    # Every call decodes its padded rows (the batch-padding rows run every step too);
+    # continuous batching's later rounds run in the last phase, over all P + C slots.
+    r = s.decode_rounds
+    attend = C * P + own + (r - 1) * C * (P + C)
+    decode = s.calls * s.decode_rows * (r * C * (m + u) + a * attend)
     if s.train_prompt_share > 1:  # each prompt once, its rows' completions over it
         prompts = s.rows / s.train_prompt_share
         layers = prompts * (P * m + a * P * (P + 1) / 2) + s.rows * (
@@ -182,16 +207,16 @@ def roofline(
     # own slots; a prompt's slots once per prompt_share rows when its cache is shared).
     tp = 1 if s.sampler_weights_whole else s.tensor
     kv_tp = kv_head_shards(mc.num_kv_heads, tp)
-    kv_step = (
-        s.call_rows
-        / (s.batch_shards * kv_tp)
-        * s.kv_bytes_per_token
-        * (s.prompt_len / s.prompt_share + own_slots_per_step(s.new_tokens, s.decode_chunks))
-    )
+    kv_row = s.decode_rows / (s.batch_shards * kv_tp) * s.kv_bytes_per_token
+    prompt = s.prompt_len / s.prompt_share
+    kv_step = kv_row * (prompt + own_slots_per_step(s.new_tokens, s.decode_chunks))
     stored = s.param_bytes / s.tensor  # one device's share of the gathered weights
     read = (s.param_bytes if s.decode_param_bytes is None else s.decode_param_bytes) / tp
     copy = 0 if s.decode_param_bytes is None else (s.param_bytes + s.decode_param_bytes) / tp
-    decode_bytes = calls * (copy + s.new_tokens * (read + kv_step))
+    # Continuous batching with fewer lanes than rows: each further round of C steps reads
+    # the weights again, and all P + C slots (the last phase runs until the work is done).
+    later = (s.decode_rounds - 1) * s.new_tokens * (read + kv_row * (prompt + s.new_tokens))
+    decode_bytes = calls * (copy + s.new_tokens * (read + kv_step) + later)
     passes = s.micro_batches * (3 + int(s.remat))  # weight reads of the training passes
     mem = {
         "prefill": calls * read / hbm_bw,

@@ -423,6 +423,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         tensor=int(dict(mesh.shape)["tensor"]),
         sampler_weights_whole=bool(sampler.get("gathered_params_bytes")),
         logprob_chunk_size=int(sc.logprob_chunk_size),
+        decode_lanes=int(sampler.get("lanes_per_shard", 0)),
     )
     fl = flops_lib.step_flops(mc, shape)
     roof = flops_lib.roofline(

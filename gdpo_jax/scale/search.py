@@ -84,6 +84,9 @@ def estimate(cfg: mlc.ConfigDict, plan: dict, target: Target) -> float:
         rows_per_call=int(s.rows_per_call) or shape.rows,
         decode_chunks=decode_chunks(m, int(s.get("decode_phases", 0)) or None),
     )
+    slots = int(s.get("continuous_slots", 0))  # lanes: at most a call's rows per shard
+    lanes = min(slots, shape.call_rows // shape.batch_shards) if slots else 0
+    shape = dataclasses.replace(shape, decode_lanes=lanes)
     chip = target.chip
     return flops_lib.roofline(
         model_config(cfg),
