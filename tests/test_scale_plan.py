@@ -111,11 +111,15 @@ def test_unknown_topology_lists_the_valid_names():
         "tpu:v5p:2x2x1,slices=0",
     ],
 )
-def test_a_topology_with_a_count_of_0_is_one_line(name):
+def test_a_topology_with_a_count_of_0_or_the_wrong_dimensions_is_one_line(name):
     # A 0-device target failed in validation with ZeroDivisionError.
     with pytest.raises(targets_lib.TargetError, match=r"has a count of 0; every slice") as e:
         targets_lib.parse_target(name)
     assert "\n" not in str(e.value)
+    # v5e and v6e slices are 2-D tori, v4 and v5p 3-D: libtpu compiled for the others too.
+    for bad, want in (("tpu:v5e:2x2x2", "2-D"), ("tpu:v6e:4x4x1", "2-D"), ("tpu:v4:2x2", "3-D")):
+        with pytest.raises(targets_lib.TargetError, match=rf"slice is {want}"):
+            targets_lib.parse_target(bad)
 
 
 def test_planner_inputs_that_raised_value_errors_are_one_line(tmp_path):

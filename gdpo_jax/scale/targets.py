@@ -249,7 +249,18 @@ def parse_target(name: str) -> Target:
         return TARGETS[name]
     m = re.fullmatch(r"tpu:((v4|v5e|v5p|v6e):\d+(?:x\d+){1,2})(?:,slices=(\d+))?", name)
     if m:
-        _check_counts(name, [*m.group(1).split(":")[1].split("x"), m.group(3) or "1"])
+        dims = m.group(1).split(":")[1].split("x")
+        _check_counts(name, [*dims, m.group(3) or "1"])
+        want = (
+            2 if m.group(2) in ("v5e", "v6e") else 3
+        )  # the chips' interconnect: a 2-D or 3-D torus
+        if len(dims) != want:
+            # libtpu compiled for tpu:v5e:2x2x2 all the same, and the plan "fit" a slice
+            # that cannot exist.
+            raise TargetError(
+                f"--topology={name!r}: a {m.group(2)} slice is {want}-D ({'x'.join(['N'] * want)}, "
+                f"e.g. tpu:{m.group(2)}:{'x'.join(['2'] * want)}), not {len(dims)}-D."
+            )
         chip = next(c for c in CHIPS.values() if c.tpu_prefix == m.group(2))
         return _tpu_target(name, chip, m.group(1), int(m.group(3) or 1))
     m = re.fullmatch(r"cuda:(\d+)x(\d+)x(\d+):([\w.-]+)", name)
