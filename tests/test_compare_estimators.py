@@ -21,7 +21,14 @@ def test_curve_moving_average_and_band_by_hand():
     recs = {1: {"r": 1.0}, 2: {"r": 3.0}, 3: {"r": 5.0}, 4: {"x": 0.0}, 5: {"r": 7.0}}
     steps, vals = ce.curve(recs, "r", window=2)
     np.testing.assert_array_equal(steps, [1, 2, 3, 5])
-    np.testing.assert_allclose(vals, [1.0, 2.0, 4.0, 6.0])  # trailing mean of <= 2 points
+    # Trailing mean over the last 2 steps, (s - 2, s]: step 5's window holds step 4, which
+    # logs no "r", and step 5 (by records it took step 3 too: 6.0).
+    np.testing.assert_allclose(vals, [1.0, 2.0, 4.0, 7.0])
+    # Logged every 10 steps: a 20-step window holds 2 records, a 10-step one 1 (by records,
+    # a "10-step" average spanned 100 steps).
+    recs = {s: {"r": float(s)} for s in range(10, 60, 10)}
+    np.testing.assert_allclose(ce.curve(recs, "r", window=20)[1], [10, 15, 25, 35, 45])
+    np.testing.assert_allclose(ce.curve(recs, "r", window=10)[1], [10, 20, 30, 40, 50])
     # A NaN step (no scorable row that batch) drops out of its windows only: a cumulative
     # sum carried it into every later point.
     recs = {s: {"r": v} for s, v in enumerate([1.0, 3.0, float("nan"), 5.0, 7.0, 9.0], 1)}

@@ -38,14 +38,17 @@ Runs = dict[str, dict[int, dict[int, dict]]]
 def curve(records: dict[int, dict], key: str, window: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of `key` over the steps that have it; trailing moving average
     over each window's finite values (a NaN step, e.g. a batch with no scorable row,
-    leaves its window's other values standing; a window of NaN only is NaN)."""
+    leaves its window's other values standing; a window of NaN only is NaN). The window
+    is `window` steps, (s - window, s], not records: with train.log_every = k it was k
+    times the "N-step" its plots' titles say, and seeds logging other steps got windows
+    of other lengths."""
     steps = np.asarray(sorted(s for s, r in records.items() if key in r), np.int64)
     vals = np.asarray([records[s][key] for s in steps], np.float64)
     if window > 1 and len(vals):
         ok = np.isfinite(vals)
         c = np.cumsum(np.insert(np.where(ok, vals, 0.0), 0, 0.0))
         n = np.cumsum(np.insert(ok.astype(np.int64), 0, 0))
-        lo = np.maximum(np.arange(1, len(vals) + 1) - window, 0)
+        lo = np.searchsorted(steps, steps - window, side="right")
         count = n[1:] - n[lo]
         with np.errstate(invalid="ignore", divide="ignore"):
             vals = np.where(count > 0, (c[1:] - c[lo]) / count, np.nan)
