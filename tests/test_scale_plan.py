@@ -1000,6 +1000,11 @@ def test_search_halves_continuous_slots_first_for_the_sampler():
     assert knobs[:3] == [{"sampling.continuous_slots": n} for n in (4, 2, 1)]
     c.sampling.continuous_slots = 0
     assert not any("sampling.continuous_slots" in k for k in candidates(c, "generate", 4))
+    # 32 rows over 4 devices: 8 per shard. 64 slots decode those 8 all the same; halving
+    # to 32 and 16 recompiled the same program, so the halvings start from the 8 lanes.
+    c.sampling.continuous_slots = 64
+    knobs = candidates(c, "generate", 4)
+    assert knobs[:3] == [{"sampling.continuous_slots": n} for n in (4, 2, 1)]
 
 
 def test_model_attention_reaches_the_planned_model():

@@ -124,6 +124,14 @@ def candidates(
         sampler.append({"sampling.decode_phases": 1})
     if cost is not None and not slots:
         sampler.sort(key=lambda change: cost(_apply(cfg, change)))  # stable: ties keep order
+    if slots:
+        # Halve the lanes, not the setting: slots above a shard's rows decode those rows
+        # all the same, and halving them there recompiled an identical program.
+        try:
+            data, fsdp, _ = check_mesh(cfg, num_devices)
+            slots = min(slots, max(-(-rpc // (data * fsdp)), 1))
+        except ConfigError:  # the candidates' own validation reports the mesh
+            pass
     sampler = [
         {"sampling.continuous_slots": slots // d} for d in (2, 4, 8) if slots // d >= 1
     ] + sampler
