@@ -72,6 +72,7 @@ except ImportError:  # loaded by path from outside the repository root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from configs import paper_common as common
 
+from gdpo_jax.tasks import math as math_task
 from gdpo_jax.train.config import base_config
 
 VARIANTS = ("r1-distill-1.5b", "r1-distill-7b", "qwen3-4b")
@@ -97,6 +98,10 @@ def get_config(arg: str = ""):
     c.rewards.thresholds = (1.0, 1.0)
     c.rewards.kwargs.length = dict(max_tokens=LENGTH_LIMIT)
     c.rewards.num_workers = 16  # math-verify (sympy) is slow per sample
+    # Eight answers per runner task (math.RUNNER_DEFAULTS), each task with its deadline
+    # (rewards.timeout_s): 0 split 8192 rows into 16 tasks of 512 comparisons, whose
+    # slow ones left the rest of a task unchecked (NaN) at the deadline.
+    c.rewards.chunk_size = math_task.RUNNER_DEFAULTS["chunk_size"]
 
     common.set_dapo_recipe(c, eval_samples=16)
     if opts["model"] == "qwen3-4b":

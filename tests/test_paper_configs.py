@@ -130,6 +130,9 @@ def test_conditioned_rewards():
     assert tuple(plain.rewards.conditions) == ("", "")
     assert tuple(cond.rewards.conditions) == ("", "math_correct")
     assert cond.rewards.kwargs.length.max_tokens == 4000
+    # math-verify's answers go to the runner 8 at a time, each task with its deadline: 0
+    # (rows / workers) gave a task 512 comparisons, whose slow ones left the rest unchecked.
+    assert plain.rewards.chunk_size == cond.rewards.chunk_size == 8
     two, three = paper_code.get_config(""), paper_code.get_config("r1-distill-7b,objectives=3")
     assert tuple(two.rewards.names) == ("code_pass_rate", "length")
     assert tuple(three.rewards.names) == ("code_pass_rate", "length", "code_bug")
