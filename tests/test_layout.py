@@ -73,8 +73,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.train.rollout",
             "gdpo_jax.train.sample_score",
             "gdpo_jax.train.checkpoint",
+            "gdpo_jax.train.resume_checks",
             "gdpo_jax.train.orbax_noise",
             "gdpo_jax.train.build",
+            "gdpo_jax.train.records",
         ),
     ),
     ("train.drivers", ("gdpo_jax.train",)),  # loop, sft, the package __init__
