@@ -268,6 +268,36 @@ def bench_ours(
 
 
 # ------------------------------------------------------------------- TRL
+def trl_args(shape: Shape, beta: float, steps: int, device: str = "cpu") -> dict[str, Any]:
+    """GRPOConfig's arguments for TRL's side: the same work as ours (f32, the same
+    sampling, GDPO's normalize_then_sum, the per-sequence "grpo" loss).
+
+    gradient_checkpointing=False: TRL 1.16 turns it on by default, and each backward
+    then re-ran every decoder layer's forward, which ours (model.remat=False) does not:
+    the runs before this was set did more work on TRL's side.
+    """
+    return dict(
+        per_device_train_batch_size=shape.prompts * shape.generations,
+        num_generations=shape.generations,
+        max_completion_length=shape.new_tokens,
+        beta=beta,
+        learning_rate=1e-5,
+        max_steps=steps,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=device == "cpu",
+        bf16=False,
+        gradient_checkpointing=False,
+        temperature=1.0,
+        multi_objective_aggregation="normalize_then_sum",
+        loss_type="grpo",
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
 def bench_trl(
     ckpt: str, beta: float, *, warmup: int, iters: int, device: str = "cpu", shape: Shape = TINY
 ) -> dict[str, list[float]]:
@@ -285,24 +315,7 @@ def bench_trl(
         [{"prompt": p} for p in prompts(shape.prompts * steps, vocab=shape.vocab)]
     )
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_trl_"),
-        per_device_train_batch_size=shape.prompts * shape.generations,
-        num_generations=shape.generations,
-        max_completion_length=shape.new_tokens,
-        beta=beta,
-        learning_rate=1e-5,
-        max_steps=steps,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=device == "cpu",
-        bf16=False,
-        temperature=1.0,
-        multi_objective_aggregation="normalize_then_sum",
-        loss_type="grpo",
-        save_strategy="no",
-        seed=0,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
+        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), **trl_args(shape, beta, steps, device)
     )
     trainer = GRPOTrainer(
         model=ckpt,
@@ -442,6 +455,8 @@ def _measure(ckpt: str, shape: Shape, model: str, warmup: int, iters: int, round
             ours_microbatches=shape.microbatches,
             ours_scan_layers=shape.scan_layers,
             ours_share_prompt=OURS_SHARE_PROMPT,
+            # Runs without this field used TRL's default, which recomputed its layers.
+            trl_gradient_checkpointing=trl_args(shape, 0.0, 1)["gradient_checkpointing"],
         ),
         "machine": common.machine_info(),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),

@@ -319,6 +319,9 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
         "run": _run_dates(report),
     }
     rl = res("bench_rl")
+    # Runs before the field: TRL's default gradient checkpointing re-ran its layers in the
+    # backward (ours does not), so their TRL ratios are overstated.
+    row["trl_recomputed"] = bool(rl) and rl["config"].get("trl_gradient_checkpointing", True)
     for beta in ("0.0", "0.04"):
         r = rl["results"].get(f"beta={beta}") if rl else None
         row[f"rl_iter_b{beta}"] = r["speedup_iter"] if r else None
@@ -397,18 +400,43 @@ def summary_markdown(machines_dir: str) -> str:
     ]
     table = [
         {"machine": r["machine"], "CPU": r["cpu"], "cores": r["cores"], "run": r["run"]}
-        | {label: _fmt_ratio(r[k]) for k, label in HEADLINE_COLUMNS.items()}
+        | {
+            label: _fmt_ratio(r[k]) + ("†" if r.get("trl_recomputed") and k in _TRL else "")
+            for k, label in HEADLINE_COLUMNS.items()
+        }
         for r in rows
     ]
-    lines += [common.markdown_table(table), "", "Range over machine kinds:", ""]
+    lines += [common.markdown_table(table)]
+    if any(r.get("trl_recomputed") for r in rows):
+        lines += [
+            "",
+            "† Measured against a TRL that re-ran its decoder layers in the backward "
+            "(gradient checkpointing, TRL 1.16's default; ours does not): a second forward "
+            "of every layer in TRL's backward, so these TRL ratios are overstated. bench_rl "
+            "turns it off since 2026-12-05; a kind's next run measures the same work on both "
+            "sides.",
+        ]
+    lines += ["", "Range over machine kinds:", ""]
     rng = [
-        {"ratio": label, "min": _fmt_ratio(mm[0]), "max": _fmt_ratio(mm[1]), "machines": n}
+        {
+            "ratio": label,
+            "min": _fmt_ratio(mm[0]),
+            "max": _fmt_ratio(mm[1]),
+            "machines": n,
+            "of them †": sum(bool(r.get("trl_recomputed")) for r in rows if r[k] is not None)
+            if k in _TRL
+            else "",
+        }
         for k, label in HEADLINE_COLUMNS.items()
         if (mm := ratio_range(rows, k)) is not None
         for n in [sum(r[k] is not None for r in rows)]
     ]
     lines += [common.markdown_table(rng), ""]
     return "\n".join(lines)
+
+
+# The columns of bench_rl's ratios to TRL.
+_TRL = ("rl_iter_b0.0", "rl_iter_b0.04", "rl_step_b0.0", "rl_step_b0.04")
 
 
 def _fmt_ratio(x: float | None) -> str:

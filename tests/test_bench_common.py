@@ -633,3 +633,28 @@ def test_command_line_quotes_arguments_with_spaces(monkeypatch):
     line = common.command_line()
     assert line == "python -m benchmarks.x --settings 'a b' --out o.json"
     assert shlex.split(line)[1:] == argv[1:]
+
+
+def test_trl_does_the_work_ours_does_and_older_runs_are_marked():
+    # TRL 1.16's GRPOConfig turns gradient checkpointing on by default: its backward re-ran
+    # every decoder layer, ours (model.remat=False) does not, and the ratios to TRL were
+    # overstated. bench_rl's arguments turn it off and the result records it; the summary
+    # marks the runs made before (no field) with a dagger.
+    from benchmarks import bench_rl, run_all
+    from gdpo_jax.train.schema import base_config
+
+    args = bench_rl.trl_args(bench_rl.TINY, 0.04, 3)
+    assert args["gradient_checkpointing"] is False and base_config().model.remat is False
+    assert args["bf16"] is False and args["multi_objective_aggregation"] == "normalize_then_sum"
+
+    def report(config: dict) -> dict:
+        rl = {"config": config, "results": {"beta=0.0": {"speedup_iter": 2.0, "speedup_step": 2.0}}}
+        return {
+            "created": "2026-12-05T00:00:00Z",
+            "machine": {"cpu_model": "cpu", "cpu_usable": 2, "kind": "k"},
+            "benchmarks": {"bench_rl": {"status": "ok", "result": rl}},
+        }
+
+    old, new = report({}), report({"trl_gradient_checkpointing": False})
+    assert run_all.headline(old)["trl_recomputed"] is True
+    assert run_all.headline(new)["trl_recomputed"] is False
