@@ -321,7 +321,9 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
     rl = res("bench_rl")
     # Runs before the field: TRL's default gradient checkpointing re-ran its layers in the
     # backward (ours does not), so their TRL ratios are overstated.
-    row["trl_recomputed"] = bool(rl) and rl["config"].get("trl_gradient_checkpointing", True)
+    row["trl_recomputed"] = bool(rl) and rl.get("config", {}).get(
+        "trl_gradient_checkpointing", True
+    )
     for beta in ("0.0", "0.04"):
         r = rl["results"].get(f"beta={beta}") if rl else None
         row[f"rl_iter_b{beta}"] = r["speedup_iter"] if r else None
