@@ -684,3 +684,18 @@ def test_token_whitening_gives_rows_without_tokens_no_advantage():
             rtol=1e-5,
             atol=1e-6,
         )
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_an_empty_batch_has_empty_advantages(estimator):
+    # N = 0 raised "zero-size array to reduction operation max" in the batch whitening.
+    for batch_norm in ("sample", "token"):
+        got = compute_advantages(
+            np.zeros((0, 2), np.float32),
+            np.zeros((0,), np.int32),
+            num_groups=1,
+            estimator=estimator,
+            batch_norm=batch_norm,
+            token_counts=np.zeros((0,), np.int32),
+        )
+        assert got.shape == (0,)

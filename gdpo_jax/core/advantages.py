@@ -167,8 +167,9 @@ def _batch_whiten(
     # sums: GDPO's sums are near zero-mean already, and shifting them by a row's value
     # made the sums' rounding depend on the device count (1e-4 in a two-process run's
     # gradient norm).
-    hi = jnp.max(jnp.where(row_ok, s, -jnp.inf))
-    lo = jnp.min(jnp.where(row_ok, s, jnp.inf))
+    # `initial`: an empty batch (N = 0) is empty advantages, not a reduction error.
+    hi = jnp.max(jnp.where(row_ok, s, -jnp.inf), initial=-jnp.inf)
+    lo = jnp.min(jnp.where(row_ok, s, jnp.inf), initial=jnp.inf)
     return jnp.where(row_ok & (hi > lo), out, 0.0)
 
 
