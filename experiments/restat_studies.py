@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from typing import Any
 
 from absl import app, flags
@@ -64,9 +65,9 @@ def restat(results_dir: str) -> dict[str, Any]:
 
 
 def _span(v: list[float]) -> dict[str, float]:
-    s = sorted(v)
-    mid = (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2 if s else math.nan
-    return {"min": s[0] if s else math.nan, "median": mid, "max": s[-1] if s else math.nan}
+    if not v:
+        return {"min": math.nan, "median": math.nan, "max": math.nan}
+    return {"min": min(v), "median": statistics.median(v), "max": max(v)}
 
 
 def _ci(lo: float, hi: float) -> str:
