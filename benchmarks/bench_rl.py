@@ -54,7 +54,9 @@ OURS_SCAN_LAYERS = False
 # default; same maths): here 2 groups of 8 rows per micro-batch and 9-token prompts,
 # so it saves about 10 % of the tokens (benchmarks/bench_prompt_sharing.py).
 OURS_SHARE_PROMPT = True
-ROUNDS = 3  # per framework and beta, alternating order (--quick: 1)
+# Per framework and beta, alternating order (--quick: 1). Five: on the 2-core VMs one
+# round's median iteration moved by up to 30 % between rounds of one run (2026-12-05).
+ROUNDS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -412,6 +414,9 @@ def summarize(rounds: list[dict[str, Any]], shape: Shape = TINY) -> dict[str, An
         "seq": PROMPT_WORDS + 1 + shape.new_tokens,
         # per-round medians: the spread a single run would have shown
         "round_iter_s": [statistics.median(r["iter_s"]) for r in rounds],
+        "round_step_s": [statistics.median(r["step_s"]) for r in rounds],
+        # Other processes' share of the cores' time during each round (None: unknown).
+        "round_other_cpu_frac": [r.get("host", {}).get("other_cpu_frac") for r in rounds],
     }
 
 
@@ -474,12 +479,14 @@ def _measure(ckpt: str, shape: Shape, model: str, warmup: int, iters: int, round
         for i in range(rounds):
             for fw in ("ours", "trl") if i % 2 == 0 else ("trl", "ours"):
                 kw = dict(warmup=warmup, iters=iters)
+                before = common.host_counters()
                 if fw == "ours":
                     runs[fw].append(bench_ours(ckpt, beta, **kw, shape=shape))
                 else:
                     runs[fw].append(
                         bench_trl_clean_env(ckpt, beta, **kw, device=device, model=model)
                     )
+                runs[fw][-1]["host"] = common.host_activity(before, common.host_counters())
         ours, trl = summarize(runs["ours"], shape), summarize(runs["trl"], shape)
         ours["compiles"] = max(r["compiles"] for r in runs["ours"])
         trl["glibc_tunables"] = ""
@@ -494,6 +501,11 @@ def _measure(ckpt: str, shape: Shape, model: str, warmup: int, iters: int, round
             "speedup_iter": trl["iter_s"] / ours["iter_s"],
             "speedup_step": trl["step_s"] / ours["step_s"],
             "speedup_sample": trl["sample_s"] / ours["sample_s"],
+            # Each round's TRL / ours iteration ratio: the two ran back to back, so a
+            # slow spell of the machine falls on both sides of a round's ratio.
+            "round_speedup_iter": [
+                t / o for o, t in zip(ours["round_iter_s"], trl["round_iter_s"], strict=True)
+            ],
         }
     return out
 
@@ -525,6 +537,24 @@ def table(res: dict) -> str:
     if rounds:
         head = "\neach round's median iteration s (the spread one run would show): "
         lines.append(head + "; ".join(rounds))
+    paired = [
+        f"beta {key[5:]}: {', '.join(f'{x:.2f}x' for x in r['round_speedup_iter'])}"
+        for key, r in res["results"].items()
+        if "round_speedup_iter" in r
+    ]
+    if paired:
+        lines.append("each round's TRL / gdpo_jax iteration ratio: " + "; ".join(paired))
+    loaded = [
+        f"beta {key[5:]} {fw} round {i + 1}: {x:.0%}"
+        for key, r in res["results"].items()
+        for fw in ("gdpo_jax", "trl")
+        for i, x in enumerate(r[fw].get("round_other_cpu_frac", []))
+        if x is not None and x > common.LOADED_FRAC
+    ]
+    if loaded:
+        lines.append(
+            "rounds beside other work (other processes' share of the cores): " + "; ".join(loaded)
+        )
     peak = res["matmul_peak_gflops"]
     # Runs before matmul_peak_n was recorded timed one 1024^3 product per round.
     n, calls = res.get("matmul_peak_n", 1024), res.get("matmul_peak_calls", 1)

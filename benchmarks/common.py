@@ -21,6 +21,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shlex
 import statistics
 import sys
@@ -96,6 +97,56 @@ def _memory_gib() -> float | None:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# Above this share of the cores' time used by other processes while a benchmark ran,
+# its figures count as measured on a loaded machine (run_all's summary marks them ‡).
+LOADED_FRAC = 0.05
+
+
+def host_counters(stat: str = "/proc/stat") -> dict[str, Any]:
+    """What `host_activity` compares: the machine's busy and stolen CPU seconds since
+    boot (`stat`'s first line; None off Linux), this process's CPU seconds with its
+    waited-for descendants', the load average and a monotonic clock."""
+    busy = steal = None
+    try:
+        with open(stat) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        tick = os.sysconf("SC_CLK_TCK")
+        # user nice system idle iowait irq softirq steal ...: guest time is in user's.
+        busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick
+        steal = fields[7] / tick if len(fields) > 7 else 0.0
+    except (OSError, ValueError, IndexError):
+        pass
+    own = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        own += r.ru_utime + r.ru_stime
+    try:
+        load = list(os.getloadavg())
+    except OSError:
+        load = None
+    return {"t": time.monotonic(), "busy_s": busy, "steal_s": steal, "own_s": own, "load": load}
+
+
+def host_activity(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """Whether the machine was shared while a benchmark ran, from two `host_counters`
+    taken around it in the process that waited for it: CPU seconds other processes
+    used (the machine's busy time minus ours and our descendants'), as a fraction of
+    the cores' time, CPU seconds the hypervisor stole, and the load average at the
+    start. A benchmark whose `other_cpu_frac` is more than a few percent ran beside
+    other work: its ratios are not comparable with a quiet run's."""
+    wall = after["t"] - before["t"]
+    out: dict[str, Any] = {"wall_s": wall, "load_avg_start": before["load"]}
+    if before["busy_s"] is None or after["busy_s"] is None:
+        return out | {"other_cpu_s": None, "other_cpu_frac": None, "steal_s": None}
+    other = max((after["busy_s"] - before["busy_s"]) - (after["own_s"] - before["own_s"]), 0.0)
+    cores = os.cpu_count() or 1
+    return out | {
+        "other_cpu_s": other,
+        "other_cpu_frac": other / (wall * cores) if wall > 0 else None,
+        "steal_s": after["steal_s"] - before["steal_s"],
+    }
 
 
 def _version(name: str) -> str | None:

@@ -29,14 +29,11 @@ rows, 64 new tokens), AB_STEPS_LARGE steps of each per beta.
     python -m benchmarks.profile_step [--microbatches 1,4] [--trace] \
         [--out runs/bench/profile_step.json]
     python -m benchmarks.profile_step --model smollm2 --microbatches 4 --out r.json
-    python -m benchmarks.profile_step --ref_ab --microbatches 4 --out r.json
 
-With ``--ref_ab`` only the reference pass's comparison runs (beta 0.04, bench_rl's
-layout): a separate log-prob program before the step against the step that runs
-the reference forward in its own micro-batch loop (StepConfig.ref_logp_in_step),
-alternately in one process. Every timed step is the RL loop's: at beta > 0 it
-includes the reference log-probs, whichever program computes them (the runs
-committed before 2026-12-03 timed the step with them precomputed).
+What the reference pass costs (beta > 0), and in which program: profile_ref.py.
+Every timed step is the RL loop's: at beta > 0 it includes the reference
+log-probs, whichever program computes them (the runs committed before 2026-12-03
+timed the step with them precomputed).
 """
 
 from __future__ import annotations
@@ -49,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import common
@@ -104,25 +102,6 @@ def _trainer(
     return trainer, batch
 
 
-def _with_ref_in_step(trainer: Any, on: bool) -> None:
-    """Rebuilds the trainer's step with `StepConfig.ref_logp_in_step` = on (off: the
-    reference log-probs from the separate log-prob program, as with several updates)."""
-    import dataclasses
-
-    from gdpo_jax.train import state as state_lib
-    from gdpo_jax.train.step import CompiledStep
-
-    trainer.step_cfg = dataclasses.replace(trainer.step_cfg, ref_logp_in_step=on)
-    trainer.step = CompiledStep(
-        graphdef=trainer.graphdef,
-        tx=trainer.tx,
-        schedule=trainer.schedule,
-        cfg=trainer.step_cfg,
-        state_shardings=state_lib.shardings_of(trainer.state),
-        mesh=trainer.mesh,
-    )
-
-
 def _step_seconds(trainer: Any, batch: dict) -> float:
     """One step as the RL loop runs it: with beta > 0, the reference log-probs too
     (a separate program before the step unless the step computes them itself)."""
@@ -163,17 +142,17 @@ def _child(microbatches: int, beta: float, trace_dir: str) -> dict[str, Any]:
 
 
 def _alternate(
-    a: tuple[Any, dict], b: tuple[Any, dict], names: tuple[str, str], steps: int = AB_STEPS
+    pairs: Sequence[tuple[Any, dict]], names: Sequence[str], steps: int = AB_STEPS
 ) -> dict:
-    """Times two built (trainer, batch) pairs alternately, `steps` steps each
-    (two untimed calls first), closes them; {<name>_median_s, <name>_best_s}."""
-    for pair in (a, b):
+    """Times built (trainer, batch) pairs in turn, `steps` steps each (two untimed
+    calls first), closes them; {<name>_median_s, <name>_best_s}."""
+    for pair in pairs:
         _step_seconds(*pair), _step_seconds(*pair)
     times: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(steps):
-        for name, pair in zip(names, (a, b)):
+        for name, pair in zip(names, pairs, strict=True):
             times[name].append(_step_seconds(*pair))
-    for trainer, _ in (a, b):
+    for trainer, _ in pairs:
         trainer.runner.close()
     out = {f"{n}_median_s": statistics.median(t) for n, t in times.items()}
     return out | {f"{n}_best_s": min(t) for n, t in times.items()}
@@ -191,7 +170,7 @@ def _child_weight_grad_ab(microbatches: int, beta: float) -> dict[str, Any]:
     _step_seconds(*plain)
     dense_mod._dense_cpu = ours
     dense = _trainer(microbatches, beta)
-    return _alternate(plain, dense, ("autodiff", "dense"))
+    return _alternate([plain, dense], ("autodiff", "dense"))
 
 
 def _child_scan_layers_ab(microbatches: int, beta: float, model: str = "tiny") -> dict[str, Any]:
@@ -200,34 +179,7 @@ def _child_scan_layers_ab(microbatches: int, beta: float, model: str = "tiny") -
     scan = _trainer(microbatches, beta, scan_layers=True, model=model)
     unrolled = _trainer(microbatches, beta, scan_layers=False, model=model)
     steps = AB_STEPS if model == "tiny" else AB_STEPS_LARGE
-    return _alternate(scan, unrolled, ("scan", "unrolled"), steps)
-
-
-def _child_ref_ab(microbatches: int, beta: float) -> dict[str, Any]:
-    """One process, bench_rl's layout (unrolled layers, prompt sharing) at beta > 0:
-    the reference log-probs from a separate program then the step, against the step
-    that runs the reference forward in its micro-batch loop (ref_logp_in_step),
-    timed alternately."""
-    if beta <= 0:
-        raise ValueError(f"--beta {beta}: the reference pass runs only with beta > 0.")
-    separate = _trainer(microbatches, beta, scan_layers=False, share_prompt=True)
-    _with_ref_in_step(separate[0], False)
-    in_step = _trainer(microbatches, beta, scan_layers=False, share_prompt=True)
-    _with_ref_in_step(in_step[0], True)
-    pairs = {"separate": separate, "in_step": in_step}
-    # Whole RL iterations (sampling, rewards, the reference log-probs, the step),
-    # alternating, after two untimed ones each; then the step alone (_alternate).
-    iters: dict[str, list[float]] = {n: [] for n in pairs}
-    steps: dict[str, list[float]] = {n: [] for n in pairs}
-    for i in range(2 + AB_STEPS):
-        for name, (trainer, _) in pairs.items():
-            m = trainer.train_step(i)
-            if i >= 2:
-                iters[name].append(m["time/iter_s"])
-                steps[name].append(m["time/step_s"])
-    out = {f"{n}_iter_median_s": statistics.median(t) for n, t in iters.items()}
-    out |= {f"{n}_iter_step_median_s": statistics.median(t) for n, t in steps.items()}
-    return out | _alternate(separate, in_step, ("separate", "in_step"))
+    return _alternate([scan, unrolled], ("scan", "unrolled"), steps)
 
 
 def run_variant(
@@ -235,8 +187,7 @@ def run_variant(
 ) -> dict[str, Any]:
     """One variant in a fresh process (the tunable only acts from process start);
     `ab`: an alternating comparison instead, "weight_grad" (_child_weight_grad_ab),
-    "scan_layers" (_child_scan_layers_ab, for bench_rl.SHAPES[model]) or "ref"
-    (_child_ref_ab)."""
+    or "scan_layers" (_child_scan_layers_ab, for bench_rl.SHAPES[model])."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env["GDPO_JAX_NO_RELAUNCH"] = "1"
     if tunable:
@@ -279,18 +230,6 @@ def run_scan_ab(model: str, microbatches: tuple[int, ...] = (4,)) -> dict:
         "ab_steps_timed": AB_STEPS_LARGE,
         "scan_layers_ab": _scan_ab_rows(microbatches, model),
     }
-
-
-def run_ref_ab(microbatches: tuple[int, ...] = (4,), beta: float = 0.04) -> dict:
-    """Only the reference-pass comparison (separate program vs in the step), per
-    micro-batch count, each in a fresh process; a JSON-able dict (ref_table_markdown)."""
-    rows = []
-    for m in microbatches:
-        r = run_variant(m, True, beta, False, ab="ref")
-        r["beta"], r["speedup"] = beta, r["separate_median_s"] / r["in_step_median_s"]
-        r["iter_speedup"] = r["separate_iter_median_s"] / r["in_step_iter_median_s"]
-        rows.append(r)
-    return {"benchmark": "profile_step", "ab_steps_timed": AB_STEPS, "ref_ab": rows}
 
 
 def run(quick: bool = False, microbatches: tuple[int, ...] = (1, 4), trace: bool = False) -> dict:
@@ -383,34 +322,6 @@ def scan_table_markdown(res: dict) -> str:
     return _ab_table(res, rows)
 
 
-def ref_table_markdown(res: dict) -> str:
-    """The reference-pass comparison's markdown table (docs/benchmarks.md)."""
-    rows = [
-        {
-            "timed": what,
-            "micro-batches": r["microbatches"],
-            "beta": r["beta"],
-            "reference pass, then the step: s (median)": f"{r[f'separate_{key}']:.3f}",
-            "reference forward in the step: s (median)": f"{r[f'in_step_{key}']:.3f}",
-            "speed-up": f"{r[f'separate_{key}'] / r[f'in_step_{key}']:.2f}x",
-        }
-        for r in res.get("ref_ab", [])
-        for what, key in (
-            ("RL iteration", "iter_median_s"),
-            ("its step (time/step_s)", "iter_step_median_s"),
-            ("the step alone, back to back", "median_s"),
-        )
-    ]
-    m = res.get("machine", {})
-    return (
-        common.markdown_table(rows)
-        + f"\n\nbench_rl's layout (layers unrolled, prompt sharing), {m.get('cpu_model')} "
-        f"({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; huge pages on; "
-        f"{res.get('ab_steps_timed', '?')} of each (iterations, then steps), alternating, "
-        "each micro-batch entry (its three rows) in a fresh process."
-    )
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--microbatches", default="1,4")
@@ -423,11 +334,6 @@ def main() -> None:
         choices=("tiny", "smollm2"),
         help="a bench_rl.SHAPES key; other than tiny, only the scan-vs-unrolled comparison runs",
     )
-    ap.add_argument(
-        "--ref_ab",
-        action="store_true",
-        help="only the reference pass as a separate program vs in the step (beta 0.04)",
-    )
     ap.add_argument("--out", default="runs/bench/profile_step.json")
     ap.add_argument("--_child", default="", help=argparse.SUPPRESS)
     ap.add_argument("--_trace_dir", default="", help=argparse.SUPPRESS)
@@ -439,7 +345,6 @@ def main() -> None:
             child = {
                 "weight_grad": _child_weight_grad_ab,
                 "scan_layers": _child_scan_layers_ab,
-                "ref": _child_ref_ab,
             }
             kw = {"model": a.model} if a._ab == "scan_layers" else {}
             res = child[a._ab](int(a.microbatches), a.beta, **kw)
@@ -449,12 +354,6 @@ def main() -> None:
             json.dump(res, f)
         return
     mbs = tuple(int(x) for x in a.microbatches.split(","))
-    if a.ref_ab:
-        res = run_ref_ab(mbs, a.beta or 0.04)
-        res["machine"] = common.machine_info()
-        print(ref_table_markdown(res))
-        print(f"wrote {common.write_json(a.out, res)}")
-        return
     if a.model != "tiny":
         res = run_scan_ab(a.model, mbs)
         res["machine"] = common.machine_info()

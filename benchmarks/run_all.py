@@ -192,7 +192,10 @@ def run_benchmarks(
             }
             continue
         print(f"[{name}] running{' (quick)' if quick else ''} ...", flush=True)
+        before = common.host_counters()
         rec = _run_isolated(module, quick, timeout_s) if isolate else _run_inline(module, quick)
+        # Whether other work shared the machine meanwhile (summary.md marks it).
+        rec["host"] = common.host_activity(before, common.host_counters())
         report["benchmarks"][name] = rec
         msg = f"ok in {rec['seconds']:.1f} s" if rec["status"] == "ok" else rec["error"]
         print(f"[{name}] {msg}", flush=True)
@@ -230,11 +233,23 @@ def report_to_markdown(report: Mapping[str, Any]) -> str:
             "benchmark": k,
             "status": v["status"],
             "seconds": round(v["seconds"], 1) if "seconds" in v else None,
+            "other processes' CPU": _fmt_frac(v.get("host", {}).get("other_cpu_frac")),
+            "load avg at start": _fmt_load(v.get("host", {}).get("load_avg_start")),
             "note": v.get("error") or v.get("note") or "",
         }
         for k, v in report["benchmarks"].items()
     ]
-    lines += ["## Summary", "", common.markdown_table(summary), ""]
+    lines += [
+        "## Summary",
+        "",
+        common.markdown_table(summary),
+        "",
+        "Other processes' CPU: the CPU time processes other than the benchmark's used while "
+        "it ran, as a share of all cores' time (`common.host_activity`; blank in runs "
+        f"before it was recorded). Above {common.LOADED_FRAC:.0%} the summary marks the "
+        "benchmark's ratios ‡.",
+        "",
+    ]
     for name, rec in report["benchmarks"].items():
         if rec["status"] == "ok":
             # A benchmark's own copy of the machine description repeats the header.
@@ -339,7 +354,22 @@ def headline(report: Mapping[str, Any]) -> dict[str, Any]:
     row["matmul_step"], row["matmul_decode"] = fams.get("step"), fams.get("decode")
     row["matmul_decode_chain"] = fams.get("decode chain")
     row["matmul_decode_glue"] = fams.get("decode chain, with glue")
+    # Benchmarks that ran beside other work (their ratios are marked ‡).
+    row["loaded"] = sorted(
+        name
+        for name, rec in b.items()
+        if rec.get("status") == "ok"
+        and (rec.get("host", {}).get("other_cpu_frac") or 0.0) > common.LOADED_FRAC
+    )
     return row
+
+
+def _fmt_frac(x: float | None) -> str:
+    return "" if x is None else f"{x:.1%}"
+
+
+def _fmt_load(x: Sequence[float] | None) -> str:
+    return "" if not x else f"{x[0]:.2f}"
 
 
 HEADLINE_COLUMNS = {
@@ -403,7 +433,9 @@ def summary_markdown(machines_dir: str) -> str:
     table = [
         {"machine": r["machine"], "CPU": r["cpu"], "cores": r["cores"], "run": r["run"]}
         | {
-            label: _fmt_ratio(r[k]) + ("†" if r.get("trl_recomputed") and k in _TRL else "")
+            label: _fmt_ratio(r[k])
+            + ("†" if r.get("trl_recomputed") and k in _TRL else "")
+            + ("‡" if r[k] is not None and _SOURCE[k] in r.get("loaded", ()) else "")
             for k, label in HEADLINE_COLUMNS.items()
         }
         for r in rows
@@ -417,6 +449,13 @@ def summary_markdown(machines_dir: str) -> str:
             "of every layer in TRL's backward, so these TRL ratios are overstated. bench_rl "
             "turns it off since 2026-12-05; a kind's next run measures the same work on both "
             "sides.",
+        ]
+    if any(r.get("loaded") for r in rows):
+        lines += [
+            "",
+            f"‡ Measured while other processes used more than {common.LOADED_FRAC:.0%} of the "
+            "cores' time (the machine file's summary gives the share): not comparable with "
+            "a quiet run's.",
         ]
     lines += ["", "Range over machine kinds:", ""]
     rng = [
@@ -439,6 +478,17 @@ def summary_markdown(machines_dir: str) -> str:
 
 # The columns of bench_rl's ratios to TRL.
 _TRL = ("rl_iter_b0.0", "rl_iter_b0.04", "rl_step_b0.0", "rl_step_b0.04")
+# The benchmark each headline column comes from.
+_SOURCE = {
+    k: "bench_rl"
+    if k.startswith("rl_")
+    else "bench_sampler"
+    if k.startswith("sampler_")
+    else "bench_advantages"
+    if k.startswith("advantages_")
+    else "bench_matmul"
+    for k in HEADLINE_COLUMNS
+}
 
 
 def _fmt_ratio(x: float | None) -> str:

@@ -398,37 +398,54 @@ def test_profile_step_scan_ab_for_another_model(monkeypatch):
     assert "bench_rl's `smollm2` shape, AMD EPYC (avx512), 2 cores" in table
 
 
-def test_profile_step_ref_ab_rows_and_table(monkeypatch):
-    """--ref_ab runs one fresh process per listed micro-batch count (repeats allowed)
-    at beta 0.04; each row's speed-ups are separate / in-step, per timing."""
-    from benchmarks import profile_step
+def test_profile_ref_rows_table_and_flop_share(monkeypatch):
+    """profile_ref runs one fresh process per listed micro-batch count (repeats
+    allowed); each row's speed-ups are separate / in-step, per timing, and the
+    in-step form's cost over the beta-0 baseline stands beside the FLOP share."""
+    from benchmarks import bench_rl, profile_ref
 
     calls = []
 
-    def fake(mb, tunable, beta, trace, ab="", model="tiny"):
-        calls.append((mb, tunable, beta, ab))
+    def fake(mb):
+        calls.append(mb)
         k = len(calls)
         return {
             "microbatches": mb,
+            "hugetlb": True,
+            "none_iter_median_s": 0.6 * k,
             "separate_iter_median_s": 1.0 * k,
             "in_step_iter_median_s": 0.8 * k,
+            "none_iter_step_median_s": 0.4,
             "separate_iter_step_median_s": 0.6,
             "in_step_iter_step_median_s": 0.5,
+            "none_median_s": 0.4,
             "separate_median_s": 0.5,
             "in_step_median_s": 0.5,
         }
 
-    monkeypatch.setattr(profile_step, "run_variant", fake)
-    res = profile_step.run_ref_ab((4, 4), beta=0.04)
-    assert calls == [(4, True, 0.04, "ref"), (4, True, 0.04, "ref")]
+    monkeypatch.setattr(profile_ref, "run_variant", fake)
+    res = profile_ref.run((4, 4))
+    assert calls == [4, 4]
     assert [r["iter_speedup"] for r in res["ref_ab"]] == [1.0 / 0.8, 2.0 / 1.6]
-    res["machine"] = {"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_isa": "avx512"}
-    table = profile_step.ref_table_markdown(res)
-    assert "| RL iteration | 4 | 0.04 | 2.000 | 1.600 | 1.25x |" in table
-    assert "| its step (time/step_s) | 4 | 0.04 | 0.600 | 0.500 | 1.20x |" in table
-    assert "| the step alone, back to back | 4 | 0.04 | 0.500 | 0.500 | 1.00x |" in table
-    with pytest.raises(ValueError, match="beta > 0"):
-        profile_step._child_ref_ab(4, 0.0)
+    # The FLOP share by hand: the forward's 2NT over the step's 6NT plus attention
+    # (bench_rl.model_flops, whose attention term is a sixth of a forward's or less).
+    share = res["reference_flop_share"]
+    rows, seq = 64, bench_rl.PROMPT_WORDS + 1 + bench_rl.NEW_TOKENS
+    fwd = bench_rl.model_flops(rows, seq, beta=0.04) - bench_rl.model_flops(rows, seq, beta=0.0)
+    assert share == pytest.approx(fwd / bench_rl.model_flops(rows, seq, beta=0.0))
+    assert 0.30 < share <= 1 / 3
+    res["machine"] = {"cpu_model": "AMD EPYC", "cpu_isa": "avx512", "cpu_usable": 2}
+    table = profile_ref.table_markdown(res)
+    assert "| RL iteration | 4 | 0.04 | 1.200 | 2.000 | 1.600 | 1.25x | +33% |" in table
+    assert "| its step (time/step_s) | 4 | 0.04 | 0.400 | 0.600 | 0.500 | 1.20x | +25% |" in table
+    assert "| the step alone, back to back | 4 | 0.04 | 0.400 | 0.500 | 0.500 | 1.00x | +25% |" in (
+        table
+    )
+    assert f"model FLOPs: +{share:.0%}." in table
+    # A run from before the beta-0 baseline renders without its columns.
+    old = {"ref_ab": [{k: v for k, v in fake(4).items() if not k.startswith("none")}]}
+    old["ref_ab"][0]["beta"] = 0.04
+    assert "| RL iteration | 4 | 0.04 | 3.000 | 2.400 | 1.25x |" in profile_ref.table_markdown(old)
 
 
 def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
@@ -490,6 +507,18 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     assert r["gdpo_jax"]["step_s"] == pytest.approx(3.75)  # median of 0.75 * iterations
     assert res["config"]["rounds"] == 2
     assert "beta 0.0: gdpo_jax 2.000, 8.000; trl 10.000, 30.000" in bench_rl.table(res)
+    # Each round's own ratio (TRL's round median over ours), its step median, and the
+    # other processes' share of the cores measured around each round.
+    assert r["round_speedup_iter"] == pytest.approx([5.0, 3.75])
+    assert r["gdpo_jax"]["round_step_s"] == pytest.approx([1.5, 6.0])
+    fracs = r["gdpo_jax"]["round_other_cpu_frac"] + r["trl"]["round_other_cpu_frac"]
+    assert len(fracs) == 4 and all(f is None or 0 <= f <= 1 for f in fracs)
+    assert "iteration ratio: beta 0.0: 5.00x, 3.75x; beta 0.04: 5.00x, 3.75x" in bench_rl.table(res)
+    res["results"]["beta=0.04"]["trl"]["round_other_cpu_frac"] = [0.01, 0.4]
+    assert (
+        "beside other work (other processes' share of the cores): beta 0.04 trl round 2: 40%"
+        in (bench_rl.table(res))
+    )
     # On the CPU backend TRL runs on the CPU too (on a GPU backend: CUDA, common.torch_device).
     assert res["trl_device"] == "cpu" and set(devices) == {"cpu"}
     calls.clear()
@@ -658,3 +687,95 @@ def test_trl_does_the_work_ours_does_and_older_runs_are_marked():
     old, new = report({}), report({"trl_gradient_checkpointing": False})
     assert run_all.headline(old)["trl_recomputed"] is True
     assert run_all.headline(new)["trl_recomputed"] is False
+
+
+def test_host_activity_counts_other_processes_cpu_not_ours(tmp_path):
+    # Hand-worked: the machine was busy 7 s of 10 s on 2 cores; we and our waited-for
+    # children used 4 s of it, so others used 3 s, 15 % of the cores' time.
+    before = {"t": 100.0, "busy_s": 50.0, "steal_s": 1.0, "own_s": 2.0, "load": [0.5, 0.4, 0.3]}
+    after = {"t": 110.0, "busy_s": 57.0, "steal_s": 1.5, "own_s": 6.0, "load": [1.0, 0.5, 0.3]}
+    cores = os.cpu_count()
+    act = common.host_activity(before, after)
+    assert act["other_cpu_s"] == pytest.approx(3.0) and act["steal_s"] == pytest.approx(0.5)
+    assert act["other_cpu_frac"] == pytest.approx(3.0 / (10.0 * cores))
+    assert act["load_avg_start"] == [0.5, 0.4, 0.3] and act["wall_s"] == pytest.approx(10.0)
+    # /proc/stat's fields: user nice system idle iowait irq softirq steal (ticks).
+    stat = tmp_path / "stat"
+    tick = os.sysconf("SC_CLK_TCK")
+    stat.write_text(
+        f"cpu  {3 * tick} {tick} {2 * tick} {99 * tick} 7 {tick} {tick} {4 * tick} 0 0\n"
+    )
+    c = common.host_counters(str(stat))
+    assert c["busy_s"] == pytest.approx(8.0) and c["steal_s"] == pytest.approx(4.0)
+    unreadable = common.host_counters(str(tmp_path / "missing"))
+    assert unreadable["busy_s"] is None
+    assert common.host_activity(unreadable, unreadable)["other_cpu_frac"] is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc/stat")
+def test_host_activity_sees_a_busy_process_that_is_not_ours():
+    # A CPU-bound process this one has not waited for is someone else's work: at least
+    # most of its CPU time shows up as other processes' (tests running beside this one
+    # can only add to it).
+    import subprocess
+    import time
+
+    code = "import time\nt = time.process_time()\nwhile time.process_time() - t < 5: pass"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.3)  # past the interpreter's start
+        before = common.host_counters()
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.2:
+            pass  # our own CPU time: not counted as other's
+        time.sleep(1.0)
+        after = common.host_counters()
+    finally:
+        proc.kill()
+        proc.wait()
+    act = common.host_activity(before, after)
+    assert act["other_cpu_s"] >= 0.6, act
+    assert act["other_cpu_frac"] > 0.2 / os.cpu_count(), act
+
+
+def test_summary_marks_ratios_of_a_benchmark_run_beside_other_work(tmp_path):
+    # run_all records each benchmark's host activity; the summary marks the ratios of a
+    # benchmark that ran while other processes used more than LOADED_FRAC of the cores
+    # with a double dagger, and leaves the others (and runs from before) unmarked.
+    def report(kind: str, rl_frac: float | None, sampler_frac: float) -> dict:
+        rl = {
+            "config": {"trl_gradient_checkpointing": False},
+            "results": {"beta=0.0": {"speedup_iter": 1.7, "speedup_step": 1.3}},
+        }
+        sampler = {"results": [{"mode": "greedy", "speedup": 2.1}]}
+        host = {} if rl_frac is None else {"host": {"other_cpu_frac": rl_frac}}
+        return {
+            "created": "2026-12-05T00:00:00Z",
+            "quick": False,
+            "command": "x",
+            "machine": common.machine_info() | {"cpu_model": f"model {kind}", "cpu_usable": 2},
+            "benchmarks": {
+                "bench_rl": {"status": "ok", "result": rl} | host,
+                "bench_sampler": {
+                    "status": "ok",
+                    "result": sampler,
+                    "host": {"other_cpu_frac": sampler_frac, "load_avg_start": [0.25, 0, 0]},
+                },
+            },
+        }
+
+    machines = tmp_path / "machines"
+    machines.mkdir()
+    for kind, rl_frac, sampler_frac in (("a", 0.30, 0.01), ("b", None, 0.01)):
+        (machines / f"{kind}.json").write_text(json.dumps(report(kind, rl_frac, sampler_frac)))
+    row_a, row_b = run_all.summary_rows(str(machines))
+    assert row_a["loaded"] == ["bench_rl"] and row_b["loaded"] == []
+    md = run_all.summary_markdown(str(machines))
+    line_a = next(x for x in md.splitlines() if x.startswith("| model-a"))
+    line_b = next(x for x in md.splitlines() if x.startswith("| model-b"))
+    assert "| 1.70x‡ |" in line_a and "| 1.30x‡ |" in line_a and "| 2.10x |" in line_a
+    assert "‡" not in line_b
+    assert "‡ Measured while other processes used more than 5%" in md
+    # The machine file's summary table gives each benchmark's share and load average.
+    text = run_all.report_to_markdown(report("a", 0.30, 0.01))
+    assert "| bench_rl | ok |  | 30.0% |" in text and "| 1.0% | 0.25 |" in text

@@ -249,3 +249,52 @@ def test_smollm2_tokenizer_splits_every_digit_as_llama_cpp_does(smol):
         "5",
         "?",
     ]
+
+
+def _config_of(tmp_path, meta) -> dict:
+    """gguf_hf_config of a metadata-only llama GGUF (8 heads of 8) with `meta(writer)`."""
+    from gdpo_jax.models.gguf import gguf_hf_config
+
+    path = str(tmp_path / "meta.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    for add, v in (("block_count", 1), ("embedding_length", 64), ("feed_forward_length", 128)):
+        getattr(w, f"add_{add}")(v)
+    w.add_head_count(8)
+    w.add_vocab_size(32)
+    meta(w)
+    w.add_tensor("output.weight", np.zeros((32, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return gguf_hf_config(gguf.GGUFReader(path))
+
+
+def test_gguf_rope_keys_as_llama_cpp_reads_them(tmp_path):
+    """RoPE metadata llama.cpp honours: the scaling factor under its current key or the
+    older rope.scale_linear, the type linear unless named; a partial rotary dimension
+    count is refused, not ignored (it rotated every dimension)."""
+    assert "rope_scaling" not in _config_of(tmp_path, lambda w: None)
+    cfg = _config_of(tmp_path, lambda w: w.add_rope_scaling_factor(4.0))  # type not named
+    assert cfg["rope_scaling"] == {"rope_type": "linear", "factor": 4.0}
+    cfg = _config_of(tmp_path, lambda w: w.add_float32("llama.rope.scale_linear", 2.0))
+    assert cfg["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
+    for factor in (0.0, 1.0):  # llama.cpp: no scaling
+        cfg = _config_of(tmp_path, lambda w, f=factor: w.add_rope_scaling_factor(f))
+        assert "rope_scaling" not in cfg
+
+    def none_type(w):
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_rope_scaling_factor(4.0)
+
+    assert "rope_scaling" not in _config_of(tmp_path, none_type)
+
+    def yarn(w):
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+
+    with pytest.raises(ValueError, match="rope scaling 'yarn' is not supported"):
+        _config_of(tmp_path, yarn)
+    assert _config_of(tmp_path, lambda w: w.add_rope_dimension_count(8))["head_dim"] == 8
+    with pytest.raises(ValueError, match=r"rope\.dimension_count=4 rotates part of each 8-dim"):
+        _config_of(tmp_path, lambda w: w.add_rope_dimension_count(4))

@@ -47,6 +47,19 @@ def test_stdout_and_value_comparisons():
         assert not tcode.stdout_matches(wrong, right), wrong[:20]
     for a, b in [("007", "7"), ("+7", "7"), ("-0", "0"), ("9" * 5000, "9" * 5000), ("2", "2.0")]:
         assert tcode.stdout_matches(a, b), a[:20]
+    # Numbers as a judge reads them: float() also parses "1_000", non-ASCII digits and
+    # "infinity", which no judge equates with 1000, 12 or a huge number.
+    for wrong, right in [("1_000", "1000"), ("1_000.5", "1000.5"), ("\u0661\u0662", "12.0")]:
+        assert not tcode.stdout_matches(wrong, right), wrong
+    assert not tcode.stdout_matches("infinity", "1e400")
+    for a, b, same in [
+        ("1e3", "1000.0", True),
+        (".5", "0.5", True),
+        ("-2.", "-2.0000001", True),
+        ("1E-7", "0", True),  # within the absolute 1e-6
+        ("1e3", "1000.5", False),
+    ]:
+        assert tcode.stdout_matches(a, b) is same, (a, b)
     assert tcode.value_matches(14, [14])  # APPS wraps expected values
     assert tcode.value_matches([0, 1], [0, 1])
     assert tcode.value_matches([0.1 + 0.2], [0.3])

@@ -195,6 +195,17 @@ def test_ast_match_keeps_booleans_apart_from_numbers():
     assert tc._norm_value({"n": 5}) == tc._norm_value({"n": 5.0})  # numbers by value still
 
 
+def test_ast_match_keeps_an_object_apart_from_a_list_of_pairs():
+    """An object argument and a list of [key, value] pairs are different JSON: their
+    normalized forms were one tuple of pairs, so either matched the other."""
+    gt = '<tool_call>\n{"name": "f", "parameters": {"opts": {"a": 1, "b": "x"}}}\n</tool_call>'
+    pred = gt.replace('{"a": 1, "b": "x"}', '[["a", 1], ["b", "x"]]')
+    assert not tc.ast_match("<think>a</think>\n" + pred, gt)
+    assert not tc.ast_match("<think>a</think>\n" + gt, pred)
+    reordered = gt.replace('{"a": 1, "b": "x"}', '{"b": "X", "a": 1.0}')
+    assert tc.ast_match("<think>a</think>\n" + reordered, gt)  # key order, case, 1 == 1.0
+
+
 @pytest.mark.parametrize(
     "line",
     [

@@ -118,11 +118,22 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
         "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
         "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
     }
-    scaling = g("rope.scaling.type")
-    if scaling not in (None, "none"):
+    rotated = g("rope.dimension_count")
+    if rotated is not None and int(rotated) != cfg["head_dim"]:
+        raise ValueError(
+            f"GGUF {arch}.rope.dimension_count={int(rotated)} rotates part of each "
+            f"{cfg['head_dim']}-dim head; partial rotary embeddings are not supported."
+        )
+    # As llama.cpp reads them: the factor under its current key or the older
+    # rope.scale_linear, the type linear unless named; a factor of 0 or 1 scales nothing.
+    factor = g("rope.scaling.factor", g("rope.scale_linear"))
+    scaling = g("rope.scaling.type", "linear")
+    if scaling != "none" and factor not in (None, 0.0, 1.0):
         if scaling != "linear":
             raise ValueError(f"GGUF rope scaling {scaling!r} is not supported (only linear).")
-        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(g("rope.scaling.factor"))}
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    elif scaling not in ("none", "linear"):
+        raise ValueError(f"GGUF rope scaling {scaling!r} is not supported (only linear).")
     if arch == "qwen2":
         cfg["attention_bias"] = True
     return cfg
@@ -228,7 +239,9 @@ DIGIT_SPLIT_PRE = frozenset(
 
 # Part of the cache key: bump it whenever convert_gguf writes different files for the
 # same GGUF (a fix to the conversion), so that earlier conversions are not reused.
-CONVERTER_VERSION = 3
+# 3: the digit split (DIGIT_SPLIT_PRE); 4: RoPE scaling from rope.scale_linear or a
+# factor without a type, as llama.cpp reads them.
+CONVERTER_VERSION = 4
 
 
 def _sha256(path: str) -> str:

@@ -64,6 +64,9 @@ def extract_code(completion: str) -> str | None:
 
 
 _INT = re.compile(r"[+-]?[0-9]+")
+# A decimal number as a judge reads one: ASCII digits only. float() also takes "1_000",
+# non-ASCII digits ("١٢") and "infinity", which a judge would not equate with 1000 or 12.
+_FLOAT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def _int_digits(t: str) -> tuple[bool, str]:
@@ -80,6 +83,8 @@ def _tokens_equal(a: str, b: str, tol: float) -> bool:
         # Two integers compare exactly, as the return-value judge does: within tol,
         # 1000001 passed for 1000000 (and above 2**53 float() made any two equal).
         return _int_digits(a) == _int_digits(b)
+    if not (_FLOAT.fullmatch(a) and _FLOAT.fullmatch(b)):
+        return False
     try:
         x, y = float(a), float(b)
     except ValueError:

@@ -226,7 +226,8 @@ def _norm_value(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return tuple(_norm_value(x) for x in v)
     if isinstance(v, Mapping):
-        return tuple(sorted((str(k), _norm_value(x)) for k, x in v.items()))
+        # Tagged like bools: untagged, {"a": 1} and [["a", 1]] had the same key.
+        return ("__dict__", tuple(sorted((str(k), _norm_value(x)) for k, x in v.items())))
     return repr(v)
 
 
