@@ -32,6 +32,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,6 +136,59 @@ def _run_isolated(module: str, quick: bool, timeout_s: float | None) -> dict[str
             "error": f"benchmark process exited with code {proc.returncode} and no result",
             "stderr_tail": _tail(proc.stderr),
         }
+
+
+def stop_forkserver() -> None:
+    """Stops and waits for multiprocessing's forkserver, if this process started one:
+    the reward runner's process workers are its children, which it waits for, so their
+    CPU time then reaches this process's `RUSAGE_CHILDREN` (`reap_children`)."""
+    import multiprocessing.forkserver as forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # CPython's, 3.8+
+    if stop is not None:
+        stop()
+
+
+def _child_pids(proc: str = "/proc") -> list[int]:
+    """This process's live children (Linux's /proc; [] elsewhere)."""
+    me, out = os.getpid(), []
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return []
+    for e in entries:
+        try:
+            with open(os.path.join(proc, e, "stat")) as f:
+                # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me:
+            out.append(int(e))
+    return out
+
+
+def reap_children() -> None:
+    """Stops and waits for the processes a benchmark left running, at its end.
+
+    Helper processes that outlive the benchmark until this process exits (the reward
+    runner's forkserver, which waits for its workers; math-verify's per-thread helpers)
+    are never waited for, so their CPU time never reached the parent's
+    `RUSAGE_CHILDREN` and `common.host_activity` counted it as other processes'
+    (bench_math: 36 % of the cores, 2026-12-05). Waited here, it is the benchmark's.
+    """
+    stop_forkserver()
+    pids = _child_pids()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)  # what this process's exit would bring them
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
 
 
 def _tail(text: str | bytes | None, n: int = 3000) -> str:
@@ -312,10 +366,16 @@ def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
 # One row per machine kind: the headline ratios (the reference's seconds / ours, > 1 = ours faster)
 # --------------------------------------------------------------------------- #
 def _run_dates(report: Mapping[str, Any]) -> str:
-    """The full run's date, then each later `--only` update's: "2026-12-04 (bench_sampler
-    2026-12-05)", so a row's ratios are dated by the runs that measured them."""
-    later = [f"{', '.join(u['benchmarks'])} {u['created'][:10]}" for u in report.get("updates", [])]
-    return report["created"][:10] + (f" ({'; '.join(later)})" if later else "")
+    """The full run's date, then the later `--only` updates' by date: "2026-12-04
+    (bench_sampler 2026-12-05)", so a row's ratios are dated by the runs that measured
+    them. Updates on the full run's own date add nothing to it and are left out."""
+    first = report["created"][:10]
+    by_date: dict[str, list[str]] = {}
+    for u in report.get("updates", []):
+        names = by_date.setdefault(u["created"][:10], [])
+        names += [b for b in u["benchmarks"] if b not in names]
+    later = [f"{', '.join(names)} {d}" for d, names in by_date.items() if d != first]
+    return first + (f" ({'; '.join(later)})" if later else "")
 
 
 def headline(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -527,6 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args._child:  # one isolated benchmark; the parent reads the file
         common.write_json(args._child_out, _run_inline(args._child, args.quick))
+        reap_children()
         return 0
     common.check_out(p, args.out_dir, "--out_dir", is_dir=True)
     if args.timeout_s < 0:

@@ -307,6 +307,16 @@ def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_pa
     assert "| amd-epyc-2c | AMD EPYC | 2 | 2026-11-23 (bench_matmul 2026-12-03) |" in summary
     md = (out / "machines" / "amd-epyc-2c.md").read_text()
     assert "Updated 2026-12-03T12:00:00Z: `python -m benchmarks.run_all` (bench_matmul)" in md
+    # Updates group by date; one on the full run's own date adds nothing to its date.
+    for created, names in (
+        ("2026-12-03T13:00:00Z", ["bench_math", "bench_matmul"]),
+        ("2026-11-23T23:00:00Z", ["bench_rl"]),
+    ):
+        later = dict(part, created=created)
+        later["benchmarks"] = {n: {"status": "ok", "result": {}} for n in names}
+        run_all.write_report(later, str(out))
+    row = run_all.summary_rows(str(out / "machines"))[0]
+    assert row["run"] == "2026-11-23 (bench_matmul, bench_math 2026-12-03)"
     # A later run of every benchmark replaces the file, updates and all.
     run_all.write_report(full, str(out))
     assert "updates" not in json.loads((out / "machines" / "amd-epyc-2c.json").read_text())
@@ -779,3 +789,50 @@ def test_summary_marks_ratios_of_a_benchmark_run_beside_other_work(tmp_path):
     # The machine file's summary table gives each benchmark's share and load average.
     text = run_all.report_to_markdown(report("a", 0.30, 0.01))
     assert "| bench_rl | ok |  | 30.0% |" in text and "| 1.0% | 0.25 |" in text
+
+
+def test_the_helper_processes_a_benchmark_leaves_count_as_its_own_cpu(tmp_path):
+    # The reward runner's workers are children of multiprocessing's forkserver, and
+    # math-verify's helpers live until their process exits: both outlived the isolated
+    # benchmark unwaited, their CPU time never reached run_all's RUSAGE_CHILDREN, and
+    # host_activity counted it as other processes'. Stopped and waited for by
+    # run_all.reap_children (the benchmark child's last act), it is the benchmark's.
+    script = tmp_path / "fs.py"
+    script.write_text(
+        "import multiprocessing, resource, sys, time\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "def burn(_):\n"
+        "    t = time.process_time()\n"
+        "    while time.process_time() - t < 0.5:\n"
+        "        pass\n"
+        "if __name__ == '__main__':\n"
+        "    with multiprocessing.get_context('forkserver').Pool(1) as p:\n"
+        "        p.map(burn, [0])\n"
+        "    def children():\n"
+        "        r = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "        return r.ru_utime + r.ru_stime\n"
+        "    # A helper left running, as math-verify's are: 0.5 s of CPU, then it waits.\n"
+        "    import subprocess\n"
+        "    helper = subprocess.Popen([sys.executable, '-c', 'import time\\n'\n"
+        "        't = time.process_time()\\nwhile time.process_time() - t < 0.5: pass\\n'\n"
+        "        'print(flush=True)\\ntime.sleep(60)'], stdout=subprocess.PIPE)\n"
+        "    helper.stdout.readline()  # its CPU spent\n"
+        "    before = children()\n"
+        "    if sys.argv[1] == 'stop':\n"
+        "        from benchmarks import run_all\n"
+        "        run_all.reap_children()\n"
+        "    print(before, children(), helper.poll() is not None)\n"
+        "    helper.kill()\n"
+    )
+    import subprocess
+
+    def run(arg: str) -> tuple[float, float, str]:
+        out = subprocess.run(
+            [sys.executable, str(script), arg], capture_output=True, text=True, check=True
+        )
+        before, after, ended = out.stdout.split()
+        return float(before), float(after), ended
+
+    assert run("keep")[1] < 0.3  # the worker's and the helper's 0.5 s each, lost
+    before, after, ended = run("stop")
+    assert before < 0.3 and after >= 0.85 and ended == "True"
