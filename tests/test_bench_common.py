@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks import common, run_all
+from benchmarks import common, run_all, summary
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -245,16 +245,16 @@ def test_summary_has_one_row_per_machine_kind_and_the_ranges(tmp_path, monkeypat
         "amd-epyc-2c.json",
         "intel-xeon-2c.json",
     ]
-    rows = run_all.summary_rows(str(out / "machines"))
+    rows = summary.summary_rows(str(out / "machines"))
     assert [r["machine"] for r in rows] == ["amd-epyc-2c", "intel-xeon-2c"]
     assert rows[0]["rl_iter_b0.0"] == 1.5 and rows[1]["rl_iter_b0.04"] == pytest.approx(0.9)
     assert rows[0]["advantages_gdpo"] is None  # the benchmark failed there
-    assert run_all.ratio_range(rows, "rl_iter_b0.0") == (0.8, 1.5)
-    assert run_all.ratio_range(rows, "sampler_sampled") == (1.8, 2.5)
-    assert run_all.ratio_range(rows, "advantages_gdpo") is None
+    assert summary.ratio_range(rows, "rl_iter_b0.0") == (0.8, 1.5)
+    assert summary.ratio_range(rows, "sampler_sampled") == (1.8, 2.5)
+    assert summary.ratio_range(rows, "advantages_gdpo") is None
     # A mode one machine's run lacks: its cell is empty, the range counts one machine.
     assert rows[1]["sampler_top_k"] is None
-    assert run_all.ratio_range(rows, "sampler_top_k") == (3.0, 3.0)
+    assert summary.ratio_range(rows, "sampler_top_k") == (3.0, 3.0)
     text = (out / "summary.md").read_text()
     assert "| amd-epyc-2c | AMD EPYC | 2 |" in text
     assert "| RL iteration vs TRL, beta 0 | 0.80x | 1.50x | 2 |" in text
@@ -298,13 +298,13 @@ def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_pa
             "benchmarks": ["bench_matmul"],
         }
     ]
-    row = run_all.summary_rows(str(out / "machines"))[0]
+    row = summary.summary_rows(str(out / "machines"))[0]
     assert row["rl_iter_b0.0"] == 1.7 and row["sampler_greedy"] == 2.1  # kept
     assert row["matmul_step"] == 0.5  # updated
     # The row is dated by both runs: its ratios are not all the full run's.
     assert row["run"] == "2026-11-23 (bench_matmul 2026-12-03)"
-    summary = (out / "summary.md").read_text()
-    assert "| amd-epyc-2c | AMD EPYC | 2 | 2026-11-23 (bench_matmul 2026-12-03) |" in summary
+    summary_md = (out / "summary.md").read_text()
+    assert "| amd-epyc-2c | AMD EPYC | 2 | 2026-11-23 (bench_matmul 2026-12-03) |" in summary_md
     md = (out / "machines" / "amd-epyc-2c.md").read_text()
     assert "Updated 2026-12-03T12:00:00Z: `python -m benchmarks.run_all` (bench_matmul)" in md
     # Updates group by date; one on the full run's own date adds nothing to its date.
@@ -315,7 +315,7 @@ def test_a_run_of_some_benchmarks_updates_only_theirs_in_the_machine_file(tmp_pa
         later = dict(part, created=created)
         later["benchmarks"] = {n: {"status": "ok", "result": {}} for n in names}
         run_all.write_report(later, str(out))
-    row = run_all.summary_rows(str(out / "machines"))[0]
+    row = summary.summary_rows(str(out / "machines"))[0]
     assert row["run"] == "2026-11-23 (bench_matmul, bench_math 2026-12-03)"
     # A later run of every benchmark replaces the file, updates and all.
     run_all.write_report(full, str(out))
@@ -340,7 +340,7 @@ def test_a_failed_run_of_some_benchmarks_keeps_their_published_entries(tmp_path)
     assert kept["benchmarks"]["bench_rl"] == full["benchmarks"]["bench_rl"]
     assert kept["updates"][-1]["benchmarks"] == ["bench_matmul"]
     assert kept["updates"][-1]["not_merged"] == {"bench_rl": "error"}
-    row = run_all.summary_rows(str(out / "machines"))[0]
+    row = summary.summary_rows(str(out / "machines"))[0]
     assert row["rl_iter_b0.0"] == 1.7 and row["matmul_step"] == 0.5
     # A partial run with nothing that ran leaves the file as it was.
     before = path.read_text()
@@ -354,13 +354,13 @@ def test_summary_skips_the_legacy_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(run_all, "report_to_markdown", lambda r: "stub")
     out = tmp_path / "bench"
     run_all.write_report(_fake_report("Intel(R) Xeon(R) CPU", 2, 0.8, 1.3), str(out))
-    legacy = out / "machines" / run_all.LEGACY_DIR
+    legacy = out / "machines" / summary.LEGACY_DIR
     legacy.mkdir()
     (legacy / "amd-epyc-2c.json").write_text(json.dumps(_fake_report("AMD EPYC", 2, 9.0, 9.0)))
-    rows = run_all.summary_rows(str(out / "machines"))
+    rows = summary.summary_rows(str(out / "machines"))
     assert [r["machine"] for r in rows] == ["intel-xeon-2c"]
-    assert run_all.ratio_range(rows, "rl_iter_b0.0") == (0.8, 0.8)
-    assert "amd-epyc-2c" not in run_all.summary_markdown(str(out / "machines"))
+    assert summary.ratio_range(rows, "rl_iter_b0.0") == (0.8, 0.8)
+    assert "amd-epyc-2c" not in summary.summary_markdown(str(out / "machines"))
 
 
 def test_trace_op_breakdown_groups_fusions_and_skips_frames(tmp_path):
@@ -679,7 +679,7 @@ def test_trl_does_the_work_ours_does_and_older_runs_are_marked():
     # every decoder layer, ours (model.remat=False) does not, and the ratios to TRL were
     # overstated. bench_rl's arguments turn it off and the result records it; the summary
     # marks the runs made before (no field) with a dagger.
-    from benchmarks import bench_rl, run_all
+    from benchmarks import bench_rl, summary
     from gdpo_jax.train.schema import base_config
 
     args = bench_rl.trl_args(bench_rl.TINY, 0.04, 3)
@@ -695,8 +695,8 @@ def test_trl_does_the_work_ours_does_and_older_runs_are_marked():
         }
 
     old, new = report({}), report({"trl_gradient_checkpointing": False})
-    assert run_all.headline(old)["trl_recomputed"] is True
-    assert run_all.headline(new)["trl_recomputed"] is False
+    assert summary.headline(old)["trl_recomputed"] is True
+    assert summary.headline(new)["trl_recomputed"] is False
 
 
 def test_host_activity_counts_other_processes_cpu_not_ours(tmp_path):
@@ -778,9 +778,9 @@ def test_summary_marks_ratios_of_a_benchmark_run_beside_other_work(tmp_path):
     machines.mkdir()
     for kind, rl_frac, sampler_frac in (("a", 0.30, 0.01), ("b", None, 0.01)):
         (machines / f"{kind}.json").write_text(json.dumps(report(kind, rl_frac, sampler_frac)))
-    row_a, row_b = run_all.summary_rows(str(machines))
+    row_a, row_b = summary.summary_rows(str(machines))
     assert row_a["loaded"] == ["bench_rl"] and row_b["loaded"] == []
-    md = run_all.summary_markdown(str(machines))
+    md = summary.summary_markdown(str(machines))
     line_a = next(x for x in md.splitlines() if x.startswith("| model-a"))
     line_b = next(x for x in md.splitlines() if x.startswith("| model-b"))
     assert "| 1.70x‡ |" in line_a and "| 1.30x‡ |" in line_a and "| 2.10x |" in line_a

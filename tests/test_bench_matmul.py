@@ -115,7 +115,7 @@ def test_family_ratio_is_summed_torch_over_summed_xla() -> None:
 def test_an_accelerator_backend_is_skipped_not_compared_with_cpu_torch(monkeypatch) -> None:
     import jax
 
-    from benchmarks import run_all
+    from benchmarks import summary
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     res = bench_matmul.run(quick=True)
@@ -126,5 +126,5 @@ def test_an_accelerator_backend_is_skipped_not_compared_with_cpu_torch(monkeypat
         "machine": {"cpu_model": "AMD EPYC", "cpu_usable": 2},
         "benchmarks": {"bench_matmul": {"status": "ok", "result": res}},
     }
-    row = run_all.headline(report)
+    row = summary.headline(report)
     assert row["matmul_step"] is None and row["matmul_decode"] is None

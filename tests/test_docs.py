@@ -619,10 +619,10 @@ def test_readme_scale_figures_are_in_the_committed_table(monkeypatch: pytest.Mon
 # ------------------------------------------------------- benchmark tables per machine kind
 def test_benchmark_summary_is_the_committed_machine_runs() -> None:
     # docs/benchmarks/summary.md is generated from docs/benchmarks/machines/*.json.
-    from benchmarks import run_all
+    from benchmarks import summary
 
     bench = ROOT / "docs" / "benchmarks"
-    want = run_all.summary_markdown(str(bench / "machines"))
+    want = summary.summary_markdown(str(bench / "machines"))
     assert (bench / "summary.md").read_text(encoding="utf-8") == want, (
         "docs/benchmarks/summary.md differs from docs/benchmarks/machines/*.json; regenerate "
         "it with `python -m benchmarks.run_all --summary_only --out_dir docs/benchmarks`"
@@ -689,21 +689,21 @@ def test_readme_speed_ratios_are_the_ranges_over_machine_kinds() -> None:
     # README states each speed ratio as its range over the committed machine kinds
     # (never one machine's best): each labelled ratio on the speed line must be that
     # ratio's (min, max) in the summary's range table, and no ratio may stand unlabelled.
-    from benchmarks import run_all
+    from benchmarks import summary
 
-    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
+    rows = summary.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
     ranges = {
-        k: mm for k in run_all.HEADLINE_COLUMNS if (mm := run_all.ratio_range(rows, k)) is not None
+        k: mm for k in summary.HEADLINE_COLUMNS if (mm := summary.ratio_range(rows, k)) is not None
     }
     assert not readme_speed_mismatches(_readme_speed_line(), ranges)
 
 
 def test_readme_speed_checker_catches_a_swapped_label_and_an_unlabelled_ratio() -> None:
-    from benchmarks import run_all
+    from benchmarks import summary
 
-    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
+    rows = summary.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
     ranges = {
-        k: mm for k in run_all.HEADLINE_COLUMNS if (mm := run_all.ratio_range(rows, k)) is not None
+        k: mm for k in summary.HEADLINE_COLUMNS if (mm := summary.ratio_range(rows, k)) is not None
     }
     line = _readme_speed_line()
     swapped = line.replace("(greedy)", "(GREEDY)").replace("(sampled)", "(greedy)")
@@ -824,19 +824,19 @@ def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
         "docs/benchmarks.md's RL iteration table differs from machines/amd-epyc-avx512-2c.json"
         " (render it with benchmarks.bench_rl.table)"
     )
-    from benchmarks import run_all
+    from benchmarks import summary
 
     flat = " ".join(doc.split())
     mfu = sorted(r["gdpo_jax"]["step_mfu"] for r in res["results"].values())
     assert f"3M model's step reaches {100 * mfu[0]:.0f}-{100 * mfu[1]:.0f} % on this kind" in flat
     # The targets, per summary.md: its kinds, the step's range, who meets 1.5x.
-    rows = run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
+    rows = summary.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines"))
     n = {2: "two", 3: "three", 4: "four", 5: "five"}[len(rows)]
     steps = [r[k] for r in rows for k in ("rl_step_b0.0", "rl_step_b0.04")]
     assert min(steps) > 1
     met = [r["machine"] for r in rows if min(r["rl_iter_b0.0"], r["rl_iter_b0.04"]) >= 1.5]
     who = {(): "none", ("amd-epyc-avx512-2c",): "the avx512 kind"}.get(tuple(met), ", ".join(met))
-    sampled = run_all.ratio_range(rows, "sampler_sampled")
+    sampled = summary.ratio_range(rows, "sampler_sampled")
     assert sampled[0] >= 2
     assert [r["machine"] for r in rows if r["sampler_greedy"] >= 2] == ["amd-epyc-avx512-2c"]
     _assert_quotes(
@@ -1919,11 +1919,11 @@ def test_limits_cpu_speed_figures_are_each_kinds_latest_row() -> None:
     """limits.md's CPU-speed bullet quotes each machine kind's latest run_all row: the
     RL iteration at both betas ("<kind> a.bcx / d.efx") and the greedy sampler
     ("<kind> a.bcx"), from the same machine files as summary.md."""
-    from benchmarks import run_all
+    from benchmarks import summary
 
     flat = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
     bullet = flat.split("- CPU speed against TRL", 1)[1].split(" - ", 1)[0]
-    for row in run_all.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines")):
+    for row in summary.summary_rows(str(ROOT / "docs" / "benchmarks" / "machines")):
         kind = row["machine"]
         pair = f"{kind} {row['rl_iter_b0.0']:.2f}x / {row['rl_iter_b0.04']:.2f}x"
         greedy = f"{kind} {row['sampler_greedy']:.2f}x"
