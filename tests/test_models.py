@@ -708,3 +708,38 @@ def test_attention_masks_hand_worked():
     np.testing.assert_array_equal(allowed[:, 0], [[T, T, F, F], [T, T, T, F]])
     with pytest.raises(ValueError, match="one token per step"):
         attention_masks(jnp.array([[1, 1], [1, 1]]), c)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_fields_a_config_leaves_out_take_transformers_defaults(model_type):
+    """A config.json with only the required fields reads as transformers' config class
+    of that type reads it (Qwen2's 32768 positions were 2048 here, Llama's EOS id 2 was
+    none, so sampling ran past it)."""
+    transformers = pytest.importorskip("transformers")
+    minimal = dict(
+        vocab_size=64,
+        hidden_size=1024,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=32,
+    )
+    ours = ModelConfig.from_hf({"model_type": model_type, **minimal})
+    ref = transformers.AutoConfig.for_model(model_type, **minimal)
+    rope = getattr(ref, "rope_parameters", None) or {"rope_theta": ref.rope_theta}
+    expect = dict(
+        num_kv_heads=ref.num_key_value_heads,
+        head_dim=getattr(ref, "head_dim", None) or ref.hidden_size // ref.num_attention_heads,
+        rope_theta=rope["rope_theta"],
+        rms_norm_eps=ref.rms_norm_eps,
+        tie_word_embeddings=ref.tie_word_embeddings,
+        max_position_embeddings=ref.max_position_embeddings,
+        bos_token_id=ref.bos_token_id,
+        eos_token_id=ref.eos_token_id,
+        pad_token_id=ref.pad_token_id,
+    )
+    assert {k: getattr(ours, k) for k in expect} == expect
+    # What config.json says still wins, an explicit null included.
+    given = ModelConfig.from_hf(
+        {"model_type": model_type, **minimal, "max_position_embeddings": 512, "eos_token_id": None}
+    )
+    assert given.max_position_embeddings == 512 and given.eos_token_id is None

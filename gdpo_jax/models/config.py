@@ -26,6 +26,17 @@ _ROPE_KEYS = {
 ARCH_FLAGS = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
 _DTYPES = ("float32", "bfloat16", "float16")
 
+# transformers' defaults (LlamaConfig / Qwen2Config / Qwen3Config, 5.x) for the fields a
+# config.json may leave out, where they differ from from_hf's generic ones (num_heads KV
+# heads, hidden / heads per head, 2048 positions, no BOS / EOS). A Qwen2.5 config without
+# max_position_embeddings was limited to 2048 tokens; a Llama one without eos_token_id
+# sampled past EOS. tests/test_models.py compares against transformers' config classes.
+_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"bos_token_id": 1, "eos_token_id": 2},
+    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen3": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
+}
+
 
 ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn", "splash")
 # The sizes that must be >= 1.
@@ -300,6 +311,8 @@ class ModelConfig:
             gen_eos = generation_eos_ids(os.path.dirname(path))
         c = dict(config)
         model_type = c.get("model_type")
+        # A field config.json leaves out takes transformers' default for the model type.
+        c = {**_TYPE_DEFAULTS.get(model_type, {}), **c}
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(
                 f"Unsupported model_type={model_type!r} in config.json; supported: "
