@@ -402,6 +402,41 @@ def test_stop_search_survives_the_tokenizers_space_clean_up():
     assert texts == ["x '", "x '"]
 
 
+def test_a_stop_string_holding_a_special_token_is_found_on_the_host():
+    """A stop string with a special token in it ("x <|s|>") never appears in the text
+    decoded without special tokens, so when the device's exact-sequence check missed it
+    (the text before the token tokenized otherwise), the row ran to its end. The host
+    searches such stop strings in the text that keeps special tokens, and a plain stop
+    string still cannot match inside a special token's name."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from gdpo_jax.sampling.stopping import apply_stop_strings
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "</s>", "<|s|>", "x", "y", "z"])}
+    t = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    t.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    tk = PreTrainedTokenizerFast(
+        tokenizer_object=t, pad_token="<pad>", eos_token="</s>", additional_special_tokens=["<|s|>"]
+    )
+    ids = [vocab[w] for w in "y x <|s|> z y".split()]
+    assert tk.decode(ids, skip_special_tokens=True) == "y x z y"
+
+    def run(stops: tuple[str, ...]) -> tuple[list[int], list[str], list[str]]:
+        tokens, lengths = np.array([ids], np.int32), np.array([5], np.int32)
+        finish, texts = ["length"], [tk.decode(ids, skip_special_tokens=True)]
+        apply_stop_strings(tk, stops, tokens, lengths, finish, texts)
+        return lengths.tolist(), finish, texts
+
+    # Cut right after the special token; the text, without it, is what rewards see.
+    assert run(("x <|s|>",)) == ([3], ["stop"], ["y x"])
+    # With a plain stop string beside it, the earlier of the two cuts wins.
+    assert run(("x <|s|>", "y")) == ([1], ["stop"], ["y"])
+    assert run(("z", "x <|s|>")) == ([3], ["stop"], ["y x"])
+    assert run(("s|",)) == ([5], ["length"], ["y x z y"])  # not inside "<|s|>"
+
+
 def test_a_stop_string_the_vocabulary_cannot_spell_is_no_device_stop(sampler, tok):
     """'foo' tokenizes to the unknown id: as a device stop it ended every row that
     sampled that id, with no 'foo' in the text. Only the host's text check remains."""

@@ -45,28 +45,49 @@ def apply_stop_strings(
         # grew, and the search below cut late or not at all.
         return decode(row, k, clean_up_tokenization_spaces=False)
 
+    def with_special(row: int, k: int) -> str:
+        return tokenizer.decode(
+            tokens[row, :k].tolist(), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    # A stop string that holds a special token ("\n<|im_start|>") never appears in text
+    # decoded without special tokens: it is searched for in the text that keeps them
+    # (the device's exact-sequence check misses it when the text before the token is
+    # tokenized otherwise, e.g. "\n\n" as one token). The others in the text without
+    # them, so that a plain stop string cannot match inside a special token's name.
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", ()) if t]
+    special_stops = [s for s in stop_strings if any(t in s for t in specials)]
+    plain_stops = [s for s in stop_strings if s not in special_stops]
+
+    def shortest(row: int, n: int, text_of: Any, stops: Sequence[str]) -> int:
+        # "the prefix text contains a stop string" is monotone in the prefix length
+        # (these texts only grow): binary search the shortest prefix, O(log C) decodes.
+        lo, hi = 1, n
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if first_stop_end(text_of(row, mid), stops) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
     for r in range(tokens.shape[0]):
         n = int(lengths[r])
         if n == 0:
             continue
-        # The raw text when it holds a stop string; else the cleaned one, when only the
-        # clean-up made one (e.g. "x'" from "x '").
-        if first_stop_end(raw(r, n), stop_strings) is not None:
-            text_of = raw
-        elif first_stop_end(texts[r], stop_strings) is not None:
-            text_of = decode
-        else:
+        cuts = []
+        if plain_stops:
+            # The raw text when it holds a stop string; else the cleaned one, when only
+            # the clean-up made one (e.g. "x'" from "x '").
+            if first_stop_end(raw(r, n), plain_stops) is not None:
+                cuts.append(shortest(r, n, raw, plain_stops))
+            elif first_stop_end(texts[r], plain_stops) is not None:
+                cuts.append(shortest(r, n, decode, plain_stops))
+        if special_stops and first_stop_end(with_special(r, n), special_stops) is not None:
+            cuts.append(shortest(r, n, with_special, special_stops))
+        if not cuts:
             continue
-        # "the prefix text contains a stop string" is monotone in the prefix length
-        # (the raw text only grows): binary search the shortest prefix, O(log C)
-        # decodes per row.
-        lo, hi = 1, n
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if first_stop_end(text_of(r, mid), stop_strings) is None:
-                lo = mid + 1
-            else:
-                hi = mid
+        lo = min(cuts)
         text = decode(r, lo)
         lengths[r] = lo
         finish[r] = "stop"
