@@ -43,7 +43,10 @@ def main() -> None:
     result["sampler_chunked"] = run_sampler(
         jax.devices(), mine, prompts_per_call=2, first_row=4 * pid * 2 if nproc > 1 else 0
     )
-    result["loop"] = run_loop(workdir, num_devices=4)
+    # Saved and resumed: with several processes the first save raised (the key was a
+    # host-local array item, which orbax refuses to write).
+    result["resume"] = {}
+    result["loop"] = run_loop(workdir, num_devices=4, resume=result["resume"])
     # Chunked generation: 16 rows in calls of 8 (1 prompt x G 4 per process per call).
     # Also a reward that fails on process 1 only (scored NaN): both report its failures.
     result["loop_chunked"] = run_loop(
@@ -287,10 +290,19 @@ def _register_failing_reward() -> None:
 
 
 def run_loop(
-    workdir: str, *, num_devices: int, rows_per_call: int = 0, extra_reward: str = ""
+    workdir: str,
+    *,
+    num_devices: int,
+    rows_per_call: int = 0,
+    extra_reward: str = "",
+    resume: dict | None = None,
 ) -> list[dict]:
     """Two RL iterations (temperature-1 sampling) + one eval of the
-    tiny test task on a (2, 2, 1) mesh; each process samples its own prompts."""
+    tiny test task on a (2, 2, 1) mesh; each process samples its own prompts.
+
+    With `resume` (a dict to fill): saves a checkpoint after the two steps, then a new
+    Trainer on the workdir resumes from it; `resume` gets its start step, whether its
+    key and parameters equal the saved ones, and the checkpoint's key words."""
     import jax
 
     from gdpo_jax.train.loop import Trainer
@@ -300,7 +312,7 @@ def run_loop(
     cfg.mesh.shape = (2, 2, 1)
     cfg.mesh.num_devices = num_devices
     cfg.train.num_steps = 2
-    cfg.checkpoint.every = 0
+    cfg.checkpoint.every = 1 if resume is not None else 0
     cfg.sampling.rows_per_call = rows_per_call
     if extra_reward:
         _register_failing_reward()
@@ -319,9 +331,33 @@ def run_loop(
             if step == 1:
                 m.update(trainer.evaluate())
             out.append({k: float(v) for k, v in m.items() if not k.startswith(_TIMING)})
+        if resume is not None:  # as the loop saves after its last step
+            ds = {**trainer.stream.get_state(), "records": trainer.records}
+            assert trainer.ckpt.save(2, trainer.state, key=trainer.key, data_state=ds, force=True)
     finally:
         trainer.ckpt.close()
         trainer.runner.close()
+    if resume is not None:
+        import numpy as np
+
+        again = Trainer(cfg)
+        try:
+            same = jax.tree.map(
+                lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
+                again.state.params,
+                trainer.state.params,
+            )
+            resume.update(
+                start_step=again.start_step,
+                key_equal=bool(
+                    np.array_equal(jax.random.key_data(again.key), jax.random.key_data(trainer.key))
+                ),
+                params_equal=all(jax.tree.leaves(same)),
+                key_data=again.ckpt.read_meta()["key_data"],
+            )
+        finally:
+            again.ckpt.close()
+            again.runner.close()
     assert jax.process_count() >= 1
     return out
 

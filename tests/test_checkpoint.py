@@ -63,6 +63,42 @@ def test_keep_interval_and_roundtrip(tmp_path):
     ck.close()
 
 
+def test_a_checkpoint_with_the_key_as_an_array_item_still_restores(tmp_path):
+    """Checkpoints written before 2026-12-05 hold the PRNG key as an array item of
+    "state" (which orbax refuses to write with several processes: the key is
+    host-local); today's keep its words in the JSON meta. Both restore the key."""
+    import orbax.checkpoint as ocp
+
+    state, key = _state(None), jax.random.key(11)
+    ck = Checkpointer(str(tmp_path / "new"), every=1, async_save=False, config=_cfg())
+    assert ck.save(1, state, key=key, data_state={"next_index": 1})
+    ck.close()
+    meta = Checkpointer(str(tmp_path / "new"), every=1, config=_cfg()).read_meta()
+    assert meta["key_data"] == np.asarray(jax.random.key_data(key)).tolist()
+    # The old layout, written as the Checkpointer used to.
+    old_meta = {k: v for k, v in meta.items() if k != "key_data"}
+    with ocp.CheckpointManager(str(tmp_path / "old")) as mngr:
+        items = {"train_state": state, "key": jax.random.key_data(key)}
+        mngr.save(
+            1,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(items), meta=ocp.args.JsonSave(old_meta)
+            ),
+        )
+    for where in ("new", "old"):
+        ck = Checkpointer(str(tmp_path / where), every=1, config=_cfg())
+        restored, rkey, data_state, step = ck.restore(_state(None, seed=1), jax.random.key(0))
+        assert step == 1 and data_state == {"next_index": 1}, where
+        np.testing.assert_array_equal(jax.random.key_data(rkey), jax.random.key_data(key))
+        assert jax.random.key_data(rkey).dtype == jax.random.key_data(key).dtype
+        jax.tree.map(
+            lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+            restored,
+            state,
+        )
+        ck.close()
+
+
 def test_interrupted_save_is_ignored(tmp_path):
     state = _state(None)
     ck = Checkpointer(str(tmp_path), every=1, async_save=False, config=_cfg())
@@ -97,6 +133,21 @@ def test_incompatible_config_names_every_field(tmp_path):
     ok = Checkpointer(str(tmp_path), every=1, config=other, allow_config_change=True)
     assert ok.restore(state, jax.random.key(0))[3] == 1
     assert os.path.isdir(tmp_path / "1")
+
+    # allow_config_change with a state of other shapes (here a wider model): the config's
+    # doing, not damage. It was reported as a damaged checkpoint, with advice to remove
+    # the run's (intact) steps.
+    import dataclasses
+
+    wider = dataclasses.replace(CFG, hidden_size=64)
+    tx, _ = state_lib.make_optimizer(base_config().optim, total_updates=10)
+    _, other_state = state_lib.create_train_state(create_model(wider, mesh=None), tx, None)
+    with pytest.raises(IncompatibleCheckpointError) as e:
+        ok.restore(other_state, jax.random.key(0))
+    msg = str(e.value)
+    assert "does not fit this run's state" in msg and "model.tiny.hidden_size" in msg
+    assert "damaged" not in msg.lower()
+    assert os.path.isdir(tmp_path / "1") and not os.path.exists(str(tmp_path) + "-damaged")
 
 
 def _damage(step_dir, kind: str) -> str:

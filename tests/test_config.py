@@ -133,7 +133,15 @@ def test_valid_configs_pass():
         ),
         (
             lambda c: setattr(c.sampling, "prompt_buckets", (4, 4, 8)),
-            r"sampling\.prompt_buckets=\(4, 4, 8\) must ascend strictly",
+            r"sampling\.prompt_buckets=\(4, 4, 8\) must .*ascend strictly",
+        ),
+        (  # int() truncated them to (4, 8) without a word
+            lambda c: setattr(c.sampling, "prompt_buckets", (4.5, 8)),
+            r"sampling\.prompt_buckets=\(4\.5, 8\) must be whole numbers of tokens",
+        ),
+        (  # and (8,): it even passed as ending at max_prompt_len=8
+            lambda c: setattr(c.sampling, "prompt_buckets", (8.7,)),
+            r"sampling\.prompt_buckets=\(8\.7,\) must be whole numbers",
         ),
     ],
 )
@@ -470,6 +478,14 @@ def test_context_longer_than_model_positions_is_rejected(tmp_path):
     c.model.tiny = {}
     with pytest.raises(ConfigError, match=pat):
         validate_config(c, num_devices=8)
+    # Left out, it is the model type's default, as the model reads it: a Qwen2 config.json
+    # without it has transformers' 32768 positions, not the generic 2048.
+    c.sampling.max_prompt_len, c.sampling.max_new_tokens = 4000, 100
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    validate_config(c, num_devices=8)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(ConfigError, match="exceeds the model's max_position_embeddings=2048"):
+        validate_config(c, num_devices=8)
 
 
 def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkeypatch):
@@ -699,3 +715,39 @@ def test_unknown_task_kwarg_names_the_field():
     c.task.kwargs.bogus = 1
     with pytest.raises(ConfigError, match=r"config\.task\.kwargs: task 'toolcall' .*'bogus'"):
         tasks.load_task(c)
+
+
+def test_a_mesh_that_leaves_a_process_out_is_refused(monkeypatch, tmp_path):
+    """With several processes, mesh.num_devices must give each an equal share: a
+    process left out built the model, failed alone at its first rollout and every
+    process hung (the tiny configs' num_devices=1 on 2 processes). RL and SFT."""
+    import jax
+
+    from gdpo_jax.train.sft import sft_config
+    from gdpo_jax.train.sft_checks import validate_sft_config
+
+    class Dev:
+        def __init__(self, p: int) -> None:
+            self.process_index = p
+
+    devices = [Dev(0), Dev(0), Dev(1), Dev(1)]
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "device_count", lambda: 4)
+    monkeypatch.setattr(jax, "devices", lambda *a: devices)
+    c = tiny_config(str(tmp_path))
+    c.algo.num_prompts = 2
+    c.mesh.shape = (-1, 1, 1)
+    for n, ok in ((1, False), (2, False), (3, False), (4, True), (0, True)):
+        c.mesh.num_devices = n
+        if ok:
+            validate_config(c)
+        else:
+            with pytest.raises(
+                ConfigError, match=rf"num_devices={n} gives the 2 processes unequal"
+            ):
+                validate_config(c)
+    sft = sft_config()
+    sft.workdir, sft.model.tokenizer = str(tmp_path), c.model.tokenizer
+    sft.mesh.num_devices = 1
+    with pytest.raises(ConfigError, match="use 0 \\(all devices\\)"):
+        validate_sft_config(sft)

@@ -157,6 +157,12 @@ def test_rl_loop_two_processes_match_one(two, tmp_path):
                 )
     assert one[1]["loss"] != one[0]["loss"]
     assert 0 < one[1]["reward/test_short/mean"] < 1 or 0 < one[0]["reward/test_short/mean"] < 1
+    # Each process saved the checkpoint and resumed from it: the step, the key and the
+    # parameters it had (a multi-process save used to raise at the first checkpoint).
+    for r in two:
+        assert r["resume"]["start_step"] == 2
+        assert r["resume"]["key_equal"] and r["resume"]["params_equal"]
+    assert two[0]["resume"]["key_data"] == two[1]["resume"]["key_data"]
 
 
 def test_chunked_generation_two_processes(two):

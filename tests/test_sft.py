@@ -471,3 +471,28 @@ def test_sft_result_counts_the_examples_it_trains_on(tmp_path, caplog):
     dropped, total = map(int, re.search(r"dropped (\d+) of (\d+) examples", caplog.text).groups())
     assert total == 16 and 0 < dropped < total
     assert trainer.num_examples == total - dropped == len(trainer.data["prompt_ids"])
+
+
+def test_sft_held_out_eval_splits_its_records_over_the_processes(tmp_path, monkeypatch):
+    # Every process sampled every held-out record (P times the work; each process's rows
+    # numbered past process 0's, so their samples differed): SFT's eval now scores each
+    # chunk through rollout.score_shared, as the RL eval does (that split is tested in
+    # tests/test_train_rollout.py); on one process it covers every record once.
+    from gdpo_jax.train import rollout
+
+    cfg = _config(tmp_path / "sft", eval_num_examples=3, eval_samples=2)
+    cfg.sft.evaluate = True
+    trainer = S.SFT(cfg)
+    calls = []
+    real = rollout.score_shared
+
+    def spy(part, group_size, **kw):
+        calls.append((len(part), group_size))
+        return real(part, group_size, **kw)
+
+    monkeypatch.setattr(rollout, "score_shared", spy)
+    out = trainer.evaluate()
+    rows = sum(n for n, _ in calls)
+    assert rows == 2 * len(trainer.eval_records) == 6  # each record once per mode
+    assert {k for _, k in calls} == {1, 2}  # greedy, then 2 samples per record
+    assert "greedy/len_mean" in out and "sample/len_mean" in out

@@ -462,3 +462,95 @@ def test_gdpo_signal_follows_nan_rewards_as_the_advantages_do():
         np.testing.assert_array_equal(has, want)
         got = groups_with_signal(r, group_size=2, decoupled=True, nan_rewards=policy)
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_scoring_failure_on_one_process_stops_every_process(monkeypatch, overlap):
+    """With several processes, a reward that raised on one of them (rewards.on_error=
+    "raise") stopped that process alone: the others went on into the next collective
+    and waited for ever. The processes now agree after scoring: the failing one raises
+    its own error, the others a RewardError naming another process."""
+    from gdpo_jax.rewards.runner import RewardError
+    from gdpo_jax.train import sample_score
+
+    gathered: list[bool] = []
+
+    def fake_allgather(x, other_failed: bool):
+        gathered.append(bool(np.asarray(x)[0]))
+        return np.asarray([[bool(np.asarray(x)[0])], [other_failed]])
+
+    def failing_runner(prompts, completions, examples, **kw):
+        raise RewardError("boom in a reward", reward="r")
+
+    kw = dict(
+        sampler=FakeSampler(),
+        params=None,
+        group_size=2,
+        key=jax.random.key(0),
+        max_prompt_len=5,
+        pad_id=0,
+        overlap_rewards=overlap,
+        prompts_per_call=1,
+        first_row=0,
+    )
+    recs = [{"prompt": "s0"}, {"prompt": "s1"}]
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    # This process scored fine, another failed: this one stops too.
+    monkeypatch.setattr(sample_score, "allgather", lambda x: fake_allgather(x, True))
+    with pytest.raises(RewardError, match="failed on another process"):
+        sample_score.sample_and_score(recs, runner=fake_runner, **kw)
+    # This one failed: its own error, after telling the others.
+    with pytest.raises(RewardError, match="boom in a reward"):
+        sample_score.sample_and_score(recs, runner=failing_runner, **kw)
+    assert gathered == [False, True]
+    # Every process scored fine: no error.
+    monkeypatch.setattr(sample_score, "allgather", lambda x: fake_allgather(x, False))
+    out = sample_score.sample_and_score(recs, runner=fake_runner, **kw)
+    assert out["rewards"].shape[0] == 4
+
+
+def test_held_out_scoring_splits_the_records_over_the_processes(monkeypatch):
+    """rollout.score_shared (the RL and the SFT held-out evals): each of 2 processes
+    samples its contiguous share of 3 records (the second padded with a repeat), and
+    the gathered rows are one process's, in record order. SFT's eval had every process
+    sample every record: P times the work, and rows numbered past process 0's."""
+    from gdpo_jax.train import distributed, rollout, sample_score
+    from gdpo_jax.train.sample_score import sample_and_score
+
+    part = [{"prompt": f"s{k}"} for k in (1, 2, 3)]
+    kw = dict(runner=fake_runner, params=None, key=jax.random.key(0), max_prompt_len=5, pad_id=0)
+
+    class Spy(FakeSampler):
+        def __init__(self):
+            self.seen = []
+
+        def generate(self, prompts, params, **k):
+            self.seen.append(list(prompts))
+            return super().generate(prompts, params, **k)
+
+    shares = {0: part[:2], 1: [part[2], part[2]]}
+    outs = {
+        p: sample_and_score(r, sampler=FakeSampler(), group_size=G, **kw) for p, r in shares.items()
+    }
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(sample_score, "allgather", lambda x: np.stack([x, x]))  # none failed
+    for pi in (0, 1):
+        monkeypatch.setattr(jax, "process_index", lambda pi=pi: pi)
+
+        def gather_host(x, pi=pi):
+            key = "rewards" if np.asarray(x).ndim == 2 else "completion_mask"
+            mine = outs[pi][key] if key == "rewards" else outs[pi][key].sum(1)
+            np.testing.assert_array_equal(x, mine)  # this process brings its own share
+            return np.stack([o[key] if key == "rewards" else o[key].sum(1) for o in outs.values()])
+
+        monkeypatch.setattr(distributed, "allgather_host", gather_host)
+        monkeypatch.setattr(
+            distributed, "allgather_strings", lambda t: [o["texts"] for o in outs.values()]
+        )
+        spy = Spy()
+        got = rollout.score_shared(part, G, sampler=spy, **kw)
+        assert spy.seen == [[r["prompt"] for r in shares[pi]]]
+        assert got["texts"] == [r["prompt"] for r in part for _ in range(G)]
+        whole = sample_and_score(part, sampler=FakeSampler(), group_size=G, **kw)
+        np.testing.assert_array_equal(got["rewards"], whole["rewards"])
+        np.testing.assert_array_equal(got["lengths"], whole["completion_mask"].sum(1))

@@ -485,8 +485,10 @@ def test_a_mini_batch_of_padding_groups_neither_updates_nor_pulls_the_ratio_metr
         outs.append((jax.tree.map(np.asarray, new_state.params), metrics, new_state))
     (p1, m1, s1), (p2, m2, s2) = outs
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), p1, p2)
-    for k in ("ratio_min", "ratio_max", "clip_frac", "entropy"):
-        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-6, err_msg=k)
+    # loss and grad_norm too: the padding mini-batch's 0 loss and 0 norm halved them.
+    for k in ("ratio_min", "ratio_max", "clip_frac", "entropy", "loss", "grad_norm"):
+        np.testing.assert_allclose(float(m1[k]), float(m2[k]), rtol=1e-5, err_msg=k)
+    assert float(m1["grad_norm"]) > 0
     assert float(m1["ratio_min"]) < 1.0 < float(m1["ratio_max"])  # real ratios, not 1
     # The skipped update leaves AdamW's state too (its step count included).
     counts = [int(np.asarray(s.opt_state[0].count)) for s in (s1, s2)]

@@ -38,6 +38,13 @@ _TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def hf_max_positions(config: Mapping[str, Any]) -> int:
+    """max_position_embeddings of a config.json dict as `ModelConfig.from_hf` reads it
+    (its model type's default when left out), without checking the rest."""
+    given = {**_TYPE_DEFAULTS.get(config.get("model_type"), {}), **config}
+    return int(given.get("max_position_embeddings") or 2048)
+
+
 ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn", "splash")
 # The sizes that must be >= 1.
 _SIZES = (

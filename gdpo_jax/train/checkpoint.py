@@ -1,9 +1,10 @@
 """Orbax checkpoints of a run: train state + PRNG key + data iterator + config.
 
 Layout: `<workdir>/checkpoints/<step>/{state,meta}`. "state" is the
-TrainState pytree (params, optimizer state, step) plus the loop's PRNG key
-data, saved sharded (each host writes its shards; restore places each array
-straight onto its target sharding). "meta" is JSON: the data iterator state,
+TrainState pytree (params, optimizer state, step), saved sharded (each host
+writes its shards; restore places each array straight onto its target
+sharding). "meta" is JSON: the data iterator state, the loop's PRNG key words
+(`key_data`; checkpoints written before 2026-12-05 hold the key in "state"),
 the full config and its fingerprint.
 
 Orbax writes each checkpoint into a temporary directory and renames it when
@@ -218,9 +219,13 @@ class Checkpointer:
             "config": cfg_dict,
             "fingerprint": config_lib.fingerprint(cfg_dict) if cfg_dict else "",
             "step": int(step),
+            # The PRNG key's words, in the JSON: as an array item it is host-local (each
+            # process made its own), which orbax refuses to write with several processes,
+            # so every multi-process run died at its first save.
+            "key_data": np.asarray(jax.random.key_data(key)).tolist(),
             **(extra or {}),
         }
-        items = {"train_state": state, "key": jax.random.key_data(key)}
+        items = {"train_state": state}
         return bool(
             self._mngr.save(
                 int(step),
@@ -341,6 +346,7 @@ class Checkpointer:
                     _short(errors[0]),
                 )
             return out, None
+        self._check_changed_state(step, errors[-1])
         now = [x for x in map(_unreadable_now, errors) if x is not None]
         if now:
             raise CheckpointUnavailableError(
@@ -352,21 +358,46 @@ class Checkpointer:
             ) from None
         return None, _short(errors[-1])
 
+    def _check_changed_state(self, step: int, error: Exception) -> None:
+        """Under allow_config_change, a state that no longer fits the checkpoint's shapes
+        or tree (a model size, gradient clipping on or off) is the config's doing, not
+        damage: IncompatibleCheckpointError naming the changed fields. It was reported
+        as a damaged checkpoint, with advice to remove the run's intact steps."""
+        text = str(error)
+        if not self.allow_config_change or not any(m in text for m in _SHAPE_MISMATCH):
+            return
+        try:
+            saved = self.read_meta(step).get("config") or {}
+        except Exception:  # noqa: BLE001 - unreadable meta: damage, judged by the caller
+            return
+        diff = config_lib.config_diff(saved, self.config) if self.config is not None else []
+        if diff:
+            raise IncompatibleCheckpointError(
+                f"checkpoint step {step} in {self.directory} does not fit this run's state "
+                f"({_short(error)}): its config differs in {', '.join(diff)}, and "
+                "allow_config_change loads changed settings, not changed parameter or "
+                "optimizer shapes. Use the checkpoint's values for the fields that shape the "
+                "state, or a new workdir."
+            )
+
     def _step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 
     def _restore_step(self, step: int, target_state: Any, key: jax.Array) -> tuple:
         meta = self.read_meta(step)
         self.check_config(meta)
-        target = {
-            "train_state": _abstract(target_state),
-            "key": _abstract(jax.random.key_data(key)),
-        }
+        target = {"train_state": _abstract(target_state)}
+        if "key_data" not in meta:  # written before 2026-12-05: the key is an array item
+            target["key"] = _abstract(jax.random.key_data(key))
         out = self._mngr.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
         )
         items = out["state"]
-        new_key = jax.random.wrap_key_data(np.asarray(items["key"]), impl=jax.random.key_impl(key))
+        words = meta["key_data"] if "key_data" in meta else items["key"]
+        dtype = jax.random.key_data(key).dtype
+        new_key = jax.random.wrap_key_data(
+            np.asarray(words, dtype=dtype), impl=jax.random.key_impl(key)
+        )
         return items["train_state"], new_key, meta.get("data_state"), int(step)
 
     def _move_aside(self, steps: list[int]) -> None:
@@ -411,6 +442,9 @@ class Checkpointer:
         self._mngr.wait_until_finished()
         self._mngr.close()
 
+
+# Orbax's words for a restore target that does not fit the saved arrays.
+_SHAPE_MISMATCH = ("tree structures do not match", "is not compatible with the stored shape")
 
 # What a process made of its read of one step, ordered so that the worst one wins.
 _READ, _DAMAGED, _UNAVAILABLE = 0, 1, 2

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import json
+import numbers
 import os
+from collections import Counter
 
 import ml_collections as mlc
 
@@ -74,16 +76,21 @@ def prompt_buckets(cfg: mlc.ConfigDict) -> tuple[int, ...]:
     from gdpo_jax.sampling.sampler import default_prompt_buckets
 
     s = cfg.sampling
-    given = tuple(int(b) for b in s.get("prompt_buckets", ()))
-    if not given:
+    raw = tuple(s.get("prompt_buckets", ()))
+    if not raw:
         return default_prompt_buckets(s.max_prompt_len)
+    # Widths are whole tokens: int() truncated (4.5, 8) to (4, 8) without a word.
+    whole = all(isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in raw)
+    given = tuple(int(b) for b in raw) if whole else raw
     if (
-        any(b >= c for b, c in zip(given, given[1:]))
+        not whole
+        or any(b >= c for b, c in zip(given, given[1:]))
         or given[0] < 1
         or given[-1] != s.max_prompt_len
     ):
         raise ConfigError(
-            f"config.sampling.prompt_buckets={given} must ascend strictly from >= 1 and end at "
+            f"config.sampling.prompt_buckets={given} must be whole numbers of tokens, ascend "
+            "strictly from >= 1 and end at "
             f"sampling.max_prompt_len={s.max_prompt_len}, e.g. "
             f"--config.sampling.prompt_buckets='({s.max_prompt_len // 2}, {s.max_prompt_len})'."
         )
@@ -261,7 +268,8 @@ def validate_config(
         )
     check_sampling(cfg)
 
-    if num_devices is None:
+    live = num_devices is None  # this process's devices, not a planned target's
+    if live:
         import jax
 
         num_devices = jax.device_count()
@@ -271,6 +279,8 @@ def validate_config(
                 f"{jax.process_count()} processes (each samples its own prompts); use a multiple."
             )
     shape = check_mesh(cfg, num_devices)
+    if live:
+        check_mesh_spans_processes(cfg)
     shards = shape[0] * shape[1]
     rows = a.num_prompts * a.group_size
     per_update = a.num_minibatches * a.num_microbatches
@@ -340,13 +350,32 @@ def check_mesh(cfg: mlc.ConfigDict, num_devices: int) -> tuple[int, ...]:
     return shape
 
 
+def check_mesh_spans_processes(cfg: mlc.ConfigDict) -> None:
+    """With several processes, the mesh's devices (the first `mesh.num_devices`) must
+    be an equal share of every process's: a process left out of the mesh built the
+    model, then failed alone in the first rollout while the others waited in the
+    sampler's collective, for ever."""
+    import jax
+
+    n = cfg.mesh.num_devices
+    if jax.process_count() == 1 or not n:
+        return
+    owners = Counter(d.process_index for d in jax.devices()[:n])
+    if len(owners) != jax.process_count() or len(set(owners.values())) != 1:
+        raise ConfigError(
+            f"config.mesh.num_devices={n} gives the {jax.process_count()} processes unequal "
+            f"shares of the mesh (devices per process: {dict(sorted(owners.items()))}); every "
+            "process runs its share of each step: use 0 (all devices)."
+        )
+
+
 def _model_max_positions(cfg: mlc.ConfigDict) -> int | None:
     """max_position_embeddings of the configured model, read without loading weights.
 
     None when it cannot be known before loading (a registered GGUF name); the
     Trainer checks again once the model is built.
     """
-    from gdpo_jax.models.config import ModelConfig
+    from gdpo_jax.models.config import ModelConfig, hf_max_positions
 
     name = cfg.model.name
     if not name:
@@ -355,9 +384,8 @@ def _model_max_positions(cfg: mlc.ConfigDict) -> int | None:
     path = os.path.join(name, "config.json")
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        # Same default as ModelConfig.from_hf.
-        return int(json.load(f).get("max_position_embeddings", 2048))
+    with open(path) as f:  # as the model will read it (its type's default if left out)
+        return hf_max_positions(json.load(f))
 
 
 def check_context_length(cfg: mlc.ConfigDict, max_positions: int | None = None) -> None:

@@ -286,13 +286,11 @@ class Trainer:
         """Held-out split: the config's eval sampling, rewards and the task's own metrics.
 
         With several processes each scores a contiguous share of every chunk
-        (the short ones pad with repeats, dropped after) and the rows are
-        gathered, so every process computes the same metrics as one process.
+        (`rollout.score_shared`), so every process computes the same metrics as one.
         """
         if not self.eval_records:
             return {}
         cfg, k = self.cfg, max(int(self.cfg.eval.num_samples), 1)
-        pi, pc = jax.process_index(), jax.process_count()
         call_rows = (
             int(cfg.sampling.get("rows_per_call", 0)) or cfg.algo.num_prompts * cfg.algo.group_size
         )
@@ -301,34 +299,24 @@ class Trainer:
         key = jax.random.fold_in(jax.random.key(cfg.seed + 1), 0)
         for i in range(0, len(self.eval_records), chunk):
             part = self.eval_records[i : i + chunk]
-            per = -(-len(part) // pc)
-            mine = part[pi * per : (pi + 1) * per]
-            mine = mine + [part[-1]] * (per - len(mine))
-            out = rollout.sample_and_score(
-                mine,
+            out = rollout.score_shared(
+                part,
+                k,
                 sampler=self.sampler,
                 runner=self.runner,
                 params=self.eval_params,
-                group_size=k,
                 key=jax.random.fold_in(key, i),
                 max_prompt_len=cfg.sampling.max_prompt_len,
                 prompt_buckets=self.prompt_buckets,
                 pad_id=self.sampler.pad_id,
                 chat_template=cfg.task.chat_template,
             )
-            rows = len(part) * k  # real rows come first, host by host
-            all_texts = distributed.allgather_strings(out["texts"])
-            texts += [t for host in all_texts for t in host][:rows]
+            rows = len(part) * k
+            texts += out["texts"]
             recs += [part[j // k] for j in range(rows)]
             gids += [i + j // k for j in range(rows)]
-            rewards.append(
-                distributed.allgather_host(out["rewards"]).reshape(-1, out["rewards"].shape[1])[
-                    :rows
-                ]
-            )
-            lengths.append(
-                distributed.allgather_host(out["completion_mask"].sum(1)).reshape(-1)[:rows]
-            )
+            rewards.append(out["rewards"])
+            lengths.append(out["lengths"])
         r = np.concatenate(rewards)
         metrics = {f"eval/{n}": float(np.nanmean(r[:, j])) for j, n in enumerate(self.reward_names)}
         metrics["eval/len_mean"] = float(np.concatenate(lengths).mean())

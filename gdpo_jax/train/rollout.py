@@ -272,3 +272,25 @@ def rollout_metrics(
     fin = np.asarray(finish)[valid] if len(finish) else np.asarray([])
     out["len/truncated_frac"] = float((fin == "length").mean()) if fin.size else nan
     return out
+
+
+def score_shared(part: Sequence[dict], group_size: int, **kw: Any) -> dict[str, Any]:
+    """`sample_and_score` of the held-out records `part`, split over the processes.
+
+    Each process samples a contiguous share (the last one padded with repeats of the
+    last record: the sampler is one collective, every process brings the same count);
+    the results are gathered, so every process returns all len(part) * group_size rows
+    in record order: {"texts": list, "rewards": f32[R, K], "lengths": i64[R]}.
+    kw: sample_and_score's other arguments.
+    """
+    pi, pc = jax.process_index(), jax.process_count()
+    per = -(-len(part) // pc)
+    mine = list(part[pi * per : (pi + 1) * per])
+    mine += [part[-1]] * (per - len(mine))
+    out = sample_and_score(mine, group_size=group_size, **kw)
+    rows = len(part) * group_size  # real rows come first, process by process
+    texts = [t for host in distributed.allgather_strings(out["texts"]) for t in host][:rows]
+    k = out["rewards"].shape[1]
+    rewards = distributed.allgather_host(out["rewards"]).reshape(-1, k)[:rows]
+    lengths = distributed.allgather_host(out["completion_mask"].sum(1)).reshape(-1)[:rows]
+    return {"texts": texts, "rewards": rewards, "lengths": lengths}

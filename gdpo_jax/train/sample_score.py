@@ -15,6 +15,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from gdpo_jax.multihost import allgather
+from gdpo_jax.rewards.runner import RewardError
+
 
 def _used_width(mask: np.ndarray) -> int:
     """Columns from the first nonzero one of any row of a left-padded mask [N, P]."""
@@ -117,6 +120,22 @@ def _generate_chunked(
     }
 
 
+def _agree_on_scoring(failure: Exception | None) -> None:
+    """Raises on every process when scoring failed on any (every sampler collective is
+    done by then): a process whose rewards raised (`rewards.on_error="raise"`) used to
+    stop alone while the others waited in the next collective, and none ever ended."""
+    if jax.process_count() > 1:
+        failed_any = bool(allgather(np.asarray([failure is not None])).any())
+        if failed_any and failure is None:
+            raise RewardError(
+                "reward scoring failed on another process (see its log for the reward and "
+                "the sample); every process stops with it.",
+                reward="(another process)",
+            )
+    if failure is not None:
+        raise failure
+
+
 def sample_and_score(
     records: list[dict],
     *,
@@ -184,13 +203,18 @@ def sample_and_score(
             else None,
         )
         t1 = time.perf_counter()
-        if pool is not None:
-            parts = [f.result() for f in futures]
-        else:
-            rows = types.SimpleNamespace(
-                group_ids=ro["group_ids"], texts=ro["texts"], lengths=ro["lengths"]
-            )
-            parts = [score(0, rows)]
+        failure: Exception | None = None
+        try:
+            if pool is not None:
+                parts = [f.result() for f in futures]
+            else:
+                rows = types.SimpleNamespace(
+                    group_ids=ro["group_ids"], texts=ro["texts"], lengths=ro["lengths"]
+                )
+                parts = [score(0, rows)]
+        except Exception as e:  # noqa: BLE001 - re-raised below, after the processes agree
+            failure = e
+        _agree_on_scoring(failure)
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -303,12 +303,14 @@ class SFT:
                 texts, recs, rewards, lengths = [], [], [], []
                 for i in range(0, len(self.eval_records), chunk):
                     part = self.eval_records[i : i + chunk]
-                    res = rollout.sample_and_score(
+                    # Each process samples its share: every process sampled every
+                    # prompt, P times the work and rows numbered past process 0's.
+                    res = rollout.score_shared(
                         part,
+                        k,
                         sampler=self.sampler,
                         runner=runner,
                         params=params,
-                        group_size=k,
                         key=jax.random.fold_in(jax.random.key(cfg.seed + 1), i),
                         max_prompt_len=cfg.sampling.max_prompt_len,
                         pad_id=self.sampler.pad_id,
@@ -317,7 +319,7 @@ class SFT:
                     texts += res["texts"]
                     recs += [part[j // k] for j in range(len(part) * k)]
                     rewards.append(res["rewards"])
-                    lengths += [int(x) for x in res["completion_mask"].sum(1)]
+                    lengths += [int(x) for x in res["lengths"]]
                 r = np.concatenate(rewards)
                 for j, sp in enumerate(specs):
                     out[f"{mode}/{sp.name}"] = float(np.nanmean(r[:, j]))

@@ -21,6 +21,7 @@ from gdpo_jax.train.config import (
     _choice,
     check_context_length,
     check_mesh,
+    check_mesh_spans_processes,
     check_model_fields,
     import_modules,
 )
@@ -70,6 +71,7 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     # past the model's positions or with more devices than exist.
     check_model_fields(cfg)
     check_mesh(cfg, jax.device_count())
+    check_mesh_spans_processes(cfg)
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
     check_context_length(cfg)

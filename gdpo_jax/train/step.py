@@ -267,14 +267,18 @@ def train_step(
             (new_params, new_opt_state),
             (params, opt_state),
         )
-        return (params, opt_state), (m, loss_tot * scale, grad_norm)
+        return (params, opt_state), (m, loss_tot * scale, grad_norm, keep)
 
     def epoch(carry, _):
         return jax.lax.scan(update, carry, blocks)
 
-    (params, opt_state), (m, losses, grad_norms) = jax.lax.scan(
+    (params, opt_state), (m, losses, grad_norms, kept) = jax.lax.scan(
         epoch, (state.params, state.opt_state), None, length=cfg.num_epochs
     )
+    # Over the updates that had tokens: a mini-batch of padding groups only (dynamic
+    # sampling) makes no update, and its 0 loss and 0 norm halved the mean of two.
+    kept = kept.astype(jnp.float32)
+    n_kept = jnp.maximum(jnp.sum(kept), 1.0)
     # m: pairs with leading [E, U]; reduce them like micro-batches.
     flat = {k: (s.reshape(-1), d.reshape(-1)) for k, (s, d) in m.items()}
     reduced = {}
@@ -292,8 +296,8 @@ def train_step(
     adv_mean = jnp.sum(adv * valid) / n_valid
     metrics.update(
         {
-            "loss": jnp.mean(losses),
-            "grad_norm": jnp.mean(grad_norms),
+            "loss": jnp.sum(losses * kept) / n_kept,
+            "grad_norm": jnp.sum(grad_norms * kept) / n_kept,
             "lr": jnp.asarray(schedule(state.step * cfg.updates_per_step), jnp.float32),
             "adv/mean": adv_mean,
             "adv/std": jnp.sqrt(jnp.sum(((adv - adv_mean) ** 2) * valid) / n_valid),
