@@ -475,9 +475,9 @@ def test_a_scoring_failure_on_one_process_stops_every_process(monkeypatch, overl
 
     gathered: list[bool] = []
 
-    def fake_allgather(x, other_failed: bool):
-        gathered.append(bool(np.asarray(x)[0]))
-        return np.asarray([[bool(np.asarray(x)[0])], [other_failed]])
+    def fake_any_process(flag: bool, other_failed: bool) -> bool:
+        gathered.append(bool(flag))
+        return bool(flag) or other_failed
 
     def failing_runner(prompts, completions, examples, **kw):
         raise RewardError("boom in a reward", reward="r")
@@ -496,7 +496,7 @@ def test_a_scoring_failure_on_one_process_stops_every_process(monkeypatch, overl
     recs = [{"prompt": "s0"}, {"prompt": "s1"}]
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     # This process scored fine, another failed: this one stops too.
-    monkeypatch.setattr(sample_score, "allgather", lambda x: fake_allgather(x, True))
+    monkeypatch.setattr(sample_score, "any_process", lambda f: fake_any_process(f, True))
     with pytest.raises(RewardError, match="failed on another process"):
         sample_score.sample_and_score(recs, runner=fake_runner, **kw)
     # This one failed: its own error, after telling the others.
@@ -504,7 +504,7 @@ def test_a_scoring_failure_on_one_process_stops_every_process(monkeypatch, overl
         sample_score.sample_and_score(recs, runner=failing_runner, **kw)
     assert gathered == [False, True]
     # Every process scored fine: no error.
-    monkeypatch.setattr(sample_score, "allgather", lambda x: fake_allgather(x, False))
+    monkeypatch.setattr(sample_score, "any_process", lambda f: fake_any_process(f, False))
     out = sample_score.sample_and_score(recs, runner=fake_runner, **kw)
     assert out["rewards"].shape[0] == 4
 
@@ -533,7 +533,7 @@ def test_held_out_scoring_splits_the_records_over_the_processes(monkeypatch):
         p: sample_and_score(r, sampler=FakeSampler(), group_size=G, **kw) for p, r in shares.items()
     }
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    monkeypatch.setattr(sample_score, "allgather", lambda x: np.stack([x, x]))  # none failed
+    monkeypatch.setattr(sample_score, "any_process", lambda flag: flag)  # none failed
     for pi in (0, 1):
         monkeypatch.setattr(jax, "process_index", lambda pi=pi: pi)
 

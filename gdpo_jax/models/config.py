@@ -376,7 +376,7 @@ class ModelConfig:
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
             attention_bias=attention_bias,
             qk_norm=model_type == "qwen3",
-            max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
+            max_position_embeddings=hf_max_positions(c),
             bos_token_id=c.get("bos_token_id"),
             eos_token_id=eos,
             pad_token_id=c.get("pad_token_id"),

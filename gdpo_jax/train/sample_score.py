@@ -15,8 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from gdpo_jax.multihost import allgather
 from gdpo_jax.rewards.runner import RewardError
+from gdpo_jax.train.distributed import any_process
 
 
 def _used_width(mask: np.ndarray) -> int:
@@ -125,8 +125,7 @@ def _agree_on_scoring(failure: Exception | None) -> None:
     done by then): a process whose rewards raised (`rewards.on_error="raise"`) used to
     stop alone while the others waited in the next collective, and none ever ended."""
     if jax.process_count() > 1:
-        failed_any = bool(allgather(np.asarray([failure is not None])).any())
-        if failed_any and failure is None:
+        if any_process(failure is not None) and failure is None:
             raise RewardError(
                 "reward scoring failed on another process (see its log for the reward and "
                 "the sample); every process stops with it.",
