@@ -482,12 +482,15 @@ def test_sft_held_out_eval_splits_its_records_over_the_processes(tmp_path, monke
 
     cfg = _config(tmp_path / "sft", eval_num_examples=3, eval_samples=2)
     cfg.sft.evaluate = True
+    cfg.sampling.stop_strings = ("</tool_call>",)
     trainer = S.SFT(cfg)
     calls = []
     real = rollout.score_shared
 
     def spy(part, group_size, **kw):
         calls.append((len(part), group_size))
+        # The stop strings reach the eval's sampling, as in the RL eval (they did not).
+        assert kw["params"].stop_strings == ("</tool_call>",)
         return real(part, group_size, **kw)
 
     monkeypatch.setattr(rollout, "score_shared", spy)

@@ -298,6 +298,8 @@ class SFT:
                     max_new_tokens=cfg.sampling.max_new_tokens,
                     temperature=cfg.sampling.temperature,
                     greedy=mode == "greedy",
+                    # As the RL eval: without them SFT's eval ran past the task's stops.
+                    stop_strings=tuple(cfg.sampling.stop_strings),
                 )
                 chunk = max(cfg.sft.batch_size // k, 1)
                 texts, recs, rewards, lengths = [], [], [], []
