@@ -128,7 +128,7 @@ def test_tunable_cuts_xla_cpu_page_faults():
 def test_every_benchmark_and_profiler_main_relaunches_with_the_tunable():
     # docs/benchmarks.md: each bench_* / profile_* script's __main__ re-executes with the
     # tunable (bench_sandbox, bench_math and bench_attention once did not); profile_step
-    # sets it per variant's child process instead.
+    # and profile_ref set it per variant's child process instead.
     scripts = sorted(pathlib.Path(ROOT, "benchmarks").glob("*.py"))
     mains = [
         p
@@ -140,6 +140,9 @@ def test_every_benchmark_and_profiler_main_relaunches_with_the_tunable():
     missing = [
         p.name
         for p in mains
-        if p.name != "profile_step.py" and "relaunch_with_cpu_tunables()" not in p.read_text()
+        if p.name not in ("profile_step.py", "profile_ref.py")
+        and "relaunch_with_cpu_tunables()" not in p.read_text()
     ]
     assert not missing, missing
+    for name in ("profile_step.py", "profile_ref.py"):  # per child process, then
+        assert "cpu_tunables_env(" in pathlib.Path(ROOT, "benchmarks", name).read_text(), name
