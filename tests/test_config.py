@@ -720,7 +720,8 @@ def test_unknown_task_kwarg_names_the_field():
 def test_a_mesh_that_leaves_a_process_out_is_refused(monkeypatch, tmp_path):
     """With several processes, mesh.num_devices must give each an equal share: a
     process left out built the model, failed alone at its first rollout and every
-    process hung (the tiny configs' num_devices=1 on 2 processes). RL and SFT."""
+    process hung (the tiny configs' num_devices=1 on 2 processes). The batch axes
+    must split over the processes too. RL and SFT."""
     import jax
 
     from gdpo_jax.train.sft import sft_config
@@ -751,3 +752,14 @@ def test_a_mesh_that_leaves_a_process_out_is_refused(monkeypatch, tmp_path):
     sft.mesh.num_devices = 1
     with pytest.raises(ConfigError, match="use 0 \\(all devices\\)"):
         validate_sft_config(sft)
+    # Batch axes that do not split over the processes (tensor across them): refused
+    # before the build, where the sampler refused them after it. RL and SFT.
+    c.mesh.num_devices = sft.mesh.num_devices = 0
+    for shape, ok in (((1, 1, -1), False), ((1, 2, 2), True), ((2, 1, 2), True)):
+        c.mesh.shape = sft.mesh.shape = shape
+        for check, cfg in ((validate_config, c), (validate_sft_config, sft)):
+            if ok:
+                check(cfg)
+            else:
+                with pytest.raises(ConfigError, match=r"data x fsdp = 1 do not split over the 2"):
+                    check(cfg)

@@ -280,7 +280,7 @@ def validate_config(
             )
     shape = check_mesh(cfg, num_devices)
     if live:
-        check_mesh_spans_processes(cfg)
+        check_mesh_spans_processes(cfg, shape)
     shards = shape[0] * shape[1]
     rows = a.num_prompts * a.group_size
     per_update = a.num_minibatches * a.num_microbatches
@@ -350,22 +350,36 @@ def check_mesh(cfg: mlc.ConfigDict, num_devices: int) -> tuple[int, ...]:
     return shape
 
 
-def check_mesh_spans_processes(cfg: mlc.ConfigDict) -> None:
-    """With several processes, the mesh's devices (the first `mesh.num_devices`) must
-    be an equal share of every process's: a process left out of the mesh built the
-    model, then failed alone in the first rollout while the others waited in the
-    sampler's collective, for ever."""
+def check_mesh_spans_processes(cfg: mlc.ConfigDict, shape: tuple[int, ...]) -> None:
+    """With several processes, the mesh (resolved `shape`, (data, fsdp, tensor)) must give
+    every process an equal share of its devices and of its batch rows.
+
+    A process left out of the mesh built the model, then failed alone in the first
+    rollout while the others waited in the sampler's collective, for ever. Batch axes
+    (data x fsdp) that do not divide by the process count (a "tensor" axis across the
+    processes) left no row block per process: the sampler refused it only after the
+    model was built.
+    """
     import jax
 
-    n = cfg.mesh.num_devices
-    if jax.process_count() == 1 or not n:
+    n, procs = cfg.mesh.num_devices, jax.process_count()
+    if procs == 1:
         return
-    owners = Counter(d.process_index for d in jax.devices()[:n])
-    if len(owners) != jax.process_count() or len(set(owners.values())) != 1:
+    if n:
+        owners = Counter(d.process_index for d in jax.devices()[:n])
+        if len(owners) != procs or len(set(owners.values())) != 1:
+            raise ConfigError(
+                f"config.mesh.num_devices={n} gives the {procs} processes unequal "
+                f"shares of the mesh (devices per process: {dict(sorted(owners.items()))}); "
+                "every process runs its share of each step: use 0 (all devices)."
+            )
+    shards = shape[0] * shape[1]
+    if shards % procs:
         raise ConfigError(
-            f"config.mesh.num_devices={n} gives the {jax.process_count()} processes unequal "
-            f"shares of the mesh (devices per process: {dict(sorted(owners.items()))}); every "
-            "process runs its share of each step: use 0 (all devices)."
+            f"config.mesh.shape={tuple(cfg.mesh.shape)} resolves to {shape}: its batch axes "
+            f"data x fsdp = {shards} do not split over the {procs} processes (each samples "
+            f"and feeds its own rows); put the processes along data/fsdp, e.g. "
+            "--config.mesh.shape='(-1, 1, 1)'."
         )
 
 

@@ -70,8 +70,7 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     # axis types), after all training (an unknown reward, at the evaluation), or to run on
     # past the model's positions or with more devices than exist.
     check_model_fields(cfg)
-    check_mesh(cfg, jax.device_count())
-    check_mesh_spans_processes(cfg)
+    check_mesh_spans_processes(cfg, check_mesh(cfg, jax.device_count()))
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")
     check_context_length(cfg)
