@@ -483,6 +483,7 @@ def test_sft_held_out_eval_splits_its_records_over_the_processes(tmp_path, monke
     cfg = _config(tmp_path / "sft", eval_num_examples=3, eval_samples=2)
     cfg.sft.evaluate = True
     cfg.sampling.stop_strings = ("</tool_call>",)
+    cfg.sampling.top_k, cfg.sampling.top_p = 7, 0.9
     trainer = S.SFT(cfg)
     calls = []
     real = rollout.score_shared
@@ -491,6 +492,10 @@ def test_sft_held_out_eval_splits_its_records_over_the_processes(tmp_path, monke
         calls.append((len(part), group_size))
         # The stop strings reach the eval's sampling, as in the RL eval (they did not).
         assert kw["params"].stop_strings == ("</tool_call>",)
+        # The sampled eval samples as the rollouts do (top-k / top-p were left out).
+        p = kw["params"]
+        assert (p.top_k, p.top_p, p.temperature) == (7, 0.9, cfg.sampling.temperature)
+        assert p.greedy == (group_size == 1)
         return real(part, group_size, **kw)
 
     monkeypatch.setattr(rollout, "score_shared", spy)

@@ -22,6 +22,7 @@ come from `gdpo_jax.data.corrupt.make_targets` (re-exported here).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -54,6 +55,7 @@ from gdpo_jax.train.config import (
     reward_runner,
     reward_specs,
 )
+from gdpo_jax.train.field_checks import sampling_params
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
 from gdpo_jax.train.resume_checks import check_resume_config, check_resume_data
 from gdpo_jax.train.sft_checks import validate_sft_config
@@ -86,7 +88,7 @@ def sft_config() -> mlc.ConfigDict:
     c.sft.evaluate = True  # held-out eval at the end (greedy and sampled)
     c.sft.eval_every = 0  # > 0: also every n steps
     c.sft.eval_num_examples = 64
-    c.sft.eval_samples = 4  # sampled eval: k samples per prompt at sampling.temperature
+    c.sft.eval_samples = 4  # sampled eval: k per prompt as config.sampling samples
     return c
 
 
@@ -285,22 +287,17 @@ class SFT:
         return {k: float(v) for k, v in metrics.items()}
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out: greedy (1 per prompt) and sampled (k per prompt at sampling.temperature)."""
-        from gdpo_jax.sampling import SamplingParams
-
+        """Held-out: greedy (1 per prompt) and sampled (k per prompt at the rollouts'
+        sampling: temperature, top_k, top_p)."""
         cfg = self.cfg
         nnx.update(self.model, self.state.params)
         out: dict[str, float] = {}
         specs = reward_specs(cfg)
         with reward_runner(cfg, specs) as runner:
             for mode, k in (("greedy", 1), ("sample", max(cfg.sft.eval_samples, 1))):
-                params = SamplingParams(
-                    max_new_tokens=cfg.sampling.max_new_tokens,
-                    temperature=cfg.sampling.temperature,
-                    greedy=mode == "greedy",
-                    # As the RL eval: without them SFT's eval ran past the task's stops.
-                    stop_strings=tuple(cfg.sampling.stop_strings),
-                )
+                # The rollouts' params (temperature, top-k, top-p, stop strings): a
+                # hand-built copy left out top-k / top-p and, once, the stop strings.
+                params = dataclasses.replace(sampling_params(cfg), greedy=mode == "greedy")
                 chunk = max(cfg.sft.batch_size // k, 1)
                 texts, recs, rewards, lengths = [], [], [], []
                 for i in range(0, len(self.eval_records), chunk):
