@@ -206,6 +206,38 @@ class _FakeBucket:
         return self.root / url[len("gs://") :]
 
 
+def test_a_resumed_run_drops_what_a_killed_attempt_logged_past_its_checkpoint(tmp_path):
+    """An attempt killed after its last checkpoint (step 2) had logged steps 3-5 and
+    half of step 6. Resumed with another num_steps / log_every, nothing overwrote
+    them: reports read step 5 as the finished run's last. The resumed writer keeps
+    steps <= 2 and TensorBoard purges the rest; a plain writer keeps everything."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path = tmp_path / "metrics.jsonl"
+    with MetricsWriter(str(tmp_path), progress_bar=False) as w:
+        for step in range(1, 6):
+            w.write(step, {"loss": float(step)})
+    with open(path, "a") as f:
+        f.write('{"step": 6, "lo')  # the kill hit in the middle of a write
+    assert sorted(read_jsonl(str(path))) == [1, 2, 3, 4, 5]  # the torn line is left out
+    with MetricsWriter(str(tmp_path), progress_bar=False, resume_step=2) as w:
+        w.write(3, {"loss": 30.0})
+    assert read_jsonl(str(path)) == {
+        1: {"step": 1, "loss": 1.0},
+        2: {"step": 2, "loss": 2.0},
+        3: {"step": 3, "loss": 30.0},
+    }
+    acc = EventAccumulator(str(tmp_path / "tb"))  # both writers' files, same second
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss/loss")] == [(1, 1), (2, 2), (3, 30)]
+    with MetricsWriter(str(tmp_path), progress_bar=False, tensorboard=False) as w:
+        w.write(9, {"loss": 9.0})  # no resume_step: records are only added
+    assert sorted(read_jsonl(str(path))) == [1, 2, 3, 9]
+    path.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON record"):
+        read_jsonl(str(path))
+
+
 def test_url_workdir_gets_metrics_tensorboard_config_and_plots(tmp_path, monkeypatch):
     bucket = tmp_path / "bucket"
     monkeypatch.setattr(paths, "_epath", _FakeBucket(bucket))

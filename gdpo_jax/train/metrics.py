@@ -1,8 +1,12 @@
 """Metrics out of the loop: JSONL (the record), TensorBoard, and a tqdm bar.
 
 Only process 0 writes. The JSONL file is appended to, one object per step,
-so a resumed run continues the same file; `read_jsonl` keeps the last record
-for each step (a step logged before a kill and again after the resume).
+so a resumed run continues the same file. A run resumed at step S first drops
+the records of steps after S (logged by the attempt that was killed after its
+last checkpoint: with a changed `train.num_steps` or `log_every` nothing
+overwrote them, and reports read them as the finished run's) and a torn last
+line, and TensorBoard purges the same steps. `read_jsonl` keeps the last
+record for each step.
 TensorBoard tags are grouped by prefix (`tb_tag`): reward/*, adv/*, loss/*,
 optim/*, perf/*, time/*, len/*, data/*, eval/*. A URL workdir (gs://...) is
 written through a local mirror uploaded every `sync_every_s` and at close.
@@ -69,6 +73,9 @@ class MetricsWriter:
       workdir: run directory.
       total_steps: length of the progress bar.
       initial_step: where the bar starts (a resumed run).
+      resume_step: the step the run starts from (its checkpoint's, 0 for a fresh run):
+        records of later steps are dropped from the file and purged from TensorBoard.
+        None (a writer adding records to a run) keeps them.
       enabled: False on processes other than 0.
     """
 
@@ -78,6 +85,7 @@ class MetricsWriter:
         *,
         total_steps: int = 0,
         initial_step: int = 0,
+        resume_step: int | None = None,
         tensorboard: bool = True,
         progress_bar: bool = True,
         enabled: bool = True,
@@ -98,11 +106,19 @@ class MetricsWriter:
         local = self._mirror.local if self._mirror else workdir
         os.makedirs(local, exist_ok=True)
         self.path = paths.join(workdir, "metrics.jsonl")
-        self._file = open(os.path.join(local, "metrics.jsonl"), "a", buffering=1)
+        local_path = os.path.join(local, "metrics.jsonl")
+        if resume_step is not None:
+            keep_through(local_path, resume_step)
+        self._file = open(local_path, "a", buffering=1)
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(local, "tb"))
+            purge = None if resume_step is None else resume_step + 1
+            # The file name holds the second it was made: a writer opened in the same
+            # second as an earlier one (a quick resume) overwrote its events.
+            self._tb = SummaryWriter(
+                os.path.join(local, "tb"), purge_step=purge, filename_suffix=f".{time.time_ns()}"
+            )
         if progress_bar:
             from tqdm.auto import tqdm
 
@@ -160,13 +176,43 @@ class MetricsWriter:
         self.close()
 
 
-def read_jsonl(path: str) -> dict[int, dict[str, Any]]:
-    """step -> record; a step written twice (before a kill, after the resume) keeps the last."""
-    out: dict[int, dict[str, Any]] = {}
-    with paths.open_file(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                rec = json.loads(line)
-                out[int(rec["step"])] = rec
+def _records(lines: list[str], path: str) -> list[dict[str, Any]]:
+    """The JSON records of a metrics file's lines; a torn last line (a kill in the
+    middle of a write) is left out, a bad line elsewhere raises a ValueError."""
+    out = []
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}, line {i + 1}: not a JSON record ({e.msg}).") from None
     return out
+
+
+def keep_through(path: str, step: int) -> None:
+    """Rewrites the local metrics file `path` with only its records of steps <= `step`
+    (and without a torn last line); atomic, so a kill here loses nothing."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.readlines()
+    kept = [r for r in _records(lines, path) if int(r["step"]) <= step]
+    whole = [line for line in lines if line.strip()]
+    if len(kept) == len(whole) and (not lines or lines[-1].endswith("\n")):
+        return  # nothing to drop: the file stays as it is
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in kept)
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str) -> dict[int, dict[str, Any]]:
+    """step -> record; a step written twice (before a kill, after the resume) keeps the
+    last. A torn last line (a run killed while writing it) is left out."""
+    with paths.open_file(path) as f:
+        lines = f.readlines()
+    return {int(rec["step"]): rec for rec in _records(lines, path)}

@@ -349,6 +349,7 @@ class SFT:
             cfg.workdir,
             total_steps=s.num_steps,
             initial_step=self.start_step,
+            resume_step=self.start_step,  # drops what a killed attempt logged past it
             tensorboard=cfg.train.tensorboard,
             progress_bar=cfg.train.progress_bar,
             enabled=jax.process_index() == 0,
