@@ -133,6 +133,12 @@ def define_flags() -> None:
 _OVERRIDES: dict[str, list[tuple[str, str]]] = {"config": [], "sft_config": []}
 
 
+def curve_window(window: int, *, given: bool, quick: bool) -> int:
+    """The curves' moving-average window: --window, or 1 step at the quick size when
+    --window is not given (a given one was ignored there)."""
+    return 1 if quick and not given else window
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}")
@@ -168,7 +174,7 @@ def main(argv: list[str]) -> None:
     sft_dir = F.sft_dir or (os.path.join(base, task, "sft") if F.variant else "")
     estimators = F.estimators if F.estimators is not None else list(preset["estimators"])
     seeds = list(range(F.seeds if F.seeds is not None else preset["seeds"]))
-    window = 1 if quick else F.window
+    window = curve_window(F.window, given=F["window"].present, quick=quick)
     if not estimators:
         cli.fail("--estimators is empty; name at least one, e.g. --estimators=grpo,gdpo.")
     if not seeds:

@@ -81,7 +81,21 @@ def _stats(values: list[float]) -> dict[str, Any]:
         "median": float(med),
         "q25": float(q25),
         "q75": float(q75),
-        "values": [float(x) for x in values],
+        # A seed without the metric (an older run reused by --report_only) stays NaN.
+        "values": [math.nan if x is None else float(x) for x in values],
+    }
+
+
+def run_times(infos: list[dict]) -> dict[str, list]:
+    """Per-run wall and CPU seconds from the runs' run_info.json; None for a resumed run.
+
+    A resumed run's clock covers its last attempt only (the killed attempts' time
+    is not recorded): counted, its minutes passed for a whole run's.
+    """
+    whole = [not i.get("resumed_from") for i in infos]
+    return {
+        "wall_s": [i["seconds"] if w else None for i, w in zip(infos, whole)],
+        "cpu_s": [i.get("cpu_s") if w else None for i, w in zip(infos, whole)],
     }
 
 
@@ -169,11 +183,7 @@ def report(
     timing = {}
     for est in runs:
         infos = [os.path.join(out_dir, "runs", est, f"seed{s}", "run_info.json") for s in seeds]
-        infos = [_read_json(p) for p in infos if os.path.exists(p)]
-        timing[est] = {
-            "wall_s": [i["seconds"] for i in infos],
-            "cpu_s": [i.get("cpu_s") for i in infos],
-        }
+        timing[est] = run_times([_read_json(p) for p in infos if os.path.exists(p)])
     table = {
         "task": task,
         "estimators": list(runs),

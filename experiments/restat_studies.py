@@ -25,6 +25,7 @@ from absl import app, flags
 
 from experiments.compare_stats import judge
 from experiments.study_predictions import PREDICTIONS
+from gdpo_jax.train import cli
 
 
 def _values(stats: dict) -> dict[str, dict[str, dict[int, float]]]:
@@ -56,7 +57,8 @@ def restat(results_dir: str) -> dict[str, Any]:
                 row.update({k: p[k] for k in ("n", "mean", "ci_lo", "ci_hi", "boot_lo", "boot_hi")})
                 row["margin"] = p.get("margin", 0.0)
             verdicts.append(row)
-        wall = [x for t in saved["timing"].values() for x in t["wall_s"]]
+        # None: a resumed run, whose clock covers its last attempt only.
+        wall = [x for t in saved["timing"].values() for x in t["wall_s"] if x is not None]
         cpu = [x for t in saved["timing"].values() for x in t["cpu_s"] if x is not None]
         timing.append(
             {"study": study, "runs": len(wall), "wall_s": _span(wall), "cpu_s": _span(cpu)}
@@ -116,7 +118,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def write(results_dir: str, out_dir: str) -> dict[str, Any]:
+    """Re-judges the studies under `results_dir` into `out_dir`'s verdicts.md / .json.
+
+    Raises a ValueError, before writing, when `results_dir` is missing or holds no
+    study: empty tables replaced the committed verdicts (--out_dir's default).
+    """
+    if not os.path.isdir(results_dir):
+        raise ValueError(f"--results_dir={results_dir} is not a directory of study folders.")
     result = restat(results_dir)
+    if not result["verdicts"]:
+        raise ValueError(
+            f"--results_dir={results_dir} holds no study (<study>/results.json with a 'study' "
+            "section); point it at the committed studies, e.g. docs/results."
+        )
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "verdicts.md"), "w") as f:
         f.write(markdown(result))
@@ -128,7 +142,10 @@ def write(results_dir: str, out_dir: str) -> dict[str, Any]:
 def main(argv: list[str]) -> None:
     del argv
     f = flags.FLAGS
-    result = write(f.results_dir, f.out_dir)
+    try:
+        result = write(f.results_dir, f.out_dir)
+    except ValueError as e:
+        cli.fail(e)
     differ = sum(r["verdict"] != r["verdict_bootstrap"] for r in result["verdicts"])
     print(
         f"{len(result['verdicts'])} predictions of {len(result['timing'])} studies re-judged "

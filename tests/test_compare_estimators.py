@@ -69,6 +69,19 @@ def test_stats_by_hand():
         math.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3) ** 2 + (4 - 7 / 3) ** 2) / 2)
     )
     assert ce._stats([])["n"] == 0
+    # A seed without the metric (an older run's records) stays NaN; float(None) raised.
+    s = ce._stats([1.0, None, 3.0])
+    assert s["n"] == 2 and s["mean"] == 2.0 and s["values"][::2] == [1.0, 3.0]
+    assert math.isnan(s["values"][1])
+
+
+def test_the_window_flag_is_kept_at_the_quick_size():
+    # --size=quick --window=3 drew 1-step curves: the quick default overrode the flag.
+    from experiments.compare_estimators import curve_window
+
+    assert curve_window(3, given=True, quick=True) == 3
+    assert curve_window(5, given=False, quick=True) == 1
+    assert curve_window(5, given=False, quick=False) == 5
 
 
 def test_run_config_changes_only_estimator_seed_and_workdir():
@@ -198,6 +211,11 @@ def test_quick_comparison_writes_metrics_plots_and_table(tmp_path):
     assert ce.run_one(cfg)["done"] is False
     assert not (run / "run_info.json").exists() and (run / "checkpoints").is_dir()
     assert sorted(read_jsonl(str(run / "metrics.jsonl"))) == [0, 1]
+    # As if the attempt had run on (a longer num_steps) past its checkpoint and been
+    # killed mid-write: the resumed run kept step 5, and the report read it as final.
+    stale = dict(full[2], step=5)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(stale) + "\n" + '{"step": 6, "ev')
     ce.run_comparison(
         "toolcall", out_dir=str(out), estimators=["grpo", "gdpo"], seeds=[0], quick=True, window=1
     )
@@ -361,6 +379,34 @@ def test_committed_verdicts_are_current_and_reproduce_the_studies_own(tmp_path):
         assert row["verdict_bootstrap"] == own["verdict"], (row["study"], row["id"])
         if "ci_lo" in own:
             assert (row["boot_lo"], row["boot_hi"]) == pytest.approx((own["ci_lo"], own["ci_hi"]))
+
+
+def test_a_resumed_run_is_left_out_of_the_time_per_run():
+    # A resumed run's clock covers only its last attempt: its seconds passed for a
+    # whole run's in the reports' time-per-run tables.
+    from experiments.compare_report import run_times
+
+    infos = [
+        {"seconds": 30.0, "cpu_s": 40.0, "resumed_from": 0},
+        {"seconds": 12.9, "cpu_s": 18.1, "resumed_from": 8},
+        {"seconds": 31.0},  # older run_info without the field: a whole run
+    ]
+    assert run_times(infos) == {"wall_s": [30.0, None, 31.0], "cpu_s": [40.0, None, None]}
+
+
+def test_restat_refuses_a_results_dir_without_studies_before_writing(tmp_path):
+    # An empty --results_dir replaced the committed verdicts.md (the --out_dir default)
+    # with empty tables; a missing one was a traceback.
+    from experiments import restat_studies
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "verdicts.md").write_text("committed\n")
+    (tmp_path / "empty").mkdir()
+    for d in ("empty", "missing"):
+        with pytest.raises(ValueError, match=f"--results_dir=.*{d}"):
+            restat_studies.write(str(tmp_path / d), str(out))
+    assert (out / "verdicts.md").read_text() == "committed\n"
 
 
 def test_a_finished_run_of_other_settings_is_not_reused_and_reports_need_one_length(
