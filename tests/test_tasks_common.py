@@ -114,6 +114,20 @@ def test_non_utf8_file_is_a_record_error_naming_file_and_line(tmp_path):
         list(iter_records(tmp_path / "l.json"))
 
 
+def test_a_lone_utf16_surrogate_is_a_record_error_naming_file_and_row(tmp_path):
+    # "\ud83d" (half an emoji, cut by a scraper) loaded, then hashing the records
+    # (UnicodeEncodeError) and the tokenizer failed after the build, naming no record.
+    # A whole pair ("\ud83d\ude00") is one character and loads.
+    (tmp_path / "s.jsonl").write_text('{"p": "ok \\ud83d\\ude00"}\n{"p": "cut \\ud83d"}\n')
+    with pytest.raises(RecordError, match=r"s\.jsonl, row 1: holds a lone UTF-16 surrogate"):
+        list(iter_records(tmp_path / "s.jsonl"))
+    (tmp_path / "s.json").write_text('[{"p": "ok \\ud83d\\ude00"}, {"p": "\\uDE00"}]')
+    with pytest.raises(RecordError, match=r"s\.json, row 1: .*\\ude00"):
+        list(iter_records(tmp_path / "s.json"))
+    (tmp_path / "w.jsonl").write_text('{"p": "ok \\ud83d\\ude00"}\n')
+    assert [r["p"] for _, _, r in iter_records(tmp_path / "w.jsonl")] == ["ok \U0001f600"]
+
+
 def test_json_lines_as_json_keeps_unicode_line_separators_inside_strings(tmp_path):
     # write_jsonl keeps U+2028 / U+0085 raw; str.splitlines() split records at them.
     text = '{"p": "a\u2028b"}\n{"p": "c\x85d"}\n'

@@ -179,10 +179,70 @@ def test_a_malformed_or_empty_data_file_is_one_line_naming_the_field(tmp_path):
         (_cfg(str(tmp_path / "empty.jsonl")), r"config\.task\.source: .*empty\.jsonl: no records"),
         (_cfg(str(good), str(bad)), r"config\.task\.eval_source: .*bad\.jsonl, row 0"),
     ]
+    # The field was guessed by finding the eval_source string in the bad file's path: a
+    # glob eval_source blamed task.source, an eval_source directory holding the
+    # training file blamed task.eval_source.
+    held = tmp_path / "held"
+    held.mkdir()
+    shutil.copy(bad, held / "part0.jsonl")
+    both = tmp_path / "d"
+    both.mkdir()
+    shutil.copy(bad, both / "train.jsonl")
+    write_jsonl(_recs("test"), both / "test.jsonl")
+    cases += [
+        (_cfg(str(good), str(held / "*.jsonl")), r"config\.task\.eval_source: .*part0\.jsonl"),
+        (_cfg(str(both / "train.jsonl"), str(both)), r"config\.task\.source: .*d/train\.jsonl"),
+    ]
     for cfg, want in cases:
         with pytest.raises(ConfigError, match=want) as e:
             load_task(cfg)
         assert "\n" not in str(e.value) and "record formats" in str(e.value)
+
+
+def test_every_records_prompt_is_checked_before_the_build():
+    # Only the first 50 training records were checked (and no held-out one): a later
+    # record without a prompt, or with prompt=None, failed after the model build, in
+    # the length filter, named as prompts[0].
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.tasks import load_task, register_task
+    from gdpo_jax.tasks.registry import _TASKS, TaskData
+
+    good = {"prompt": "2 + 2?"}
+    for bad, split, got in (
+        ({"question": "2 + 2?"}, "training", "no 'prompt' field"),
+        ({"prompt": None}, "training", "prompt=None"),
+        ({"prompt": [1, "a"]}, "held-out", r"prompt=\[1, 'a'\]"),
+    ):
+        train = [dict(good) for _ in range(60)]
+        held = [dict(good) for _ in range(3)]
+        (train if split == "training" else held)[57 if split == "training" else 2] = bad
+
+        @register_task("audit_prompts", synthetic_only=True)
+        def _load(cfg, train=train, held=held):
+            return TaskData(train=train, eval=held)
+
+        try:
+            c = _cfg("synthetic")
+            c.task.name = "audit_prompts"
+            index = 57 if split == "training" else 2
+            with pytest.raises(ConfigError, match=rf"{split} record {index} has {got}"):
+                load_task(c)
+        finally:
+            _TASKS.pop("audit_prompts", None)
+    # Every accepted form passes: text, chat messages, token ids (NumPy ones too).
+    import numpy as np
+
+    @register_task("audit_prompts", synthetic_only=True)
+    def _ok(cfg):
+        forms = ["x", [{"role": "user", "content": "x"}], [1, 2], np.array([3, 4])]
+        return TaskData(train=[{"prompt": p} for p in forms], eval=[])
+
+    try:
+        c = _cfg("synthetic")
+        c.task.name = "audit_prompts"
+        assert len(load_task(c).train) == 4
+    finally:
+        _TASKS.pop("audit_prompts", None)
 
 
 def test_a_file_for_a_task_that_generates_its_records_is_refused(tmp_path):

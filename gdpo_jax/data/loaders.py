@@ -265,8 +265,12 @@ def iter_records(
                 raise RecordError(
                     f, None, None, "a .json data file must hold a record or a list of records"
                 )
+            escaped = _ESCAPED_SURROGATE in text.lower()
             for i, r in enumerate(data):
-                yield f, i, _check_mapping(r, f, i)
+                r = _check_mapping(r, f, i)
+                if escaped:
+                    _check_surrogates(r, f, i)
+                yield f, i, r
 
 
 def _iter_datasets(files: list[str]) -> Iterator[tuple[str, int, dict]]:
@@ -315,9 +319,33 @@ def _decode_error(path: str, *, per_line: bool) -> RecordError:
 
 def _loads(line: str, path: str, row: int) -> dict:
     try:
-        return _check_mapping(json.loads(line), path, row)
+        r = _check_mapping(json.loads(line), path, row)
     except json.JSONDecodeError as e:
         raise RecordError(path, row, None, f"invalid JSON ({e.msg} at column {e.colno})") from e
+    if _ESCAPED_SURROGATE in line.lower():
+        _check_surrogates(r, path, row)
+    return r
+
+
+# A lone UTF-16 surrogate can only come from a \uXXXX escape (UTF-8 text cannot hold
+# one), so records whose text has none skip the check.
+_ESCAPED_SURROGATE = "\\ud"
+
+
+def _check_surrogates(r: dict, path: str, row: int) -> None:
+    """RecordError for a record holding a lone UTF-16 surrogate ("\\ud83d", half an
+    emoji cut by a scraper): json.loads takes it, then hashing and tokenizing the
+    record failed after the model build, naming no record."""
+    try:
+        json.dumps(r, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RecordError(
+            path,
+            row,
+            None,
+            f"holds a lone UTF-16 surrogate (\\u{ord(e.object[e.start]):04x}, half of a "
+            "character); remove it or re-save the text as valid UTF-8",
+        ) from None
 
 
 def _check_mapping(r: Any, path: str, row: int) -> dict:

@@ -18,6 +18,7 @@ A task declares the `config.task.kwargs` it takes as a table of `Kwarg`s
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from gdpo_jax.tasks.registry import (
@@ -109,6 +110,52 @@ def check_task_kwargs(cfg: Any) -> None:
     check_kwargs(cfg.task.name, kw.to_dict() if hasattr(kw, "to_dict") else dict(kw), table)
 
 
+def _prompt_kind(prompt: Any) -> str | None:
+    """ "text", "messages" or "ids" (the prompt forms the sampler encodes), else None."""
+    if isinstance(prompt, str):
+        return "text"
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+        return "messages"
+    if hasattr(prompt, "__len__") and len(prompt) and not isinstance(prompt, (dict, bytes)):
+        items = list(prompt)
+        if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in items):
+            return "ids"
+    return None
+
+
+def _check_prompts(task: str, split: str, records: list, field: str, chat_template: bool) -> None:
+    """Every record's prompt, before the model build: the first 50 were checked, so a
+    later record without one (or with None) failed after the build, in the length
+    filter, which named prompts[0] whatever its index."""
+    from gdpo_jax.errors import ConfigError
+
+    for i, r in enumerate(records):
+        prompt = r.get("prompt") if isinstance(r, dict) else None
+        kind = _prompt_kind(prompt)
+        if kind is None:
+            got = (
+                "no 'prompt' field"
+                if not isinstance(r, dict) or "prompt" not in r
+                else (f"prompt={_short_repr(prompt)}")
+            )
+            raise ConfigError(
+                f"config.{field}: task {task!r}'s {split} record {i} has {got}; a prompt is "
+                "non-empty text, a list of chat messages ({'role', 'content'} dicts) or a "
+                "list of token ids."
+            )
+        if kind == "messages" and not chat_template:  # the sampler refused them after the build
+            raise ConfigError(
+                f"config.task.chat_template=False but task {task!r} gives chat messages (its "
+                f"{split} record {i}'s prompt is a message list); set "
+                "--config.task.chat_template=True."
+            )
+
+
+def _short_repr(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def load_task(cfg: Any) -> TaskData:
     """TaskData of `cfg.task.name`; ValueError naming the field when the task is unknown,
     ConfigError (one line, naming the field) when `config.task.kwargs` is bad (before any
@@ -137,27 +184,21 @@ def load_task(cfg: Any) -> TaskData:
             "check its spelling against the task's generator."
         ) from None
     except RecordError as e:  # a malformed or empty data file: one line naming the field
-        held_out = cfg.task.get("eval_source", "")
-        field = "task.eval_source" if held_out and str(held_out) in e.path else "task.source"
+        # The loader tags a held-out file's error: matching the eval_source string inside
+        # the path blamed the wrong field for a glob or a directory holding both splits.
+        field = getattr(e, "config_field", "task.source")
         raise ConfigError(
             f"config.{field}: {e}; fix the file or point the field at another "
             "(record formats: docs/tasks-and-rewards.md)."
         ) from None
     if not data.train:
         raise ConfigError(f"config.task.source: task {name!r} produced no training records.")
-    missing = [i for i, r in enumerate(data.train[:50]) if "prompt" not in r]
-    if missing:
-        raise ConfigError(
-            f"config.task.source: task {name!r}'s training record {missing[0]} has no "
-            "'prompt' field."
-        )
-    if not cfg.task.get("chat_template", True) and any(
-        isinstance(r["prompt"], list) for r in data.train[:50]
-    ):  # the sampler refused them once the model was built (the SFT: after its training)
-        raise ConfigError(
-            f"config.task.chat_template=False but task {name!r} gives chat messages (its "
-            "prompts are message lists); set --config.task.chat_template=True."
-        )
+    held_field = "task.eval_source" if cfg.task.get("eval_source", "") else "task.source"
+    for split, records, field in (
+        ("training", data.train, "task.source"),
+        ("held-out", data.eval, held_field),
+    ):
+        _check_prompts(name, split, records, field, cfg.task.get("chat_template", True))
     return data
 
 

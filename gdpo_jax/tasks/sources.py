@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 
+from gdpo_jax.data.loaders import RecordError
 from gdpo_jax.data.synthetic import CATALOGUE
 from gdpo_jax.tasks.registry import Kwarg, SumAtMost, TaskData, get_task, register_task
 
@@ -85,7 +86,11 @@ def _load(name: str, cfg) -> TaskData:
                 t.source,
             )
         train = mod.load(t.source, split="train" if not _is_file(t.source) else None)
-        held = _load_held_out(mod, t.source, t.eval_source)
+        try:
+            held = _load_held_out(mod, t.source, t.eval_source)
+        except RecordError as e:  # load_task names the field that read the file
+            e.config_field = "task.eval_source" if t.eval_source else "task.source"
+            raise
         train = _first(train, t.num_train, "training", "num_train")
         held = _first(held, t.num_eval, "held-out", "num_eval")
         _warn_overlap(train, held, t.eval_source or t.source)
