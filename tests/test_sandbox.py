@@ -237,6 +237,39 @@ def test_stdin_stdout_idioms():
     assert c.stdout == "HI\n"
 
 
+def test_the_program_ends_as_under_cpython():
+    """What CPython does at exit, the sandbox does (os._exit skipped it): a non-daemon
+    thread runs to its end and atexit handlers run; a closed or None sys.stdout is no
+    error; only SystemExit(None / 0 / False) is success (SystemExit(0.0) passed);
+    sys.stdout.mode and .name exist (FastIO templates read them)."""
+    ok = {
+        "import threading\nthreading.Thread(target=lambda: print(42)).start()": "42\n",
+        "import atexit\natexit.register(print, 42)": "42\n",
+        "import sys\nprint(42)\nsys.stdout.close()": "42\n",
+        "import sys\nprint(42)\nsys.stdout = None": "42\n",
+        "import io, sys\nprint(42)\nsys.stdout = io.StringIO()": "42\n",
+        "import sys\nprint(sys.stdin.mode, sys.stdout.mode, sys.stdout.name)": ("r w <stdout>\n"),
+        "raise SystemExit(False)": "",
+    }
+    for src, out in ok.items():
+        _, c = run1(src)
+        assert (c.status, c.stdout) == ("ok", out), src
+    for code in ("0.0", "'0'", "1", "True"):
+        _, c = run1(f"raise SystemExit({code})")
+        assert c.status == "runtime_error", code
+
+
+def test_cpu_time_over_the_limit_is_a_timeout_even_when_the_program_exits():
+    # RLIMIT_CPU counts whole seconds (cpu_s=0.3 became 1) and SIGXCPU can be ignored:
+    # a program that burned 0.6 s of CPU under cpu_s=0.3 and exited was "ok".
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6:\n    pass\n"
+    for src in (burn, "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\n" + burn):
+        _, c = run1(src + "print(42)", limits=sb.SandboxLimits(cpu_s=0.3, wall_s=3))
+        assert c.status == "timeout" and c.stdout == "42\n", src
+    _, c = run1(burn + "print(42)", limits=sb.SandboxLimits(cpu_s=2, wall_s=3))
+    assert c.status == "ok"
+
+
 def _force_as_root(monkeypatch, mode: str) -> None:
     """Root is refused "rlimits" (no process limit) and "userns" (its namespace's root is
     the host's root); as root the tests of those modes' runner force their Isolation
@@ -725,7 +758,23 @@ def test_uid_ranges_of_two_processes_never_overlap(monkeypatch):
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     child_base, child, parent_base = map(int, out.stdout.split())
-    assert child_base == 200_000 + child * 64 != parent_base
+    assert child_base == sb.uid_base(child, sb._pid_namespace()) != parent_base
+
+
+def test_uid_ranges_of_processes_in_two_pid_namespaces_differ():
+    # Two trainers in containers sharing the host's uids but not its pids (both pid 1)
+    # took the same range: one's programs counted against the other's RLIMIT_NPROC.
+    host = sb._HOST_PID_NS
+    assert sb.uid_base(1, host) == 200_000 + 64  # the host's namespace: as before
+    a, b = sb.uid_base(1, 4026532001), sb.uid_base(1, 4026532002)
+    assert len({a, b, sb.uid_base(1, host)}) == 3
+    # Within one namespace, distinct pids still never share a range, and every uid
+    # stays under 2**31 - 1.
+    pids = [1, 2, 4000, 4001, 2**22 - 1, 2**22]
+    for ns in (host, 4026532001):
+        bases = sorted(sb.uid_base(p, ns) for p in pids)
+        assert all(y - x >= 64 for x, y in zip(bases, bases[1:]))
+        assert bases[-1] + 63 < 2**31 - 1
 
 
 def test_a_killed_process_sandbox_directory_is_removed_by_the_next_one(tmp_path):

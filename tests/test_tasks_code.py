@@ -60,6 +60,19 @@ def test_stdout_and_value_comparisons():
         ("1e3", "1000.5", False),
     ]:
         assert tcode.stdout_matches(a, b) is same, (a, b)
+    # Past float's range: "1e999" and a 400-digit integer were both inf, and equal.
+    for wrong, right in [("1e999", "1" + "0" * 400), ("5e999", "1e400"), ("1e400", "-1e400")]:
+        assert not tcode.stdout_matches(wrong, right), wrong[:10]
+    assert tcode.stdout_matches("1e400", "1" + "0" * 400) and tcode.stdout_matches(
+        "1e400", "1E+400"
+    )
+    assert not tcode.stdout_matches("1e999999999999", "1")  # no exponent too large to read
+    # A return value past float's range raised OverflowError, which stopped training.
+    assert not tcode.value_matches(10**400, 2.5) and not tcode.value_matches(2.5, [10**400])
+    assert not tcode.value_matches(10**400, float("inf"))
+    assert (
+        tcode.value_matches(10**400, 10**400) and tcode.value_matches(10**400 + 1, 1e400) is False
+    )
     assert tcode.value_matches(14, [14])  # APPS wraps expected values
     assert tcode.value_matches([0, 1], [0, 1])
     assert tcode.value_matches([0.1 + 0.2], [0.3])
@@ -208,6 +221,15 @@ def test_malformed_code_records(tmp_path):
         RecordError, match="field 'input_output.inputs': stdin inputs must be strings"
     ):
         tcode.load([apps])
+    # A question or starter_code that is not text raised a bare AttributeError (.strip()).
+    io = json.dumps({"inputs": ["1"], "outputs": ["1"], "fn_name": "f"})
+    for rec, field in (
+        ({"question": ["q"], "input_output": io}, "question"),
+        ({"question": "q", "input_output": io, "starter_code": ["def f():"]}, "starter_code"),
+        ({"question": "  ", "tests": {"inputs": ["1"], "outputs": ["1"]}}, "question"),
+    ):
+        with pytest.raises(RecordError, match=f"field '{field}': must be"):
+            tcode.load([rec])
 
 
 def test_integer_return_values_match_exactly_and_floats_within_tolerance():
@@ -247,6 +269,20 @@ def test_memo_keeps_runs_with_and_without_the_weak_opt_in_apart(monkeypatch):
     for weak in (True, False, True):
         tcode.run_tests(code, tests, allow_weak=weak)
     assert calls == [True, False]  # the third call is the first one's memo
+
+
+def test_a_cut_stdout_never_passes_and_a_long_right_one_is_not_cut():
+    """A stdout cut at output_bytes was judged as if whole: a right head followed by
+    70,000 newlines and a wrong line passed. A right answer longer than output_bytes
+    was cut and failed: the cap now fits the expected output."""
+    tests = {"inputs": [""], "outputs": ["42\n"], "fn_name": None}
+    flood = "print(42)\nprint('\\n' * 70000)\nprint('WRONG')"
+    rate, _, res = tcode.run_tests(flood, tests)
+    assert res.cases[0].truncated and rate == 0.0
+    big = " ".join(["7"] * 50000)  # 100 KB, over the 64 KiB default
+    tests = {"inputs": [""], "outputs": [big], "fn_name": None}
+    rate, _, res = tcode.run_tests("print(' '.join(['7'] * 50000))", tests)
+    assert rate == 1.0 and not res.cases[0].truncated
 
 
 def test_waiting_on_another_calls_run_ends_at_the_deadline(monkeypatch):

@@ -169,15 +169,9 @@ def _child(code, job, case, fds, ok_fd):
         # The uid change left it non-dumpable (/proc/<pid> owned by root), which
         # would hide its processes from _kill_uid; the driver stays non-dumpable.
         _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-        sys.stdin = io.TextIOWrapper(
-            io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8", errors="replace"
-        )
-        sys.stdout = io.TextIOWrapper(
-            io.BufferedWriter(io.FileIO(1, "w", closefd=False)), encoding="utf-8"
-        )
-        sys.stderr = io.TextIOWrapper(
-            io.BufferedWriter(io.FileIO(2, "w", closefd=False)), encoding="utf-8"
-        )
+        sys.stdin = sys.__stdin__ = _std_stream(0, "r", "<stdin>")
+        sys.stdout = sys.__stdout__ = _std_stream(1, "w", "<stdout>")
+        sys.stderr = sys.__stderr__ = _std_stream(2, "w", "<stderr>")
         sys.argv = ["solution.py"]
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         os.write(ok_fd, b"\x01")
@@ -207,7 +201,10 @@ def _child(code, job, case, fds, ok_fd):
             while enc:  # a large value: one write() may take only part of it
                 enc = enc[os.write(3, enc) :]
     except SystemExit as e:
-        status = 0 if e.code in (None, 0) else _EXIT_RUNTIME
+        # As CPython's exit code: only None and the int 0 (False too) are success.
+        # `in (None, 0)` compared with ==, so SystemExit(0.0) passed.
+        ok = e.code is None or (isinstance(e.code, int) and e.code == 0)
+        status = 0 if ok else _EXIT_RUNTIME
     except MemoryError:
         status = _EXIT_MEMORY
     except BaseException:
@@ -218,12 +215,48 @@ def _child(code, job, case, fds, ok_fd):
             sys.__excepthook__(*sys.exc_info())
         except BaseException:
             pass
-    for f in (sys.stdout, sys.stderr):
+    _finalize()
+    # As CPython's shutdown: sys.stdout / sys.stderr unless None or closed (a closed
+    # one was scored a runtime error), then the original streams (output printed
+    # before the program replaced sys.stdout was lost).
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            f.flush()
+            if f is not None and not getattr(f, "closed", False):
+                f.flush()
         except BaseException:
             status = status or _EXIT_RUNTIME
     os._exit(status)
+
+
+def _std_stream(fd: int, mode: str, name: str) -> io.TextIOWrapper:
+    """sys.stdin / stdout / stderr over `fd`, with CPython's `mode` and `name` (FastIO
+    templates read `sys.stdout.mode`; without it they failed)."""
+    raw = io.FileIO(fd, mode, closefd=False)
+    raw.name = name
+    buf = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+    text = io.TextIOWrapper(buf, encoding="utf-8", errors="replace" if mode == "r" else None)
+    text.mode = mode
+    return text
+
+
+def _finalize() -> None:
+    """What CPython does at exit before flushing: wait for the program's non-daemon
+    threads (`threading.Thread(target=main).start()` without a join), then run its
+    atexit handlers. os._exit skipped both: their output was lost. A thread that
+    never ends runs into the wall-time limit, as under CPython."""
+    threading = sys.modules.get("threading")
+    shutdown = getattr(threading, "_shutdown", None)
+    try:
+        if shutdown is not None:
+            shutdown()
+    except BaseException:
+        pass
+    try:
+        import atexit  # built in: no file is read
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
 
 
 def _anon_file(iodir):
@@ -343,6 +376,10 @@ def _run_case_files(code, job, case, fds, ran, watch):
         # Whatever the code, the program chose it (97 included): only ok_fd
         # tells a set-up failure.
         st = {0: "ok", _EXIT_MEMORY: "memory_error"}.get(os.WEXITSTATUS(status), "runtime_error")
+        if cpu_used > lim["cpu_s"]:
+            # RLIMIT_CPU has whole seconds (1.5 became 2) and SIGXCPU can be ignored:
+            # a program that exits on its own over its CPU time is a timeout too.
+            st = "timeout"
     else:
         sig = os.WTERMSIG(status)
         if killed or sig == signal.SIGXCPU or cpu_used >= lim["cpu_s"]:

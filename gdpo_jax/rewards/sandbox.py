@@ -56,13 +56,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-# Isolation probing lives in gdpo_jax.rewards.isolation; its names import from here too.
 from gdpo_jax.rewards.isolation import (  # noqa: F401
     _NS_FLAGS,
     MODES,
     WEAK_MODES,
     Isolation,
     isolation,
+)
+
+# Isolation probing lives in gdpo_jax.rewards.isolation; its names import from here too.
+from gdpo_jax.rewards.uids import (  # noqa: F401  (uid_base etc.: tests, callers)
+    _HOST_PID_NS,
+    _pid_namespace,
+    _UidPool,
+    uid_base,
 )
 
 _DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_driver.py")
@@ -174,44 +181,6 @@ class ProgramResult:
         """Compile or runtime error (a timeout alone is not a bug)."""
         bad = {"runtime_error", "memory_error", "output_limit", "killed"}
         return self.compile_error is not None or any(c.status in bad for c in self.cases)
-
-
-class _UidPool:
-    """Distinct unprivileged uids for concurrent runs of this process.
-
-    A fresh uid per run makes RLIMIT_NPROC a per-run bound (the kernel counts
-    processes per uid) and lets the sandbox kill exactly the run's processes.
-
-    Each process owns the range 200000 + pid * size: live processes have
-    distinct pids, so no two share a uid (the former `pid % 4000` made pids
-    4000 apart collide). pid_max is at most 2**22 (the kernel's PID_MAX_LIMIT),
-    so with size 64 the highest uid is 200000 + 2**28 - 1 = 268,635,455: under
-    2**31 - 1 (tools that read uids as signed 32-bit) and under the default
-    SUB_UID_MAX of login.defs (600,100,000). Like the old range, it may overlap
-    subordinate uids that /etc/subuid hands to containers on this host. A
-    process forked after import (not the forkserver's workers, which import it
-    afresh) takes its own range (`register_at_fork`).
-    """
-
-    def __init__(self, size: int = 64):
-        self._size = size
-        self._rebase()
-
-    def _rebase(self) -> None:
-        self._base = 200_000 + os.getpid() * self._size
-        self._free = list(range(self._size))
-        self._cv = threading.Condition()  # a lock held by another thread at fork is lost
-
-    def acquire(self) -> int:
-        with self._cv:
-            while not self._free:
-                self._cv.wait()
-            return self._base + self._free.pop()
-
-    def release(self, uid: int) -> None:
-        with self._cv:
-            self._free.append(uid - self._base)
-            self._cv.notify()
 
 
 # Enter the minimal root with pivot_root (False: its fallback, move and chroot; tests).

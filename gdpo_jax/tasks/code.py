@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import dataclasses
+import decimal
+import fractions
 import json
 import math
 import re
@@ -89,7 +92,19 @@ def _tokens_equal(a: str, b: str, tol: float) -> bool:
         x, y = float(a), float(b)
     except ValueError:
         return False
+    if math.isinf(x) or math.isinf(y):
+        # Past float's range both were inf, and "1e999" passed for a 400-digit integer
+        # (as any two such tokens did): compare the decimal values themselves.
+        try:
+            return _close(decimal.Decimal(a), decimal.Decimal(b), decimal.Decimal(tol))
+        except ArithmeticError:  # an exponent past Decimal's range: not comparable
+            return False
     return math.isclose(x, y, rel_tol=tol, abs_tol=tol)
+
+
+def _close(x: Any, y: Any, tol: Any) -> bool:
+    """math.isclose(x, y, rel_tol=tol, abs_tol=tol) for exact types (Decimal, Fraction)."""
+    return abs(x - y) <= max(tol * max(abs(x), abs(y)), tol)
 
 
 def stdout_matches(actual: str, expected: str, tol: float = 1e-6) -> bool:
@@ -120,7 +135,14 @@ def value_matches(value: Any, expected: Any, tol: float = 1e-6) -> bool:
         if isinstance(a, int) and isinstance(b, int):  # 1000001 is not 1000000
             return a == b
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+            try:
+                return math.isclose(a, b, rel_tol=tol, abs_tol=tol)
+            except OverflowError:  # an int past float's range (10**400): the
+                # trainer stopped on the OverflowError; an int is finite, so it
+                # never equals inf or NaN, and compares exactly otherwise
+                if not all(math.isfinite(v) for v in (a, b) if isinstance(v, float)):
+                    return False
+                return _close(fractions.Fraction(a), fractions.Fraction(b), fractions.Fraction(tol))
         if isinstance(a, list) and isinstance(b, list):
             return len(a) == len(b) and all(eq(x, y) for x, y in zip(a, b))
         if isinstance(a, dict) and isinstance(b, dict):
@@ -204,6 +226,12 @@ def run_tests(
     if max_tests is not None:
         ins, outs = ins[:max_tests], outs[:max_tests]
     fn = tests.get("fn_name") or None
+    if not fn and outs:
+        # Room for the expected stdout (twice, for the whitespace the judge ignores): a
+        # right answer longer than output_bytes was cut, and failed.
+        need = 2 * max(len(_stdout_text(o).encode()) for o in outs) + 4096
+        if need > limits.output_bytes:
+            limits = dataclasses.replace(limits, output_bytes=need)
     # Every setting that reaches run_program: a run under a weak mode (allow_weak) must
     # not answer for one that refused it.
     key = json.dumps(
@@ -223,7 +251,10 @@ def run_tests(
             deadline=deadline,
         )
         ok = [
+            # A cut stdout is not the program's output: its kept head passed for it
+            # (a right answer followed by 70,000 newlines and a wrong line).
             c.status == "ok"
+            and not c.truncated
             and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, _stdout_text(o)))
             for c, o in zip(res.cases, outs)
         ]
@@ -357,13 +388,23 @@ def _tests(value: Any, path: str, row: int, field: str) -> dict:
     return out
 
 
+def _question(rec: dict, path: str, row: int) -> str:
+    """The record's problem statement: non-empty text, else a RecordError naming it."""
+    q = get_field(rec, "question", path, row)
+    if not isinstance(q, str) or not q.strip():
+        raise RecordError(path, row, "question", "must be non-empty text")
+    return q
+
+
 def normalize_record(rec: dict, path: str, row: int) -> dict:
     """Eurus/verl {prompt, reward_model.ground_truth (tests JSON)}, APPS {question,
     input_output, starter_code} or {prompt|question, tests} -> task record."""
     if "input_output" in rec:  # APPS / TACO
         tests = _tests(rec["input_output"], path, row, "input_output")
-        q = get_field(rec, "question", path, row)
+        q = _question(rec, path, row)
         starter = rec.get("starter_code") or ""
+        if not isinstance(starter, str):  # str.strip() below raised a bare AttributeError
+            raise RecordError(path, row, "starter_code", "must be text (or empty)")
         text = (
             CALL_TEMPLATE.format(question=q.strip(), starter=starter.strip())
             if tests["fn_name"] and starter.strip()
@@ -374,7 +415,7 @@ def normalize_record(rec: dict, path: str, row: int) -> dict:
         if "prompt" in rec:
             prompt = normalize_messages(rec["prompt"], path, row)
         else:
-            q = get_field(rec, "question", path, row)
+            q = _question(rec, path, row)
             prompt = [{"role": "user", "content": STDIN_TEMPLATE.format(question=q.strip())}]
         field = "reward_model.ground_truth" if "reward_model" in rec else "tests"
         tests = _tests(get_field(rec, field, path, row), path, row, field)
