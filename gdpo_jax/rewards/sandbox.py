@@ -56,6 +56,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+# Isolation probing lives in gdpo_jax.rewards.isolation, the uid ranges in
+# gdpo_jax.rewards.uids; their names import from here too.
 from gdpo_jax.rewards.isolation import (  # noqa: F401
     _NS_FLAGS,
     MODES,
@@ -63,9 +65,7 @@ from gdpo_jax.rewards.isolation import (  # noqa: F401
     Isolation,
     isolation,
 )
-
-# Isolation probing lives in gdpo_jax.rewards.isolation; its names import from here too.
-from gdpo_jax.rewards.uids import (  # noqa: F401  (uid_base etc.: tests, callers)
+from gdpo_jax.rewards.uids import (  # noqa: F401
     _HOST_PID_NS,
     _pid_namespace,
     _UidPool,

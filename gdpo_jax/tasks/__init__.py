@@ -116,9 +116,8 @@ def _prompt_kind(prompt: Any) -> str | None:
         return "text"
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         return "messages"
-    if hasattr(prompt, "__len__") and len(prompt) and not isinstance(prompt, (dict, bytes)):
-        items = list(prompt)
-        if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in items):
+    if (isinstance(prompt, (list, tuple)) or hasattr(prompt, "dtype")) and len(prompt):
+        if all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
             return "ids"
     return None
 
@@ -133,15 +132,12 @@ def _check_prompts(task: str, split: str, records: list, field: str, chat_templa
         prompt = r.get("prompt") if isinstance(r, dict) else None
         kind = _prompt_kind(prompt)
         if kind is None:
-            got = (
-                "no 'prompt' field"
-                if not isinstance(r, dict) or "prompt" not in r
-                else (f"prompt={_short_repr(prompt)}")
-            )
+            missing = not isinstance(r, dict) or "prompt" not in r
+            got = "no 'prompt' field" if missing else f"prompt={_short_repr(prompt)}"
             raise ConfigError(
                 f"config.{field}: task {task!r}'s {split} record {i} has {got}; a prompt is "
-                "non-empty text, a list of chat messages ({'role', 'content'} dicts) or a "
-                "list of token ids."
+                "text, a list of chat messages ({'role', 'content'} dicts) or a list of "
+                "token ids."
             )
         if kind == "messages" and not chat_template:  # the sampler refused them after the build
             raise ConfigError(
