@@ -70,6 +70,17 @@ def test_config_hf_roundtrip_and_hashable():
     legacy = {k: v for k, v in cfg.to_hf().items() if k != "rope_parameters"}
     legacy["rope_scaling"] = {"type": "linear", "factor": 2.0}
     assert ModelConfig.from_hf(legacy).rope_scaling_dict() == {"rope_type": "linear", "factor": 2.0}
+    # Both spellings: the same settings load; disagreeing ones are refused (the two were
+    # merged, and a legacy "type" lost to rope_parameters' "default": plain RoPE at the
+    # wrong theta, where transformers takes rope_scaling alone).
+    both = {**legacy, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}
+    assert ModelConfig.from_hf(both).rope_scaling_dict() == {"rope_type": "linear", "factor": 2.0}
+    for params in (
+        {"rope_type": "default", "rope_theta": 5e5},
+        {"rope_type": "linear", "factor": 4.0},
+    ):
+        with pytest.raises(ValueError, match="rope_scaling=.* disagrees with it; keep one"):
+            ModelConfig.from_hf({**legacy, "rope_parameters": params})
 
 
 def test_config_errors_name_the_problem():

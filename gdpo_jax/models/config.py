@@ -80,6 +80,15 @@ def canonical_dtype(dtype: Any, field: str = "dtype") -> str:
     return name
 
 
+def _rope_dict(value: Any) -> dict:
+    """A rope settings dict with the legacy "type" key read as "rope_type"."""
+    rope = dict(value or {})
+    if "type" in rope:
+        kind = rope.pop("type")
+        rope.setdefault("rope_type", kind)
+    return rope
+
+
 def _eos_ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -343,13 +352,20 @@ class ModelConfig:
             )
         # transformers >= 5 stores rope settings in `rope_parameters`; older
         # configs have `rope_theta` + `rope_scaling`.
-        rope = dict(c.get("rope_parameters") or {})
+        rope = _rope_dict(c.get("rope_parameters"))
         rope_theta = float(rope.pop("rope_theta", c.get("rope_theta", 10000.0)))
         if c.get("rope_scaling"):
-            rope.update(c["rope_scaling"])
-        if "type" in rope and "rope_type" not in rope:
-            rope["rope_type"] = rope.pop("type")
-        rope.pop("type", None)
+            legacy = _rope_dict(c["rope_scaling"])
+            legacy.pop("rope_theta", None)
+            if c.get("rope_parameters") and legacy != rope:
+                # transformers then takes rope_scaling alone (and theta 10000 unless
+                # set at the top level); merging them silently gave other frequencies.
+                raise ValueError(
+                    f"config.json has rope_parameters={c['rope_parameters']} and a "
+                    f"rope_scaling={c['rope_scaling']} that disagrees with it; keep one "
+                    "(transformers >= 5 reads rope_parameters) and remove the other."
+                )
+            rope.update(legacy)
         if rope.get("rope_type", "default") == "default":
             rope = {}
         elif rope["rope_type"] in ("llama3", "yarn") and c.get("original_max_position_embeddings"):
