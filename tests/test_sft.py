@@ -418,6 +418,9 @@ class _NoCheckpoints:
     def save(self, *args, **kwargs) -> bool:
         return False
 
+    def should_save(self, step: int) -> bool:
+        return False
+
     def close(self) -> None:
         pass
 
@@ -443,10 +446,10 @@ def test_every_eval_is_logged_and_the_final_eval_keeps_the_last_loss(tmp_path, d
     run.state, run.key, run.records = None, None, {}
     run.evaluate = lambda: {"accuracy": 1.0} if driver == "sft" else {"eval/accuracy": 1.0}
     if driver == "sft":
-        run.step = lambda step: {"loss": 0.1 * step}
+        run.step = lambda step: {"loss": 0.1 * step, "grad_norm": 2.0 * step}
         run.export, run.num_examples = (lambda: str(tmp_path / "hf")), 4
     else:
-        run.train_step = lambda step: {"loss": 0.1 * step}
+        run.train_step = lambda step: {"loss": 0.1 * step, "grad_norm": 2.0 * step}
         run.stream = SimpleNamespace(get_state=dict)
         run.runner = SimpleNamespace(close=lambda: None)
     result = run.run()
@@ -454,10 +457,17 @@ def test_every_eval_is_logged_and_the_final_eval_keeps_the_last_loss(tmp_path, d
     assert sorted(recs) == [5, 10, 15, 20]
     assert all("eval/accuracy" in recs[s] for s in (5, 10, 15, 20))
     assert recs[20]["loss"] == pytest.approx(1.9)  # the last step's, beside the final eval
+    run.start_step = 20  # rerun at the end (killed after its final checkpoint)
     if driver == "sft":
         assert result["train_loss"] == pytest.approx(1.9)
-        run.start_step = 20  # rerun at the end: nothing trains, the last loss is reported
-        assert run.run()["train_loss"] == pytest.approx(1.9)
+        assert run.run()["train_loss"] == pytest.approx(1.9)  # nothing trains; the last loss
+        # The final record keeps the step's training metrics: rebuilt from the loss
+        # alone, it lost grad_norm (and lr, tokens) when the final eval was redone.
+        again = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))[20]
+        assert again["grad_norm"] == pytest.approx(38.0) and again["eval/accuracy"] == 1.0
+    else:
+        # The finished run returns its last metrics, as it did when it ran them ({}).
+        assert run.run() == {k: v for k, v in recs[20].items() if k != "step"} == result
 
 
 def test_sft_result_counts_the_examples_it_trains_on(tmp_path, caplog):

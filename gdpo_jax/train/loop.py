@@ -37,7 +37,7 @@ from gdpo_jax.train.config import (
     sampling_params,
     validate_config,
 )
-from gdpo_jax.train.metrics import MetricsWriter
+from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
 from gdpo_jax.train.records import usable_records
 from gdpo_jax.train.resume_checks import check_resume_data
 from gdpo_jax.train.step import CompiledStep, StepConfig
@@ -305,7 +305,8 @@ class Trainer:
                 sampler=self.sampler,
                 runner=self.runner,
                 params=self.eval_params,
-                key=jax.random.fold_in(key, i),
+                key=key,  # one key, rows by their place: the same whatever the chunks
+                first_record=i,
                 max_prompt_len=cfg.sampling.max_prompt_len,
                 prompt_buckets=self.prompt_buckets,
                 pad_id=self.sampler.pad_id,
@@ -344,7 +345,11 @@ class Trainer:
             )
             self.ckpt.close()
             self.runner.close()
-            return {}
+            # The last step's metrics, as the finished run returned them (a run killed
+            # after its final checkpoint returned {} when started again).
+            path = paths.join(cfg.workdir, "metrics.jsonl")
+            rec = read_jsonl(path).get(self.start_step, {}) if paths.exists(path) else {}
+            return {k: v for k, v in rec.items() if k != "step"}
         writer = MetricsWriter(
             cfg.workdir,
             total_steps=cfg.train.num_steps,
@@ -371,8 +376,11 @@ class Trainer:
                 last = metrics
                 ds = {**self.stream.get_state(), "records": self.records}
                 force = end and cfg.checkpoint.every > 0
-                if self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=force):
-                    writer.flush()  # a resume from this step never writes its metrics again
+                if force or self.ckpt.should_save(done):
+                    # Before the save: a resume from this step never writes its metrics
+                    # again, and a kill right after a synchronous save lost its events.
+                    writer.flush()
+                self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=force)
                 if cfg.train.stop_after_step and done >= cfg.train.stop_after_step:
                     log.info("stop_after_step=%d reached; exiting", done)
                     break

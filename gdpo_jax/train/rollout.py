@@ -274,20 +274,27 @@ def rollout_metrics(
     return out
 
 
-def score_shared(part: Sequence[dict], group_size: int, **kw: Any) -> dict[str, Any]:
+def score_shared(
+    part: Sequence[dict], group_size: int, *, first_record: int = 0, **kw: Any
+) -> dict[str, Any]:
     """`sample_and_score` of the held-out records `part`, split over the processes.
 
     Each process samples a contiguous share (the last one padded with repeats of the
     last record: the sampler is one collective, every process brings the same count);
     the results are gathered, so every process returns all len(part) * group_size rows
     in record order: {"texts": list, "rewards": f32[R, K], "lengths": i64[R]}.
+    first_record: the index of part[0] among all the records scored with `kw["key"]`:
+      a row's random stream is its place there (record * group_size + sample), so a
+      sampled eval is the same however its records are chunked (`rows_per_call`, which
+      a resume may change) or split over processes.
     kw: sample_and_score's other arguments.
     """
     pi, pc = jax.process_index(), jax.process_count()
     per = -(-len(part) // pc)
     mine = list(part[pi * per : (pi + 1) * per])
     mine += [part[-1]] * (per - len(mine))
-    out = sample_and_score(mine, group_size=group_size, **kw)
+    first_row = (first_record + pi * per) * group_size
+    out = sample_and_score(mine, group_size=group_size, first_row=first_row, **kw)
     rows = len(part) * group_size  # real rows come first, process by process
     texts = [t for host in distributed.allgather_strings(out["texts"]) for t in host][:rows]
     k = out["rewards"].shape[1]

@@ -310,7 +310,9 @@ class SFT:
                         sampler=self.sampler,
                         runner=runner,
                         params=params,
-                        key=jax.random.fold_in(jax.random.key(cfg.seed + 1), i),
+                        # One key, rows by their place: the same whatever the chunks.
+                        key=jax.random.fold_in(jax.random.key(cfg.seed + 1), 0),
+                        first_record=i,
                         max_prompt_len=cfg.sampling.max_prompt_len,
                         pad_id=self.sampler.pad_id,
                         chat_template=cfg.task.chat_template,
@@ -372,21 +374,26 @@ class SFT:
                 if done % max(s.log_every, 1) == 0 or done == s.num_steps or evaluated:
                     writer.write(done, metrics)
                 last = metrics
-                if self.ckpt.save(
+                force = done == s.num_steps and cfg.checkpoint.every > 0
+                if force or self.ckpt.should_save(done):
+                    # Before the save: what a resume from this checkpoint will not write
+                    # again (a kill right after a synchronous save lost its events).
+                    writer.flush()
+                self.ckpt.save(
                     done,
                     self.state,
                     key=self.key,
                     data_state={"records": self.records},
-                    force=done == s.num_steps and cfg.checkpoint.every > 0,
-                ):
-                    # What a resume from this checkpoint will not write again.
-                    writer.flush()
+                    force=force,
+                )
             if "loss" not in last and self.start_step and jax.process_index() == 0:
-                # Resumed at the end: the last step's loss is in the run's metrics, not here
-                # (sft_result.json was rewritten with train_loss null).
+                # Resumed at the end: the last step's training metrics are in the run's
+                # records, not here (sft_result.json was rewritten with train_loss null;
+                # rebuilt from the loss alone, the final record lost grad_norm, lr, ...).
                 writer.flush()
                 logged = read_jsonl(paths.join(cfg.workdir, "metrics.jsonl"))
-                last = {"loss": logged.get(self.start_step, {}).get("loss")}
+                rec = logged.get(self.start_step, {"loss": None})
+                last = {k: v for k, v in rec.items() if k != "step" and not k.startswith("eval/")}
             if s.evaluate:
                 ev = self.evaluate()
                 # One record for the last step, its training metrics and the final eval: a
