@@ -88,7 +88,8 @@ def ref_advantages(
                 total[i] += w[j] * a
     if estimator == "gdpo_no_bn":
         return np.where(ok, total, 0.0)
-    rows = [i for i in range(n) if ok[i]]
+    # The batch whitening: rows with at least one scorable reward (TRL main).
+    rows = [i for i in range(n) if ok[i] and not np.isnan(r[i]).all()]
     if batch_norm == "sample":
         vals = [total[i] for i in rows]
         mean = sum(vals) / max(len(vals), 1)

@@ -203,7 +203,8 @@ def compute_advantages(
         "grpo"        s = sum_k w_k r_k + p; A = (s - mean_g) / (std_g + eps)
         "grpo_no_std" A = s - mean_g
         "gdpo"        A_k = (r_k - mean_gk) / (std_gk + eps); S = sum_k w_k A_k + p;
-                      A = whiten(S) over the batch
+                      A = whiten(S) over the batch's rows with a scorable reward
+                      (a row with none gets 0, as in TRL main)
         "gdpo_no_bn"  A = S
       weights: f32[K] finite reward weights (default ones); applied before
         group normalization for GRPO, after it for GDPO.
@@ -324,7 +325,11 @@ def compute_advantages(
         return jnp.where(row_ok, s, 0.0)
     if token_counts is not None:
         token_counts = seg.match_rows(token_counts, rows)
-    return _batch_whiten(s, row_ok, eps=eps, batch_norm=batch_norm, token_counts=token_counts)
+    # A row that no reward scored carries no task signal: out of the batch statistics,
+    # advantage 0 (TRL main: its sum is NaN). Counted with a sum of 0 it shrank the
+    # batch std, which scaled every other row's advantage up (by sqrt(7/6) in 8 rows).
+    scored = row_ok & jnp.any(scorable, axis=1)
+    return _batch_whiten(s, scored, eps=eps, batch_norm=batch_norm, token_counts=token_counts)
 
 
 def gate_reward(reward: jax.Array, condition: jax.Array, threshold: float | jax.Array) -> jax.Array:
