@@ -351,6 +351,8 @@ def main(argv: list[str]) -> None:
     if unknown:  # it would rewrite scale.md with nothing planned
         cli.fail(f"--only: no entry {unknown}; entries: {', '.join(sorted(known))}.")
     if _RECOUNT.value:
+        if not os.path.isfile(os.path.join(_OUT.value, "plans.json")):  # was a traceback
+            cli.fail(f"--recount: --out={_OUT.value} holds no plans.json to recount.")
         _recount_all(_OUT.value)
         return
     from benchmarks.common import machine_info, machine_kind
@@ -399,4 +401,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from gdpo_jax.train import cli as _cli
+
+    # One-line errors (exit 2) for bad flags too, as every other tool.
+    app.run(main, flags_parser=_cli.flags_parser(()))

@@ -118,6 +118,7 @@ def main(argv: list[str]) -> None:
     from configs import smollm2_toolcall
     from gdpo_jax.errors import ConfigError
     from gdpo_jax.train import cli
+    from gdpo_jax.train.metrics import read_jsonl
     from gdpo_jax.train.paths import check_output
 
     if len(argv) > 1:
@@ -130,8 +131,14 @@ def main(argv: list[str]) -> None:
     eval0_path = os.path.join(FLAGS.workdir, "eval_step0.json")
     try:  # before the run: the summary goes there after it
         check_output(FLAGS.out_dir, "--out_dir", is_dir=True)
-        if FLAGS.summary_only and not os.path.isfile(os.path.join(FLAGS.workdir, "metrics.jsonl")):
-            raise ConfigError(f"--summary_only: --workdir={FLAGS.workdir} holds no finished run.")
+        # Every file the summary reads (a plain train workdir, or a demo killed before
+        # its end, has metrics.jsonl alone: the summary stopped on a traceback).
+        missing = [n for n in RUN_FILES if not os.path.isfile(os.path.join(FLAGS.workdir, n))]
+        if FLAGS.summary_only and missing:
+            raise ConfigError(
+                f"--summary_only: --workdir={FLAGS.workdir} holds no finished smollm2_demo "
+                f"run (missing {', '.join(missing)}); run the demo without --summary_only."
+            )
     except ConfigError as e:
         cli.fail(e)
     if not FLAGS.summary_only:
@@ -156,8 +163,10 @@ def main(argv: list[str]) -> None:
         trainer.run()
         with open(os.path.join(FLAGS.workdir, "wall_s.json"), "w") as f:
             json.dump(time.perf_counter() - t0, f)
-    with open(os.path.join(FLAGS.workdir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    # One record per step (a step logged twice keeps its last), as every report reads.
+    rows = [
+        rec for _, rec in sorted(read_jsonl(os.path.join(FLAGS.workdir, "metrics.jsonl")).items())
+    ]
     with open(eval0_path) as f:
         eval0 = json.load(f)
     with open(os.path.join(FLAGS.workdir, "wall_s.json")) as f:

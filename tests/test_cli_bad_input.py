@@ -37,6 +37,9 @@ def _one_line_error(out: subprocess.CompletedProcess, text: str) -> None:
     assert "error: " in last and text in last, last  # argparse's: "<prog>: error: ..."
 
 
+_TINY = ("--config=configs/tiny_cpu.py", "--config.workdir={tmp}/w")
+
+
 @pytest.fixture
 def afile(tmp_path):
     path = tmp_path / "afile"
@@ -209,6 +212,52 @@ def test_every_benchmark_checks_its_out_flag_before_it_runs():
             "is a file, so nothing can be written under it",
         ),
         ("benchmarks.bench_longtail", ("--quick", "--median=-5"), "--median=-5.0 must be > 0"),
+        # Accepted without a word: one stop string "a,b"; a group of one size.
+        (
+            "experiments.train",
+            _TINY + ("--config.sampling.stop_strings=a,b",),
+            "is read as one string 'a,b'",
+        ),
+        (
+            "experiments.train",
+            _TINY + ("--config.model.tiny={'num_layers': 2}",),
+            "a dict replaces the whole group",
+        ),
+        (  # ran as RL, its sft section unread
+            "experiments.train",
+            ("--config=configs/sft_toolcall.py:runlocal", "--config.workdir={tmp}/w"),
+            "it is an SFT warm-start config",
+        ),
+        (  # AttributeError 'sft', a traceback
+            "experiments.sft",
+            ("--config=configs/tiny_cpu.py", "--config.workdir={tmp}/s"),
+            "no 'sft' section: it is an RL config",
+        ),
+        (  # trained sft.num_steps steps without a word
+            "experiments.sft",
+            (
+                "--config=configs/sft_toolcall.py:runlocal",
+                "--config.workdir={tmp}/s",
+                "--config.train.num_steps=1",
+            ),
+            "set config.sft.num_steps instead",
+        ),
+        (  # planned every device, where the run uses one
+            "experiments.plan",
+            (
+                "--config=configs/tiny_cpu.py",
+                "--topology=cuda:1x1x2:h100",
+                "--config.mesh.num_devices=1",
+                "--nosearch",
+                "--json={tmp}/p.json",
+            ),
+            "a plan covers all 2 devices of the target",
+        ),
+        (  # FileNotFoundError traceback
+            "experiments.plan_table",
+            ("--recount", "--out={tmp}/none"),
+            "holds no plans.json to recount",
+        ),
     ],
 )
 def test_tools_refuse_bad_input_before_any_work(module, args, text, afile, cuda_plan, tmp_path):
@@ -217,3 +266,58 @@ def test_tools_refuse_bad_input_before_any_work(module, args, text, afile, cuda_
     out = _run(module, *args)
     _one_line_error(out, text)
     assert sorted(os.listdir(tmp_path)) == before  # nothing written
+
+
+def test_smollm2_demo_summary_only_refuses_a_workdir_without_the_demos_files(tmp_path):
+    # A plain train workdir (metrics.jsonl alone) got past the check, then stopped on a
+    # FileNotFoundError traceback (eval_step0.json).
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "metrics.jsonl").write_text('{"step": 1}\n')
+    out = _run(
+        "experiments.smollm2_demo",
+        "--summary_only",
+        f"--workdir={tmp_path / 'w'}",
+        f"--out_dir={tmp_path / 'o'}",
+    )
+    _one_line_error(out, "holds no finished smollm2_demo run (missing eval_step0.json")
+
+
+def test_the_config_flag_with_a_space_finds_the_installed_configs(tmp_path):
+    # `--config configs/x.py` (absl's space form) skipped the fallback to the project's
+    # configs that `--config=configs/x.py` has, from any other directory.
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    for form in (["--config=configs/tiny_cpu.py"], ["--config", "configs/tiny_cpu.py"]):
+        out = subprocess.run(
+            [sys.executable, "-m", "experiments.train", *form, "--config.train.num_steps=0"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        _one_line_error(out, "config.workdir is empty")  # loaded: validation ran
+
+
+def test_every_config_tool_applies_its_log_level(tmp_path):
+    # tune_microbatches and check_plan defined --log_level and never applied it: their
+    # INFO lines printed at --log_level=error. The level is now set for every main.
+    script = tmp_path / "tool.py"
+    script.write_text(
+        "import logging\nfrom gdpo_jax.train import cli\n\n"
+        "def main(argv):\n    logging.getLogger('gdpo_jax.tool').info('an info line')\n"
+        "    logging.getLogger('gdpo_jax.tool').error('an error line')\n\n"
+        "cli.run_config_main(main)\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    for level, info in (("error", False), ("info", True)):
+        out = subprocess.run(
+            [sys.executable, str(script), "--config=configs/tiny_cpu.py", f"--log_level={level}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "an error line" in out.stderr
+        assert ("an info line" in out.stderr) is info, out.stderr[-2000:]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -715,6 +716,35 @@ def test_unknown_task_kwarg_names_the_field():
     c.task.kwargs.bogus = 1
     with pytest.raises(ConfigError, match=r"config\.task\.kwargs: task 'toolcall' .*'bogus'"):
         tasks.load_task(c)
+
+
+def test_sft_and_rl_configs_are_refused_by_the_other_and_rl_fields_by_sft(tmp_path):
+    # experiments.train ran an SFT config as RL (its sft section unread);
+    # experiments.sft on an RL config raised AttributeError 'sft'; SFT ran on past
+    # --config.train.num_steps=1 (sft.num_steps steps) and --config.algo.estimator.
+    from gdpo_jax.train.sft import sft_config
+    from gdpo_jax.train.sft_checks import validate_sft_config
+
+    rl = tiny_config(str(tmp_path))
+    validate_config(rl)
+    with pytest.raises(ConfigError, match=r"no 'sft' section: it is an RL config"):
+        validate_sft_config(rl)
+    sft = sft_config()
+    sft.workdir, sft.model.tokenizer = str(tmp_path), rl.model.tokenizer
+    sft.train.tensorboard = sft.train.progress_bar = False  # read by SFT
+    validate_sft_config(sft)
+    with pytest.raises(ConfigError, match=r"has an 'sft' section: .*experiments\.sft"):
+        validate_config(sft)
+    for field, value, want in (
+        ("train.num_steps", 1, r"train\.num_steps=1 is an RL field .*set config\.sft\.num_steps"),
+        ("algo.estimator", "grpo", r"algo\.estimator='grpo' is an RL field .*remove the"),
+        ("eval.num_samples", 8, r"set config\.sft\.eval_samples instead"),
+    ):
+        bad = copy.deepcopy(sft)
+        section, key = field.split(".")
+        bad[section][key] = value
+        with pytest.raises(ConfigError, match=want):
+            validate_sft_config(bad)
 
 
 def test_a_mesh_that_leaves_a_process_out_is_refused(monkeypatch, tmp_path):

@@ -297,6 +297,16 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     from gdpo_jax.train.config import validate_config
     from gdpo_jax.train.step import CompiledStep
 
+    if cfg.mesh.num_devices and cfg.mesh.num_devices != target.num_devices:
+        # It was set to 0 here: the plan covered every device, where the run would
+        # put its rows on the first num_devices (a memory underestimate).
+        from gdpo_jax.errors import ConfigError
+
+        raise ConfigError(
+            f"config.mesh.num_devices={cfg.mesh.num_devices}, but a plan covers all "
+            f"{target.num_devices} devices of the target; set --config.mesh.num_devices=0 "
+            f"or plan a topology of {cfg.mesh.num_devices} devices."
+        )
     digest = config_digest(cfg)
     cfg = copy.deepcopy(cfg)
     with cfg.unlocked():

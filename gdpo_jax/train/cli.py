@@ -69,11 +69,15 @@ def resolve_config_path(value: str) -> str:
 
 
 def _rewrite_config_args(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """`--config=<path>` and `--config <path>` (absl takes both) with the path resolved
+    (the space form skipped the installed configs)."""
     out = list(argv)
     for i, a in enumerate(out):
         for name in names:
             if a.startswith(f"--{name}="):
                 out[i] = f"--{name}=" + resolve_config_path(a.split("=", 1)[1])
+            elif a == f"--{name}" and i + 1 < len(out) and not out[i + 1].startswith("-"):
+                out[i + 1] = resolve_config_path(out[i + 1])
     return out
 
 
@@ -106,14 +110,64 @@ def flags_parser(config_flags: Sequence[str] = ("config",)) -> Callable[[list[st
 
         argv = _rewrite_config_args(argv, config_flags)
         try:
-            return flags.FLAGS(argv)
+            rest = flags.FLAGS(argv)
         except SystemExit:
             raise
         except Exception as e:  # any parse error comes from the user's input
             cause = e.__cause__ or e
             fail(_explain(cause, argv))
+        for name in config_flags:
+            _check_override_forms(argv, name, flags.FLAGS[name].value)
+        return rest
 
     return parse
+
+
+def _config_file_values(argv: Sequence[str], name: str) -> Any:
+    """The config `--<name>=<file>[:arg]` gives before any override (None if unknown)."""
+    import importlib.util
+
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")), None)
+    if spec is None:
+        return None
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("_gdpo_config_defaults", path)
+    try:
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module.get_config(arg) if arg else module.get_config()
+    except Exception:  # noqa: BLE001 - the flag parser loaded it already; no check then
+        return None
+
+
+def _check_override_forms(argv: Sequence[str], name: str, cfg: Any) -> None:
+    """Two override forms the config parser takes without a word, each refused in one
+    line: `a,b` for a tuple of strings (one string "a,b", where `1,2` is two numbers:
+    a stop string that never matched), and a dict for a group that has fields (it
+    replaced the group: `--config.model.tiny={'num_layers': 2}` lost the other sizes)."""
+    default: Any = None  # the config file's own values, loaded only for a dict override
+    for a in argv:
+        if not a.startswith(f"--{name}.") or "=" not in a:
+            continue
+        path, raw = a[len(name) + 3 :].split("=", 1)
+        if raw.lstrip().startswith("{") and default is None:
+            default = _config_file_values(argv, name)
+        value, before = cfg, default
+        for part in path.split("."):
+            value = value.get(part) if hasattr(value, "get") else None
+            before = before.get(part) if hasattr(before, "get") else None
+        flag = f"--{name}.{path}"
+        if isinstance(value, tuple) and len(value) == 1 and value[0] == raw and "," in raw:
+            parts = ", ".join(repr(x) for x in raw.split(","))
+            fail(
+                f"{flag}={raw} is read as one string {raw!r}; for several strings write a "
+                f'tuple: {flag}="({parts},)".'
+            )
+        if raw.lstrip().startswith("{") and hasattr(before, "keys") and len(before):
+            fail(
+                f"{flag}={raw}: a dict replaces the whole group, and its other fields are lost; "
+                f"set each field instead: {flag}.<field>=<value>."
+            )
 
 
 def define_log_level() -> None:
@@ -150,7 +204,16 @@ def run_config_main(
     config_flags.DEFINE_config_file("config", None, config_help, lock_config=True)
     define_log_level()
     flags.mark_flag_as_required("config")
-    app.run(main, flags_parser=flags_parser(("config",)))
+
+    def main_with_logging(argv: list[str]) -> None:
+        from gdpo_jax.train import logs
+
+        # Here for every entry point: tune_microbatches and check_plan defined
+        # --log_level and never applied it.
+        logs.setup_logging(flags.FLAGS.log_level)
+        main(argv)
+
+    app.run(main_with_logging, flags_parser=flags_parser(("config",)))
 
 
 # ------------------------------------------------- overrides parsed by hand

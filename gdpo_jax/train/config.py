@@ -120,6 +120,11 @@ def validate_config(
       gdpo_jax.rewards.list_rewards()).
     """
 
+    if "sft" in cfg:  # the RL run never read it: a warm-start config ran as RL
+        raise ConfigError(
+            "the config has an 'sft' section: it is an SFT warm-start config (run it with "
+            "experiments.sft); experiments.train takes an RL config."
+        )
     a = cfg.algo
     if not cfg.workdir:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/run.")

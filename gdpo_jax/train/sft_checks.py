@@ -30,8 +30,45 @@ from gdpo_jax.train.field_checks import Range, check_ranges, check_sampling, che
 __all__ = ["SFT_RANGES", "validate_sft_config"]
 
 
+# The RL sections an SFT config carries (it is base_config() + sft) but SFT never reads:
+# the SFT counterpart of a field, where it has one.
+_SFT_READS_TRAIN = ("tensorboard", "progress_bar")
+_SFT_COUNTERPART = {
+    "train.num_steps": "config.sft.num_steps",
+    "train.log_every": "config.sft.log_every",
+    "train.eval_every": "config.sft.eval_every",
+    "eval.num_samples": "config.sft.eval_samples",
+}
+
+
+def check_unread_rl_fields(cfg: mlc.ConfigDict) -> None:
+    """A field of `algo`, `eval` or `train` (but train.tensorboard / progress_bar) set
+    away from its default: SFT ran on without it (`--config.train.num_steps=1` trained
+    sft.num_steps steps, `--config.algo.estimator=grpo` did nothing)."""
+    from gdpo_jax.train.schema import base_config
+
+    default = base_config()
+    for section in ("algo", "eval", "train"):
+        for key, value in cfg[section].items():
+            if section == "train" and key in _SFT_READS_TRAIN:
+                continue
+            if section in default and key in default[section] and value == default[section][key]:
+                continue
+            name = f"{section}.{key}"
+            fix = _SFT_COUNTERPART.get(name)
+            raise ConfigError(
+                f"config.{name}={value!r} is an RL field that SFT does not read"
+                + (f"; set {fix} instead." if fix else "; remove the override.")
+            )
+
+
 def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     """Raises ConfigError naming the first bad field (model / data paths included)."""
+    if "sft" not in cfg:  # an RL config: cfg.sft raised a bare AttributeError below
+        raise ConfigError(
+            "the config has no 'sft' section: it is an RL config (run it with "
+            "experiments.train); SFT takes configs/sft_*.py."
+        )
     if not cfg.workdir:
         raise ConfigError("config.workdir is empty; pass --config.workdir=/path/to/sft_run.")
     if cfg.task.name not in SFT_TASKS:
@@ -54,6 +91,7 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     for f in ("format_noise", "value_noise", "verbose_prob"):
         if not 0.0 <= s[f] <= 1.0:
             raise ConfigError(f"config.sft.{f}={s[f]} must be a probability in [0, 1].")
+    check_unread_rl_fields(cfg)
     # The fields the SFT shares with an RL run, checked as validate_config checks them.
     check_ranges(cfg)
     check_ranges(cfg, SFT_RANGES)
