@@ -144,7 +144,9 @@ def host_activity(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[s
     cores = os.cpu_count() or 1
     return out | {
         "other_cpu_s": other,
-        "other_cpu_frac": other / (wall * cores) if wall > 0 else None,
+        # At most all the cores: /proc/stat counts 10 ms jiffies, so a window of a few
+        # milliseconds could read as many times the machine.
+        "other_cpu_frac": min(other / (wall * cores), 1.0) if wall > 0 else None,
         "steal_s": after["steal_s"] - before["steal_s"],
     }
 

@@ -395,13 +395,16 @@ def test_a_hung_process_job_does_not_time_out_the_jobs_after_it():
     the next jobs run in a fresh one (the retired pool is terminated)."""
     prompts, comps, ex = _batch([0] * 3, ["hang", "fast", "fast"])
     spec = RewardSpec("_test_hang", executor="process")
-    with RewardRunner([spec], num_workers=1, timeout_s=3.0, on_error="nan", chunk_size=1) as r:
+    # 6 s: a fresh pool's start-up counts against a job's deadline, and on a loaded
+    # 2-core machine it took more than 3 s (every job timed out).
+    timeout = 6.0
+    with RewardRunner([spec], num_workers=1, timeout_s=timeout, on_error="nan", chunk_size=1) as r:
         t0 = time.perf_counter()
         R, info = r(prompts, comps, ex)
         wall = time.perf_counter() - t0
         np.testing.assert_array_equal(R[:, 0], [np.nan, 1.0, 1.0])
         assert info["reward_timeouts/_test_hang"] == 1
-        assert wall < 3 * 3.0, wall  # not each job waiting out the hung one
+        assert wall < 3 * timeout, wall  # not each job waiting out the hung one
         assert r._retired == []  # terminated when the call ended
 
 
