@@ -18,11 +18,13 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run(module: str, *args: str) -> subprocess.CompletedProcess:
+def _run(module: str, *args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
+    """`python -m module args` (or `python script args` for a path ending in .py)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    head = [module] if module.endswith(".py") else ["-m", module]
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
+        [sys.executable, *head, *args],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -285,16 +287,8 @@ def test_smollm2_demo_summary_only_refuses_a_workdir_without_the_demos_files(tmp
 def test_the_config_flag_with_a_space_finds_the_installed_configs(tmp_path):
     # `--config configs/x.py` (absl's space form) skipped the fallback to the project's
     # configs that `--config=configs/x.py` has, from any other directory.
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
     for form in (["--config=configs/tiny_cpu.py"], ["--config", "configs/tiny_cpu.py"]):
-        out = subprocess.run(
-            [sys.executable, "-m", "experiments.train", *form, "--config.train.num_steps=0"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = _run("experiments.train", *form, "--config.train.num_steps=0", cwd=str(tmp_path))
         _one_line_error(out, "config.workdir is empty")  # loaded: validation ran
 
 
@@ -308,16 +302,8 @@ def test_every_config_tool_applies_its_log_level(tmp_path):
         "    logging.getLogger('gdpo_jax.tool').error('an error line')\n\n"
         "cli.run_config_main(main)\n"
     )
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
     for level, info in (("error", False), ("info", True)):
-        out = subprocess.run(
-            [sys.executable, str(script), "--config=configs/tiny_cpu.py", f"--log_level={level}"],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        out = _run(str(script), "--config=configs/tiny_cpu.py", f"--log_level={level}")
         assert out.returncode == 0, out.stderr[-2000:]
         assert "an error line" in out.stderr
         assert ("an info line" in out.stderr) is info, out.stderr[-2000:]

@@ -71,13 +71,17 @@ def resolve_config_path(value: str) -> str:
 def _rewrite_config_args(argv: Sequence[str], names: Sequence[str]) -> list[str]:
     """`--config=<path>` and `--config <path>` (absl takes both) with the path resolved
     (the space form skipped the installed configs)."""
-    out = list(argv)
-    for i, a in enumerate(out):
-        for name in names:
-            if a.startswith(f"--{name}="):
-                out[i] = f"--{name}=" + resolve_config_path(a.split("=", 1)[1])
-            elif a == f"--{name}" and i + 1 < len(out) and not out[i + 1].startswith("-"):
-                out[i + 1] = resolve_config_path(out[i + 1])
+    out: list[str] = []
+    args = iter(argv)
+    for a in args:
+        name = next((n for n in names if a == f"--{n}" or a.startswith(f"--{n}=")), None)
+        if name is None:
+            out.append(a)
+        elif a == f"--{name}":  # the space form, as the = form from here on
+            value = next(args, None)
+            out += [a] if value is None else [f"--{name}=" + resolve_config_path(value)]
+        else:
+            out.append(f"--{name}=" + resolve_config_path(a.split("=", 1)[1]))
     return out
 
 
