@@ -222,7 +222,7 @@ def test_every_benchmark_checks_its_out_flag_before_it_runs():
         ),
         (
             "experiments.train",
-            _TINY + ("--config.model.tiny={'num_layers': 2}",),
+            _TINY + ("--config.model.tiny={{'num_layers': 2}}",),  # format()'s braces
             "a dict replaces the whole group",
         ),
         (  # ran as RL, its sft section unread
