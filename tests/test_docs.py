@@ -246,6 +246,39 @@ def test_what_is_where_matches_the_package() -> None:
     assert not errors, "docs/getting-started.md 'What is where':\n" + "\n".join(errors)
 
 
+def folder_mismatches(section: str, root: Path, folder: str) -> list[str]:
+    """Files `folder`/*.py (not __init__.py) that the map's `folder/` row names neither
+    by name nor by a pattern (`paper_*.py`), and names it lists that do not exist."""
+    import fnmatch
+
+    rows = [ln for ln in section.splitlines() if ln.startswith(f"| `{folder}/`")]
+    names = [n for r in rows for n in re.findall(r"`([\w*]+\.py)`", r)]
+    errors = []
+    for path in sorted((root / folder).glob("*.py")):
+        if path.name != "__init__.py" and not any(fnmatch.fnmatch(path.name, n) for n in names):
+            errors.append(f"{folder}/{path.name} is not in the map")
+    for n in names:
+        if not list((root / folder).glob(n)):
+            errors.append(f"{folder}/{n} (in the map) does not exist")
+    return errors
+
+
+def test_what_is_where_names_every_experiment_and_config(tmp_path: Path) -> None:
+    # restat_studies.py and the study configs were missing from the map (only
+    # gdpo_jax/ was checked).
+    section = _what_is_where()
+    errors = [e for f in ("experiments", "configs") for e in folder_mismatches(section, ROOT, f)]
+    assert not errors, "docs/getting-started.md 'What is where':\n" + "\n".join(errors)
+    (tmp_path / "configs").mkdir()
+    for f in ("__init__.py", "a.py", "b_1.py", "new.py"):
+        (tmp_path / "configs" / f).write_text("", encoding="utf-8")
+    fake = "| `configs/` | `a.py`, `b_*.py`, `gone.py` | x |\n"
+    assert folder_mismatches(fake, tmp_path, "configs") == [
+        "configs/new.py is not in the map",
+        "configs/gone.py (in the map) does not exist",
+    ]
+
+
 def test_map_checker_catches_a_new_and_a_removed_module(tmp_path: Path) -> None:
     (tmp_path / "gdpo_jax" / "core").mkdir(parents=True)
     for f in ("gdpo_jax/__init__.py", "gdpo_jax/core/a.py", "gdpo_jax/core/new.py"):
