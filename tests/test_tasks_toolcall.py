@@ -225,6 +225,18 @@ def test_json_a_model_can_write_scores_unparsable_not_a_crash(line):
     assert tc.evaluate([completion], [{"ground_truth": gt}])["accuracy"] == 0.0
 
 
+def test_deeply_nested_parameters_that_parse_are_no_ast_match_not_a_crash():
+    # 600 levels parse (json.loads allows ~1000) but normalizing them took two frames a
+    # level: RecursionError in the held-out eval, which ended the run.
+    for nested in ("[" * 600 + "1" + "]" * 600, '{"b": ' * 600 + "1" + "}" * 600):
+        line = '{"name": "f", "parameters": {"a": ' + nested + "}}"
+        pred = f"<think>t</think>\n<tool_call>\n{line}\n</tool_call>"
+        gt = block(call("f", a=1))
+        assert tc.parse_tool_calls(pred) is not None
+        assert not tc.ast_match(pred, gt)
+        assert tc.evaluate([pred], [{"ground_truth": gt}])["accuracy"] == 0.0
+
+
 def test_huge_integer_values_compare_without_overflow():
     # float() of a 310-digit int raised OverflowError in the eval's value normalizer.
     big = 10**400
