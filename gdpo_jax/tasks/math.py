@@ -39,8 +39,10 @@ _BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}), braces balanced; else None.
 
-    Without a balanced braced one, the last brace-less form `\\boxed 5` (ends at
-    whitespace or $): a braced box wins over a later brace-less one.
+    Without a balanced braced one, the token after the last `\\boxed ` (a space
+    after it; ends at whitespace or $), as verl's last_boxed_only_string reads it:
+    `\\boxed 5`, but also `{6` of an unclosed `\\boxed {6`. A braced box wins over a
+    later brace-less one.
     """
     starts = [m for m in _BOX.finditer(text)]
     if starts:
