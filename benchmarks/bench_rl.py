@@ -24,7 +24,6 @@ CPU experiments train (not part of run_all: minutes per iteration pair).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -32,59 +31,37 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
-
 from benchmarks import common
 
-HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, VOCAB = 256, 4, 4, 2, 640, 512
-PROMPTS, GENERATIONS, NEW_TOKENS, PROMPT_WORDS = 8, 8, 64, 8
-# Our step accumulates gradients over 4 micro-batches of 16 rows (same gradient:
-# the loss is a (sum, denominator) pair). On XLA:CPU this is ~25 % faster than one
-# pass over 64 rows (activations stay cache-sized, fewer fresh pages per step);
-# PyTorch measured no gain from it (docs/benchmarks.md#the-step-on-cpu-profiled).
-OURS_MICROBATCHES = 4
-# Our model's 4 layers run unrolled (model.scan_layers=False): at this size the
-# layer scan's stacking and slicing of saved activations costs more than the
-# unrolled form's one split of the weights and one concatenate of their gradients
-# (profile_step's A/B: 1.04-1.18x faster steps on every CPU kind measured); at
-# SmolLM2-135M's 30 layers too (SHAPES["smollm2"] below), though bench_model's plain
-# forward+backward there, with no micro-batch loop, is no faster unrolled.
-OURS_SCAN_LAYERS = False
-# Our step runs each prompt once per micro-batch (algo.share_prompt, the trainer's
-# default; same maths): here 2 groups of 8 rows per micro-batch and 9-token prompts,
-# so it saves about 10 % of the tokens (benchmarks/bench_prompt_sharing.py).
-OURS_SHARE_PROMPT = True
+# The workload and TRL's side, re-exported: the profiling scripts and tests read them here.
+from benchmarks.rl_setup import (  # noqa: F401
+    GENERATIONS,
+    HEADS,
+    HIDDEN,
+    INTER,
+    KV_HEADS,
+    LAYERS,
+    NEW_TOKENS,
+    OURS_MICROBATCHES,
+    OURS_SCAN_LAYERS,
+    OURS_SHARE_PROMPT,
+    PROMPT_WORDS,
+    PROMPTS,
+    REWARDS,
+    SHAPES,
+    TINY,
+    VOCAB,
+    Shape,
+    make_checkpoint,
+    make_tokenizer,
+    model_flops,
+    prompts,
+)
+from benchmarks.rl_trl import bench_trl, bench_trl_clean_env, trl_args  # noqa: F401
+
 # Per framework and beta, alternating order (--quick: 1). Five: on the 2-core VMs one
 # round's median iteration moved by up to 30 % between rounds of one run (2026-12-05).
 ROUNDS = 5
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """One benchmark size: the Llama, the batch, and our step's layout."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    inter: int
-    vocab: int
-    prompts: int
-    generations: int
-    new_tokens: int
-    tie: bool = False
-    microbatches: int = OURS_MICROBATCHES
-    scan_layers: bool = OURS_SCAN_LAYERS
-
-
-SHAPES = {
-    "tiny": Shape(HIDDEN, LAYERS, HEADS, KV_HEADS, INTER, VOCAB, PROMPTS, GENERATIONS, NEW_TOKENS),
-    # SmolLM2-135M (benchmarks.bench_model.SMOLLM2_135M), random init. Micro-batches of
-    # one group (4 rows), layers unrolled: this step is 1.10-1.13x faster than with the
-    # layer scan (`python -m benchmarks.profile_step --model smollm2`, docs/benchmarks.md).
-    "smollm2": Shape(576, 30, 9, 3, 1536, 49152, 4, 4, 64, tie=True, scan_layers=False),
-}
-TINY = SHAPES["tiny"]
 TIMES = ("iter_s", "sample_s", "reward_s", "step_s", "len")  # per-iteration series
 # Our trainer's metric for each series.
 _OURS_METRICS = {
@@ -94,86 +71,6 @@ _OURS_METRICS = {
     "step_s": "time/step_s",
     "len": "len/mean",
 }
-
-
-# ------------------------------------------------------------------ fixtures
-def make_tokenizer(vocab: int = VOCAB) -> Any:
-    """Word-level tokenizer: <pad>, <s>, </s>, then words w3..w{vocab-1}."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    words = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, vocab)}}
-    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<pad>",
-    )
-    fast.padding_side = "left"
-    return fast
-
-
-def make_checkpoint(out_dir: str, shape: Shape = TINY) -> str:
-    """A random-init HF Llama checkpoint (+ tokenizer) both frameworks load."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=shape.vocab,
-        hidden_size=shape.hidden,
-        intermediate_size=shape.inter,
-        num_hidden_layers=shape.layers,
-        num_attention_heads=shape.heads,
-        num_key_value_heads=shape.kv_heads,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=shape.tie,
-        torch_dtype="float32",
-    )
-    LlamaForCausalLM(cfg).save_pretrained(out_dir)
-    make_tokenizer(shape.vocab).save_pretrained(out_dir)
-    return out_dir
-
-
-def prompts(n: int, seed: int = 0, vocab: int = VOCAB) -> list[str]:
-    r = np.random.default_rng(seed)
-    return [" ".join(f"w{i}" for i in r.integers(3, vocab, PROMPT_WORDS)) for _ in range(n)]
-
-
-# Three cheap rewards with the TRL signature (and gdpo_jax's).
-def reward_len(prompts, completions, **kw):
-    return [min(len(c.split()) / NEW_TOKENS, 1.0) for c in completions]
-
-
-def reward_has_w7(prompts, completions, **kw):
-    return [float("w7" in c.split()) for c in completions]
-
-
-def reward_unique(prompts, completions, **kw):
-    return [len(set(c.split())) / max(len(c.split()), 1) for c in completions]
-
-
-REWARDS = (reward_len, reward_has_w7, reward_unique)
-
-
-def model_flops(rows: int, seq: int, *, beta: float, shape: Shape = TINY) -> float:
-    """Matmul FLOPs of one training step: 6 N T (forward + backward) + attention,
-    plus a reference forward (2 N T) when beta > 0. N excludes the embedding lookup."""
-    d, kv = shape.hidden, shape.kv_heads * shape.hidden // shape.heads
-    per_layer = d * d * 2 + d * kv * 2 + 3 * d * shape.inter
-    n = shape.layers * per_layer + d * shape.vocab
-    tokens = rows * seq
-    attn = shape.layers * 2 * 2 * rows * seq * seq * d  # QK^T and PV, forward
-    fwd = 2 * n * tokens + attn
-    return 3 * fwd + (fwd if beta > 0 else 0)
 
 
 # (n, calls per timed round) on CPU: one 1024^3 product (2.1 GFLOP) is long against
@@ -267,135 +164,6 @@ def bench_ours(
     series: dict[str, Any] = {k: [float(r[m]) for r in rows] for k, m in _OURS_METRICS.items()}
     series["compiles"] = trainer.step.compile_count()
     return series
-
-
-# ------------------------------------------------------------------- TRL
-def trl_args(shape: Shape, beta: float, steps: int, device: str = "cpu") -> dict[str, Any]:
-    """GRPOConfig's arguments for TRL's side: the same work as ours (f32, the same
-    sampling, GDPO's normalize_then_sum, the per-sequence "grpo" loss).
-
-    gradient_checkpointing=False: TRL 1.16 turns it on by default, and each backward
-    then re-ran every decoder layer's forward, which ours (model.remat=False) does not:
-    the runs before this was set did more work on TRL's side.
-    """
-    return dict(
-        per_device_train_batch_size=shape.prompts * shape.generations,
-        num_generations=shape.generations,
-        max_completion_length=shape.new_tokens,
-        beta=beta,
-        learning_rate=1e-5,
-        max_steps=steps,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=device == "cpu",
-        bf16=False,
-        gradient_checkpointing=False,
-        temperature=1.0,
-        multi_objective_aggregation="normalize_then_sum",
-        loss_type="grpo",
-        save_strategy="no",
-        seed=0,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-
-
-def bench_trl(
-    ckpt: str, beta: float, *, warmup: int, iters: int, device: str = "cpu", shape: Shape = TINY
-) -> dict[str, list[float]]:
-    """TRL GRPOTrainer's steady-state iterations: {series name (TIMES): [iters floats]}.
-
-    device: "cpu", or "cuda" where our side runs on a GPU (`common.torch_device`)."""
-    import torch
-    from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    torch.manual_seed(0)
-    steps = warmup + iters
-    ds = Dataset.from_list(
-        [{"prompt": p} for p in prompts(shape.prompts * steps, vocab=shape.vocab)]
-    )
-    args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), **trl_args(shape, beta, steps, device)
-    )
-    trainer = GRPOTrainer(
-        model=ckpt,
-        reward_funcs=list(REWARDS),
-        args=args,
-        train_dataset=ds,
-        processing_class=AutoTokenizer.from_pretrained(ckpt),
-    )
-    times: dict[str, list[float]] = {"sample": [], "reward": [], "iter": [], "len": []}
-
-    def wrap(name, key):
-        orig = getattr(trainer, name)
-
-        def timed(*a, **k):
-            t = time.perf_counter()
-            out = orig(*a, **k)
-            times[key].append(time.perf_counter() - t)
-            return out
-
-        setattr(trainer, name, timed)
-
-    wrap("_generate", "sample")
-    wrap("_calculate_rewards", "reward")
-
-    # CUDA kernels run asynchronously: without a wait, the optimizer's last kernels
-    # would finish after the clock stops and their time would land outside the step.
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    class Clock(TrainerCallback):
-        def on_step_begin(self, *a, **k):
-            sync()
-            self.t = time.perf_counter()
-
-        def on_step_end(self, *a, **k):
-            sync()
-            times["iter"].append(time.perf_counter() - self.t)
-
-        def on_log(self, args, state, control, logs=None, **k):
-            if logs and "completions/mean_length" in logs:
-                times["len"].append(logs["completions/mean_length"])
-
-    trainer.add_callback(Clock())
-    trainer.train()
-    it, sample, reward = (times[k][warmup:] for k in ("iter", "sample", "reward"))
-    return {
-        "iter_s": it,
-        "sample_s": sample,
-        "reward_s": reward,
-        # TRL's step: the rest of its iteration (loss, backward, optimizer).
-        "step_s": [i - s - r for i, s, r in zip(it, sample, reward)],
-        "len": times["len"][warmup:] or [float("nan")] * len(it),
-    }
-
-
-def bench_trl_clean_env(
-    ckpt: str, beta: float, *, warmup: int, iters: int, device: str = "cpu", model: str = "tiny"
-) -> dict[str, Any]:
-    """bench_trl in a child process whose environment lacks our malloc tunable.
-
-    gdpo_jax's CLIs and benchmarks run with glibc's huge-page tunable
-    (gdpo_jax/hostenv.py); PyTorch's CPU step measured slower with it, so TRL
-    runs as a TRL user would run it: a plain environment.
-    """
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env["GDPO_JAX_NO_RELAUNCH"] = "1"
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "trl.json")
-        cmd = [sys.executable, "-m", "benchmarks.bench_rl", "--_trl", ckpt, "--_out", out]
-        cmd += ["--_beta", str(beta), "--_warmup", str(warmup), "--_iters", str(iters)]
-        cmd += ["--_device", device, "--model", model]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"TRL benchmark process failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            return json.load(f)
 
 
 def summarize(rounds: list[dict[str, Any]], shape: Shape = TINY) -> dict[str, Any]:
@@ -577,23 +345,9 @@ def main() -> None:
     ap.add_argument("--out", default="")
     ap.add_argument("--rounds", type=int, default=0, help=f"Rounds (default {ROUNDS}).")
     ap.add_argument("--model", choices=sorted(SHAPES), default="tiny")
-    for hidden in ("--_trl", "--_out", "--_beta", "--_warmup", "--_iters", "--_device"):
-        ap.add_argument(hidden, default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.out:
         common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
-    if a._trl:  # the child of bench_trl_clean_env
-        res = bench_trl(
-            a._trl,
-            float(a._beta),
-            warmup=int(a._warmup),
-            iters=int(a._iters),
-            device=a._device or "cpu",
-            shape=SHAPES[a.model],
-        )
-        with open(a._out, "w") as f:
-            json.dump(res, f)
-        return
     res = run(a.quick, rounds=a.rounds or None, model=a.model)
     print(table(res))
     if a.out:

@@ -458,6 +458,46 @@ def test_profile_ref_rows_table_and_flop_share(monkeypatch):
     assert "| RL iteration | 4 | 0.04 | 3.000 | 2.400 | 1.25x |" in profile_ref.table_markdown(old)
 
 
+def test_bench_rl_trl_child_parses_the_command_its_parent_builds(monkeypatch, tmp_path):
+    """bench_trl_clean_env's child (`python -m benchmarks.rl_trl`) reads back every
+    argument its parent passes, and runs bench_trl with them (the child is a separate
+    module since bench_rl was split: a mismatch would fail only a full benchmark run)."""
+    import importlib.util
+
+    from benchmarks import rl_trl
+
+    built: list[list[str]] = []
+
+    class Proc:
+        returncode = 1
+        stderr = "stand-in"
+
+    def fake_run(cmd, **kw):
+        built.append(cmd)
+        assert "GLIBC_TUNABLES" not in kw["env"]
+        return Proc()
+
+    monkeypatch.setattr("subprocess.run", fake_run)
+    with pytest.raises(RuntimeError, match="stand-in"):
+        rl_trl.bench_trl_clean_env("/ck", 0.04, warmup=2, iters=5, device="cuda", model="smollm2")
+    (cmd,) = built
+    assert cmd[1:3] == ["-m", "benchmarks.rl_trl"] and importlib.util.find_spec(cmd[2])
+    got: dict = {}
+
+    def fake_bench(ckpt, beta, **kw):
+        got.update(ckpt=ckpt, beta=beta, **kw)
+        return {"iter_s": [1.0]}
+
+    monkeypatch.setattr(rl_trl, "bench_trl", fake_bench)
+    out = tmp_path / "trl.json"  # the parent's temporary folder is gone by now
+    monkeypatch.setattr("sys.argv", ["rl_trl", cmd[3], str(out), *cmd[5:]])
+    rl_trl.main()
+    assert got == dict(
+        ckpt="/ck", beta=0.04, warmup=2, iters=5, device="cuda", shape=rl_trl.SHAPES["smollm2"]
+    )
+    assert json.loads(out.read_text()) == {"iter_s": [1.0]}
+
+
 def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
     """Each round runs both frameworks, the order alternating; figures are medians
     over every round's iterations, and each round's median is kept."""
