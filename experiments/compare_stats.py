@@ -9,7 +9,10 @@ The CI of the mean paired difference is Student's t interval over seeds
 over seeds (`bootstrap_ci`, a fixed RNG seed) is reported beside it: it was the
 rule of the studies committed before, and at 10 seeds its "95 %" interval covers
 about 90 % (it is a z interval with a ddof=0 spread), so a verdict that differs
-between the two is flagged.
+between the two is flagged. A study tests several predictions at 95 % each; the
+family-wise verdict (`holm`: Holm's step-down adjustment of the t tests' p-values
+over a study's predictions) keeps the chance of any false "held" or "did not
+hold" among them at 5 %.
 
     from experiments.compare_stats import auc, t_ci
     auc([0, 10, 20], [0.1, 0.3, 0.5])       # 0.3: the curve's mean height
@@ -69,6 +72,46 @@ def t_ci(values: Sequence[float], *, level: float = 0.95) -> tuple[float, float]
         return -math.inf, math.inf
     half = stats.t.ppf(0.5 + level / 2.0, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
     return float(v.mean() - half), float(v.mean() + half)
+
+
+def t_pvalue(values: Sequence[float], margin: float = 0.0) -> float:
+    """Two-sided p-value of Student's one-sample t test that the mean of `values`
+    (non-finite ones dropped) equals `margin`: below 0.05 exactly when `t_ci`'s 95 %
+    interval excludes `margin`. NaN for fewer than two values; 0 for a spread of 0
+    away from `margin` (1 at it)."""
+    from scipy import stats
+
+    v = _finite(values)
+    if v.size < 2:
+        return math.nan
+    sd = float(v.std(ddof=1))
+    if sd == 0.0:
+        return 1.0 if float(v.mean()) == margin else 0.0
+    t = (float(v.mean()) - margin) / (sd / math.sqrt(v.size))
+    return float(2.0 * stats.t.sf(abs(t), v.size - 1))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input's order: the i-th smallest of
+    the m finite p-values times (m - i + 1), made non-decreasing, capped at 1. NaN
+    stays NaN and does not count in m. Rejecting where the adjusted p < alpha keeps
+    the family-wise error rate at alpha for any dependence between the tests."""
+    p = np.asarray(pvalues, np.float64)
+    out = np.full(p.shape, np.nan)
+    idx = np.flatnonzero(np.isfinite(p))
+    m = idx.size
+    running = 0.0
+    for rank, i in enumerate(idx[np.argsort(p[idx], kind="stable")]):
+        running = max(running, min(1.0, (m - rank) * float(p[i])))
+        out[i] = running
+    return out.tolist()
+
+
+def format_p(p: float) -> str:
+    """A p-value for a table: 3 significant digits, '<0.001' below, 'n/a' for NaN."""
+    if not math.isfinite(p):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3g}"
 
 
 def bootstrap_ci(
@@ -242,7 +285,9 @@ def _all_of(parts: list[str]) -> str:
 
 def judge(values: dict[str, dict[str, dict[int, float]]], predictions) -> list[dict[str, Any]]:
     """Each prediction's contrast and verdict: 'held' when its 95 % t CI lies above
-    `margin` (`verdict`); `verdict_bootstrap` is the same under the bootstrap CI.
+    `margin` (`verdict`); `verdict_bootstrap` is the same under the bootstrap CI;
+    `verdict_holm` the same at a family-wise 5 % over the predictions with terms
+    (`p_value`: the t test against the margin, `p_holm`: Holm-adjusted, `holm`).
 
     predictions: [{"id", "text", "terms": [(coef, est, quantity)], "margin": float}]; a
     prediction with "all_of": [ids] (earlier ones) holds when all of those held, fails
@@ -259,8 +304,6 @@ def judge(values: dict[str, dict[str, dict[int, float]]], predictions) -> list[d
                     f"before it ({list(by_id)})."
                 )
             res = {"id": p["id"], "text": p["text"], "all_of": p["all_of"]}
-            for key in ("verdict", "verdict_bootstrap"):
-                res[key] = _all_of([by_id[i][key] for i in p["all_of"]])
         else:
             c = contrast(values, p["terms"])
             m = p.get("margin", 0.0)
@@ -268,9 +311,27 @@ def judge(values: dict[str, dict[str, dict[int, float]]], predictions) -> list[d
             res = dict(
                 p,
                 **c,
+                p_value=t_pvalue(c["values"], m),
                 verdict=verdict(shifted),
                 verdict_bootstrap=verdict(shifted, ci="boot"),
             )
         by_id[p["id"]] = res
         out.append(res)
+    leaves = [r for r in out if "all_of" not in r]
+    for r, adjusted in zip(leaves, holm([r["p_value"] for r in leaves]), strict=True):
+        r["p_holm"] = adjusted
+        r["verdict_holm"] = _tested(r, adjusted)
+    for r in out:  # in order: an all_of names earlier predictions only
+        if "all_of" in r:
+            for key in ("verdict", "verdict_bootstrap", "verdict_holm"):
+                r[key] = _all_of([by_id[i][key] for i in r["all_of"]])
     return out
+
+
+def _tested(res: dict[str, Any], p: float, alpha: float = 0.05) -> str:
+    """`verdict`'s words for a test of the contrast against its margin at p."""
+    if res["n"] < MIN_SEEDS:  # the words verdict() gives (no runs / n<3)
+        return res["verdict"]
+    if not p < alpha:
+        return "inconclusive"
+    return "held" if res["mean"] > res.get("margin", 0.0) else "did not hold"

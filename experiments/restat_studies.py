@@ -23,7 +23,7 @@ from typing import Any
 
 from absl import app, flags
 
-from experiments.compare_stats import judge
+from experiments.compare_stats import format_p, judge
 from experiments.study_predictions import PREDICTIONS
 from gdpo_jax.train import cli
 
@@ -50,11 +50,12 @@ def restat(results_dir: str) -> dict[str, Any]:
         name = saved["task"]
         for p in judge(_values(saved["study"]["stats"]), PREDICTIONS[name]):
             row = {"study": study, "id": p["id"], "text": p["text"]}
-            row.update({k: p[k] for k in ("verdict", "verdict_bootstrap")})
+            row.update({k: p[k] for k in ("verdict", "verdict_holm", "verdict_bootstrap")})
             if "all_of" in p:
                 row["all_of"] = p["all_of"]
             else:
-                row.update({k: p[k] for k in ("n", "mean", "ci_lo", "ci_hi", "boot_lo", "boot_hi")})
+                keys = ("n", "mean", "ci_lo", "ci_hi", "p_value", "p_holm", "boot_lo", "boot_hi")
+                row.update({k: p[k] for k in keys})
                 row["margin"] = p.get("margin", 0.0)
             verdicts.append(row)
         # None: a resumed run, whose clock covers its last attempt only.
@@ -84,22 +85,26 @@ def markdown(result: dict[str, Any]) -> str:
         "(per-seed values; nothing re-run). Verdict: the 95 % t interval over seeds, the rule",
         "of the reports now; bootstrap: the 95 % percentile bootstrap over seeds, the rule the",
         "studies were committed with in their `predictions.md` (at 10 seeds it covers about",
-        "90 %). **differs** marks a verdict the two intervals do not share.",
+        "90 %). **differs** marks a verdict the two intervals do not share. Family-wise: each",
+        "study's t tests (p against the margin) with Holm's step-down adjustment over its",
+        "predictions, which keeps the chance of any false held / did-not-hold among them at 5 %.",
         "",
-        "| study | id | mean (n) | t CI | verdict | bootstrap CI | bootstrap verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| study | id | mean (n) | t CI | p | verdict | Holm p | family-wise verdict "
+        "| bootstrap CI | bootstrap verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["verdicts"]:
         flag = " **differs**" if r["verdict"] != r["verdict_bootstrap"] else ""
         if "all_of" in r:
-            num, t, b = "+".join(r["all_of"]), "", ""
+            num, t, b, p, ph = "+".join(r["all_of"]), "", "", "", ""
         else:
             margin = f", margin {r['margin']:+g}" if r["margin"] else ""
             num = f"{r['mean']:+.3f} (n={r['n']}){margin}"
             t, b = _ci(r["ci_lo"], r["ci_hi"]), _ci(r["boot_lo"], r["boot_hi"])
+            p, ph = format_p(r["p_value"]), format_p(r["p_holm"])
         lines.append(
-            f"| {r['study']} | {r['id']} | {num} | {t} | {r['verdict']} | {b} | "
-            f"{r['verdict_bootstrap']}{flag} |"
+            f"| {r['study']} | {r['id']} | {num} | {t} | {p} | {r['verdict']} | {ph} | "
+            f"{r['verdict_holm']} | {b} | {r['verdict_bootstrap']}{flag} |"
         )
     lines += [
         "",

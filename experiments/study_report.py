@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any
 
-from experiments.compare_stats import MIN_SEEDS, judge, study_stats
+from experiments.compare_stats import MIN_SEEDS, format_p, judge, study_stats
 from experiments.study_predictions import PREDICTIONS
 from gdpo_jax.train.plots import LABELS, plot
 
@@ -104,17 +104,22 @@ def study_markdown(section: dict[str, Any]) -> str:
             "## Predictions (predictions.md, committed before the runs)",
             "",
             "Verdict: the 95 % t interval over seeds (at least "
-            f"{MIN_SEEDS} seeds); under the percentile bootstrap, the rule of the studies "
-            "committed before it, in the last column (it covers ~90 % at 10 seeds).",
+            f"{MIN_SEEDS} seeds); family-wise: the same t tests with Holm's adjustment over "
+            "the study's predictions (5 % chance of any false verdict among them); under the "
+            "percentile bootstrap, the rule of the studies committed before it, in the last "
+            "column (it covers ~90 % at 10 seeds).",
             "",
-            "| id | prediction | mean [95 % t CI] (n seeds) | verdict | bootstrap CI: verdict |",
-            "|---|---|---|---|---|",
+            "| id | prediction | mean [95 % t CI] (n seeds) | verdict | family-wise: Holm p, "
+            "verdict | bootstrap CI: verdict |",
+            "|---|---|---|---|---|---|",
         ]
         for p in section["predictions"]:
             boot = p.get("verdict_bootstrap", "n/a")
+            fam = p.get("verdict_holm", "n/a")
             if "all_of" in p:
                 num = "+".join(p["all_of"])
             else:
+                fam = f"{format_p(p.get('p_holm', math.nan))}, {fam}"
                 margin = p.get("margin", 0.0)
                 num = (
                     f"{_fmt(p['mean'], True)} [{_fmt(p['ci_lo'], True)}, "
@@ -123,5 +128,7 @@ def study_markdown(section: dict[str, Any]) -> str:
                 )
                 boot = f"[{_fmt(p['boot_lo'], True)}, {_fmt(p['boot_hi'], True)}]: {boot}"
             flag = " (differs)" if p.get("verdict_bootstrap", p["verdict"]) != p["verdict"] else ""
-            lines.append(f"| {p['id']} | {p['text']} | {num} | **{p['verdict']}** | {boot}{flag} |")
+            lines.append(
+                f"| {p['id']} | {p['text']} | {num} | **{p['verdict']}** | {fam} | {boot}{flag} |"
+            )
     return "\n".join(lines) + "\n"

@@ -316,6 +316,57 @@ def test_t_interval_against_scipys_one_sample_test_and_its_coverage():
     assert 0.86 < cover < 0.93, cover
 
 
+def test_p_values_and_holms_family_wise_verdicts():
+    from scipy import stats
+
+    from experiments import compare_stats as cs
+
+    # The p-value is scipy's one-sample t test, and below 0.05 exactly where the 95 %
+    # t interval excludes the margin (the verdict's rule), on 300 random samples.
+    rng = np.random.default_rng(1)
+    for i in range(300):
+        v = rng.normal(0.3 * (i % 3), 1.0, size=3 + i % 8)
+        m = float(rng.normal(0, 0.3))
+        assert cs.t_pvalue(v, m) == pytest.approx(stats.ttest_1samp(v, m).pvalue, rel=1e-9)
+        lo, hi = cs.t_ci(v)
+        assert (cs.t_pvalue(v, m) < 0.05) == (not lo <= m <= hi)
+    assert math.isnan(cs.t_pvalue([0.3])) and cs.t_pvalue([0.25, 0.25, 0.25], 0.0) == 0.0
+    assert cs.t_pvalue([0.25, 0.25, 0.25], 0.25) == 1.0
+    # Holm by hand: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 -> 0.02, 0.03, 0.06,
+    # 0.04 -> made non-decreasing 0.06; NaN stays and does not count in m.
+    got = cs.holm([0.01, 0.04, float("nan"), 0.03, 0.005])
+    assert got[:2] == pytest.approx([0.03, 0.06]) and math.isnan(got[2])
+    assert got[3:] == pytest.approx([0.06, 0.02])
+    assert cs.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
+    # Five predictions: P1 alone clears 95 % (p 0.02) but not the family-wise 5 %.
+    a = {s: 0.0 for s in range(10)}
+    strong = {s: 1.0 + 0.1 * (s % 3) for s in range(10)}
+    weak = dict(enumerate([0.35, -0.2, 0.6, 0.1, 0.55, -0.1, 0.4, 0.25, 0.5, -0.15]))
+    values = {"a": {"q": a, "z": a}, "b": {"q": weak, "s": strong, "z": a}}
+    diff = [(1.0, "b", "q"), (-1.0, "a", "q")]
+    preds = [
+        {"id": "P1", "text": "weak", "terms": diff},
+        {"id": "P2", "text": "strong", "terms": [(1.0, "b", "s")]},
+        {"id": "P3", "text": "strong reversed", "terms": [(-1.0, "b", "s")]},
+        {"id": "P4", "text": "none", "terms": [(1.0, "b", "z")]},
+        {"id": "P5", "text": "P1 and P2", "all_of": ["P1", "P2"]},
+    ]
+    got = {p["id"]: p for p in cs.judge(values, preds)}
+    p1 = stats.ttest_1samp(list(weak.values()), 0.0).pvalue
+    assert got["P1"]["p_value"] == pytest.approx(p1) and 0.01 < p1 < 0.05
+    assert got["P1"]["verdict"] == "held" and got["P1"]["verdict_holm"] == "inconclusive"
+    assert got["P1"]["p_holm"] == pytest.approx(min(1.0, 2 * p1))  # third smallest of 3 finite
+    assert got["P2"]["verdict_holm"] == "held" and got["P3"]["verdict_holm"] == "did not hold"
+    assert math.isnan(got["P4"]["p_value"]) or got["P4"]["verdict_holm"] == "inconclusive"
+    assert got["P5"]["verdict"] == "held" and got["P5"]["verdict_holm"] == "inconclusive"
+    # Fewer than MIN_SEEDS seeds: no verdict, family-wise either.
+    few = {
+        e: {q: {s: x for s, x in v.items() if s < 2} for q, v in qs.items()}
+        for e, qs in values.items()
+    }
+    assert cs.judge(few, preds[:1])[0]["verdict_holm"] == "inconclusive (n<3)"
+
+
 def test_study_run_configs_differ_only_in_estimator_and_seed():
     from gdpo_jax.train.config import config_to_dict, validate_config
 
