@@ -149,6 +149,34 @@ def test_planner_inputs_that_raised_value_errors_are_one_line(tmp_path):
     assert _valid(c, target)
 
 
+def test_a_multi_host_target_is_planned_with_the_runs_per_process_checks():
+    # One JAX process per host: a run on these targets refuses a tensor axis across the
+    # hosts, rows_per_call or num_prompts that do not split over the processes; the plan
+    # checked them on this one process and said "fits", and the search offered such meshes.
+    from gdpo_jax.scale import plan as plan_lib
+    from gdpo_jax.scale.search import _valid
+
+    gpus = targets_lib.parse_target("cuda:1x2x1:h100")  # 2 GPUs, 2 hosts
+    assert (gpus.num_devices, gpus.num_hosts) == (2, 2)
+    c = tiny_config()
+    c.sampling.rows_per_call = c.algo.group_size  # one prompt per call: not per process
+    with pytest.raises(ConfigError, match=r"config\.sampling\.rows_per_call=.* over 2 processes"):
+        plan_lib.make_plan(c, gpus)
+    assert not _valid(c, gpus)
+    c = tiny_config()
+    c.mesh.shape = (1, 1, -1)  # the tensor axis spans the two hosts
+    with pytest.raises(ConfigError, match=r"data x fsdp = 1 do not split over the 2 processes"):
+        plan_lib.make_plan(c, gpus)
+    v5p = targets_lib.parse_target("v5p-16")  # 8 chips, 2 hosts
+    c.mesh.shape = (1, -1, 8)
+    assert not _valid(c, v5p)
+    c.mesh.shape = (1, -1, 4)  # fsdp 2: one block of rows per host
+    assert _valid(c, v5p)
+    c = tiny_config(num_prompts=3)
+    with pytest.raises(ConfigError, match=r"num_prompts=3 does not split over 2 processes"):
+        plan_lib.make_plan(c, gpus)
+
+
 def test_target_table():
     t = targets_lib.parse_target("16xh100")
     assert (t.num_devices, t.num_hosts, t.platform) == (16, 2, "cuda")
@@ -698,38 +726,39 @@ def test_tiny_plan_on_tpu_bytes_per_device():
 
 
 @needs_tpu
-def test_multislice_plan_counts_every_padded_sampler_call_and_the_tensor_shard():
+def test_multislice_plan_counts_every_padded_sampler_call_and_the_batch_shards():
     """A plan of two v5e slices (it raised in jax.make_mesh), mesh data 2 (over the
-    slices) x fsdp 2 x tensor 2, 8 prompts x G 2 = 16 rows in calls of 2: each call's
-    2 rows are padded to the 4 batch shards, so 8 calls decode 4 rows each (the plan
-    recorded 4 rows per call: 4 calls, half the decode). Its roofline is the search's
-    estimate of the same config."""
+    slices) x fsdp 4, 8 prompts x G 2 = 16 rows in calls of 4 (2 prompts, one per host:
+    the run refuses calls that do not split over its processes): each call's 4 rows are
+    padded to the 8 batch shards, so 4 calls decode 8 rows each (the plan recorded the
+    unpadded rows per call: half the decode). Its roofline is the search's estimate of
+    the same config."""
     from gdpo_jax.scale.plan import make_plan
     from gdpo_jax.scale.search import estimate
 
     cfg = tiny_config(group_size=2)
-    cfg.mesh.shape = (2, 2, 2)
-    cfg.sampling.rows_per_call = 2
+    cfg.mesh.shape = (2, 4, 1)
+    cfg.sampling.rows_per_call = 4
     target = targets_lib.parse_target("tpu:v5e:2x2,slices=2")
     plan = make_plan(cfg, target)
-    assert plan["fits"] and plan["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert plan["fits"] and plan["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
     assert plan["device"] == "8 x TPU v5e (v5e:2x2 x 2 slices)"
     assert plan["num_hosts"] == 2  # one 4-chip VM per slice
     assert plan["usable_gib"] == pytest.approx(15.75)
     shape = plan["step_shape"]
-    assert (shape["rows_per_call"], plan["programs"]["generate"]["rows_per_call"]) == (2, 4)
-    assert (shape["batch_shards"], shape["tensor"]) == (4, 2)
-    # Hand count: 8 calls x 4 rows x 16 steps, each step over all P + C = 32 slots
+    assert (shape["rows_per_call"], plan["programs"]["generate"]["rows_per_call"]) == (4, 8)
+    assert (shape["batch_shards"], shape["tensor"]) == (8, 1)
+    # Hand count: 4 calls x 8 rows x 16 steps, each step over all P + C = 32 slots
     # (16 new tokens: one decode phase).
     q, kv = HQ * DH, HKV * DH
     per_tok = 2 * L * (D * q + 2 * D * kv + q * D + 3 * D * F)
     step = per_tok + 2 * D * V + 4 * L * q * 32
-    assert plan["flops"]["decode"] == pytest.approx(8 * 4 * 16 * step, rel=1e-12)
+    assert plan["flops"]["decode"] == pytest.approx(4 * 8 * 16 * step, rel=1e-12)
     assert estimate(cfg, plan, target) == pytest.approx(plan["est_step_s"], rel=1e-12)
     from gdpo_jax.scale.report import format_plan
 
     text = format_plan(plan)
-    assert "2 rows per call (each call decodes 4: padded to the batch shards)" in text
+    assert "4 rows per call (each call decodes 8: padded to the batch shards)" in text
     assert "(v5e:2x2 x 2 slices) on 2 hosts, mesh" in text
 
 

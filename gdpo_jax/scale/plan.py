@@ -312,7 +312,8 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     with cfg.unlocked():
         cfg.workdir = cfg.workdir or "/tmp/gdpo_plan"  # never written; validation wants one
         cfg.mesh.num_devices = 0
-    validate_config(cfg, num_devices=target.num_devices)
+    # One JAX process per host: the run checks its processes' shares of prompts and rows.
+    validate_config(cfg, num_devices=target.num_devices, num_processes=target.num_hosts)
     mc, attention_note = _attention_for_host(model_config(cfg), cfg.model.attention)
     devices = devices if devices is not None else target_devices(target)
     mesh = mesh_lib.make_mesh(

@@ -164,7 +164,7 @@ def _valid(cfg: mlc.ConfigDict, target: Target) -> bool:
         c.workdir = c.workdir or "/tmp/gdpo_plan"
         c.mesh.num_devices = 0
     try:
-        validate_config(c, num_devices=target.num_devices)
+        validate_config(c, num_devices=target.num_devices, num_processes=target.num_hosts)
         data, fsdp, _ = check_mesh(c, target.num_devices)
     except ConfigError:
         return False

@@ -111,13 +111,16 @@ def validate_config(
     cfg: mlc.ConfigDict,
     *,
     num_devices: int | None = None,
+    num_processes: int | None = None,
     known_rewards: list[str] | tuple[str, ...] | None = None,
 ) -> None:
     """Raises ConfigError (naming the field and the fix) on the first bad field.
 
     num_devices: global device count used to check batch divisibility (default
-      jax.device_count()). known_rewards: registered reward names (default
-      gdpo_jax.rewards.list_rewards()).
+      jax.device_count()). num_processes: the run's JAX processes (default
+      jax.process_count() on a live run; a planner passes its target's host count,
+      1 when not given with num_devices). known_rewards: registered reward names
+      (default gdpo_jax.rewards.list_rewards()).
     """
 
     if "sft" in cfg:  # the RL run never read it: a warm-start config ran as RL
@@ -278,14 +281,16 @@ def validate_config(
         import jax
 
         num_devices = jax.device_count()
-        if a.num_prompts % jax.process_count():
-            raise ConfigError(
-                f"config.algo.num_prompts={a.num_prompts} does not split over "
-                f"{jax.process_count()} processes (each samples its own prompts); use a multiple."
-            )
+        num_processes = jax.process_count() if num_processes is None else num_processes
+    procs = num_processes or 1
+    if a.num_prompts % procs:
+        raise ConfigError(
+            f"config.algo.num_prompts={a.num_prompts} does not split over "
+            f"{procs} processes (each samples its own prompts); use a multiple."
+        )
+    prompts_per_call(cfg, procs)
     shape = check_mesh(cfg, num_devices)
-    if live:
-        check_mesh_spans_processes(cfg, shape)
+    check_mesh_spans_processes(cfg, shape, processes=procs, live=live)
     shards = shape[0] * shape[1]
     rows = a.num_prompts * a.group_size
     per_update = a.num_minibatches * a.num_microbatches
@@ -355,9 +360,32 @@ def check_mesh(cfg: mlc.ConfigDict, num_devices: int) -> tuple[int, ...]:
     return shape
 
 
-def check_mesh_spans_processes(cfg: mlc.ConfigDict, shape: tuple[int, ...]) -> None:
+def prompts_per_call(cfg: mlc.ConfigDict, processes: int) -> int:
+    """Each process's prompts per sampler call (0: one call), every process making the
+    same calls; a ConfigError when `sampling.rows_per_call` does not split over them."""
+    rpc = int(cfg.sampling.get("rows_per_call", 0))
+    if not rpc:
+        return 0
+    group, local = cfg.algo.group_size, cfg.algo.num_prompts // processes
+    per_call = rpc // group // processes
+    if per_call < 1 or local % per_call:
+        raise ConfigError(
+            f"config.sampling.rows_per_call={rpc} gives {rpc // group} prompts per call, "
+            f"which does not split evenly over {processes} processes of {local} prompts "
+            f"each; use a multiple of {group * processes} that divides "
+            f"{cfg.algo.num_prompts * group}."
+        )
+    return per_call
+
+
+def check_mesh_spans_processes(
+    cfg: mlc.ConfigDict, shape: tuple[int, ...], *, processes: int | None = None, live: bool = True
+) -> None:
     """With several processes, the mesh (resolved `shape`, (data, fsdp, tensor)) must give
     every process an equal share of its devices and of its batch rows.
+
+    processes: the run's process count (default jax.process_count()); live: check the
+    devices' owners too (False for a planned target, whose devices are not this host's).
 
     A process left out of the mesh built the model, then failed alone in the first
     rollout while the others waited in the sampler's collective, for ever. Batch axes
@@ -367,10 +395,11 @@ def check_mesh_spans_processes(cfg: mlc.ConfigDict, shape: tuple[int, ...]) -> N
     """
     import jax
 
-    n, procs = cfg.mesh.num_devices, jax.process_count()
+    n = cfg.mesh.num_devices
+    procs = jax.process_count() if processes is None else processes
     if procs == 1:
         return
-    if n:
+    if n and live:
         owners = Counter(d.process_index for d in jax.devices()[:n])
         if len(owners) != procs or len(set(owners.values())) != 1:
             raise ConfigError(

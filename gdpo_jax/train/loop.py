@@ -28,10 +28,10 @@ from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import (
-    ConfigError,
     check_context_length,
     eval_params,
     prompt_buckets,
+    prompts_per_call,
     reward_runner,
     reward_specs,
     sampling_params,
@@ -65,24 +65,6 @@ def _gather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _prompts_per_call(cfg, processes: int) -> int:
-    """This process's prompts per sampler call (0: one call), every process making the
-    same calls; a ConfigError when `sampling.rows_per_call` does not split over them."""
-    rpc = int(cfg.sampling.get("rows_per_call", 0))
-    if not rpc:
-        return 0
-    group, local = cfg.algo.group_size, cfg.algo.num_prompts // processes
-    per_call = rpc // group // processes
-    if per_call < 1 or local % per_call:
-        raise ConfigError(
-            f"config.sampling.rows_per_call={rpc} gives {rpc // group} prompts per call, "
-            f"which does not split evenly over {processes} processes of {local} prompts "
-            f"each; use a multiple of {group * processes} that divides "
-            f"{cfg.algo.num_prompts * group}."
-        )
-    return per_call
-
-
 class Trainer:
     """Everything one run needs, built from a validated config. `run()` trains."""
 
@@ -95,7 +77,7 @@ class Trainer:
         pi, pc = build.process_info()
         self.local_prompts = cfg.algo.num_prompts // pc
         self.group_offset = pi * self.local_prompts
-        self.prompts_per_call = _prompts_per_call(cfg, pc)
+        self.prompts_per_call = prompts_per_call(cfg, pc)
         devices = jax.devices()[: cfg.mesh.num_devices or None]
         self.mesh = mesh_lib.make_mesh(
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
