@@ -26,9 +26,13 @@ def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     )
 
 
-def _write_gguf(tmodel, path: str, extra: dict | None = None) -> None:
+def _write_gguf(tmodel, path: str, extra: dict | None = None, meta=None) -> None:
+    """`tmodel` as a llama GGUF (its mlp tensors Q8_0), with `extra` tensors and
+    `meta(writer)` adding metadata."""
     c = tmodel.config
     w = gguf.GGUFWriter(path, "llama")
+    if meta is not None:
+        meta(w)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
@@ -159,6 +163,114 @@ def test_gguf_tensor_without_an_hf_name_is_named(tmp_path, monkeypatch, name, ma
     _write_gguf(transformers.LlamaForCausalLM(cfg).eval(), path, {name: np.ones(4, np.float32)})
     with pytest.raises(ValueError, match=match):
         load_pretrained(path)
+
+
+def _tiny_llama():
+    cfg = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=32,  # Q8_0 blocks of 32 (mlp tensors are quantized)
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        rope_theta=1000.0,
+        eos_token_id=2,
+    )
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def test_a_bad_gguf_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    # The reader's own errors named no file: "cannot reshape array of size 2408640 into
+    # shape (49152,612)" for a cut download, "GGUF magic invalid", a bare IndexError.
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+    good = tmp_path / "good.gguf"
+    _write_gguf(_tiny_llama(), str(good))
+    data = good.read_bytes()
+    cases = {
+        "tail.gguf": (data[:-64], "is not a readable GGUF"),
+        "head.gguf": (data[:1000], "is not a readable GGUF"),
+        "text.gguf": (b"not a model\n" * 10, "is not a readable GGUF"),
+        "empty.gguf": (b"", "is empty"),
+    }
+    for name, (content, what) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=rf"GGUF file '.*{name}' {what}") as e:
+            load_pretrained(str(tmp_path / name))
+        assert "\n" not in str(e.value) and "download it again" in str(e.value)
+
+
+def test_gguf_metadata_missing_a_required_key_names_it(tmp_path):
+    from gdpo_jax.models.gguf import convert_gguf
+
+    path = str(tmp_path / "meta.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_embedding_length(64)
+    w.add_feed_forward_length(128)
+    w.add_head_count(8)  # no block_count, no vocab size, token list or embedding
+    w.add_tensor("output.weight", np.zeros((32, 64), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"meta\.gguf': the GGUF gives no vocabulary size"):
+        convert_gguf(path, str(tmp_path / "out"))
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_embedding_length(64)
+    w.add_head_count(8)
+    w.add_vocab_size(32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"lacks the required metadata key 'llama\.feed_forward"):
+        convert_gguf(path, str(tmp_path / "out"))
+
+
+def test_gguf_end_of_turn_ids_are_stop_ids(tmp_path, monkeypatch):
+    # llama.cpp stops at tokenizer.ggml.eot_token_id (Llama 3 Instruct: <|eot_id|>,
+    # beside eos <|end_of_text|>); the conversion kept eos alone, so the sampler ran on.
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+
+    def stops(w):
+        w.add_eos_token_id(2)
+        w.add_uint32("tokenizer.ggml.eot_token_id", 7)
+        w.add_uint32("tokenizer.ggml.eom_token_id", 2)  # the eos again: listed once
+
+    path = str(tmp_path / "eot.gguf")
+    _write_gguf(_tiny_llama(), path, meta=stops)
+    model, _ = load_pretrained(path)
+    assert model.cfg.eos_token_ids == (2, 7)
+    plain = str(tmp_path / "plain.gguf")
+    _write_gguf(_tiny_llama(), plain, meta=lambda w: w.add_eos_token_id(2))
+    assert load_pretrained(plain)[0].cfg.eos_token_ids == (2,)
+
+
+def test_gguf_with_a_pre_tokenizer_the_conversion_cannot_split_for_is_refused(
+    tmp_path, monkeypatch
+):
+    # deepseek-llm's rule puts every newline in a piece of its own; the conversion split
+    # its text as GPT-2 does ('ĊĊ' where llama.cpp gives 'Ċ', 'Ċ'), without a word.
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+
+    def pre(w):
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("deepseek-llm")
+
+    path = str(tmp_path / "pre.gguf")
+    _write_gguf(_tiny_llama(), path, meta=pre)
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.pre='deepseek-llm'.*smollm") as e:
+        load_pretrained(path)
+    assert "\n" not in str(e.value)
+    assert not os.listdir(tmp_path / "cache") or all(
+        n.startswith(".") for n in os.listdir(tmp_path / "cache")
+    )
+
+
+def test_an_upper_case_gguf_suffix_is_a_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+    path = str(tmp_path / "Tiny.GGUF")
+    _write_gguf(_tiny_llama(), path)
+    assert load_pretrained(path)[0].cfg.num_layers == 1
 
 
 @pytest.fixture(scope="module")

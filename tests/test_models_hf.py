@@ -206,6 +206,42 @@ def test_wrong_shape_names_tensor_and_both_shapes(hf_dirs, tmp_path):
         load_pretrained(d)
 
 
+def test_a_cut_or_corrupt_safetensors_file_is_one_line_naming_it(hf_dirs, tmp_path):
+    # A half-downloaded file read as "cannot reshape array of size 0 into shape (64,128)",
+    # a damaged header as a bare JSONDecodeError: neither named the file.
+    src = os.path.join(hf_dirs["llama"][0], "model.safetensors")
+    data = open(src, "rb").read()
+    n = int.from_bytes(data[:8], "little")
+    cases = {
+        "half": (data[: len(data) // 2], r"truncated safetensors file \(its header needs \d+"),
+        "header": (data[: 8 + n // 2], r"not a readable safetensors file"),
+        "garbage": (data[:8] + b"#" * n + data[8 + n :], r"not a readable safetensors file"),
+        "tiny": (b"abc", r"not a readable safetensors file \(its 3-byte"),
+    }
+    for name, (content, match) in cases.items():
+        d = _copy_ckpt(hf_dirs["llama"][0], str(tmp_path / name))
+        with open(os.path.join(d, "model.safetensors"), "wb") as f:
+            f.write(content)
+        with pytest.raises(ValueError, match=rf"{name}/model\.safetensors: {match}") as e:
+            load_pretrained(d)
+        assert "\n" not in str(e.value)
+
+
+def test_a_tokenizer_that_does_not_load_is_named_not_taken_for_none(hf_dirs, tmp_path):
+    # A damaged tokenizer.json was a warning and tokenizer=None: the run then said the
+    # checkpoint "came without a tokenizer (no tokenizer.json ...)", the file being there.
+    model, _ = load_pretrained(hf_dirs["llama"][0])
+    out = str(tmp_path / "out")
+    save_pretrained(model, make_tiny_tokenizer(V), out)
+    path = os.path.join(out, "tokenizer.json")
+    text = open(path).read()
+    with open(path, "w") as f:
+        f.write(text[: len(text) // 2])
+    with pytest.raises(ValueError, match=r"the tokenizer files in '.*out' do not load") as e:
+        load_pretrained(out)
+    assert "\n" not in str(e.value)
+
+
 def test_unknown_model_type_is_named(hf_dirs, tmp_path):
     d = _copy_ckpt(hf_dirs["llama"][0], str(tmp_path / "u"), config_edit={"model_type": "mamba"})
     with pytest.raises(ValueError, match=r"'mamba'.*llama.*qwen2.*qwen3"):

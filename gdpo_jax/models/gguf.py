@@ -17,6 +17,7 @@ import importlib.util
 import json
 import os
 import shutil
+import struct
 import tempfile
 from typing import Any
 
@@ -89,12 +90,25 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
             f"GGUF architecture {arch!r} is not supported; supported: {sorted(_ARCHS)}."
         )
     g = lambda k, d=None: _field(reader, f"{arch}.{k}", d)  # noqa: E731
-    n_head, hidden = int(g("attention.head_count")), int(g("embedding_length"))
+
+    def need(k: str) -> int:  # int(None) was a bare TypeError naming no key
+        v = g(k)
+        if v is None:
+            raise ValueError(f"the GGUF lacks the required metadata key '{arch}.{k}'.")
+        return int(v)
+
+    n_head, hidden = need("attention.head_count"), need("embedding_length")
     names = {t.name for t in reader.tensors}
     tokens = _field(reader, "tokenizer.ggml.tokens")
     vocab = g("vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
-        vocab = next(t for t in reader.tensors if t.name == "token_embd.weight").shape[1]
+        embd = [t for t in reader.tensors if t.name == "token_embd.weight"]
+        if not embd:
+            raise ValueError(
+                f"the GGUF gives no vocabulary size ('{arch}.vocab_size', a token list or "
+                "a 'token_embd.weight' tensor)."
+            )
+        vocab = embd[0].shape[1]
     cfg = {
         "architectures": [
             {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[
@@ -104,8 +118,8 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
         "model_type": _ARCHS[arch],
         "vocab_size": int(vocab),
         "hidden_size": hidden,
-        "intermediate_size": int(g("feed_forward_length")),
-        "num_hidden_layers": int(g("block_count")),
+        "intermediate_size": need("feed_forward_length"),
+        "num_hidden_layers": need("block_count"),
         "num_attention_heads": n_head,
         "num_key_value_heads": int(g("attention.head_count_kv", n_head)),
         "head_dim": int(g("attention.key_length", hidden // n_head)),
@@ -187,13 +201,22 @@ def rest_of(name: str) -> str:
 
 def convert_gguf(path: str, out_dir: str) -> str:
     """Write an HF checkpoint dir (f32 safetensors + tokenizer) from a GGUF file."""
-    import gguf
-
     from gdpo_jax.models.export import write_safetensors
 
-    reader = gguf.GGUFReader(path)
-    cfg = gguf_hf_config(reader)
-    tensors = gguf_hf_tensors(reader, cfg)
+    reader = open_gguf(path)
+    try:
+        cfg = gguf_hf_config(reader)
+        tensors = gguf_hf_tensors(reader, cfg)
+    except ValueError as e:  # name the file: the message alone did not say which
+        raise ValueError(f"GGUF file {path!r}: {e}") from e
+    pre = _field(reader, "tokenizer.ggml.pre")
+    if _field(reader, "tokenizer.ggml.model") == "gpt2" and not _known_pre(pre):
+        raise ValueError(
+            f"GGUF file {path!r}: its tokenizer's pre-tokenizer type "
+            f"(tokenizer.ggml.pre={pre!r}) is not one the conversion splits text for "
+            f"({', '.join(sorted(_known_pres()))}); its text would be split as GPT-2 splits "
+            "it, not as the model was trained. Load its Hugging Face checkpoint instead."
+        )
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(tensors, os.path.join(out_dir, "model.safetensors"))
     with open(os.path.join(out_dir, "config.json"), "w") as f:
@@ -201,6 +224,16 @@ def convert_gguf(path: str, out_dir: str) -> str:
     gen = {
         k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if cfg[k] is not None
     }
+    # llama.cpp also ends generation at the end-of-turn / end-of-message tokens (Llama 3
+    # Instruct GGUFs: eos <|end_of_text|>, eot <|eot_id|>); generation_config's eos list
+    # is where the loader reads every stop id (ModelConfig.from_hf).
+    stops = [cfg["eos_token_id"]] if cfg["eos_token_id"] is not None else []
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        extra = _field(reader, key)
+        if extra is not None and int(extra) not in stops:
+            stops.append(int(extra))
+    if len(stops) > 1:
+        gen["eos_token_id"] = stops
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump(gen, f, indent=2)
     if _field(reader, "tokenizer.ggml.tokens") is not None:
@@ -231,6 +264,39 @@ def convert_gguf(path: str, out_dir: str) -> str:
     return out_dir
 
 
+def open_gguf(path: str) -> Any:
+    """gguf.GGUFReader of `path`; a ValueError naming the file when it is empty, truncated
+    or not a GGUF (the reader's own errors named neither: "cannot reshape array of size
+    2408640 into shape (49152,612)", "GGUF magic invalid")."""
+    import gguf
+
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"GGUF file {path!r} is empty; download it again.")
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, IndexError, KeyError, struct.error) as e:
+        raise ValueError(
+            f"GGUF file {path!r} is not a readable GGUF ({type(e).__name__}: {e}): it may be "
+            "truncated or corrupt; download it again."
+        ) from e
+
+
+def _known_pres() -> frozenset[str]:
+    """Pre-tokenizer types the conversion splits as llama.cpp does: GPT-2's rule, the
+    digit split below, and those transformers' GGUF reader gives their own rule."""
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+            GGUF_PRE_TOKENIZER_SPLITS,
+        )
+    except ImportError:  # another transformers layout: only the rules this module knows
+        GGUF_PRE_TOKENIZER_SPLITS = {}
+    return frozenset({"default", "gpt2", *DIGIT_SPLIT_PRE, *GGUF_PRE_TOKENIZER_SPLITS})
+
+
+def _known_pre(pre: str | None) -> bool:
+    return pre is None or pre in _known_pres()
+
+
 # GGUF pre-tokenizer types (tokenizer.ggml.pre) that llama.cpp splits with "\p{N}" (each
 # number character alone) before the GPT-2 regex (llama-vocab.cpp); SmolLM2 is "smollm".
 DIGIT_SPLIT_PRE = frozenset(
@@ -240,8 +306,9 @@ DIGIT_SPLIT_PRE = frozenset(
 # Part of the cache key: bump it whenever convert_gguf writes different files for the
 # same GGUF (a fix to the conversion), so that earlier conversions are not reused.
 # 3: the digit split (DIGIT_SPLIT_PRE); 4: RoPE scaling from rope.scale_linear or a
-# factor without a type, as llama.cpp reads them.
-CONVERTER_VERSION = 4
+# factor without a type, as llama.cpp reads them; 5: the end-of-turn / end-of-message
+# ids among generation_config's eos ids.
+CONVERTER_VERSION = 5
 
 
 def _sha256(path: str) -> str:

@@ -46,6 +46,33 @@ _ST_DTYPES = {
 }
 
 
+def _safetensors_header(fp: str) -> tuple[dict[str, Any], int]:
+    """(header, its byte length) of a safetensors file; a ValueError naming the file
+    when it is cut short or corrupt (a truncated file read as "cannot reshape array of
+    size 0 into shape (64,128)", a bad header as a bare JSONDecodeError)."""
+    size = os.path.getsize(fp)
+    with open(fp, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        raw = f.read(n) if 8 <= size and n <= size - 8 else b""
+    try:
+        header = json.loads(raw) if raw else None
+        ends = [m["data_offsets"][1] for k, m in header.items() if k != "__metadata__"]
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+        header, ends = None, []
+    if header is None:
+        raise ValueError(
+            f"{fp}: not a readable safetensors file (its {size}-byte content has no valid "
+            "header); it is truncated or corrupt: save or download it again."
+        )
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        raise ValueError(
+            f"{fp}: truncated safetensors file (its header needs {need} bytes, the file has "
+            f"{size}); save or download it again."
+        )
+    return header, n
+
+
 class SafetensorsDir:
     """Memory-mapped view of every tensor in a checkpoint dir: name -> np array."""
 
@@ -74,9 +101,7 @@ class SafetensorsDir:
         self.entries: dict[str, tuple[np.memmap, int, str, tuple[int, ...], int, str]] = {}
         for name in files:
             fp = os.path.join(path, name)
-            with open(fp, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(n))
+            header, n = _safetensors_header(fp)
             mm = np.memmap(fp, dtype=np.uint8, mode="r")
             for key, meta in header.items():
                 if key == "__metadata__":
@@ -276,9 +301,13 @@ def load_tokenizer(path: str) -> Any:
         return None
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as e:
-        log.warning("No tokenizer loaded from %s (%s); returning None.", path, e)
-        return None
+    except Exception as e:  # noqa: BLE001 - the files are there: their error is the answer
+        # Returned as None, the run failed later with "came without a tokenizer (no
+        # tokenizer.json ...)", the files being there and the parse error only a warning.
+        raise ValueError(
+            f"the tokenizer files in {path!r} do not load ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}); save or download them again."
+        ) from e
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token  # left-padded batches need a pad id
     return tok
@@ -311,7 +340,7 @@ def load_pretrained(
         scan_layers=scan_layers,
     )
     key = path_or_name.lower()
-    if key in gguf.KNOWN_MODELS or path_or_name.endswith(".gguf"):
+    if key in gguf.KNOWN_MODELS or key.endswith(".gguf"):
         hf_dir = gguf.converted_hf_dir(path_or_name)
         return load_hf_dir(hf_dir, **kw)
     if os.path.isdir(path_or_name):
