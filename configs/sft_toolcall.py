@@ -86,6 +86,7 @@ def get_config(arg: str = ""):
         c.task.num_train = 64
         c.task.num_eval = 8
         c.sft.num_steps = 4
+        c.optim.warmup_steps = 1  # below the 4 steps (10 warned on every smoke run)
         c.checkpoint.every = 0
         c.sft.batch_size = 8
         c.sft.eval_num_examples = 4

@@ -78,6 +78,7 @@ def get_config(arg: str = ""):
 
     if arg == "runlocal":
         c.train.num_steps = 4
+        c.optim.warmup_steps = 1  # below the 4 steps (5 warned on every smoke run)
         c.train.eval_every = 2
         c.checkpoint.every = 2
         c.task.num_eval = 8

@@ -38,6 +38,28 @@ def test_valid_configs_pass():
         validate_config(c, num_devices=2)
 
 
+def test_smoke_configs_warm_up_for_fewer_steps_than_they_run():
+    # The documented 4-step smoke runs (tiny_cpu, sft_toolcall, sft_math :runlocal)
+    # warmed up for 5 or 10 steps, so every one printed the warmup warning.
+    import glob
+    import importlib
+
+    sys.path.insert(0, ROOT)
+    checked = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "*.py"))):
+        mod = importlib.import_module(f"configs.{os.path.basename(path)[:-3]}")
+        if not hasattr(mod, "get_config") or "runlocal" not in open(path).read():
+            continue
+        try:
+            c = mod.get_config("runlocal")
+        except ValueError:  # a config naming runlocal only to refuse it
+            continue
+        steps = c.sft.num_steps if "sft" in c else c.train.num_steps
+        assert c.optim.warmup_steps < steps, (path, c.optim.warmup_steps, steps)
+        checked.append(os.path.basename(path))
+    assert {"tiny_cpu.py", "sft_toolcall.py", "sft_math.py"} <= set(checked)
+
+
 @pytest.mark.parametrize(
     "mutate,pattern",
     [
@@ -286,6 +308,19 @@ def test_workdir_that_is_a_file_and_model_dir_without_weights(tmp_path):
     c.model.name = str(model)
     with pytest.raises(ConfigError, match=r"model\.name=.*holds no \*\.safetensors weights"):
         paths.check_inputs(c)
+
+
+def test_a_workdir_starting_with_a_tilde_is_refused(tmp_path, monkeypatch):
+    # "--config.workdir=~/run": the shell leaves the "~" (it follows "="), and the run
+    # wrote into ./~/run while its logs said ~/run.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    c = _cfg()
+    c.workdir = "~/run"
+    with pytest.raises(ConfigError, match=r"config\.workdir='~/run' starts with '~'") as e:
+        validate_config(c, num_devices=1)
+    assert f"config.workdir={tmp_path}/home/run" in str(e.value)
+    assert not (tmp_path / "~").exists()
 
 
 def test_an_existing_workdir_that_is_not_writable_is_refused(tmp_path, monkeypatch):

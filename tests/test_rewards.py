@@ -122,6 +122,14 @@ def test_register_clash_is_an_error():
     register_reward("_test_value")(_value)  # same function again: fine
 
 
+@pytest.mark.parametrize("name", ["total", "ns/a", "a/mean"])
+def test_a_reward_name_that_clashes_with_the_metric_names_is_refused(name):
+    # "reward/total/mean" and the weighted "reward/total" (and ns/a, ns/b) shared one
+    # plot file and one summary entry: the last written hid the other.
+    with pytest.raises(ValueError, match=r"clashes with the metric names .* e\.g\. '"):
+        register_reward(name)(_value)
+
+
 def test_values_kwargs_and_extra_fields():
     prompts, comps, ex = _batch([1, 2, 3])
     with RewardRunner(

@@ -440,7 +440,7 @@ def test_every_eval_is_logged_and_the_final_eval_keeps_the_last_loss(tmp_path, d
 
     cfg = S.sft_config()
     cfg.workdir = str(tmp_path)
-    cfg.train.update(num_steps=20, log_every=10, eval_every=5, tensorboard=False)
+    cfg.train.update(num_steps=20, log_every=10, eval_every=5, tensorboard=driver == "sft")
     cfg.train.progress_bar = False
     cfg.sft.update(num_steps=20, log_every=10, eval_every=5, evaluate=True)
     run = object.__new__(S.SFT if driver == "sft" else Trainer)
@@ -467,6 +467,17 @@ def test_every_eval_is_logged_and_the_final_eval_keeps_the_last_loss(tmp_path, d
         # alone, it lost grad_norm (and lr, tokens) when the final eval was redone.
         again = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))[20]
         assert again["grad_norm"] == pytest.approx(38.0) and again["eval/accuracy"] == 1.0
+        # One record per step, after the run and its rerun: the final record replaced the
+        # loop's training-only one (two records at step 20, a third after the rerun).
+        with open(os.path.join(cfg.workdir, "metrics.jsonl")) as f:
+            steps = [json.loads(line)["step"] for line in f]
+        assert steps == [5, 10, 15, 20]
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(os.path.join(cfg.workdir, "tb"))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("loss/loss")] == [5, 10, 15, 20]
+        assert [e.step for e in acc.Scalars("eval/accuracy")] == [5, 10, 15, 20]
     else:
         # The finished run returns its last metrics, as it did when it ran them ({}).
         assert run.run() == {k: v for k, v in recs[20].items() if k != "step"} == result

@@ -87,6 +87,15 @@ def register_reward(
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+    if "/" in name or name == "total":
+        # Metrics are "reward/<name>/mean" beside the weighted "reward/total": a "/" or
+        # "total" made two rewards (or a reward and the total) share one plot and one
+        # summary entry, the last written hiding the other.
+        raise ValueError(
+            f"reward name {name!r} clashes with the metric names (reward/<name>/mean, "
+            "reward/total): use a name without '/' other than 'total', e.g. "
+            f"{name.replace('/', '_') if name != 'total' else 'total_score'!r}."
+        )
 
     def deco(fn: RewardFn) -> RewardFn:
         if not callable(fn):

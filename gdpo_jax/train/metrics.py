@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,25 +106,30 @@ class MetricsWriter:
         local = self._mirror.local if self._mirror else workdir
         os.makedirs(local, exist_ok=True)
         self.path = paths.join(workdir, "metrics.jsonl")
-        local_path = os.path.join(local, "metrics.jsonl")
+        self._local_path = os.path.join(local, "metrics.jsonl")
+        self._tb_dir = os.path.join(local, "tb")
         if resume_step is not None:
-            keep_through(local_path, resume_step)
-        self._file = open(local_path, "a", buffering=1)
+            keep_through(self._local_path, resume_step)
+        self._file = open(self._local_path, "a", buffering=1)
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            purge = None if resume_step is None else resume_step + 1
-            # The file name holds the second it was made: a writer opened in the same
-            # second as an earlier one (a quick resume) overwrote its events.
-            self._tb = SummaryWriter(
-                os.path.join(local, "tb"), purge_step=purge, filename_suffix=f".{time.time_ns()}"
-            )
+            self._tb = self._tb_writer(None if resume_step is None else resume_step + 1)
         if progress_bar:
             from tqdm.auto import tqdm
 
             self._bar = tqdm(
                 total=total_steps, initial=initial_step, dynamic_ncols=True, desc="train"
             )
+
+    def _tb_writer(self, purge_step: int | None) -> Any:
+        """A new TensorBoard event file; TensorBoard drops the events of steps >=
+        purge_step written before it (None: none)."""
+        from tensorboardX import SummaryWriter
+
+        # The file name holds the second it was made: a writer opened in the same
+        # second as an earlier one (a quick resume) overwrote its events.
+        return SummaryWriter(
+            self._tb_dir, purge_step=purge_step, filename_suffix=f".{time.time_ns()}"
+        )
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Logs one step's scalar metrics (arrays are converted on the host)."""
@@ -133,6 +138,31 @@ class MetricsWriter:
         record = {"step": int(step), **{k: _scalar(v) for k, v in metrics.items()}}
         assert self._file is not None
         self._file.write(json.dumps(record, allow_nan=True) + "\n")
+        self._show(record)
+
+    def replace(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Writes `metrics` as the one record of `step`, replacing the records of `step`
+        and later ones already written: the file is rewritten atomically (a kill leaves
+        the old records or the new one), and TensorBoard gets a new event file purging
+        them. SFT's final record (the last step's training metrics and the final eval)
+        replaces the step's training-only record, written first so that a kill in the
+        eval loses nothing; appended, each rerun of a finished run added a copy."""
+        if not self.enabled:
+            return
+        record = {"step": int(step), **{k: _scalar(v) for k, v in metrics.items()}}
+        assert self._file is not None
+        self._file.close()
+        keep_through(self._local_path, int(step) - 1, then=[record])
+        self._file = open(self._local_path, "a", buffering=1)
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = self._tb_writer(int(step))
+        self._show(record, sync=True)
+
+    def _show(self, record: dict[str, Any], *, sync: bool = False) -> None:
+        """TensorBoard, the progress bar and the URL mirror's sync (every sync_every_s,
+        or now) for one record."""
+        step = record["step"]
         if self._tb is not None:
             for k, v in record.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
@@ -146,7 +176,9 @@ class MetricsWriter:
             self._bar.set_postfix({k: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
             self._bar.n = step
             self._bar.refresh()
-        if self._mirror is not None and time.monotonic() - self._synced > self.sync_every_s:
+        if self._mirror is not None and (
+            sync or time.monotonic() - self._synced > self.sync_every_s
+        ):
             self.flush()
 
     def flush(self) -> None:
@@ -193,20 +225,23 @@ def _records(lines: list[str], path: str) -> list[dict[str, Any]]:
     return out
 
 
-def keep_through(path: str, step: int) -> None:
+def keep_through(path: str, step: int, *, then: Sequence[dict[str, Any]] = ()) -> None:
     """Rewrites the local metrics file `path` with only its records of steps <= `step`
-    (and without a torn last line); atomic, so a kill here loses nothing."""
-    if not os.path.exists(path):
+    (and without a torn last line), followed by the records `then`; atomic, so a kill
+    here loses nothing."""
+    lines = []
+    if os.path.exists(path):
+        with open(path) as f:
+            lines = f.readlines()
+    elif not then:
         return
-    with open(path) as f:
-        lines = f.readlines()
     kept = [r for r in _records(lines, path) if int(r["step"]) <= step]
     whole = [line for line in lines if line.strip()]
-    if len(kept) == len(whole) and (not lines or lines[-1].endswith("\n")):
+    if not then and len(kept) == len(whole) and (not lines or lines[-1].endswith("\n")):
         return  # nothing to drop: the file stays as it is
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in kept)
+        f.writelines(json.dumps(r, allow_nan=True) + "\n" for r in [*kept, *then])
     os.replace(tmp, path)
 
 

@@ -104,6 +104,14 @@ def check_output(path: str, name: str, *, is_dir: bool) -> None:
 
     if not path or is_url(path):
         return
+    if str(path).startswith("~"):
+        # The shell expands "~" only at the start of a word, not after "--flag=": the
+        # run wrote into a folder named "~" under the current directory while its logs
+        # named ~/..., and removing that folder by hand risks the home directory.
+        raise ConfigError(
+            f"{name}={path!r} starts with '~', which the shell does not expand after '='; "
+            f"write the full path, e.g. {name}={os.path.expanduser(path)}."
+        )
     full = os.path.abspath(path)
     if os.path.exists(full):
         if is_dir != os.path.isdir(full):
@@ -139,9 +147,10 @@ def check_inputs(cfg: Any, *, data: bool = True) -> None:
     if name and not is_url(name):
         from gdpo_jax.models import gguf
 
-        if name.endswith(".gguf") and not os.path.isfile(name):
+        gguf_path = name.lower().endswith(".gguf")  # a .GGUF file is one too
+        if gguf_path and not os.path.isfile(name):
             raise ConfigError(f"config.model.name={name!r}: no such .gguf file.")
-        if not name.endswith(".gguf") and name.lower() not in gguf.KNOWN_MODELS:
+        if not gguf_path and name.lower() not in gguf.KNOWN_MODELS:
             if not os.path.isdir(name):
                 raise ConfigError(
                     f"config.model.name={name!r} is not a directory (relative to "

@@ -398,8 +398,10 @@ class SFT:
                 ev = self.evaluate()
                 # One record for the last step, its training metrics and the final eval: a
                 # step's last record is the one read back, and an eval-only one hid the loss.
+                # It replaces the training-only record the loop wrote (appended, the step
+                # had two records, and each rerun of the finished run added one more).
                 final = {f"eval/{k}": v for k, v in ev.items() if not k.endswith("example")}
-                writer.write(s.num_steps, {**last, **final})
+                writer.replace(s.num_steps, {**last, **final})
         finally:
             with contextlib.ExitStack() as closing:  # the writer closes even if the save failed
                 closing.callback(writer.close)
