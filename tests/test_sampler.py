@@ -502,6 +502,13 @@ def test_rollout_layout_and_prompt_encoding(sampler, tok, base_run):
         sampler.encode_prompts(PROMPTS[2:], chat_template=False)
     with pytest.raises(ValueError, match="zero tokens"):
         sampler.encode_prompts([""])
+    # Past the vocabulary: NaN log-probs under a mask of 1; negative: another token.
+    vocab = sampler.model.cfg.vocab_size
+    for bad in (vocab, -5):
+        with pytest.raises(
+            ValueError, match=rf"prompts\[1\] has token id {bad} outside .* \[0, {vocab}\)"
+        ):
+            sampler.encode_prompts([[5], [7, bad]])
     assert bucket_length(33, (32, 64)) == 64 and bucket_length(130, (32, 64)) == 192
 
 
@@ -522,6 +529,17 @@ def test_rollout_layout_and_prompt_encoding(sampler, tok, base_run):
         dict(max_new_tokens="8"),
         dict(top_k=2.5),
         dict(top_k=True),
+        # int() made 37.7 a stop id 37; bool("false") turned greedy on; a '1' failed in a
+        # comparison naming nothing; a non-str stop string failed inside the tokenizer.
+        dict(stop_token_ids=(37.7,)),
+        dict(stop_token_ids=(True,)),
+        dict(stop_token_ids=(-1,)),
+        dict(stop_token_ids=5),
+        dict(greedy="false"),
+        dict(temperature="1"),
+        dict(top_p="0.9"),
+        dict(stop_strings=(5,)),
+        dict(stop_strings=("a", None)),
     ],
 )
 def test_bad_sampling_params_name_the_field(bad):

@@ -62,14 +62,33 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        # Lists from configs would make the params unhashable.
-        object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in self.stop_token_ids))
+        # Lists from configs would make the params unhashable. int() truncated 37.7 to a
+        # stop id 37 and took True as 1: each must be a whole number, and a token id.
+        ids = self.stop_token_ids
+        if isinstance(ids, (int, np.integer, float, str)):
+            raise ValueError(
+                f"SamplingParams.stop_token_ids={ids!r} must be a sequence of token ids, "
+                f"e.g. ({ids!r},)."
+            )
+        ids = tuple(_whole(f"stop_token_ids[{i}]", t) for i, t in enumerate(ids))
+        if any(t < 0 for t in ids):
+            raise ValueError(f"SamplingParams.stop_token_ids={ids} must be token ids >= 0.")
+        object.__setattr__(self, "stop_token_ids", ids)
         if isinstance(self.stop_strings, str):
             object.__setattr__(self, "stop_strings", (self.stop_strings,))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        # bool("false") is True: a string turned greedy decoding on.
+        if not isinstance(self.greedy, (bool, np.bool_)):
+            raise ValueError(f"SamplingParams.greedy={self.greedy!r} must be True or False.")
         # int() truncated 10.7 to 10 and took True as 1: a count must be a whole number.
         for name in ("max_new_tokens", "top_k"):
             object.__setattr__(self, name, _whole(name, getattr(self, name)))
+        for name in ("temperature", "top_p"):  # '1' failed in a comparison naming nothing
+            value = getattr(self, name)
+            if not isinstance(value, (int, float, np.integer, np.floating)) or isinstance(
+                value, (bool, np.bool_)
+            ):
+                raise ValueError(f"SamplingParams.{name}={value!r} must be a number.")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1.")
         if not self.temperature >= MIN_TEMPERATURE:
@@ -83,8 +102,14 @@ class SamplingParams:
             raise ValueError(
                 f"SamplingParams.top_p={self.top_p} must be in (0, 1] (1 disables it)."
             )
-        if any(not s for s in self.stop_strings):
-            raise ValueError("SamplingParams.stop_strings must not contain empty strings.")
+        for i, text in enumerate(self.stop_strings):
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"SamplingParams.stop_strings[{i}]={text!r} must be a str (stop ids go "
+                    "in stop_token_ids)."
+                )
+            if not text:
+                raise ValueError("SamplingParams.stop_strings must not contain empty strings.")
 
 
 @dataclasses.dataclass

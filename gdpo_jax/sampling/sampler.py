@@ -191,6 +191,15 @@ class Sampler:
                 raise ValueError(
                     f"prompts[{i}] encodes to zero tokens; every prompt needs >= 1 token."
                 )
+            # An id past the vocabulary gave NaN log-probs under a mask of 1 (a negative
+            # one wrapped to another token): a tokenizer larger than the model, or bad ids.
+            vocab = self.model.cfg.vocab_size
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(
+                    f"prompts[{i}] has token id {bad[0]} outside the model's vocabulary "
+                    f"[0, {vocab}); check the tokenizer matches the model."
+                )
             out.append(list(ids))
         return out
 
