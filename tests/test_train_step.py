@@ -502,6 +502,56 @@ def test_a_mini_batch_of_padding_groups_neither_updates_nor_pulls_the_ratio_metr
     assert float(metrics["ratio_max"]) == 1.0  # no token: the neutral value
 
 
+def test_a_skipped_mini_batch_still_advances_the_learning_rate_schedule():
+    """A skipped update (a mini-batch of padding groups) restored the whole optimizer
+    state, the schedule's count too: warmup and decay ran one update late for the rest
+    of the run, and the logged lr (schedule(step * updates_per_step)) was not the one
+    applied. The schedule counts every update; AdamW's own count (bias correction)
+    only the ones made."""
+    import ml_collections
+
+    batch = make_batch(6)
+    batch["valid"][:] = True
+    for g in (1, 3):  # the second of 2 mini-batches: no token
+        batch["valid"][g * G : (g + 1) * G] = False
+    optim = ml_collections.ConfigDict(
+        dict(
+            lr=1e-2,
+            schedule="linear",
+            warmup_steps=2,
+            min_lr_ratio=0.0,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+        )
+    )
+    sc = StepConfig(num_groups=NUM_GROUPS, num_minibatches=2, group_size=G)
+    tx, schedule = state_lib.make_optimizer(optim, total_updates=8, updates_per_step=2)
+    graphdef, state = state_lib.create_train_state(create_model(CFG, seed=0), tx, None)
+    step = CompiledStep(
+        graphdef=graphdef,
+        tx=tx,
+        schedule=schedule,
+        cfg=sc,
+        state_shardings=state_lib.shardings_of(state),
+        mesh=None,
+    )
+    state, _ = step(state, distributed.to_global(batch, None))
+    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)  # noqa: E731
+    nodes = jax.tree.leaves(state.opt_state, is_leaf=lambda x: is_sched(x) or is_adam(x))
+    (sched,) = [int(n.count) for n in nodes if is_sched(n)]
+    (adam,) = [int(n.count) for n in nodes if is_adam(n)]
+    assert (sched, adam) == (2, 1)  # both updates counted by the schedule, one made
+    batch["valid"][:] = True
+    state, metrics = step(state, distributed.to_global(batch, None))
+    assert float(metrics["lr"]) == pytest.approx(float(schedule(2)))  # 0.005: warming up
+    nodes = jax.tree.leaves(state.opt_state, is_leaf=lambda x: is_sched(x) or is_adam(x))
+    assert [int(n.count) for n in nodes if is_sched(n)] == [4]
+
+
 def test_sequence_kl_ignores_masked_positions_even_non_finite():
     """The KL-in-reward penalty sums k1 over the completion tokens only: an inf or NaN
     log-prob at a padding position must not make the row's penalty NaN (the advantages

@@ -101,6 +101,22 @@ def _logprobs(model: Any, mb: Batch, cfg: StepConfig, views: Any) -> tuple[jax.A
     )
 
 
+def _keep_update(keep: jax.Array, new: Any, old: Any) -> Any:
+    """The optimizer state after an update, or before it where `keep` is False (a
+    mini-batch without a token), except the learning-rate schedule's count, which
+    advances either way: it is the update's place in the run (update i of RL step s
+    runs at schedule(s * updates_per_step + i), the logged lr at i = 0; HF's and
+    verl's schedulers step once per update too). Restored with the rest, each skipped update left warmup and decay one
+    update late for the rest of the run, and the logged lr was not the applied one."""
+    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+    return jax.tree.map(
+        lambda n, o: n if is_sched(n) else jax.tree.map(lambda a, b: jnp.where(keep, a, b), n, o),
+        new,
+        old,
+        is_leaf=is_sched,
+    )
+
+
 # --------------------------------------------------------------------------- #
 # The step.
 # --------------------------------------------------------------------------- #
@@ -262,11 +278,8 @@ def train_step(
         # no loss: no update either (AdamW would still move the weights by its
         # momentum and weight decay). Elementwise, so it fuses into the update.
         keep = d > 0
-        params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(keep, new, old),
-            (new_params, new_opt_state),
-            (params, opt_state),
-        )
+        params = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_params, params)
+        opt_state = _keep_update(keep, new_opt_state, opt_state)
         return (params, opt_state), (m, loss_tot * scale, grad_norm, keep)
 
     def epoch(carry, _):
