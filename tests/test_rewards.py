@@ -1,6 +1,7 @@
 """Reward registry and RewardRunner: gating, errors, timeouts, process pool."""
 
 import math
+import sys
 import time
 
 import numpy as np
@@ -288,7 +289,9 @@ def test_length_estimate():
     assert f(None, ["a", "b"], max_tokens=10, completion_lengths=[10, 11]) == [1.0, 0.0]
 
 
-def test_all_workers_hung_cancels_the_queue():
+def test_all_workers_hung_moves_the_queue_to_a_fresh_pool():
+    # The chunks queued behind a hung one were cancelled and scored NaN as "timed out"
+    # though they never ran; they now run in a fresh pool.
     prompts, comps, ex = _batch([0, 0, 0], ["sleep", "a", "b"])
     with RewardRunner(
         ["_test_sleepy"], num_workers=1, chunk_size=1, timeout_s=0.3, on_error="nan"
@@ -296,7 +299,65 @@ def test_all_workers_hung_cancels_the_queue():
         t0 = time.perf_counter()
         R, info = r(prompts, comps, ex)
         assert time.perf_counter() - t0 < 1.8
-    assert np.isnan(R[:, 0]).all() and info["reward_timeouts/_test_sleepy"] == 3
+    np.testing.assert_array_equal(R[:, 0], [np.nan, 1.0, 1.0])
+    assert info["reward_timeouts/_test_sleepy"] == 1
+
+
+def test_a_hung_reward_does_not_score_the_rewards_after_it_nan():
+    # Every chunk of the first reward hangs and holds both workers: the second reward's
+    # chunks, queued behind them, were scored NaN, counted as its failures and timeouts,
+    # and charged timeout_s each, though it never ran.
+    prompts, comps, ex = _batch([3, 4, 5, 6], ["sleep"] * 4)
+    with RewardRunner(
+        ["_test_sleepy", "_test_value"], num_workers=2, chunk_size=1, timeout_s=0.3, on_error="nan"
+    ) as r:
+        t0 = time.perf_counter()
+        R, info = r(prompts, comps, ex)
+        assert time.perf_counter() - t0 < 1.9  # two rounds of hung chunks, then the rest
+    assert np.isnan(R[:, 0]).all() and info["reward_timeouts/_test_sleepy"] == 4
+    np.testing.assert_array_equal(R[:, 1], [3, 4, 5, 6])
+    assert info["reward_failures/_test_value"] == info["reward_timeouts/_test_value"] == 0
+    assert info["reward_time/_test_value"] < 0.3
+
+
+@register_reward("_test_exits")
+def _exits(prompts, completions, **kw):  # module level: picklable for the process pool
+    if any(c == "exit" for c in completions):
+        sys.exit(0)
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_a_reward_calling_sys_exit_is_a_failure_not_the_end_of_the_run(executor):
+    # SystemExit passed `except Exception`: in a thread it left the runner (sys.exit(0)
+    # ended training with status 0); in a worker process it killed the worker (a timeout).
+    prompts, comps, ex = _batch([0] * 3, ["a", "exit", "b"])
+    spec = RewardSpec("_test_exits", executor=executor)
+    with RewardRunner([spec], num_workers=1, timeout_s=20, on_error="nan") as r:
+        R, info = r(prompts, comps, ex)
+    np.testing.assert_array_equal(R[:, 0], [1.0, np.nan, 1.0])
+    assert info["reward_failures/_test_exits"] == 1 and info["reward_timeouts/_test_exits"] == 0
+
+
+def test_a_process_pools_start_up_is_not_part_of_a_jobs_timeout():
+    # The pool's start-up (its imports take 2.5 s here) ran on the first jobs' clocks: at
+    # timeout_s=1.5 every call timed out, each one's fresh pool paying the start-up again.
+    spec = RewardSpec("_test_cpu", executor="process")
+    prompts, comps, ex = _batch([0] * 2)
+    with RewardRunner(
+        [spec], num_workers=1, timeout_s=1.5, imports=("tests._slow_import",), on_error="nan"
+    ) as r:
+        R, info = r(prompts, comps, ex)
+    assert np.isfinite(R).all() and info["reward_timeouts/_test_cpu"] == 0
+
+
+def test_an_import_path_reward_whose_module_fails_is_one_line(tmp_path, monkeypatch):
+    (tmp_path / "gdpo_broken_reward_mod.py").write_text("undefined_name + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        ImportError, match=r"importing module 'gdpo_broken_reward_mod' failed \(NameError"
+    ):
+        get_reward("gdpo_broken_reward_mod:r")
 
 
 def _ghost_reward():
@@ -403,7 +464,8 @@ def test_a_hung_process_job_does_not_time_out_the_jobs_after_it():
     the next jobs run in a fresh one (the retired pool is terminated)."""
     prompts, comps, ex = _batch([0] * 3, ["hang", "fast", "fast"])
     spec = RewardSpec("_test_hang", executor="process")
-    # 6 s: a fresh pool's start-up counts against a job's deadline, and on a loaded
+    # 6 s: a fresh pool's start-up counted against a job's deadline (no longer: see
+    # test_a_process_pools_start_up_is_not_part_of_a_jobs_timeout), and on a loaded
     # 2-core machine it took more than 3 s (every job timed out).
     timeout = 6.0
     with RewardRunner([spec], num_workers=1, timeout_s=timeout, on_error="nan", chunk_size=1) as r:

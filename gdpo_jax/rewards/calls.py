@@ -55,7 +55,7 @@ def _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc):
             return vals, [], time.perf_counter() - t0, len(e.timed_out)
         except Exception:  # noqa: BLE001 - malformed values: find the culprit below
             pass
-    except Exception:  # noqa: BLE001 - any reward bug is reported, not swallowed
+    except (Exception, SystemExit):  # noqa: BLE001 - any reward bug is reported, not swallowed
         pass
     vals, failures, n_timeouts = [], [], 0
     for i in range(len(completions)):
@@ -65,14 +65,14 @@ def _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc):
         except RewardTimeouts as e:
             vals.append(math.nan)
             n_timeouts += len(e.timed_out)
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit() ended the run
             vals.append(math.nan)
             text = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"
             failures.append((i, text, e if keep_exc else None))
     if not failures and not n_timeouts:  # only the batched call failed: blame the whole chunk
         try:
             _call(fn, prompts, completions, fields, kwargs)
-        except Exception as e:  # noqa: BLE001
+        except (Exception, SystemExit) as e:  # noqa: BLE001
             text = f"{type(e).__name__}: {e} (fails on the batch, not on any single sample)"
             failures = [(i, text, e if keep_exc else None) for i in range(len(completions))]
             vals = [math.nan] * len(completions)
@@ -99,6 +99,11 @@ def _worker_init(imports: tuple[str, ...]) -> None:
 
 def _failed(n: int, text: str):
     return [math.nan] * n, [(j, text, None) for j in range(n)], 0.0, 0
+
+
+def _pool_ready(_: int) -> bool:
+    """A no-op job: a new pool's workers have started (and run `_worker_init`)."""
+    return True
 
 
 def _pool_call(blob: bytes, n: int):

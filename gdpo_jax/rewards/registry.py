@@ -155,6 +155,10 @@ def _from_import_path(name: str) -> RewardFn | None:
             f"reward {name!r}: cannot import module {mod_name!r} ({type(e).__name__}: {e}); "
             "is its package installed or on PYTHONPATH?"
         ) from e
+    except Exception as e:  # noqa: BLE001 - the module itself failed: a traceback named no field
+        raise ImportError(
+            f"reward {name!r}: importing module {mod_name!r} failed ({type(e).__name__}: {e})."
+        ) from e
     fn: object = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)

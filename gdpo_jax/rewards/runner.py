@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from gdpo_jax.rewards.calls import _failed, _pool_call, _run_chunk, _worker_init
+from gdpo_jax.rewards.calls import _failed, _pool_call, _pool_ready, _run_chunk, _worker_init
 from gdpo_jax.rewards.registry import DEADLINE_FIELD, get_reward
 
 _EXECUTORS = ("thread", "process")
@@ -213,7 +213,19 @@ class RewardRunner:
         with self._pool_lock:  # worker threads race to create it
             if self._procs is None:
                 ctx = multiprocessing.get_context("forkserver")  # never fork a JAX process
-                self._procs = ctx.Pool(self.num_workers, _worker_init, (self.imports,))
+                pool = ctx.Pool(self.num_workers, _worker_init, (self.imports,))
+                # Started workers before any deadline runs: the pool's start-up (the
+                # forkserver, config.imports) counted against the first jobs' timeout_s,
+                # and each timed-out call's fresh pool paid it again, so a short timeout
+                # scored every call NaN.
+                try:
+                    pool.map_async(_pool_ready, range(self.num_workers), chunksize=1).get(
+                        max(60.0, 10 * self.timeout_s)
+                    )
+                except BaseException:
+                    pool.terminate()
+                    raise
+                self._procs = pool
             return self._procs
 
     def __call__(
@@ -236,12 +248,15 @@ class RewardRunner:
             (k, s, min(s + size, n)) for k in range(len(self.specs)) for s in range(0, n, size)
         ]
         started: dict[int, float] = {}
+
+        def submit(i: int) -> cf.Future:
+            return self._threads.submit(
+                self._task, tasks[i], prompts, completions, fields, started, i
+            )
+
         with self._lock:
-            futs = {
-                self._threads.submit(self._task, t, prompts, completions, fields, started, i): i
-                for i, t in enumerate(tasks)
-            }
-            results, timed_out = self._collect(futs, started, [e - s for _, s, e in tasks])
+            futs = {submit(i): i for i in range(len(tasks))}
+            results, timed_out = self._collect(futs, started, [e - s for _, s, e in tasks], submit)
         raw = np.full((n, len(self.specs)), np.nan, np.float64)
         info = {
             f"reward_{m}/{nm}": 0.0
@@ -299,12 +314,14 @@ class RewardRunner:
 
     def _task(self, task, prompts, completions, fields, started, i):
         k, s, e = task
+        # A process job's clock starts once its pool is up (see _proc_pool).
+        pool = self._proc_pool() if self._executors[k] == "process" else None
         started[i] = time.monotonic()
         sl = {key: v[s:e] for key, v in fields.items()}
         kwargs = self.specs[k].kwargs
         if getattr(self.fns[k], "accepts_deadline", False):
             kwargs = {**kwargs, DEADLINE_FIELD: self.deadline_for(started[i])}
-        if self._executors[k] == "thread":
+        if pool is None:
             return _run_chunk(
                 self.fns[k], prompts[s:e], completions[s:e], sl, kwargs, keep_exc=True
             )
@@ -321,7 +338,6 @@ class RewardRunner:
         # job starts when it is submitted and the deadline is honest, as long as
         # no worker is still busy with a job that timed out: that pool is retired
         # at once (later jobs get a fresh one) and terminated when the call ends.
-        pool = self._proc_pool()
         try:
             return pool.apply_async(_pool_call, (blob, e - s)).get(self.timeout_s)
         except multiprocessing.TimeoutError:
@@ -331,8 +347,13 @@ class RewardRunner:
                     self._retired.append(pool)
             raise
 
-    def _collect(self, futs, started, sizes):
+    def _collect(self, futs, started, sizes, submit):
+        """Waits for the chunks' futures: {chunk: result}, and the chunks that ran past
+        timeout_s. When hung chunks hold every worker thread, the chunks that never
+        started go to a fresh pool (`submit`): they were scored NaN as timed out, a
+        reward that hangs taking the rewards after it down with it."""
         results, timed_out, pending = {}, set(), set(futs)
+        pool_of = dict.fromkeys(futs, self._threads)
         while pending:
             done, pending = cf.wait(pending, timeout=0.05)
             for f in done:
@@ -341,7 +362,7 @@ class RewardRunner:
                     results[i] = f.result()
                 except multiprocessing.TimeoutError:
                     timed_out.add(i)
-                except Exception as e:  # noqa: BLE001 - e.g. arguments that do not pickle
+                except (Exception, SystemExit) as e:  # noqa: BLE001 - e.g. arguments that do not pickle
                     text = f"{type(e).__name__}: {e} (while dispatching the call)"
                     results[i] = (
                         [math.nan] * sizes[i],
@@ -355,12 +376,23 @@ class RewardRunner:
                 if t is not None and now - t > self.timeout_s + 0.5:
                     timed_out.add(futs[f])
                     pending.discard(f)
-            stuck = sum(1 for f, i in futs.items() if i in timed_out and not f.done())
+            stuck = sum(
+                1
+                for f, i in futs.items()
+                if i in timed_out and not f.done() and pool_of[f] is self._threads
+            )
             if stuck >= self.num_workers:  # no worker left: the rest would never start
-                for f in list(pending):
-                    if futs[f] not in started and f.cancel():
-                        timed_out.add(futs[f])
-                        pending.discard(f)
+                waiting = [f for f in pending if futs[f] not in started and f.cancel()]
+                if waiting:
+                    self._threads.shutdown(wait=False)
+                    self._threads = cf.ThreadPoolExecutor(
+                        self.num_workers, thread_name_prefix="reward"
+                    )
+                for f in waiting:
+                    pending.discard(f)
+                    moved = submit(futs[f])
+                    futs[moved], pool_of[moved] = futs[f], self._threads
+                    pending.add(moved)
         if timed_out:
             # Hung threads cannot be killed: leave them and start a fresh
             # pool; hung processes can, so terminate their pool.
