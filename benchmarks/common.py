@@ -378,7 +378,9 @@ def format_value(v: Any) -> str:
             return str(v)
         if v != 0 and (abs(v) >= 1e6 or abs(v) < 1e-3):
             return f"{v:.3e}"
-        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+        text = f"{v:.4g}"
+        # 9999.7 rounds up to 4 digits as "1e+04": the separator form from there.
+        return f"{v:,.0f}" if abs(v) >= 1e4 or "e" in text else text
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 1e4 else str(v)
     if isinstance(v, (list, tuple)):

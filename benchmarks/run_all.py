@@ -114,27 +114,36 @@ def _run_isolated(module: str, quick: bool, timeout_s: float | None) -> dict[str
         cmd = [sys.executable, "-m", "benchmarks.run_all", "--_child", module, "--_child_out", out]
         if quick:
             cmd.append("--quick")
+        # Its own process group: a timeout kills the benchmark's children too (bench_rl's
+        # TRL process ran on after its parent was killed, loading the next benchmarks).
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired as e:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except BaseException as e:  # the timeout, or run_all interrupted
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, stderr = proc.communicate()
+            if not isinstance(e, subprocess.TimeoutExpired):
+                raise
             return {
                 "status": "error",
                 "seconds": time.perf_counter() - t0,
                 "error": f"timed out after {timeout_s} s",
-                "stderr_tail": _tail(e.stderr),
+                "stderr_tail": _tail(stderr),
             }
-        sys.stdout.write(proc.stdout)  # the benchmark's own printout, as it would appear inline
+        sys.stdout.write(stdout)  # the benchmark's own printout, as it would appear inline
         if os.path.exists(out):
             with open(out) as f:
                 rec = json.load(f)
             if rec["status"] != "ok":
-                rec["stderr_tail"] = _tail(proc.stderr)
+                rec["stderr_tail"] = _tail(stderr)
             return rec
         return {
             "status": "error",
             "seconds": time.perf_counter() - t0,
             "error": f"benchmark process exited with code {proc.returncode} and no result",
-            "stderr_tail": _tail(proc.stderr),
+            "stderr_tail": _tail(stderr),
         }
 
 
@@ -313,8 +322,9 @@ def report_to_markdown(report: Mapping[str, Any]) -> str:
 
 
 def merge_partial(report: Mapping[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
-    """The machine file after a full run of only some benchmarks (``--only``): the
-    kind's previous file with those benchmarks' entries replaced, and the run listed
+    """The machine file after a run of only some benchmarks (``--only``), or a full run
+    some of whose benchmarks failed: the kind's previous file with the entries that ran
+    replaced, and the run listed
     under "updates" ({created, command, benchmarks, matmul_peak}); the others, and the
     run they came from ("created", "command", "matmul_peak"), stay. Each entry's
     result carries its own machine description.
@@ -341,8 +351,9 @@ def merge_partial(report: Mapping[str, Any], previous: Mapping[str, Any]) -> dic
 def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
     """Writes latest.json, latest.md, history/bench-<timestamp>.json, this machine kind's
     machines/<kind>.{json,md} and summary.md over every machines/*.json. A full run of
-    every benchmark replaces the kind's file; a full run of some (``--only``) updates
-    their entries in it (`merge_partial`); a quick run never touches it.
+    every benchmark, all of them ok, replaces the kind's file; a full run of some
+    (``--only``), or one where some failed, updates the entries that ran in it
+    (`merge_partial`: a failed one keeps its published entry); a quick run never touches it.
     Returns the (json, md) paths of this run."""
     stamp = report["created"].replace(":", "").replace("-", "")
     common.write_json(os.path.join(out_dir, "history", f"bench-{stamp}.json"), report)
@@ -353,7 +364,8 @@ def write_report(report: Mapping[str, Any], out_dir: str) -> tuple[str, str]:
         mdir = os.path.join(out_dir, "machines")
         path = os.path.join(mdir, f"{kind}.json")
         kept = report
-        if set(report["benchmarks"]) != set(BENCHMARKS) and os.path.exists(path):
+        failed = any(v.get("status") != "ok" for v in report["benchmarks"].values())
+        if (set(report["benchmarks"]) != set(BENCHMARKS) or failed) and os.path.exists(path):
             with open(path) as f:
                 kept = merge_partial(report, json.load(f))
         common.write_json(path, kept)

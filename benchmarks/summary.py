@@ -25,13 +25,21 @@ from benchmarks import common
 def _run_dates(report: Mapping[str, Any]) -> str:
     """The full run's date, then the later `--only` updates' by date: "2026-12-04
     (bench_sampler 2026-12-05)", so a row's ratios are dated by the runs that measured
-    them. Updates on the full run's own date add nothing to it and are left out."""
+    them: each benchmark by the last run that merged it (an update whose entries later
+    runs replaced is left out, and so is the full run's date when nothing of it is
+    left). Updates on the full run's own date add nothing to it and are left out."""
     first = report["created"][:10]
+    dated = dict.fromkeys(report["benchmarks"], first)
+    for u in report.get("updates", []):
+        dated.update(dict.fromkeys(u["benchmarks"], u["created"][:10]))
     by_date: dict[str, list[str]] = {}
     for u in report.get("updates", []):
-        names = by_date.setdefault(u["created"][:10], [])
-        names += [b for b in u["benchmarks"] if b not in names]
-    later = [f"{', '.join(names)} {d}" for d, names in by_date.items() if d != first]
+        d = u["created"][:10]
+        names = by_date.setdefault(d, [])
+        names += [b for b in u["benchmarks"] if b not in names and dated.get(b) == d]
+    later = [f"{', '.join(names)} {d}" for d, names in by_date.items() if d != first and names]
+    if first not in dated.values():
+        return "; ".join(later)
     return first + (f" ({'; '.join(later)})" if later else "")
 
 
@@ -104,15 +112,19 @@ LEGACY_DIR = "legacy"
 
 
 def summary_rows(machines_dir: str) -> list[dict[str, Any]]:
-    """headline() of every machines/<kind>.json, sorted by kind (files directly in
-    machines_dir only: not LEGACY_DIR's)."""
+    """headline() of every CPU machines/<kind>.json, sorted by kind (files directly in
+    machines_dir only: not LEGACY_DIR's). A GPU kind's file (its own table in
+    machines/) is left out: its ratios (6.3x the RL iteration on an H200) entered the
+    CPU ranges that README quotes."""
     rows = []
     if os.path.isdir(machines_dir):
         for name in sorted(os.listdir(machines_dir)):
             path = os.path.join(machines_dir, name)
             if name.endswith(".json") and os.path.isfile(path):
                 with open(path) as f:
-                    rows.append(headline(json.load(f)))
+                    report = json.load(f)
+                if report["machine"].get("backend", "cpu") == "cpu":
+                    rows.append(headline(report))
     return rows
 
 

@@ -12,6 +12,7 @@ import os
 import pathlib
 import shlex
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -43,6 +44,7 @@ def test_text_table_aligns_columns():
         (12345, "12,345"),
         (0.5, "0.5"),
         (123456.0, "123,456"),
+        (9999.7, "10,000"),  # 4 digits round it up: was "1e+04"
         (2e9, "2.000e+09"),
         (float("nan"), "nan"),
         ([1, 2.5], "1, 2.5"),
@@ -270,6 +272,7 @@ def _full_report() -> dict:
     full["benchmarks"] = {n: {"status": "ok", "result": {}} for n in run_all.BENCHMARKS} | full[
         "benchmarks"
     ]
+    full["benchmarks"]["bench_advantages"] = {"status": "ok", "result": {}}
     full["machine"] |= dict(cpu_count=2, memory_gib=24, versions={}, device_kind="cpu")
     full["machine"] |= dict(device_count=1)
     return full
@@ -347,6 +350,90 @@ def test_a_failed_run_of_some_benchmarks_keeps_their_published_entries(tmp_path)
     part["benchmarks"] = {"bench_rl": {"status": "error", "error": "boom"}}
     run_all.write_report(part, str(out))
     assert json.loads(path.read_text()) == json.loads(before)
+
+
+def test_a_full_run_with_a_failed_benchmark_keeps_its_published_entry(tmp_path):
+    """A run of every benchmark where bench_rl timed out replaced the kind's file as it
+    stood: the error record took the place of the published entry, and the kind's RL
+    ratios left the summary. Only --only runs were merged."""
+    out = tmp_path / "bench"
+    full = _full_report()
+    run_all.write_report(full, str(out))
+    again = _full_report()
+    again["created"] = "2026-12-05T12:00:00Z"
+    again["benchmarks"]["bench_rl"] = {"status": "error", "error": "timed out after 1800 s"}
+    run_all.write_report(again, str(out))
+    kept = json.loads((out / "machines" / "amd-epyc-2c.json").read_text())
+    assert kept["benchmarks"]["bench_rl"] == full["benchmarks"]["bench_rl"]
+    assert kept["updates"][-1]["not_merged"] == {"bench_rl": "error"}
+    row = summary.summary_rows(str(out / "machines"))[0]
+    assert row["rl_iter_b0.0"] == 1.7
+    # The row is dated by the runs its entries came from: bench_rl's from the first.
+    assert row["run"].startswith("2026-11-23 (") and "2026-12-05" in row["run"]
+
+
+def test_a_rows_dates_are_those_of_the_runs_its_entries_came_from():
+    """Each benchmark dated by the last run that merged it: an update whose entries a
+    later run replaced, and a full run nothing is left of, are not listed."""
+    names = ["bench_rl", "bench_matmul"]
+    report = {
+        "created": "2026-11-23T08:00:00Z",
+        "benchmarks": dict.fromkeys(names, {"status": "ok"}),
+        "updates": [
+            {"created": "2026-12-03T08:00:00Z", "benchmarks": ["bench_matmul"]},
+            {"created": "2026-12-04T08:00:00Z", "benchmarks": ["bench_matmul"]},
+        ],
+    }
+    assert summary._run_dates(report) == "2026-11-23 (bench_matmul 2026-12-04)"
+    report["updates"].append({"created": "2026-12-05T08:00:00Z", "benchmarks": names})
+    assert summary._run_dates(report) == "bench_rl, bench_matmul 2026-12-05"
+
+
+def test_a_gpu_kinds_ratios_stay_out_of_the_cpu_summary(tmp_path, monkeypatch):
+    # A full run_all on a GPU machine wrote machines/<kind with its GPU>.json, and its
+    # RL ratio (6.3x on an H200) widened the CPU ranges README quotes.
+    monkeypatch.setattr(run_all, "report_to_markdown", lambda r: "stub")
+    out = tmp_path / "bench"
+    run_all.write_report(_fake_report("AMD EPYC", 2, 1.7, 2.1), str(out))
+    gpu = _fake_report("Intel Xeon Platinum", 16, 6.3, 9.0)
+    gpu["machine"] |= dict(backend="gpu", device_kind="NVIDIA H200")
+    (out / "machines" / "intel-xeon-platinum-16c-gpu.json").write_text(json.dumps(gpu))
+    rows = summary.summary_rows(str(out / "machines"))
+    assert [r["cpu"] for r in rows] == ["AMD EPYC"]
+    assert summary.ratio_range(rows, "rl_iter_b0.0") == (1.7, 1.7)
+
+
+def test_a_timed_out_benchmarks_children_are_killed_with_it(tmp_path, monkeypatch):
+    """The per-benchmark timeout killed the benchmark's process only: a process it had
+    started (bench_rl's TRL run) ran on beside the next benchmarks."""
+    pkg = tmp_path / "nbh_slowbench"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    pid_file = tmp_path / "child.pid"
+    (pkg / "slow.py").write_text(
+        "import subprocess, time\n"
+        "def run(quick=False):\n"
+        "    p = subprocess.Popen(['sleep', '60'])\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "    time.sleep(60)\n"
+    )
+    path = os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", path)
+    monkeypatch.chdir(ROOT)
+    rec = run_all._run_isolated("nbh_slowbench.slow", False, 8.0)
+    assert rec["status"] == "error" and "timed out after 8.0 s" in rec["error"]
+    pid = int(pid_file.read_text())
+    time.sleep(0.2)
+    alive = os.path.exists(f"/proc/{pid}") and "Z" not in _proc_state(pid)
+    assert not alive, f"the benchmark's child {pid} outlived its timeout"
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
 
 
 def test_summary_skips_the_legacy_folder(tmp_path, monkeypatch):
