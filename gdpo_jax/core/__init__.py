@@ -26,6 +26,7 @@ from gdpo_jax.core.losses import (
     kl_penalty,
     policy_loss,
     safe_div,
+    sequence_kl,
 )
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "per_reward_group_spread",
     "policy_loss",
     "safe_div",
+    "sequence_kl",
     "token_entropy",
     "token_logprobs",
     "unembed_logits",

@@ -18,6 +18,7 @@ __all__ = [
     "kl_penalty",
     "policy_loss",
     "safe_div",
+    "sequence_kl",
 ]
 
 AGGREGATIONS = ("grpo", "bnpo", "dapo", "dr_grpo")
@@ -64,6 +65,17 @@ def kl_penalty(logp: jax.Array, ref_logp: jax.Array, estimator: str = "k3") -> j
         return 0.5 * jnp.square(logp - ref_logp)
     log_ratio = jnp.clip(ref_logp - logp, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -_K3_CLAMP, _K3_CLAMP)
+
+
+def sequence_kl(
+    logp: jax.Array, ref_logp: jax.Array, mask: jax.Array, estimator: str = "k1"
+) -> jax.Array:
+    """Summed per-token KL estimate of each sequence: f32[N] (KL-in-reward penalty) from
+    logp, ref_logp: f32[N, T] and mask: [N, T]; `estimator` as `core.kl_penalty` (k1 /
+    k3 / mse). A select, not a product, so a non-finite log-prob at a masked position
+    cannot turn the row's penalty into NaN (which the advantages would then take as no
+    penalty)."""
+    return jnp.sum(jnp.where(mask > 0, kl_penalty(logp, ref_logp, estimator), 0.0), axis=-1)
 
 
 def aggregate(

@@ -37,12 +37,12 @@ from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
 from gdpo_jax.core.diagnostics import reward_shares
-from gdpo_jax.core.losses import kl_penalty, policy_loss
+from gdpo_jax.core.losses import policy_loss, sequence_kl
 from gdpo_jax.train import layer_views
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.blocks import from_blocks, to_blocks
 from gdpo_jax.train.completion import completion_logprobs
-from gdpo_jax.train.state import TrainState
+from gdpo_jax.train.state import TrainState, keep_update
 from gdpo_jax.train.step_config import (
     BATCH_KEYS,
     Batch,
@@ -101,37 +101,9 @@ def _logprobs(model: Any, mb: Batch, cfg: StepConfig, views: Any) -> tuple[jax.A
     )
 
 
-def _keep_update(keep: jax.Array, new: Any, old: Any) -> Any:
-    """The optimizer state after an update, or before it where `keep` is False (a
-    mini-batch without a token), except the learning-rate schedule's count, which
-    advances either way: it is the update's place in the run (update i of RL step s
-    runs at schedule(s * updates_per_step + i), the logged lr at i = 0; HF's and
-    verl's schedulers step once per update too). Restored with the rest, each skipped
-    update left warmup and decay one update late for the rest of the run, and the
-    logged lr was not the applied one."""
-    is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
-    return jax.tree.map(
-        lambda n, o: n if is_sched(n) else jax.tree.map(lambda a, b: jnp.where(keep, a, b), n, o),
-        new,
-        old,
-        is_leaf=is_sched,
-    )
-
-
 # --------------------------------------------------------------------------- #
 # The step.
 # --------------------------------------------------------------------------- #
-def sequence_kl(
-    logp: jax.Array, ref_logp: jax.Array, mask: jax.Array, estimator: str = "k1"
-) -> jax.Array:
-    """Summed per-token KL estimate of each sequence: f32[N] (KL-in-reward penalty) from
-    logp, ref_logp: f32[N, T] and mask: [N, T]; `estimator` as `core.kl_penalty` (k1 /
-    k3 / mse). A select, not a product, so a non-finite log-prob at a masked position
-    cannot turn the row's penalty into NaN (which the advantages would then take as no
-    penalty)."""
-    return jnp.sum(jnp.where(mask > 0, kl_penalty(logp, ref_logp, estimator), 0.0), axis=-1)
-
-
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -280,7 +252,7 @@ def train_step(
         # momentum and weight decay). Elementwise, so it fuses into the update.
         keep = d > 0
         params = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_params, params)
-        opt_state = _keep_update(keep, new_opt_state, opt_state)
+        opt_state = keep_update(keep, new_opt_state, opt_state)
         return (params, opt_state), (m, loss_tot * scale, grad_norm, keep)
 
     def epoch(carry, _):
