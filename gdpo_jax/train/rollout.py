@@ -45,14 +45,16 @@ def groups_with_signal(
     nan_rewards: str = "omit",
 ) -> np.ndarray:
     """rewards f32[P * G, K] of P contiguous groups of G rows -> bool[P]: whether
-    normalizing each group gives any nonzero advantage.
+    the group has a learning signal, per reward under GDPO (the spec's filter).
 
     decoupled (GDPO): some reward column of nonzero weight has >= 2 distinct
     scorable (finite) float32 values, the definition of
     `core.per_reward_group_spread`, its JAX form (tests/test_train_rollout.py
     checks the two agree); a column of weight 0 adds nothing to the advantage.
     With nan_rewards="zero" (`core.compute_advantages`) a non-finite reward counts
-    as a 0 there.
+    as a 0 there. Such a group can still sum to a zero advantage: two rewards that
+    trade off with equal weights (rows [1, 0] and [0, 1]) cancel after per-reward
+    normalization; it is kept, as the spec's per-reward filter keeps it.
     Otherwise (GRPO): the weighted sum as `core.compute_advantages` forms it
     (non-finite rewards as 0, in float32) has >= 2 distinct values.
 
