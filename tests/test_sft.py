@@ -376,6 +376,48 @@ def test_sft_config_errors(tmp_path):
         S._validate(cfg)
 
 
+def test_sft_input_problems_are_refused_before_the_build(tmp_path, monkeypatch):
+    """No held-out records with an eval on (it crashed after all the training, before
+    the export), more examples than the task has (fewer trained, without a word),
+    targets a record cannot give (a traceback after the build), and a noise the task's
+    targets do not have (it did nothing) are one-line ConfigErrors before the build."""
+    from gdpo_jax.train.config import ConfigError
+
+    class Built(Exception):
+        pass
+
+    def no_build(*a, **k):
+        raise Built
+
+    monkeypatch.setattr(S.build, "build_model", no_build)
+
+    def refused(cfg, pattern):
+        with pytest.raises(ConfigError, match=pattern) as e:
+            S.SFT(cfg)
+        assert "\n" not in str(e.value)
+
+    cfg = _config(tmp_path / "a")
+    cfg.sft.evaluate, cfg.task.num_eval = True, 0
+    refused(cfg, r"no held-out records .* --config\.sft\.evaluate=False")
+    cfg = _config(tmp_path / "b")
+    cfg.sft.num_examples = 65
+    refused(cfg, r"num_examples=65, but the task has 64")
+    sys.path.insert(0, ROOT)
+    from configs.sft_math import get_config as math_config
+
+    cfg = math_config("runlocal")
+    cfg.workdir = str(tmp_path / "c")
+    cfg.task.source = os.path.join(ROOT, "gdpo_jax", "data", "samples", "math_deepscaler.jsonl")
+    cfg.task.eval_source = cfg.task.source
+    refused(cfg, r"SFT targets of 'math': sft\.verbose_prob: record \d+")
+    cfg.sft.verbose_prob = 0.0
+    with pytest.raises(Built):  # the same file's records give targets without the noise
+        S.SFT(cfg)
+    cfg.sft.format_noise = 0.5
+    refused(cfg, r"sft\.format_noise=0\.5 has no effect on the math task's targets")
+    refused(_config(tmp_path / "d", verbose_prob=0.5), r"sft\.verbose_prob=0\.5 has no effect")
+
+
 @pytest.mark.parametrize(
     "field,value,pattern",
     [

@@ -166,9 +166,34 @@ class SFT:
         # indexes them), stops here in one line, before the model build.
         check_resume_config(cfg)
         task = load_task(cfg)
-        train = task.train[: cfg.sft.num_examples or None]
+        s = cfg.sft
+        if s.num_examples > len(task.train):  # it trained on fewer, without a word
+            raise ConfigError(
+                f"config.sft.num_examples={s.num_examples}, but the task has "
+                f"{len(task.train)} training records; use at most that many, or 0 (all)."
+            )
+        if (s.evaluate or s.eval_every) and not task.eval:
+            # evaluate() crashed on no rows after all the training, before the export.
+            raise ConfigError(
+                "the task has no held-out records for SFT's eval (config.sft.evaluate / "
+                "eval_every): set config.task.num_eval (synthetic data) or "
+                "config.task.eval_source, or --config.sft.evaluate=False "
+                "--config.sft.eval_every=0."
+            )
+        train = task.train[: s.num_examples or None]
         self.records = {"fingerprint": records_fingerprint(train), "count": len(train)}
         check_resume_data(cfg, self.records["fingerprint"], self.records["count"])
+        try:  # before the model build: a target a record cannot give is a config problem
+            texts = make_targets(
+                train,
+                cfg.task.name,
+                seed=cfg.seed,
+                format_noise=s.format_noise,
+                value_noise=s.value_noise,
+                verbose_prob=s.verbose_prob,
+            )
+        except ValueError as e:
+            raise ConfigError(f"SFT targets of {cfg.task.name!r}: {e}") from e
         devices = jax.devices()[: cfg.mesh.num_devices or None]
         self.mesh = mesh_lib.make_mesh(
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
@@ -194,15 +219,6 @@ class SFT:
         )
         self.eval_records = task.eval[: cfg.sft.eval_num_examples or None]
         self.evaluate_fn = task.evaluate
-        s = cfg.sft
-        texts = make_targets(
-            train,
-            cfg.task.name,
-            seed=cfg.seed,
-            format_noise=s.format_noise,
-            value_noise=s.value_noise,
-            verbose_prob=s.verbose_prob,
-        )
         self.data = self._encode(train, texts)
         # The examples trained on: those the length filter kept (not the task's count).
         self.num_examples = len(next(iter(self.data.values())))

@@ -91,6 +91,16 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     for f in ("format_noise", "value_noise", "verbose_prob"):
         if not 0.0 <= s[f] <= 1.0:
             raise ConfigError(f"config.sft.{f}={s[f]} must be a probability in [0, 1].")
+    # A noise the task's targets do not have validated and did nothing (make_targets).
+    unread = {"math": "format_noise", "toolcall": "verbose_prob"}.get(cfg.task.name)
+    if unread and s[unread]:
+        reads = (
+            "value_noise, verbose_prob" if cfg.task.name == "math" else "format_noise, value_noise"
+        )
+        raise ConfigError(
+            f"config.sft.{unread}={s[unread]} has no effect on the {cfg.task.name} task's "
+            f"targets (it reads {reads}); set --config.sft.{unread}=0."
+        )
     check_unread_rl_fields(cfg)
     # The fields the SFT shares with an RL run, checked as validate_config checks them.
     check_ranges(cfg)
