@@ -315,9 +315,10 @@ def check_model_fields(cfg: mlc.ConfigDict) -> None:
     for), checked before the model build (RL and SFT)."""
     from gdpo_jax.models.config import ATTENTION_KINDS, canonical_dtype
 
+    names = {}
     for field in ("dtype", "param_dtype"):  # else the model build fails, after the work
         try:
-            canonical_dtype(cfg.model[field], f"config.model.{field}")
+            names[field] = canonical_dtype(cfg.model[field], f"config.model.{field}")
         except ValueError as e:
             raise ConfigError(f"{e} Set --config.model.{field}=float32.") from None
     _choice(cfg, "model.attention", ATTENTION_KINDS)
@@ -326,8 +327,9 @@ def check_model_fields(cfg: mlc.ConfigDict) -> None:
         from gdpo_jax.backend import effective_backend
 
         backend = effective_backend()
+        # By the dtype's name: "half" (float16) was refused as not a 16-bit dtype.
         if cfg.model.attention == "cudnn" and (
-            backend != "gpu" or cfg.model.dtype not in ("bfloat16", "float16")
+            backend != "gpu" or names["dtype"] not in ("bfloat16", "float16")
         ):
             raise ConfigError(
                 f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
