@@ -236,3 +236,36 @@ def check_sampling(cfg: mlc.ConfigDict) -> None:
                 f"{str(e).replace('SamplingParams.', f'config.{section}.')} Set "
                 f"--config.{section}.{name} accordingly."
             ) from None
+
+
+def check_model_fields(cfg: mlc.ConfigDict) -> None:
+    """config.model's dtypes and attention kernel (for the backend the programs are built
+    for), checked before the model build (RL and SFT)."""
+    from gdpo_jax.models.config import ATTENTION_KINDS, canonical_dtype
+
+    names = {}
+    for field in ("dtype", "param_dtype"):  # else the model build fails, after the work
+        try:
+            names[field] = canonical_dtype(cfg.model[field], f"config.model.{field}")
+        except ValueError as e:
+            raise ConfigError(f"{e} Set --config.model.{field}=float32.") from None
+    _choice(cfg, "model.attention", ATTENTION_KINDS)
+    if cfg.model.attention in ("cudnn", "splash"):
+        # The backend the programs are built for (the planner's target, else JAX's).
+        from gdpo_jax.backend import effective_backend
+
+        backend = effective_backend()
+        # By the dtype's name: "half" (float16) was refused as not a 16-bit dtype.
+        if cfg.model.attention == "cudnn" and (
+            backend != "gpu" or names["dtype"] not in ("bfloat16", "float16")
+        ):
+            raise ConfigError(
+                f"config.model.attention='cudnn' needs a GPU and model.dtype bfloat16/float16 "
+                f"(backend {backend!r}, dtype {cfg.model.dtype!r}); set "
+                "--config.model.attention=auto."
+            )
+        if cfg.model.attention == "splash" and backend != "tpu":
+            raise ConfigError(
+                f"config.model.attention='splash' is the Pallas TPU kernel (backend "
+                f"{backend!r}); set --config.model.attention=auto."
+            )
