@@ -28,6 +28,7 @@ summary does not read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -122,7 +123,8 @@ def _run_isolated(module: str, quick: bool, timeout_s: float | None) -> dict[str
         try:
             stdout, stderr = proc.communicate(timeout=timeout_s)
         except BaseException as e:  # the timeout, or run_all interrupted
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+                os.killpg(proc.pid, signal.SIGKILL)
             _, stderr = proc.communicate()
             if not isinstance(e, subprocess.TimeoutExpired):
                 raise

@@ -204,11 +204,8 @@ def convert_gguf(path: str, out_dir: str) -> str:
     from gdpo_jax.models.export import write_safetensors
 
     reader = open_gguf(path)
-    try:
-        cfg = gguf_hf_config(reader)
-        tensors = gguf_hf_tensors(reader, cfg)
-    except ValueError as e:  # name the file: the message alone did not say which
-        raise ValueError(f"GGUF file {path!r}: {e}") from e
+    # Before any tensor is dequantized (minutes for a large file): a tokenizer it
+    # cannot split for fails at once.
     pre = _field(reader, "tokenizer.ggml.pre")
     if _field(reader, "tokenizer.ggml.model") == "gpt2" and not _known_pre(pre):
         raise ValueError(
@@ -217,6 +214,11 @@ def convert_gguf(path: str, out_dir: str) -> str:
             f"({', '.join(sorted(_known_pres()))}); its text would be split as GPT-2 splits "
             "it, not as the model was trained. Load its Hugging Face checkpoint instead."
         )
+    try:
+        cfg = gguf_hf_config(reader)
+        tensors = gguf_hf_tensors(reader, cfg)
+    except ValueError as e:  # name the file: the message alone did not say which
+        raise ValueError(f"GGUF file {path!r}: {e}") from e
     os.makedirs(out_dir, exist_ok=True)
     write_safetensors(tensors, os.path.join(out_dir, "model.safetensors"))
     with open(os.path.join(out_dir, "config.json"), "w") as f:
