@@ -73,7 +73,11 @@ def enable_compilation_cache(path: str) -> None:
     """XLA persistent cache: identical programs (the sampler, eval) compile once over all runs."""
     import jax
 
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:  # an unwritable parent ended the comparison with a traceback
+        log.warning("no compilation cache (%s: %s); every run compiles its programs", path, e)
+        return
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 

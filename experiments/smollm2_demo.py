@@ -114,6 +114,21 @@ def _machine() -> str:
     return f"{m.get('cpu_model')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores"
 
 
+def _train(cfg: Any, eval0_path: str, trainer_cls: Any) -> None:
+    """The step-0 eval (written to `eval0_path`) and the run, under the run's
+    compile-cache rule (`compile_cache.compiled_fresh_for_run`: on several CPU devices
+    programs loaded from the persistent cache can deadlock; the demo built its Trainer
+    outside it)."""
+    from gdpo_jax import compile_cache
+
+    with compile_cache.compiled_fresh_for_run(cfg):
+        trainer = trainer_cls(cfg)
+        eval0 = trainer.evaluate()
+        with open(eval0_path, "w") as f:
+            json.dump(eval0, f)
+        trainer.run()
+
+
 def main(argv: list[str]) -> None:
     from configs import smollm2_toolcall
     from gdpo_jax.errors import ConfigError
@@ -156,11 +171,7 @@ def main(argv: list[str]) -> None:
         os.makedirs(FLAGS.workdir, exist_ok=True)
         logs.save_config(cfg)
         t0 = time.perf_counter()
-        trainer = Trainer(cfg)
-        eval0 = trainer.evaluate()
-        with open(eval0_path, "w") as f:
-            json.dump(eval0, f)
-        trainer.run()
+        _train(cfg, eval0_path, Trainer)
         with open(os.path.join(FLAGS.workdir, "wall_s.json"), "w") as f:
             json.dump(time.perf_counter() - t0, f)
     # One record per step (a step logged twice keeps its last), as every report reads.

@@ -59,6 +59,13 @@ def _in_ipython_shell() -> bool:
     return bool(get is not None and get() is not None)
 
 
+def _interactive_or_stdin() -> bool:
+    """A script read from stdin (`python - < f`, `python < f`) or an interactive session:
+    re-run, the first found stdin consumed and ran nothing with status 0, and the
+    second lost the session's variables."""
+    return sys.argv[:1] in ([""], ["-"]) or bool(sys.flags.interactive) or hasattr(sys, "ps1")
+
+
 def _in_pytest_run() -> bool:
     """Whether a pytest session runs this process: pytest imported *and* its
     session (PYTEST_VERSION) or per-test (PYTEST_CURRENT_TEST) variable set. Not
@@ -70,8 +77,8 @@ def _in_pytest_run() -> bool:
 
 def relaunch_with_cpu_tunables() -> None:
     """Re-executes this process with huge pages for malloc, unless that is done,
-    disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside a pytest run / an IPython shell, or too
-    late (a JAX backend is up).
+    disabled (GDPO_JAX_NO_RELAUNCH=1), off Linux, inside a pytest run / an IPython shell / an
+    interactive session, for a script read from stdin, or too late (a JAX backend is up).
 
     Returns only when no re-exec happens; otherwise the process image is
     replaced (os.execve: same PID, same argv, same open stdin/stdout/stderr).
@@ -82,7 +89,7 @@ def relaunch_with_cpu_tunables() -> None:
         return
     if "glibc.malloc.hugetlb" in os.environ.get("GLIBC_TUNABLES", "") or _backend_started():
         return
-    if _in_pytest_run() or _in_ipython_shell():
+    if _in_pytest_run() or _in_ipython_shell() or _interactive_or_stdin():
         return
     env = cpu_tunables_env()
     # Loop guard: the child sees the tunable set and returns above; should the

@@ -190,3 +190,64 @@ def test_the_scheduler_check_reads_the_flags_xla_started_with(tmp_path):
     assert before[:3] == [f"{count} {ORDERED}", "True", "True"]
     # XLA's own compile options agree: each run's match those of the flags recorded.
     assert kept[3] == before[3] != added[3]
+
+
+def test_the_microbatch_tuner_times_with_the_cache_off_on_several_cpu_devices(
+    fresh_cache_dir, monkeypatch
+):
+    # tune_microbatches built and timed the step outside the run's guard: on several CPU
+    # devices it wrote the step to the cache and loaded it the next time ("compile s" 3.0
+    # against 11.6 fresh).
+    from gdpo_jax.train import tune
+    from gdpo_jax.train.schema import base_config
+
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
+    seen = []
+    monkeypatch.setattr(
+        tune, "_time_microbatches", lambda *a: seen.append(jax.config.jax_enable_compilation_cache)
+    )
+    cfg = base_config()
+    tune.time_microbatches(cfg, (1,), steps=1)
+    assert seen == [False] and jax.config.jax_enable_compilation_cache
+
+
+def test_a_comparison_whose_cache_dir_cannot_be_made_runs_without_it(tmp_path, monkeypatch, caplog):
+    # An unwritable parent of --out_dir ended gdpo-compare with a PermissionError traceback.
+    import logging
+
+    from experiments import compare_runs
+
+    before = jax.config.jax_compilation_cache_dir
+
+    def denied(path, exist_ok=False):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(compare_runs.os, "makedirs", denied)
+    with caplog.at_level(logging.WARNING, logger="gdpo_jax.compare"):
+        compare_runs.enable_compilation_cache(str(tmp_path / "ro" / ".jax_cache"))
+    assert "no compilation cache" in caplog.text
+    assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_the_smollm2_demo_trains_with_the_cache_off_on_several_cpu_devices(
+    fresh_cache_dir, monkeypatch, tmp_path
+):
+    from experiments import smollm2_demo
+    from gdpo_jax.train.schema import base_config
+
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
+    seen = []
+
+    class FakeTrainer:
+        def __init__(self, cfg):
+            seen.append(("build", jax.config.jax_enable_compilation_cache))
+
+        def evaluate(self):
+            return {"eval/x": 1.0}
+
+        def run(self):
+            seen.append(("run", jax.config.jax_enable_compilation_cache))
+
+    smollm2_demo._train(base_config(), str(tmp_path / "eval0.json"), FakeTrainer)
+    assert seen == [("build", False), ("run", False)]
+    assert (tmp_path / "eval0.json").exists()

@@ -89,6 +89,28 @@ def test_relaunch_after_importing_pytest_but_not_inside_a_pytest_run():
     assert _probe({"PYTEST_VERSION": "9"}, "import pytest", drop=session)["tunables"] is None
 
 
+def test_no_relaunch_for_a_script_from_stdin():
+    # `python - < script`: the re-exec found stdin consumed, ran nothing and exited 0, so
+    # the script's work after the relaunch never happened and the caller saw success.
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GDPO_JAX_NO_RELAUNCH")
+    }
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_")}
+    for argv in ([sys.executable, "-"], [sys.executable]):
+        out = subprocess.run(
+            argv,
+            input=PROBE.format(before="") + "sys.exit(5)\n",
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 5, (argv, out.stdout, out.stderr)  # the script ran to its end
+        (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        assert json.loads(line)["tunables"] is None
+
+
 _FAULTS = (
     "import resource, jax, jax.numpy as jnp\n"
     "f = jax.jit(lambda x: (jnp.outer(x, x) * 2.0).sum(axis=0))\n"  # a 256 MB temporary

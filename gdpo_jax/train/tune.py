@@ -39,6 +39,7 @@ import ml_collections as mlc
 import numpy as np
 from tqdm.auto import tqdm
 
+from gdpo_jax import compile_cache
 from gdpo_jax.errors import ConfigError
 from gdpo_jax.train import build, distributed
 from gdpo_jax.train import mesh as mesh_lib
@@ -125,6 +126,14 @@ def time_microbatches(
         raise ValueError(f"steps={steps}: time at least 1 step per count.")
     if not counts:
         raise ValueError("counts is empty: give micro-batch counts to time, e.g. (1, 2, 4).")
+    # As a run does (compile_cache.py): steps over several CPU devices loaded from the
+    # persistent cache can deadlock, and a loaded one's "compile s" timed the load.
+    with compile_cache.compiled_fresh_for_run(cfg):
+        return _time_microbatches(cfg, counts, steps, log, progress, prompt_len)
+
+
+def _time_microbatches(cfg, counts, steps, log, progress, prompt_len) -> dict[str, Any]:
+    """`time_microbatches` inside the run's compile-cache rule."""
     say = log or (lambda _msg: None)
     cfg = validated_copy(cfg, "/tmp/gdpo_tune")  # the workdir is never written
     buckets = prompt_buckets(cfg)
