@@ -36,19 +36,25 @@ from absl import flags
 
 from gdpo_jax.train import cli
 
-_PLAN = flags.DEFINE_string("plan", None, "A plan's JSON (experiments.plan --json).")
-_PROGRAMS = flags.DEFINE_list(
-    "programs", [], "Programs to measure (default: every program of the plan)."
-)
-_STEPS = flags.DEFINE_integer("steps", 3, "Timed calls per program (after one compiling call).")
-_JSON = flags.DEFINE_string("json", "runs/check_plan.json", "Where to write the comparison.")
-_ANY_PLATFORM = flags.DEFINE_bool(
-    "any_platform", False, "Compare even when the plan is for another platform (for tests)."
-)
-# Internal: measure one program in this process and write its figures here.
-_PROGRAM = flags.DEFINE_string("program", "", "(internal) the one program to measure.")
-_MEASURE_JSON = flags.DEFINE_string("measure_json", "", "(internal) where --program writes.")
-_PHASE = flags.DEFINE_enum("phase", "run", ["compile", "run"], "(internal) what --program does.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """This tool's flags, defined when it runs (not at import: two tools defining
+    --steps / --json could not be imported into one process)."""
+    flags.DEFINE_string("plan", None, "A plan's JSON (experiments.plan --json).")
+    flags.DEFINE_list("programs", [], "Programs to measure (default: every program of the plan).")
+    flags.DEFINE_integer("steps", 3, "Timed calls per program (after one compiling call).")
+    flags.DEFINE_string("json", "runs/check_plan.json", "Where to write the comparison.")
+    flags.DEFINE_bool(
+        "any_platform", False, "Compare even when the plan is for another platform (for tests)."
+    )
+    # Internal: measure one program in this process and write its figures here.
+    flags.DEFINE_string("program", "", "(internal) the one program to measure.")
+    flags.DEFINE_string("measure_json", "", "(internal) where --program writes.")
+    flags.DEFINE_enum("phase", "run", ["compile", "run"], "(internal) what --program does.")
+
+
 # The persistent compilation cache the compile phase fills and the run phase reads:
 # every program is cached, however fast it compiled.
 _CACHE_ENV = {
@@ -67,20 +73,20 @@ def _measure_one() -> None:
     from gdpo_jax.scale.arch import PlanError
     from gdpo_jax.scale.measure import measure_program
 
-    with open(_PLAN.value) as f:
+    with open(FLAGS.plan) as f:
         plan = json.load(f)
     try:
         result = measure_program(
             flags.FLAGS.config,
-            _PROGRAM.value,
-            steps=_STEPS.value,
+            FLAGS.program,
+            steps=FLAGS.steps,
             plan=plan,
-            any_platform=_ANY_PLATFORM.value,
-            compile_only=_PHASE.value == "compile",
+            any_platform=FLAGS.any_platform,
+            compile_only=FLAGS.phase == "compile",
         )
     except PlanError as e:
         cli.fail(e)
-    with open(_MEASURE_JSON.value, "w") as f:
+    with open(FLAGS.measure_json, "w") as f:
         json.dump(result, f)
 
 
@@ -104,8 +110,8 @@ def _child(program: str, phase: str, tmp: str) -> dict:
     cmd = [sys.executable, "-m", "experiments.check_plan", *argv]
     cmd += [f"--program={program}", f"--phase={phase}", f"--measure_json={path}"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(tmp))
-    if _JSON.value:  # the process's own log beside the result, e.g. for a failure
-        log_path = f"{os.path.splitext(_JSON.value)[0]}.{program}.{phase}.log"
+    if FLAGS.json:  # the process's own log beside the result, e.g. for a failure
+        log_path = f"{os.path.splitext(FLAGS.json)[0]}.{program}.{phase}.log"
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         with open(log_path, "w") as f:
             f.write(done.stderr)
@@ -129,7 +135,7 @@ def _measure_in_subprocess(program: str, tmp: str) -> dict:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}")
-    if _PROGRAM.value:
+    if FLAGS.program:
         _measure_one()
         return
     # This process only lists the devices and builds the mesh to check the plan; the
@@ -137,35 +143,35 @@ def main(argv: list[str]) -> None:
     # takes 75 % of it when it starts unless told not to. Set before JAX's backend
     # starts (validate_config below); the children get the user's value back (_child).
     os.environ[_PREALLOCATE] = "false"
-    if not _PLAN.value or not os.path.isfile(_PLAN.value):
+    if not FLAGS.plan or not os.path.isfile(FLAGS.plan):
         cli.fail(
-            f"--plan={_PLAN.value or ''}: no such file; write one with python -m experiments.plan "
+            f"--plan={FLAGS.plan or ''}: no such file; write one with python -m experiments.plan "
             "--config=... --topology=<this machine's devices> --json=<path>."
         )
     try:
-        with open(_PLAN.value) as f:
+        with open(FLAGS.plan) as f:
             plan = json.load(f)
     except (OSError, ValueError) as e:
-        cli.fail(f"--plan={_PLAN.value}: not a readable JSON file ({type(e).__name__}: {e}).")
+        cli.fail(f"--plan={FLAGS.plan}: not a readable JSON file ({type(e).__name__}: {e}).")
     missing = [k for k in _PLAN_KEYS if not isinstance(plan, dict) or k not in plan]
     if missing or not isinstance(plan["programs"], dict):
         cli.fail(
-            f"--plan={_PLAN.value}: not a plan (no {missing or 'programs'}); write one with "
+            f"--plan={FLAGS.plan}: not a plan (no {missing or 'programs'}); write one with "
             "python -m experiments.plan --json=<path>."
         )
     from gdpo_jax.errors import ConfigError
     from gdpo_jax.train.paths import check_output
 
     try:
-        check_output(_JSON.value, "--json", is_dir=False)  # before any program is compiled
+        check_output(FLAGS.json, "--json", is_dir=False)  # before any program is compiled
     except ConfigError as e:
         cli.fail(e)
-    programs = _PROGRAMS.value or list(plan["programs"])
+    programs = FLAGS.programs or list(plan["programs"])
     unknown = [p for p in programs if p not in plan["programs"]]
     if unknown:
         cli.fail(f"--programs: {unknown} not in the plan (it has {list(plan['programs'])}).")
-    if _STEPS.value < 1:
-        cli.fail(f"--steps={_STEPS.value}: time at least 1 call per program.")
+    if FLAGS.steps < 1:
+        cli.fail(f"--steps={FLAGS.steps}: time at least 1 call per program.")
     import jax
 
     from gdpo_jax.scale.arch import PlanError
@@ -181,14 +187,14 @@ def main(argv: list[str]) -> None:
         mesh = mesh_lib.make_mesh(
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
         )
-        check_matches(plan, flags.FLAGS.config, mesh, any_platform=_ANY_PLATFORM.value)
+        check_matches(plan, flags.FLAGS.config, mesh, any_platform=FLAGS.any_platform)
     except (ConfigError, PlanError) as e:
         cli.fail(e)
 
     measured, failed = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in programs:
-            log.info("measuring %s (a fresh process: compile, then %d calls)", name, _STEPS.value)
+            log.info("measuring %s (a fresh process: compile, then %d calls)", name, FLAGS.steps)
             try:
                 measured[name] = _measure_in_subprocess(name, tmp)
             except RuntimeError as e:  # e.g. out of memory: the plan was wrong
@@ -206,15 +212,15 @@ def main(argv: list[str]) -> None:
     print(format_comparison(rows))
     for name, why in failed.items():
         print(f"{name}: not measured ({why})")
-    if _JSON.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-        with open(_JSON.value, "w") as f:
+    if FLAGS.json:
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json)), exist_ok=True)
+        with open(FLAGS.json, "w") as f:
             json.dump(
                 dict(
                     # The line that made it (check_plan's own flags, as typed).
                     command=shlex.join(["python", "-m", "experiments.check_plan", *sys.argv[1:]]),
                     measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    plan_file=_PLAN.value,
+                    plan_file=FLAGS.plan,
                     target=plan["target"],
                     model=plan["model"],
                     rows=rows,
@@ -225,12 +231,13 @@ def main(argv: list[str]) -> None:
                 f,
                 indent=1,
             )
-        log.info("wrote %s", _JSON.value)
+        log.info("wrote %s", FLAGS.json)
     if failed:
         sys.exit(1)
 
 
 def run() -> None:
+    define_flags()
     cli.run_config_main(main)
 
 

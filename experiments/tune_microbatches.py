@@ -25,18 +25,24 @@ from absl import flags
 
 from gdpo_jax.train import cli
 
-_COUNTS = flags.DEFINE_list(
-    "counts", [], "Micro-batch counts to time (default 1,2,4,8,16 and the config's)."
-)
-_STEPS = flags.DEFINE_integer("steps", 3, "Timed steps per count (after one compiling step).")
-_PROMPT_LEN = flags.DEFINE_integer(
-    "prompt_len",
-    None,
-    "Prompt width to time: one of the run's prompt buckets (default the widest).",
-)
-_JSON = flags.DEFINE_string(
-    "json", "runs/tune/microbatches.json", "Where to write the result as JSON."
-)
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """This tool's flags, defined when it runs (not at import: two tools defining
+    --steps / --json could not be imported into one process)."""
+    flags.DEFINE_list(
+        "counts", [], "Micro-batch counts to time (default 1,2,4,8,16 and the config's)."
+    )
+    flags.DEFINE_integer("steps", 3, "Timed steps per count (after one compiling step).")
+    flags.DEFINE_integer(
+        "prompt_len",
+        None,
+        "Prompt width to time: one of the run's prompt buckets (default the widest).",
+    )
+    flags.DEFINE_string("json", "runs/tune/microbatches.json", "Where to write the result as JSON.")
+
+
 log = logging.getLogger("gdpo_jax.tune")
 
 
@@ -48,30 +54,30 @@ def main(argv: list[str]) -> None:
 
     cfg = flags.FLAGS.config
     try:
-        counts = [int(c) for c in _COUNTS.value] or [1, 2, 4, 8, 16]
+        counts = [int(c) for c in FLAGS.counts] or [1, 2, 4, 8, 16]
     except ValueError:
-        cli.fail(f"--counts={','.join(_COUNTS.value)}: give integers, e.g. 1,2,4")
+        cli.fail(f"--counts={','.join(FLAGS.counts)}: give integers, e.g. 1,2,4")
     if any(c < 1 for c in counts):
         cli.fail(f"--counts={','.join(map(str, counts))}: counts must be >= 1")
-    if _STEPS.value < 1:
-        cli.fail(f"--steps={_STEPS.value} must be >= 1 (timed steps per count).")
+    if FLAGS.steps < 1:
+        cli.fail(f"--steps={FLAGS.steps} must be >= 1 (timed steps per count).")
     from gdpo_jax.train.paths import check_output
 
     try:
-        check_output(_JSON.value, "--json", is_dir=False)  # before the step is compiled
+        check_output(FLAGS.json, "--json", is_dir=False)  # before the step is compiled
     except ConfigError as e:
         cli.fail(e)
     if int(cfg.algo.num_microbatches) not in counts:
         counts.append(int(cfg.algo.num_microbatches))
-    log.info("timing the RL step at num_microbatches %s, %d steps each", counts, _STEPS.value)
+    log.info("timing the RL step at num_microbatches %s, %d steps each", counts, FLAGS.steps)
     try:
         result = time_microbatches(
             cfg,
             sorted(counts),
-            steps=_STEPS.value,
+            steps=FLAGS.steps,
             log=log.info,
             progress=True,
-            prompt_len=_PROMPT_LEN.value,
+            prompt_len=FLAGS.prompt_len,
         )
     except ConfigError as e:
         cli.fail(e)
@@ -90,16 +96,17 @@ def main(argv: list[str]) -> None:
             f"({r['median_s']:.3f} s per step; {result['rows']} rows of "
             f"{result['prompt_len']} + {result['new_tokens']} tokens, {result['backend']})"
         )
-    if _JSON.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-        with open(_JSON.value, "w") as f:
+    if FLAGS.json:
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.json)), exist_ok=True)
+        with open(FLAGS.json, "w") as f:
             json.dump(
                 {**result, "counts": {str(k): v for k, v in result["counts"].items()}}, f, indent=1
             )
-        log.info("wrote %s", _JSON.value)
+        log.info("wrote %s", FLAGS.json)
 
 
 def run() -> None:
+    define_flags()
     cli.run_config_main(main)
 
 

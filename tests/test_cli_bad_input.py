@@ -307,3 +307,24 @@ def test_every_config_tool_applies_its_log_level(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         assert "an error line" in out.stderr
         assert ("an info line" in out.stderr) is info, out.stderr[-2000:]
+
+
+def test_every_experiment_module_imports_into_one_process():
+    # tune_microbatches and check_plan both defined --steps and --json at import: the
+    # second import raised DuplicateFlagError (a notebook or test importing both).
+    import glob
+
+    names = sorted(
+        os.path.basename(p)[:-3]
+        for p in glob.glob(os.path.join(ROOT, "experiments", "*.py"))
+        if not p.endswith("__init__.py")
+    )
+    code = "import importlib\n" + "".join(
+        f"importlib.import_module('experiments.{n}')\n" for n in names
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert {"check_plan", "tune_microbatches", "train", "sft"} <= set(names)
