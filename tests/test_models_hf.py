@@ -242,6 +242,69 @@ def test_a_tokenizer_that_does_not_load_is_named_not_taken_for_none(hf_dirs, tmp
     assert "\n" not in str(e.value)
 
 
+def test_an_export_keeps_the_sources_generation_config(hf_dirs, tmp_path):
+    """Qwen2.5-Instruct keeps its pad id and sampling defaults only in
+    generation_config.json: load -> export wrote the ids of config.json alone, and
+    transformers' generate() on the export decoded greedily without a pad id."""
+    src = _copy_ckpt(hf_dirs["qwen2"][0], str(tmp_path / "src"), config_edit={"pad_token_id": None})
+    gen = {
+        "bos_token_id": 1,
+        "eos_token_id": [2, 3],
+        "pad_token_id": 3,
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "repetition_penalty": 1.05,
+        "transformers_version": "4.37.0",
+    }
+    with open(os.path.join(src, "generation_config.json"), "w") as f:
+        json.dump(gen, f)
+    model, _ = load_pretrained(src)
+    assert model.cfg.pad_token_id == 3
+    out = save_pretrained(model, None, str(tmp_path / "out"))
+    with open(os.path.join(out, "generation_config.json")) as f:
+        got = json.load(f)
+    assert {k: got.get(k) for k in ("do_sample", "temperature", "top_p", "top_k")} == {
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+    }
+    assert got["repetition_penalty"] == 1.05 and got["pad_token_id"] == 3
+    assert set(got["eos_token_id"]) >= {2, 3} and "transformers_version" not in got
+    import transformers
+
+    hf = transformers.GenerationConfig.from_pretrained(out)
+    assert (hf.pad_token_id, hf.temperature, hf.do_sample) == (3, 0.7, True)
+
+
+@pytest.mark.parametrize("bad", [0, -5, None, "2GB", True])
+def test_export_refuses_a_bad_shard_size_before_writing(hf_dirs, tmp_path, bad):
+    # 0 wrote one tensor per file; None and "2GB" failed comparing an int with them.
+    model, _ = load_pretrained(hf_dirs["llama"][0])
+    with pytest.raises(ValueError, match=r"max_shard_bytes=.* must be a positive int"):
+        save_pretrained(model, None, str(tmp_path / "out"), max_shard_bytes=bad)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ValueError, match=r"dtype='float64' is not a supported export dtype"):
+        save_pretrained(model, None, str(tmp_path / "out"), dtype="float64")
+
+
+def test_a_second_safetensors_file_beside_model_safetensors_is_not_read(hf_dirs, tmp_path):
+    # A PEFT adapter_model.safetensors beside model.safetensors was read as weights and
+    # refused the dir (transformers reads model.safetensors alone).
+    d = _copy_ckpt(hf_dirs["llama"][0], str(tmp_path / "m"))
+    write_safetensors(
+        {"base_model.model.lm_head.lora_A.weight": np.zeros((4, 64), np.float32)},
+        os.path.join(d, "adapter_model.safetensors"),
+    )
+    model, _ = load_pretrained(d)
+    ref, _ = load_pretrained(hf_dirs["llama"][0])
+    np.testing.assert_array_equal(
+        np.asarray(model.layers.q_proj.get_value()), np.asarray(ref.layers.q_proj.get_value())
+    )
+
+
 def test_unknown_model_type_is_named(hf_dirs, tmp_path):
     d = _copy_ckpt(hf_dirs["llama"][0], str(tmp_path / "u"), config_edit={"model_type": "mamba"})
     with pytest.raises(ValueError, match=r"'mamba'.*llama.*qwen2.*qwen3"):

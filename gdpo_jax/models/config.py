@@ -13,6 +13,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from gdpo_jax.models.generation_config import eos_ids as _eos_ids
+from gdpo_jax.models.generation_config import (  # noqa: F401 - generation_eos_ids re-exported
+    generation_defaults,
+    generation_eos_ids,
+    read_generation_config,
+)
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # rope_type -> the keys it needs, as transformers' rope validation (which fills a
@@ -87,30 +94,6 @@ def _rope_dict(value: Any) -> dict:
         kind = rope.pop("type")
         rope.setdefault("rope_type", kind)
     return rope
-
-
-def _eos_ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else (int(value),)
-
-
-def generation_eos_ids(checkpoint_dir: str) -> tuple[int, ...]:
-    """EOS ids listed in `<checkpoint_dir>/generation_config.json` (empty if absent).
-
-    Instruct checkpoints (Qwen2.5 / Qwen3) list the end-of-turn token there as well
-    as the base EOS; config.json has only one, and a rollout that emits the other
-    would otherwise run on to the length cap.
-    """
-    path = os.path.join(checkpoint_dir, "generation_config.json")
-    if not os.path.exists(path):
-        return ()
-    try:
-        with open(path) as f:
-            gen = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path}: {e}; fix or remove the file") from e
-    return _eos_ids(gen.get("eos_token_id"))
 
 
 def _check_rope_scaling(rope: Mapping[str, Any]) -> None:
@@ -198,6 +181,9 @@ class ModelConfig:
     remat: bool = False
     attention: str = "auto"
     scan_layers: bool = True
+    # generation_config.json's sampling defaults, ((name, value), ...): written back on
+    # export (`models.generation_config`), read by nothing here.
+    generation_defaults: tuple = ()
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -317,14 +303,15 @@ class ModelConfig:
 
         overrides: e.g. param_dtype="bfloat16", dtype="bfloat16", remat=True.
         """
-        gen_eos: tuple[int, ...] = ()
+        gen: dict[str, Any] = {}
         if not isinstance(config, Mapping):
             path = os.fspath(config)
             if os.path.isdir(path):
                 path = os.path.join(path, "config.json")
             with open(path) as f:
                 config = json.load(f)
-            gen_eos = generation_eos_ids(os.path.dirname(path))
+            gen = read_generation_config(os.path.dirname(path))
+        gen_eos = _eos_ids(gen.get("eos_token_id"))
         c = dict(config)
         model_type = c.get("model_type")
         # A field config.json leaves out takes transformers' default for the model type.
@@ -393,9 +380,12 @@ class ModelConfig:
             attention_bias=attention_bias,
             qk_norm=model_type == "qwen3",
             max_position_embeddings=hf_max_positions(c),
-            bos_token_id=c.get("bos_token_id"),
+            # config.json's, else generation_config.json's (Qwen2.5-Instruct keeps its pad
+            # id only there: an export dropped it).
+            bos_token_id=_first(c.get("bos_token_id"), gen.get("bos_token_id")),
             eos_token_id=eos,
-            pad_token_id=c.get("pad_token_id"),
+            pad_token_id=_first(c.get("pad_token_id"), gen.get("pad_token_id")),
+            generation_defaults=generation_defaults(gen),
         )
         kw.update(overrides)
         return cls(**kw)
@@ -449,3 +439,8 @@ class ModelConfig:
             out["use_sliding_window"] = False
             out["sliding_window"] = None
         return out
+
+
+def _first(*values: Any) -> Any:
+    """The first value that is not None (None if all are)."""
+    return next((v for v in values if v is not None), None)

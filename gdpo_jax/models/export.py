@@ -24,6 +24,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from gdpo_jax.models.generation_config import IDS, generation_json
 from gdpo_jax.models.hf_names import LAYER_NAMES, TOP_NAMES
 from gdpo_jax.models.transformer import Transformer
 from gdpo_jax.multihost import allgather
@@ -80,8 +81,9 @@ def export_dtype(dtype: Any) -> np.dtype:
         dt = np.dtype(dtype)  # knows "bfloat16": ml_dtypes is imported above
     except TypeError:
         dt = None
-    if dt not in _NP_TO_ST:
-        names = sorted(d.name for d in _NP_TO_ST)
+    # float64 writes, but no loader here reads it back (nor is it a model dtype).
+    if dt not in _NP_TO_ST or dt == np.float64:
+        names = sorted(d.name for d in _NP_TO_ST if d != np.float64)
         raise ValueError(f"dtype={dtype!r} is not a supported export dtype; use one of {names}.")
     return dt
 
@@ -146,6 +148,14 @@ def save_pretrained(
     of an earlier export in out_dir (model.safetensors, model-*-of-*.safetensors and
     the index) and its tokenizer files are removed before the new ones are written.
     """
+    whole = isinstance(max_shard_bytes, int) and not isinstance(max_shard_bytes, bool)
+    if not whole or max_shard_bytes < 1:
+        # 0 wrote one tensor per file; None or "2GB" (transformers' max_shard_size form)
+        # failed comparing an int with it.
+        raise ValueError(
+            f"max_shard_bytes={max_shard_bytes!r} must be a positive int (bytes per weight "
+            "file), e.g. 4 << 30."
+        )
     cfg = model.cfg
     dtype = export_dtype(dtype or cfg.param_dtype).name
     config = cfg.to_hf()  # refuses a model no config.json describes, before any work
@@ -154,7 +164,8 @@ def save_pretrained(
     error: Exception | None = None
     if jax.process_index() == 0:
         try:
-            _write_dir(out_dir, config, tensors, tokenizer, max_shard_bytes)
+            gen = generation_json(cfg.generation_defaults, {k: config[k] for k in IDS})
+            _write_dir(out_dir, config, tensors, tokenizer, max_shard_bytes, gen)
         except Exception as e:  # the others learn of it below instead of waiting
             error = e
     if jax.process_count() > 1:
@@ -175,13 +186,10 @@ def _write_dir(
     tensors: dict[str, np.ndarray],
     tokenizer: Any,
     max_shard_bytes: int,
+    gen: dict,
 ) -> None:
-    """save_pretrained's writes (process 0's)."""
-    gen = {
-        k: config[k]
-        for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-        if config[k] is not None
-    }
+    """save_pretrained's writes (process 0's); `gen`: generation_config.json's content
+    (the ids, and the sampling defaults the loaded checkpoint shipped)."""
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
     for name, a in tensors.items():

@@ -90,7 +90,15 @@ class SafetensorsDir:
             with open(index) as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
         else:
+            # Weight files by their names (model.safetensors, model-*-of-*.safetensors:
+            # shards left beside it are a stale save, refused below); another
+            # *.safetensors (a PEFT adapter_model.safetensors) was read as weights too
+            # and refused the dir, which transformers loads.
             files = sorted(
+                os.path.basename(p)
+                for pattern in ("model.safetensors", "model-*-of-*.safetensors")
+                for p in glob.glob(os.path.join(path, pattern))
+            ) or sorted(  # other names: every file, as before
                 os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors"))
             )
         if not files:
