@@ -570,6 +570,13 @@ def test_sharded_equals_unsharded(models, shape, full):
         )
     # Without a mesh in context the explicit-sharded params still work.
     np.testing.assert_allclose(np.asarray(jax.jit(lambda m: m(ids, mask))(model)), want, atol=2e-5)
+    if full:
+        # And eagerly without a mask (docs/models.md's decode step): its default mask was
+        # built under the params' abstract mesh, which JAX refused.
+        full_ids = ids[mask.astype(bool).all(axis=1)]
+        got = np.asarray(model(full_ids))
+        np.testing.assert_allclose(got, want[mask.astype(bool).all(axis=1)], atol=2e-5)
+        assert full_ids.shape[0] > 0
 
 
 def test_create_model_unsharded_init():

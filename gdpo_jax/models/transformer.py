@@ -242,7 +242,7 @@ class Transformer(nnx.Module):
                 with jax.sharding.use_abstract_mesh(mesh):
                     return self(
                         input_ids,
-                        attention_mask,
+                        mask,  # made here: a default built under the abstract mesh failed
                         positions=positions,
                         cache=cache,
                         return_hidden=return_hidden,
