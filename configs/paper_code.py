@@ -1,6 +1,6 @@
 r"""The paper's code setting: DeepSeek-R1-Distill-Qwen-7B on Eurus-2-RL code, 2 or 3 objectives.
 
-Rewards (paper Sec. 4.3):
+Rewards (paper Sec. 4.3; the 4000-token limit as for math, the paper leaving it open):
   code_pass_rate [0, 1]   share of the problem's tests the last ```python block passes
   length {0, 1}           1 if <= 4000 tokens, conditioned on pass_rate == 1 (eq. 8)
   code_bug {0, 1}         1 if the program compiles and raises no runtime error
@@ -10,7 +10,8 @@ Rewards (paper Sec. 4.3):
 subprocess per program, shared by pass rate and bug: one execution each).
 
 Hyperparameters: the paper trains code like math (its Sec. 4.2 DAPO-style
-recipe), so this config uses the same values as configs/paper_math.py:
+recipe), so this config uses the values of configs/paper_math.py but the eval's
+sample count (4 per problem, math 16):
 batch 512 prompts x G 16, mini-batch 64 prompts, lr 1e-6, clip 0.2 / 0.28,
 dynamic sampling, token-mean loss, KL loss 0.0005 (mse), response 8000 tokens,
 500 steps. Eval: 4 samples per problem at T 0.6, top-p 0.95 (pass rate,
