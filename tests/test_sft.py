@@ -564,7 +564,16 @@ def test_sft_held_out_eval_splits_its_records_over_the_processes(tmp_path, monke
         return real(part, group_size, **kw)
 
     monkeypatch.setattr(rollout, "score_shared", spy)
+    seen = []  # the task's evaluate gets each row's record (math's pass@1 grouped by
+    real_eval = trainer.evaluate_fn  # prompt text, merging records with one prompt)
+
+    def eval_spy(texts, recs, **kw):
+        seen.append(kw["group_ids"])
+        return real_eval(texts, recs, **kw)
+
+    trainer.evaluate_fn = eval_spy
     out = trainer.evaluate()
+    assert seen == [[0, 1, 2], [0, 0, 1, 1, 2, 2]]
     rows = sum(n for n, _ in calls)
     assert rows == 2 * len(trainer.eval_records) == 6  # each record once per mode
     assert {k for _, k in calls} == {1, 2}  # greedy, then 2 samples per record

@@ -1,6 +1,8 @@
 """Code task: extraction, output comparison, pass-rate / bug rewards, loaders."""
 
 import json
+import math
+import os
 
 import numpy as np
 import pytest
@@ -138,12 +140,52 @@ def test_function_call_problems_apps_sample():
         "bug_ratio": 0.0,
         "exceed_ratio": pytest.approx(1 / 3),
         "num_samples": 3.0,
+        "unscored": 0.0,
     }
     bad = [comps[0], fence("def sum_squares(nums):\n    return sum(nums)"), fence("x = 1")]
     out = tcode.evaluate(bad, ex)
     # sum_squares: [1,2,3] -> 6 != 14, [] -> 0 ok, [-2] -> -2 != 4: 1/3; twoSum undefined: 0 + bug
     assert out["pass_rate"] == pytest.approx((1 + 1 / 3 + 0) / 3)
     assert out["bug_ratio"] == pytest.approx(1 / 3)
+
+
+def test_evaluate_leaves_unscored_samples_out_of_every_share(monkeypatch):
+    # A sample the sandbox could not score (NaN) was left out of pass_rate but counted
+    # as failing in all_pass and as bug-free in bug_ratio: three denominators.
+    monkeypatch.setattr(tcode, "pass_rate_reward", lambda *a, **k: [1.0, 0.5, math.nan, math.nan])
+    monkeypatch.setattr(tcode, "bug_reward", lambda *a, **k: [1.0, 0.0, math.nan, math.nan])
+    ex = [{"tests": {}}] * 4
+    out = tcode.evaluate(["a"] * 4, ex, completion_lengths=[1] * 4)
+    # By hand over the two scored samples: (1 + 0.5) / 2, 1 of 2 pass all, 1 of 2 bug.
+    assert (out["pass_rate"], out["all_pass"], out["bug_ratio"]) == (0.75, 0.5, 0.5)
+    assert out["unscored"] == 2.0 and out["num_samples"] == 4.0
+    monkeypatch.setattr(tcode, "pass_rate_reward", lambda *a, **k: [math.nan])
+    monkeypatch.setattr(tcode, "bug_reward", lambda *a, **k: [math.nan])
+    out = tcode.evaluate(["a"], ex[:1], completion_lengths=[1])
+    assert math.isnan(out["pass_rate"]) and math.isnan(out["bug_ratio"])
+
+
+def test_the_trainers_code_eval_scores_with_the_rewards_sandbox_settings():
+    # Trainer.evaluate passed code.evaluate only task.eval_kwargs: eval/pass_rate ran
+    # with the default limits (all tests, isolation auto) beside eval/code_pass_rate
+    # scored with the config's (max_tests=1, namespaces): 0.5 against 1.0.
+    import sys
+
+    from gdpo_jax.train.config import task_eval_kwargs
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    from configs.paper_code import get_config
+
+    cfg = get_config("")
+    cfg.rewards.sandbox.isolation, cfg.rewards.sandbox.allow_weak = "namespaces", True
+    cfg.rewards.kwargs.code_pass_rate = {"max_tests": 1, "cpu_s": 2}
+    got = task_eval_kwargs(cfg)
+    assert got["isolation"] == "namespaces" and got["allow_weak"] is True
+    assert got["max_tests"] == 1 and got["cpu_s"] == 2
+    assert got["max_tokens"] == cfg.task.eval_kwargs.max_tokens  # eval_kwargs still reach it
+    cfg.task.eval_kwargs.max_tests = 3  # and win
+    assert task_eval_kwargs(cfg)["max_tests"] == 3
 
 
 def test_pass_rate_and_bug_share_one_execution(monkeypatch):

@@ -358,16 +358,24 @@ def evaluate(
     **kwargs,
 ) -> dict[str, float]:
     """{"pass_rate" (mean share of tests), "all_pass" (share passing every test),
-    "bug_ratio" (share with compile/runtime errors or no code), "exceed_ratio"}.
-    kwargs: sandbox settings as for the rewards."""
+    "bug_ratio" (share with compile/runtime errors or no code), "exceed_ratio",
+    "num_samples", "unscored" (samples the sandbox could not score: NaN, left out of
+    the first three alike; all_pass counted them as failing and bug_ratio as bug-free)}.
+    kwargs: sandbox settings as for the rewards (the trainer passes the rewards' own)."""
     tests = [ex["tests"] for ex in examples]
     rate = np.asarray(pass_rate_reward(None, completions, tests=tests, **kwargs), np.float64)
     bug = np.asarray(bug_reward(None, completions, tests=tests, **kwargs), np.float64)
     lens = np.asarray(completion_token_counts(completions, completion_lengths))
+    ok = ~np.isnan(rate) & ~np.isnan(bug)
+
+    def share(x: np.ndarray) -> float:
+        return float(np.mean(x[ok])) if ok.any() else float("nan")
+
     return {
-        "pass_rate": float(np.nanmean(rate)),
-        "all_pass": float(np.mean(rate >= 1.0)),
-        "bug_ratio": float(np.mean(bug == 0.0)),
-        "exceed_ratio": float(np.mean(lens > max_tokens)),
+        "pass_rate": share(rate),
+        "all_pass": share(rate >= 1.0),
+        "bug_ratio": share(bug == 0.0),
+        "exceed_ratio": float(np.mean(lens > max_tokens)) if len(lens) else float("nan"),
         "num_samples": float(len(rate)),
+        "unscored": float(np.sum(~ok)),
     }

@@ -33,6 +33,7 @@ from gdpo_jax.train.reward_setup import (  # noqa: F401 - public names, re-expor
     import_modules,
     reward_runner,
     reward_specs,
+    task_eval_kwargs,
 )
 from gdpo_jax.train.schema import (  # noqa: F401 - public names, re-exported
     RESUMABLE_FIELDS,

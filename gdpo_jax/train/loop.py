@@ -35,6 +35,7 @@ from gdpo_jax.train.config import (
     reward_runner,
     reward_specs,
     sampling_params,
+    task_eval_kwargs,
     validate_config,
 )
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
@@ -121,6 +122,7 @@ class Trainer:
         )
         self.sampling_params = sampling_params(cfg)
         self.eval_params = eval_params(cfg)
+        self.task_eval_kwargs = task_eval_kwargs(cfg)  # the task's evaluate(**...)
 
         self.specs = reward_specs(cfg)
         self.reward_names = [sp.name for sp in self.specs]
@@ -309,7 +311,7 @@ class Trainer:
                 recs,
                 completion_lengths=[int(x) for x in np.concatenate(lengths)],
                 group_ids=gids,
-                **cfg.task.eval_kwargs.to_dict(),
+                **self.task_eval_kwargs,
             )
             metrics.update({f"eval/{n}": float(v) for n, v in extra.items()})
         return metrics

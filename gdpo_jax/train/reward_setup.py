@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import ml_collections as mlc
 
@@ -185,3 +186,21 @@ def reward_runner(cfg: mlc.ConfigDict, specs: list | None = None):
         chunk_size=int(r.get("chunk_size", 0)) or None,
         imports=tuple(cfg.get("imports", ())),
     )
+
+
+def task_eval_kwargs(cfg: mlc.ConfigDict) -> dict[str, Any]:
+    """Keyword arguments for the task's `evaluate`: the settings of the rewards that run
+    the sandbox (config.rewards.sandbox and their config.rewards.kwargs: isolation,
+    cpu_s, max_tests, ...), so a held-out metric scores programs as the reward columns
+    logged beside it do (code.evaluate ran with the defaults), then
+    config.task.eval_kwargs, which win."""
+    from gdpo_jax.rewards import get_reward
+
+    out: dict[str, Any] = {}
+    for spec in reward_specs(cfg):
+        try:
+            if getattr(get_reward(spec.name), "uses_sandbox", False):
+                out.update(spec.kwargs)
+        except (KeyError, ImportError):  # named by the runner, not here
+            continue
+    return {**out, **cfg.task.eval_kwargs.to_dict()}

@@ -54,6 +54,7 @@ from gdpo_jax.train.config import (
     base_config,
     reward_runner,
     reward_specs,
+    task_eval_kwargs,
 )
 from gdpo_jax.train.field_checks import sampling_params
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
@@ -315,7 +316,7 @@ class SFT:
                 # hand-built copy left out top-k / top-p and, once, the stop strings.
                 params = dataclasses.replace(sampling_params(cfg), greedy=mode == "greedy")
                 chunk = max(cfg.sft.batch_size // k, 1)
-                texts, recs, rewards, lengths = [], [], [], []
+                texts, recs, rewards, lengths, gids = [], [], [], [], []
                 for i in range(0, len(self.eval_records), chunk):
                     part = self.eval_records[i : i + chunk]
                     # Each process samples its share: every process sampled every
@@ -335,6 +336,9 @@ class SFT:
                     )
                     texts += res["texts"]
                     recs += [part[j // k] for j in range(len(part) * k)]
+                    # The record each row answers: by prompt text, math's pass@1 merged
+                    # distinct records with the same prompt.
+                    gids += [i + j // k for j in range(len(part) * k)]
                     rewards.append(res["rewards"])
                     lengths += [int(x) for x in res["lengths"]]
                 r = np.concatenate(rewards)
@@ -343,7 +347,11 @@ class SFT:
                 out[f"{mode}/len_mean"] = float(np.mean(lengths))
                 if self.evaluate_fn is not None:
                     extra = self.evaluate_fn(
-                        texts, recs, completion_lengths=lengths, **cfg.task.eval_kwargs.to_dict()
+                        texts,
+                        recs,
+                        completion_lengths=lengths,
+                        group_ids=gids,
+                        **task_eval_kwargs(cfg),
                     )
                     out.update({f"{mode}/{n}": float(v) for n, v in extra.items()})
                 out[f"{mode}/example"] = texts[0]  # type: ignore[assignment]
