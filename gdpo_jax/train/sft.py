@@ -59,7 +59,7 @@ from gdpo_jax.train.config import (
 from gdpo_jax.train.field_checks import sampling_params
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
 from gdpo_jax.train.resume_checks import check_resume_config, check_resume_data
-from gdpo_jax.train.sft_checks import validate_sft_config
+from gdpo_jax.train.sft_checks import sft_targets, training_records, validate_sft_config
 
 __all__ = [
     "SFT",
@@ -167,34 +167,10 @@ class SFT:
         # indexes them), stops here in one line, before the model build.
         check_resume_config(cfg)
         task = load_task(cfg)
-        s = cfg.sft
-        if s.num_examples > len(task.train):  # it trained on fewer, without a word
-            raise ConfigError(
-                f"config.sft.num_examples={s.num_examples}, but the task has "
-                f"{len(task.train)} training records; use at most that many, or 0 (all)."
-            )
-        if (s.evaluate or s.eval_every) and not task.eval:
-            # evaluate() crashed on no rows after all the training, before the export.
-            raise ConfigError(
-                "the task has no held-out records for SFT's eval (config.sft.evaluate / "
-                "eval_every): set config.task.num_eval (synthetic data) or "
-                "config.task.eval_source, or --config.sft.evaluate=False "
-                "--config.sft.eval_every=0."
-            )
-        train = task.train[: s.num_examples or None]
+        train = training_records(cfg, task)
         self.records = {"fingerprint": records_fingerprint(train), "count": len(train)}
         check_resume_data(cfg, self.records["fingerprint"], self.records["count"])
-        try:  # before the model build: a target a record cannot give is a config problem
-            texts = make_targets(
-                train,
-                cfg.task.name,
-                seed=cfg.seed,
-                format_noise=s.format_noise,
-                value_noise=s.value_noise,
-                verbose_prob=s.verbose_prob,
-            )
-        except ValueError as e:
-            raise ConfigError(f"SFT targets of {cfg.task.name!r}: {e}") from e
+        texts = sft_targets(cfg, train)  # before the model build
         devices = jax.devices()[: cfg.mesh.num_devices or None]
         self.mesh = mesh_lib.make_mesh(
             tuple(cfg.mesh.shape), axis_types=cfg.mesh.axis_types, devices=devices
@@ -223,7 +199,9 @@ class SFT:
         self.data = self._encode(train, texts)
         # The examples trained on: those the length filter kept (not the task's count).
         self.num_examples = len(next(iter(self.data.values())))
-        self.tx, self.schedule = state_lib.make_optimizer(cfg.optim, total_updates=s.num_steps)
+        self.tx, self.schedule = state_lib.make_optimizer(
+            cfg.optim, total_updates=cfg.sft.num_steps
+        )
         self.graphdef, self.state = state_lib.create_train_state(self.model, self.tx, self.mesh)
         shardings = state_lib.shardings_of(self.state)
         batch_sh = {k: mesh_lib.batch_sharding(self.mesh, 2) for k in self.data}

@@ -7,6 +7,8 @@ a mistake reads the same in both; the `sft` section's own fields are checked her
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import ml_collections as mlc
 
@@ -136,3 +138,43 @@ SFT_RANGES = (
     Range("sft.eval_num_examples", low=0, integer=True, example="64"),
     Range("sft.eval_samples", low=1, integer=True, example="4"),
 )
+
+
+def training_records(cfg: mlc.ConfigDict, task: Any) -> list[dict]:
+    """The task's records SFT trains on (`sft.num_examples`); a ConfigError when it asks
+    for more than the task has (it trained on fewer, without a word) or evaluates with
+    no held-out records (evaluate() crashed after all the training, before the export)."""
+    s = cfg.sft
+    if s.num_examples > len(task.train):
+        raise ConfigError(
+            f"config.sft.num_examples={s.num_examples}, but the task has "
+            f"{len(task.train)} training records; use at most that many, or 0 (all)."
+        )
+    if (s.evaluate or s.eval_every) and not task.eval:
+        raise ConfigError(
+            "the task has no held-out records for SFT's eval (config.sft.evaluate / "
+            "eval_every): set config.task.num_eval (synthetic data) or "
+            "config.task.eval_source, or --config.sft.evaluate=False "
+            "--config.sft.eval_every=0."
+        )
+    return task.train[: s.num_examples or None]
+
+
+def sft_targets(cfg: mlc.ConfigDict, train: list[dict]) -> list[str]:
+    """Each record's SFT target text (`data.corrupt.make_targets` with the config's
+    noise); a record that cannot give its target is a ConfigError (it was a traceback
+    after the model build)."""
+    from gdpo_jax.data.corrupt import make_targets
+
+    s = cfg.sft
+    try:
+        return make_targets(
+            train,
+            cfg.task.name,
+            seed=cfg.seed,
+            format_noise=s.format_noise,
+            value_noise=s.value_noise,
+            verbose_prob=s.verbose_prob,
+        )
+    except ValueError as e:
+        raise ConfigError(f"SFT targets of {cfg.task.name!r}: {e}") from e
