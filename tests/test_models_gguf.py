@@ -139,32 +139,6 @@ def test_synthetic_gguf_matches_torch(tmp_path, monkeypatch):
     assert len(converted) == 1 and len(os.listdir(tmp_path / "cache")) == 2
 
 
-@pytest.mark.parametrize(
-    "name,match",
-    [
-        # Llama 3.1+ GGUFs store llama3 RoPE scaling as this top-level tensor.
-        ("rope_freqs.weight", r"'rope_freqs\.weight' holds llama3 RoPE scaling.*not supported"),
-        ("some_adapter.weight", r"Unexpected GGUF tensor 'some_adapter\.weight'"),
-        ("blk.0.attn_sinks.weight", r"Unexpected GGUF tensor 'blk\.0\.attn_sinks\.weight'"),
-    ],
-)
-def test_gguf_tensor_without_an_hf_name_is_named(tmp_path, monkeypatch, name, match):
-    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
-    cfg = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=32,  # Q8_0 blocks of 32 (mlp tensors are quantized)
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        rope_theta=1000.0,
-    )
-    path = str(tmp_path / "extra.gguf")
-    _write_gguf(transformers.LlamaForCausalLM(cfg).eval(), path, {name: np.ones(4, np.float32)})
-    with pytest.raises(ValueError, match=match):
-        load_pretrained(path)
-
-
 def _tiny_llama():
     cfg = transformers.LlamaConfig(
         vocab_size=32,
@@ -177,6 +151,23 @@ def _tiny_llama():
         eos_token_id=2,
     )
     return transformers.LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize(
+    "name,match",
+    [
+        # Llama 3.1+ GGUFs store llama3 RoPE scaling as this top-level tensor.
+        ("rope_freqs.weight", r"'rope_freqs\.weight' holds llama3 RoPE scaling.*not supported"),
+        ("some_adapter.weight", r"Unexpected GGUF tensor 'some_adapter\.weight'"),
+        ("blk.0.attn_sinks.weight", r"Unexpected GGUF tensor 'blk\.0\.attn_sinks\.weight'"),
+    ],
+)
+def test_gguf_tensor_without_an_hf_name_is_named(tmp_path, monkeypatch, name, match):
+    monkeypatch.setenv("GDPO_JAX_CACHE", str(tmp_path / "cache"))
+    path = str(tmp_path / "extra.gguf")
+    _write_gguf(_tiny_llama(), path, {name: np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match=match):
+        load_pretrained(path)
 
 
 def test_a_bad_gguf_file_is_one_line_naming_it(tmp_path, monkeypatch):

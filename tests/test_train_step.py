@@ -452,13 +452,14 @@ def test_step_compiles_once_per_prompt_bucket_and_padding_changes_nothing():
         np.testing.assert_allclose(float(m5[k]), float(m8[k]), rtol=1e-6, atol=1e-7, err_msg=k)
 
 
-def _adamw_step(sc: StepConfig, model):
-    tx = optax.adamw(1e-2, weight_decay=0.1)
+def _adamw_step(sc: StepConfig, model, tx=None, schedule=None):
+    """(state, CompiledStep) of `model` with `tx` / `schedule` (default AdamW, lr 1e-2)."""
+    tx = tx or optax.adamw(1e-2, weight_decay=0.1)
     graphdef, state = state_lib.create_train_state(model, tx, None)
     step = CompiledStep(
         graphdef=graphdef,
         tx=tx,
-        schedule=optax.constant_schedule(1e-2),
+        schedule=schedule or optax.constant_schedule(1e-2),
         cfg=sc,
         state_shardings=state_lib.shardings_of(state),
         mesh=None,
@@ -529,15 +530,7 @@ def test_a_skipped_mini_batch_still_advances_the_learning_rate_schedule():
     )
     sc = StepConfig(num_groups=NUM_GROUPS, num_minibatches=2, group_size=G)
     tx, schedule = state_lib.make_optimizer(optim, total_updates=8, updates_per_step=2)
-    graphdef, state = state_lib.create_train_state(create_model(CFG, seed=0), tx, None)
-    step = CompiledStep(
-        graphdef=graphdef,
-        tx=tx,
-        schedule=schedule,
-        cfg=sc,
-        state_shardings=state_lib.shardings_of(state),
-        mesh=None,
-    )
+    state, step = _adamw_step(sc, create_model(CFG, seed=0), tx, schedule)
     state, _ = step(state, distributed.to_global(batch, None))
     is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
     is_adam = lambda x: isinstance(x, optax.ScaleByAdamState)  # noqa: E731
