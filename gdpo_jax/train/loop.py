@@ -122,9 +122,9 @@ class Trainer:
         )
         self.sampling_params = sampling_params(cfg)
         self.eval_params = eval_params(cfg)
-        self.task_eval_kwargs = task_eval_kwargs(cfg)  # the task's evaluate(**...)
 
         self.specs = reward_specs(cfg)
+        self.task_eval_kwargs = task_eval_kwargs(cfg, self.specs)  # the task's evaluate(**...)
         self.reward_names = [sp.name for sp in self.specs]
         self.weights = [sp.weight for sp in self.specs]
 

@@ -188,16 +188,16 @@ def reward_runner(cfg: mlc.ConfigDict, specs: list | None = None):
     )
 
 
-def task_eval_kwargs(cfg: mlc.ConfigDict) -> dict[str, Any]:
+def task_eval_kwargs(cfg: mlc.ConfigDict, specs: list | None = None) -> dict[str, Any]:
     """Keyword arguments for the task's `evaluate`: the settings of the rewards that run
     the sandbox (config.rewards.sandbox and their config.rewards.kwargs: isolation,
     cpu_s, max_tests, ...), so a held-out metric scores programs as the reward columns
     logged beside it do (code.evaluate ran with the defaults), then
-    config.task.eval_kwargs, which win."""
+    config.task.eval_kwargs, which win. specs: `reward_specs(cfg)` when the caller has them."""
     from gdpo_jax.rewards import get_reward
 
     out: dict[str, Any] = {}
-    for spec in reward_specs(cfg):
+    for spec in reward_specs(cfg) if specs is None else specs:
         try:
             if getattr(get_reward(spec.name), "uses_sandbox", False):
                 out.update(spec.kwargs)

@@ -329,7 +329,7 @@ class SFT:
                         recs,
                         completion_lengths=lengths,
                         group_ids=gids,
-                        **task_eval_kwargs(cfg),
+                        **task_eval_kwargs(cfg, specs),
                     )
                     out.update({f"{mode}/{n}": float(v) for n, v in extra.items()})
                 out[f"{mode}/example"] = texts[0]  # type: ignore[assignment]
