@@ -194,25 +194,23 @@ def test_gguf_metadata_missing_a_required_key_names_it(tmp_path):
     from gdpo_jax.models.gguf import convert_gguf
 
     path = str(tmp_path / "meta.gguf")
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_embedding_length(64)
-    w.add_feed_forward_length(128)
-    w.add_head_count(8)  # no block_count, no vocab size, token list or embedding
-    w.add_tensor("output.weight", np.zeros((32, 64), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+
+    def write(*adds, tensor=False):
+        w = gguf.GGUFWriter(path, "llama")
+        for add, value in adds:
+            getattr(w, f"add_{add}")(value)
+        if tensor:
+            w.add_tensor("output.weight", np.zeros((32, 64), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    # No block_count, and no vocab size, token list or embedding.
+    write(("embedding_length", 64), ("feed_forward_length", 128), ("head_count", 8), tensor=True)
     with pytest.raises(ValueError, match=r"meta\.gguf': the GGUF gives no vocabulary size"):
         convert_gguf(path, str(tmp_path / "out"))
-    w = gguf.GGUFWriter(path, "llama")
-    w.add_embedding_length(64)
-    w.add_head_count(8)
-    w.add_vocab_size(32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write(("embedding_length", 64), ("head_count", 8), ("vocab_size", 32))
     with pytest.raises(ValueError, match=r"lacks the required metadata key 'llama\.feed_forward"):
         convert_gguf(path, str(tmp_path / "out"))
 

@@ -509,25 +509,14 @@ def test_a_skipped_mini_batch_still_advances_the_learning_rate_schedule():
     of the run, and the logged lr (schedule(step * updates_per_step)) was not the one
     applied. The schedule counts every update; AdamW's own count (bias correction)
     only the ones made."""
-    import ml_collections
-
     batch = make_batch(6)
     batch["valid"][:] = True
     for g in (1, 3):  # the second of 2 mini-batches: no token
         batch["valid"][g * G : (g + 1) * G] = False
-    optim = ml_collections.ConfigDict(
-        dict(
-            lr=1e-2,
-            schedule="linear",
-            warmup_steps=2,
-            min_lr_ratio=0.0,
-            b1=0.9,
-            b2=0.999,
-            eps=1e-8,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-        )
-    )
+    from gdpo_jax.train.schema import base_config
+
+    optim = base_config().optim  # the schema's AdamW settings, a linear schedule here
+    optim.update(lr=1e-2, schedule="linear", warmup_steps=2, min_lr_ratio=0.0)
     sc = StepConfig(num_groups=NUM_GROUPS, num_minibatches=2, group_size=G)
     tx, schedule = state_lib.make_optimizer(optim, total_updates=8, updates_per_step=2)
     state, step = _adamw_step(sc, create_model(CFG, seed=0), tx, schedule)
