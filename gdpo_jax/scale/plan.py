@@ -171,7 +171,11 @@ def _key(name: str, cfg, target: Target) -> tuple:
 # Fields added to the config after plans were committed, with the value that compiles
 # what the config without them did: at that value they stay out of the digest, so the
 # committed plans (and their check, tests/test_docs.py) hold.
-_ADDED_FIELDS = {"algo.nan_rewards": "omit", "algo.kl_in_reward_estimator": "k1"}
+_ADDED_FIELDS = {
+    "algo.nan_rewards": "omit",
+    "algo.kl_in_reward_estimator": "k1",
+    "optim.decay_mask": "all",
+}
 
 
 def config_digest(cfg: mlc.ConfigDict) -> str:

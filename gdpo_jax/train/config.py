@@ -49,6 +49,8 @@ from gdpo_jax.train.schema import (  # noqa: F401 - public names, re-exported
 )
 
 SCHEDULES = ("cosine", "constant", "linear")
+# optim.decay_mask (train/state.py:decay_mask)
+DECAY_MASKS = ("all", "no_bias_norm")
 _OLD_LOGPROBS = ("sampler", "recompute")
 _ON_ERROR = ("raise", "nan")
 
@@ -145,6 +147,7 @@ def validate_config(
     _choice(cfg, "algo.nan_rewards", ("omit", "zero"))
     _choice(cfg, "algo.old_logprobs", _OLD_LOGPROBS)
     _choice(cfg, "optim.schedule", SCHEDULES)
+    _choice(cfg, "optim.decay_mask", DECAY_MASKS)
     _choice(cfg, "rewards.on_error", _ON_ERROR)
     check_model_fields(cfg)
     _choice(cfg, "rewards.executor", ("thread", "process"))

@@ -198,6 +198,9 @@ def base_config() -> mlc.ConfigDict:
     c.optim.warmup_steps = 0
     c.optim.min_lr_ratio = 0.0
     c.optim.weight_decay = 0.0
+    # all: decay every parameter (verl); no_bias_norm: not biases and norm weights
+    # (Hugging Face's Trainer, so TRL).
+    c.optim.decay_mask = "all"
     c.optim.b1 = 0.9
     c.optim.b2 = 0.999
     c.optim.eps = 1e-8

@@ -17,6 +17,7 @@ from gdpo_jax.data.tokenizer_registry import tokenizer_known
 from gdpo_jax.tasks import check_task_kwargs
 from gdpo_jax.train import paths
 from gdpo_jax.train.config import (
+    DECAY_MASKS,
     SCHEDULES,
     ConfigError,
     _check_rewards,
@@ -108,6 +109,7 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     check_ranges(cfg)
     check_ranges(cfg, SFT_RANGES)
     _choice(cfg, "optim.schedule", SCHEDULES)
+    _choice(cfg, "optim.decay_mask", DECAY_MASKS)
     check_tiny_model(cfg)
     check_sampling(cfg)
     if not cfg.model.name and not tokenizer_known(cfg.model.tokenizer):

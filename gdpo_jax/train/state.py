@@ -17,6 +17,8 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from gdpo_jax.train.config import DECAY_MASKS
+
 log = logging.getLogger("gdpo_jax.train")
 
 
@@ -54,6 +56,34 @@ def make_schedule(
     )
 
 
+# optim.decay_mask (DECAY_MASKS): which parameters AdamW's weight decay shrinks.
+#   all: every parameter (verl's actor optimizer, the paper configs' choice);
+#   no_bias_norm: matrices and embeddings only, as Hugging Face's Trainer (TRL) does:
+#     biases and norm weights are left undecayed.
+
+
+def _decayed(path: tuple) -> bool:
+    """Whether the parameter at `path` (a key path into an nnx.State) is decayed under
+    no_bias_norm: its name, the last dict key (`q_bias`, `attn_norm`, `final_norm`),
+    ends in neither `bias` nor `norm`. Names, not ranks: stacked layers make a norm
+    weight 2-D."""
+    names = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
+    name = names[-1] if names else ""
+    return not (name.endswith("bias") or name.endswith("norm"))
+
+
+def decay_mask(rule: str) -> Any:
+    """optax.adamw's `mask` for `optim.decay_mask=rule`: None (decay everything) or a
+    function of the params giving a bool per leaf."""
+    if rule == "all":
+        return None
+    if rule == "no_bias_norm":
+        return lambda params: jax.tree_util.tree_map_with_path(
+            lambda path, _: _decayed(path), params
+        )
+    raise ValueError(f"optim.decay_mask={rule!r}; use one of {', '.join(DECAY_MASKS)}.")
+
+
 def make_optimizer(
     optim, *, total_updates: int, updates_per_step: int = 1
 ) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -85,7 +115,12 @@ def make_optimizer(
         parts.append(optax.clip_by_global_norm(optim.max_grad_norm))
     parts.append(
         optax.adamw(
-            schedule, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay
+            schedule,
+            b1=optim.b1,
+            b2=optim.b2,
+            eps=optim.eps,
+            weight_decay=optim.weight_decay,
+            mask=decay_mask(optim.get("decay_mask", "all")),
         )
     )
     return optax.chain(*parts), schedule
