@@ -244,7 +244,8 @@ def _set(path: str, value):
         (_set("sampling.top_p", 1.5), r"config\.sampling\.top_p=1\.5 must be in \(0, 1\]"),
         (_set("sampling.top_k", -3), r"config\.sampling\.top_k=-3 must be >= 0"),
         (_set("sampling.stop_strings", ("",)), r"config\.sampling\.stop_strings must not"),
-        (_set("eval.temperature", -1.0), r"config\.eval\.temperature=-1\.0 must be >= 1e-06"),
+        (_set("eval.temperature", -1.0), r"config\.eval\.temperature=-1\.0 must be finite and >="),
+        (_set("sampling.temperature", float("inf")), r"sampling\.temperature=inf must be finite"),
         (_set("eval.top_p", 2.0), r"config\.eval\.top_p=2\.0 must be in \(0, 1\]"),
         (_set("rewards.weights", ("a", "b")), r"rewards\.weights\[0\]='a' is not finite"),
         (

@@ -519,6 +519,7 @@ def test_rollout_layout_and_prompt_encoding(sampler, tok, base_run):
         dict(temperature=0.0),
         dict(temperature=1e-39),  # logits / T overflow: NaN log-probs, tokens not the argmax
         dict(temperature=float("nan")),
+        dict(temperature=float("inf")),  # logits / inf = 0: a uniform draw, not a sampler
         dict(top_p=0.0),
         dict(top_p=1.5),
         dict(top_k=-1),

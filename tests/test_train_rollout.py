@@ -97,7 +97,10 @@ def test_dynamic_sampling_grpo_keeps_nothing_and_pads_invalid():
     # With no valid row every metric is NaN, as the per-reward means: a finite 0.0 total
     # (and lengths) was averaged into the plotted curves as a reward of 0.
     m = rollout_metrics(arrays, ["length"] * 8, ["a", "b"], None)
-    for key in ("reward/total", "reward/a/mean", "len/mean", "len/max", "len/truncated_frac"):
+    for key in (
+        *("reward/total", "reward/a/mean", "reward/a/nan_frac"),
+        *("len/mean", "len/max", "len/truncated_frac"),
+    ):
         assert np.isnan(m[key]), key
 
 

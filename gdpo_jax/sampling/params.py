@@ -91,10 +91,11 @@ class SamplingParams:
                 raise ValueError(f"SamplingParams.{name}={value!r} must be a number.")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens} must be >= 1.")
-        if not self.temperature >= MIN_TEMPERATURE:
+        # inf passed: logits / inf is 0 everywhere, a uniform draw over the vocabulary.
+        if not MIN_TEMPERATURE <= self.temperature < float("inf"):
             raise ValueError(
-                f"SamplingParams.temperature={self.temperature} must be >= {MIN_TEMPERATURE:g} "
-                "(use greedy=True for argmax decoding)."
+                f"SamplingParams.temperature={self.temperature} must be finite and >= "
+                f"{MIN_TEMPERATURE:g} (use greedy=True for argmax decoding)."
             )
         if self.top_k < 0:
             raise ValueError(f"SamplingParams.top_k={self.top_k} must be >= 0 (0 disables it).")

@@ -253,16 +253,16 @@ def rollout_metrics(
     valid = arrays["valid"].astype(bool)
     r = arrays["rewards"][valid].astype(np.float64)
     out: dict[str, float] = {}
+    nan = float("nan")
     w = np.ones(len(reward_names)) if not weights else np.asarray(weights, np.float64)
     for k, name in enumerate(reward_names):
         col = r[:, k]
         ok = np.isfinite(col)
         out[f"reward/{name}/mean"] = float(col[ok].mean()) if ok.any() else float("nan")
         out[f"reward/{name}/std"] = float(col[ok].std()) if ok.any() else float("nan")
-        out[f"reward/{name}/nan_frac"] = float(1 - ok.mean()) if col.size else 0.0
+        out[f"reward/{name}/nan_frac"] = float(1 - ok.mean()) if col.size else nan
     # No valid row (dynamic sampling found no group with signal): NaN, as the per-reward
-    # means. 0.0 was finite, so the plots averaged a reward of 0 into the curve.
-    nan = float("nan")
+    # means. 0.0 was finite, so the plots averaged a reward of 0 (a NaN share of 0) in.
     finite = np.where(np.isfinite(r[:, : len(w)]), r[:, : len(w)], 0.0)
     out["reward/total"] = float((finite @ w).mean()) if r.size else nan
     if "completion_len" in arrays:
