@@ -27,6 +27,7 @@ from flax import nnx
 
 from gdpo_jax import sharding as mesh_lib
 from gdpo_jax.sampling import decode, hostio
+from gdpo_jax.sampling.encoding import encode_prompts
 from gdpo_jax.sampling.params import (
     DEFAULT_BUCKETS,
     FINISH_NAMES,
@@ -36,7 +37,7 @@ from gdpo_jax.sampling.params import (
     default_prompt_buckets,
 )
 from gdpo_jax.sampling.prompt_slots import prompt_slots_used
-from gdpo_jax.sampling.stopping import apply_stop_strings
+from gdpo_jax.sampling.stopping import apply_stop_strings, stop_sequences
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -162,54 +163,10 @@ class Sampler:
     # ----------------------------------------------------------------- prompts
     def encode_prompts(self, prompts: Sequence[Any], chat_template: bool = True) -> list[list[int]]:
         """str -> tokenizer(str); message list -> chat template with the generation
-        prompt; a sequence of ints -> used as is."""
-        out = []
-        for i, p in enumerate(prompts):
-            if isinstance(p, str):
-                ids = self._require_tokenizer("string prompts")(p, add_special_tokens=True)[
-                    "input_ids"
-                ]
-            elif isinstance(p, (list, tuple)) and p and all(isinstance(m, dict) for m in p):
-                if not chat_template:
-                    raise ValueError(
-                        f"prompts[{i}] is a message list but chat_template=False; pass "
-                        "chat_template=True or render it to a string yourself."
-                    )
-                tok = self._require_tokenizer("message-list prompts")
-                text = tok.apply_chat_template(list(p), add_generation_prompt=True, tokenize=False)
-                ids = tok(text, add_special_tokens=False)["input_ids"]
-            elif isinstance(p, (list, tuple, np.ndarray)) and all(
-                isinstance(t, (int, np.integer)) for t in p
-            ):
-                ids = [int(t) for t in p]
-            else:
-                raise TypeError(
-                    f"prompts[{i}] must be a str, a list of chat message dicts or a "
-                    f"list of token ids; got {type(p).__name__}."
-                )
-            if len(ids) == 0:
-                raise ValueError(
-                    f"prompts[{i}] encodes to zero tokens; every prompt needs >= 1 token."
-                )
-            # An id past the vocabulary gave NaN log-probs under a mask of 1 (a negative
-            # one wrapped to another token): a tokenizer larger than the model, or bad ids.
-            vocab = self.model.cfg.vocab_size
-            bad = [t for t in ids if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(
-                    f"prompts[{i}] has token id {bad[0]} outside the model's vocabulary "
-                    f"[0, {vocab}); check the tokenizer matches the model."
-                )
-            out.append(list(ids))
-        return out
-
-    def _require_tokenizer(self, what: str) -> Any:
-        if self.tokenizer is None:
-            raise ValueError(
-                f"Sampler(tokenizer=None) cannot encode {what}; pass a tokenizer "
-                "or token-id prompts."
-            )
-        return self.tokenizer
+        prompt; a sequence of ints -> used as is (`encoding.encode_prompts`)."""
+        return encode_prompts(
+            self.tokenizer, self.model.cfg.vocab_size, prompts, chat_template=chat_template
+        )
 
     # ---------------------------------------------------------------- generate
     def generate(
@@ -443,21 +400,5 @@ class Sampler:
         self.num_traces += 1
 
     def _stop_sequences(self, stop_strings: Sequence[str]) -> np.ndarray:
-        """i32[S, L] right-aligned token sequences of the stop strings (-1 padded).
-
-        A device-side early exit only: the host check on the decoded text stays the
-        authority (a string can tokenize differently in context).
-        """
-        seqs = []
-        for s in stop_strings:
-            ids = self.tokenizer(s, add_special_tokens=False)["input_ids"]
-            # Only a tokenization that decodes back to the string: one the vocabulary
-            # cannot spell (a word mapped to <unk>) would stop every row that samples
-            # the unknown id, while the text holds no stop string.
-            if ids and s in self.tokenizer.decode(ids, skip_special_tokens=False):
-                seqs.append(list(ids))
-        width = max([len(s) for s in seqs] + [1])
-        arr = np.full((len(seqs), width), -1, np.int32)
-        for i, s in enumerate(seqs):
-            arr[i, width - len(s) :] = s
-        return arr
+        """i32[S, L] right-aligned stop-string token sequences (`stopping.stop_sequences`)."""
+        return stop_sequences(self.tokenizer, stop_strings)

@@ -93,3 +93,24 @@ def apply_stop_strings(
         finish[r] = "stop"
         end = first_stop_end(text, stop_strings)
         texts[r] = text if end is None else text[:end]
+
+
+def stop_sequences(tokenizer: Any, stop_strings: Sequence[str]) -> np.ndarray:
+    """i32[S, L] right-aligned token sequences of the stop strings (-1 padded).
+
+    A device-side early exit only: the host check on the decoded text stays the
+    authority (a string can tokenize differently in context).
+    """
+    seqs = []
+    for s in stop_strings:
+        ids = tokenizer(s, add_special_tokens=False)["input_ids"]
+        # Only a tokenization that decodes back to the string: one the vocabulary
+        # cannot spell (a word mapped to <unk>) would stop every row that samples
+        # the unknown id, while the text holds no stop string.
+        if ids and s in tokenizer.decode(ids, skip_special_tokens=False):
+            seqs.append(list(ids))
+    width = max([len(s) for s in seqs] + [1])
+    arr = np.full((len(seqs), width), -1, np.int32)
+    for i, s in enumerate(seqs):
+        arr[i, width - len(s) :] = s
+    return arr
