@@ -663,6 +663,72 @@ def test_dot_product_attention_equals_einsum_path():
     np.testing.assert_allclose(want[seen], ref[seen], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("T, S", [(5, 5), (5, 7), (4, 7), (6, 6)])
+def test_cudnn_attention_pads_odd_lengths_to_even(monkeypatch, T, S):
+    """cuDNN's masked backward pass refuses an odd query or key length ("Unsupported
+    sequence length Q 33, KV 33"): an odd prompt bucket failed the train step's compile on
+    a GPU. `_dpa_attention` pads both to even for cuDNN; here a stand-in kernel refuses odd
+    lengths as cuDNN does and computes with XLA's, and the valid rows and gradients equal
+    the unpadded einsum path's."""
+    from gdpo_jax.models import attention as attn
+    from gdpo_jax.models.transformer import _attention
+
+    real = jax.nn.dot_product_attention
+    calls = []
+
+    def cudnn_like(q, k, v, *, mask, implementation):
+        assert implementation == "cudnn"
+        if q.shape[1] % 2 or k.shape[1] % 2:
+            raise NotImplementedError(
+                f"Unsupported sequence length Q {q.shape[1]}, KV {k.shape[1]}."
+            )
+        calls.append((q.shape[1], k.shape[1]))
+        return real(q, k, v, mask=mask, implementation="xla")
+
+    monkeypatch.setattr(attn.jax.nn, "dot_product_attention", cudnn_like)
+    cfg = ModelConfig.tiny(num_heads=4, num_kv_heads=2, head_dim=16)
+    rs = np.random.RandomState(1)
+    q = jnp.asarray(rs.randn(3, T, 4, 16), jnp.float32)
+    kt = jnp.asarray(rs.randn(3, 2, 16, S), jnp.float32)
+    v = jnp.asarray(rs.randn(3, 2, S, 16), jnp.float32)
+    key_ok = np.arange(S)[None] >= np.array([0, 2, S - 1])[:, None]  # left padding
+    allowed = jnp.asarray(
+        (np.arange(S)[None] <= np.arange(T)[:, None] + (S - T))[None] & key_ok[:, None]
+    )
+    seen = np.asarray(allowed).any(-1)
+    w = jnp.asarray(rs.randn(3, T, 4, 16), jnp.float32) * jnp.asarray(seen)[..., None, None]
+
+    def loss(fn, q, kt, v):
+        return jnp.sum(fn(q, kt, v) * w)
+
+    got = attn._dpa_attention(q, kt, v, allowed, "cudnn")
+    want = _attention(q, kt, v, allowed, cfg)
+    assert got.shape == want.shape == (3, T, 4, 16) and calls[-1] == (T + T % 2, S + S % 2)
+    np.testing.assert_allclose(np.asarray(got)[seen], np.asarray(want)[seen], atol=1e-5)
+    g_got = jax.grad(lambda *a: loss(lambda *b: attn._dpa_attention(*b, allowed, "cudnn"), *a),
+                     argnums=(0, 1, 2))(q, kt, v)  # fmt: skip
+    g_want = jax.grad(lambda *a: loss(lambda *b: _attention(*b, allowed, cfg), *a),
+                      argnums=(0, 1, 2))(q, kt, v)  # fmt: skip
+    for a, b in zip(g_got, g_want, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+
+
+def test_auto_leaves_cudnn_for_a_head_dim_it_cannot_take():
+    """cuDNN flash attention takes a head dim that is a multiple of 8, <= 128 before Hopper
+    (256 from it): "auto" picked it for any bf16 GPU model, and the step failed in jax's
+    check. "auto" now keeps cuDNN for the head dims every GPU takes; an explicit "cudnn"
+    outside cuDNN's range is one line naming the field."""
+    from gdpo_jax.models.attention import attention_kind
+
+    for head_dim, auto in ((16, "cudnn"), (128, "cudnn"), (12, "xla"), (192, "xla")):
+        cfg = ModelConfig.tiny(dtype="bfloat16", head_dim=head_dim)
+        assert attention_kind(cfg, "gpu") == auto, head_dim
+    explicit = ModelConfig.tiny(dtype="bfloat16", head_dim=192, attention="cudnn")
+    assert attention_kind(explicit, "gpu") == "cudnn"  # Hopper takes it: the user's call
+    with pytest.raises(ValueError, match=r"head_dim that is a multiple of 8.*this model's is 12"):
+        attention_kind(dataclasses.replace(explicit, head_dim=12), "gpu")
+
+
 def test_model_with_dpa_attention_matches_einsum(models):
     """Training forward, gradients and prefill-then-decode through the cache:
     attention="dpa" equals the einsum path (f32, CPU)."""

@@ -1305,3 +1305,43 @@ def test_a_knob_that_changes_the_logprob_program_changes_its_cache_key(field, va
     changed.mesh.shape = (1, 4, 1)
     assert _logprob_hlo(base) != _logprob_hlo(changed)
     assert plan_lib._key("logprob", base, target) != plan_lib._key("logprob", changed, target)
+
+
+@needs_cuda
+@pytest.mark.parametrize("shared", [False, True])
+def test_an_odd_prompt_bucket_trains_through_cudnn_on_a_gpu_target(shared):
+    """A bf16 GPU run ("auto" -> cuDNN) whose prompt bucket is odd (max_prompt_len=68's
+    bucket 17) failed the train step's compile: cuDNN's masked backward pass takes even
+    lengths only. The gradient, per row and over shared prompts, now lowers with cuDNN's
+    kernel in the module."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from gdpo_jax.backend import target_backend
+    from gdpo_jax.models.prompt_sharing import shared_prompt_hidden
+    from gdpo_jax.models.transformer import Transformer
+    from gdpo_jax.scale.plan import _cudnn_on_host
+
+    if not _cudnn_on_host():
+        pytest.skip("lowering cuDNN's kernel needs cuDNN on this host")
+    device = targets_lib.target_devices(targets_lib.parse_target("1xh100"))[0]
+    sharding = jax.sharding.SingleDeviceSharding(device)
+
+    def spec(shape, dtype=jnp.int32):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    cfg = ModelConfig.tiny(dtype="bfloat16")
+    graph, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    state = jax.tree.map(lambda a: spec(a.shape, a.dtype), state)
+    P, C = 17, 16
+
+    def loss(state, *batch):
+        model = nnx.merge(graph, state)
+        out = shared_prompt_hidden(model, *batch, group=2) if shared else model(*batch)
+        return jnp.sum(out.astype(jnp.float32))
+
+    batch = (spec((4, P)),) * 2 + (spec((4, C)),) * 2 if shared else (spec((4, P + C)),) * 2
+    with target_backend("gpu"):
+        text = jax.jit(jax.grad(loss)).lower(state, *batch).as_text()
+    assert "__cudnn$fmha" in text

@@ -233,11 +233,23 @@ def _attention_prefix_kernel(
     return _dpa_attention(q, kt_all, v_all, allowed, "cudnn" if kind == "cudnn" else "xla")
 
 
+# cuDNN flash attention's head-dim limit (jax's check_is_flash_attention), by GPU.
+CUDNN_MAX_HEAD_DIM = {"hopper": 256, "older": 128}
+
+
+def cudnn_head_dim_ok(head_dim: int, *, hopper: bool) -> bool:
+    """Whether cuDNN flash attention takes `head_dim`: a multiple of 8, at most 256 on
+    Hopper and later, 128 before."""
+    limit = CUDNN_MAX_HEAD_DIM["hopper" if hopper else "older"]
+    return head_dim % 8 == 0 and head_dim <= limit
+
+
 def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
     """The kernel cfg.attention picks on `backend` (default: effective_backend()).
 
     "auto": cuDNN flash attention on GPU when the compute dtype is bf16/f16 (its
-    only dtypes), the splash kernel on TPU, else the einsum path ("xla").
+    only dtypes) and the head dim one every GPU's cuDNN takes (a multiple of 8, <= 128),
+    the splash kernel on TPU, else the einsum path ("xla").
     "cudnn" off GPU or in f32, and "splash" on GPU, are errors naming the field
     ("splash" on CPU runs the kernel in Pallas interpret mode: a slow reference
     for tests).
@@ -245,11 +257,18 @@ def attention_kind(cfg: ModelConfig, backend: str | None = None) -> str:
     backend = backend or effective_backend()
     half = jnp.dtype(cfg.dtype) in (jnp.bfloat16, jnp.float16)
     if cfg.attention == "auto":
-        return "cudnn" if backend == "gpu" and half else "splash" if backend == "tpu" else "xla"
+        cudnn = backend == "gpu" and half and cudnn_head_dim_ok(cfg.head_dim, hopper=False)
+        return "cudnn" if cudnn else "splash" if backend == "tpu" else "xla"
     if cfg.attention == "cudnn" and (backend != "gpu" or not half):
         raise ValueError(
             f"model.attention='cudnn' needs a GPU and dtype bfloat16/float16 (backend "
             f"{backend!r}, dtype {cfg.dtype!r}); set config.model.attention='auto' or 'xla'."
+        )
+    if cfg.attention == "cudnn" and not cudnn_head_dim_ok(cfg.head_dim, hopper=True):
+        raise ValueError(
+            f"model.attention='cudnn' needs a head_dim that is a multiple of 8 and at most "
+            f"{CUDNN_MAX_HEAD_DIM['hopper']} (128 before Hopper); this model's is "
+            f"{cfg.head_dim}: set config.model.attention='auto' or 'xla'."
         )
     if cfg.attention == "splash" and backend not in ("tpu", "cpu"):
         raise ValueError(
@@ -271,8 +290,19 @@ def _dpa_attention(
     einsum path's (a plain mean of V) but is finite and never read: padding
     positions are masked out of every real query and of the loss.
     """
+    T, S = q.shape[1], kt.shape[-1]
+    pad_t, pad_s = (T % 2, S % 2) if implementation == "cudnn" else (0, 0)
+    if pad_t or pad_s:
+        # cuDNN's masked backward pass takes even lengths only ("Unsupported sequence
+        # length"): an odd prompt bucket failed the train step's compile. A padded key is
+        # allowed to no query; a padded query's row is cut off below.
+        q = jnp.pad(q, ((0, 0), (0, pad_t), (0, 0), (0, 0)))
+        kt = jnp.pad(kt, ((0, 0), (0, 0), (0, 0), (0, pad_s)))
+        v = jnp.pad(v, ((0, 0), (0, 0), (0, pad_s), (0, 0)))
+        allowed = jnp.pad(allowed, ((0, 0), (0, pad_t), (0, pad_s)))
     allowed = allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
     k, v = kt.astype(q.dtype).transpose(0, 3, 1, 2), v.astype(q.dtype).transpose(0, 2, 1, 3)
-    return jax.nn.dot_product_attention(
+    out = jax.nn.dot_product_attention(
         q, k, v, mask=allowed[:, None], implementation=implementation
     )
+    return out[:, :T]
