@@ -164,3 +164,38 @@ def test_sharded_rows_equal_unsharded():
         jax.device_put(jnp.asarray(gids), rows),
     )
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "estimator, nan_rewards", [("grpo", "omit"), ("grpo_no_std", "omit"), ("gdpo", "zero"),
+                               ("gdpo", "omit"), ("gdpo_no_bn", "omit")]
+)  # fmt: skip
+def test_one_rewards_share_is_one_with_a_nan_read_as_the_estimator_reads_it(estimator, nan_rewards):
+    """One group [1, NaN, 0, 0], one reward: the advantage is wholly that reward, so its
+    share is 1 when the share reads the NaN as the estimator did (GRPO's sum and
+    nan_rewards="zero": a 0; GDPO's "omit": left out). Read raw, GRPO's was 0.889."""
+    from gdpo_jax.core.advantages import rewards_as_read
+
+    r = np.array([[1.0], [np.nan], [0.0], [0.0]], np.float32)
+    gids = np.zeros(4, np.int32)
+    adv = compute_advantages(r, gids, num_groups=1, estimator=estimator, nan_rewards=nan_rewards)
+    read = rewards_as_read(r, estimator=estimator, nan_rewards=nan_rewards)
+    np.testing.assert_array_equal(np.isnan(np.asarray(read))[:, 0], [
+        False, estimator.startswith("gdpo") and nan_rewards == "omit", False, False
+    ])  # fmt: skip
+    got = float(reward_shares(read, adv, gids, num_groups=1)[0])
+    np.testing.assert_allclose(got, 1.0, atol=1e-6)
+    # The NumPy reference agrees on the rewards as read.
+    np.testing.assert_allclose(np_shares(np.asarray(read), np.asarray(adv), gids)[0], 1.0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 5e-4, 1e-6])
+def test_the_share_does_not_depend_on_the_rewards_or_advantages_scale(scale):
+    """The share is scale-invariant (module docstring); an absolute floor made a reward
+    and advantage on a scale of 5e-4 share 0 (1 at 1e-3)."""
+    r = np.array([[5.0, 0.0], [5.0, 1.0], [2.0, 1.0], [2.0, 0.0]], np.float32)
+    gids = np.array([0, 0, 1, 1], np.int32)
+    adv = np.array([-0.5, 0.5, 0.5, -0.5], np.float32)
+    for ra, aa in ((scale, scale), (scale, 1.0), (1.0, scale)):
+        got = np.asarray(reward_shares(r * ra, adv * aa, gids, num_groups=2))
+        np.testing.assert_allclose(got, [0.0, 1.0], atol=1e-5, err_msg=f"{ra} {aa}")

@@ -67,6 +67,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.train.distributed",
             "gdpo_jax.train.step",
             "gdpo_jax.train.step_config",
+            "gdpo_jax.train.step_metrics",
             "gdpo_jax.train.blocks",
             "gdpo_jax.train.completion",
             "gdpo_jax.train.layer_views",

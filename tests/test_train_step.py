@@ -500,7 +500,12 @@ def test_a_mini_batch_of_padding_groups_neither_updates_nor_pulls_the_ratio_metr
     before = jax.tree.map(np.asarray, state.params)
     new_state, metrics = step(state, distributed.to_global(batch, None))
     jax.tree.map(np.testing.assert_array_equal, before, jax.tree.map(np.asarray, new_state.params))
-    assert float(metrics["ratio_max"]) == 1.0  # no token: the neutral value
+    # No valid row: every metric is NaN (lr aside), as the rollout's reward means; the
+    # adv/* metrics (shares, distinct values) were 0.0, averaged into plots and studies.
+    assert {"adv/mean", "adv/distinct_per_group", "loss", "ratio_max"} <= set(metrics)
+    assert any(k.startswith("adv/share/") for k in metrics)
+    for k, v in metrics.items():
+        assert np.isfinite(float(v)) == (k == "lr"), (k, float(v))
 
 
 def test_a_skipped_mini_batch_still_advances_the_learning_rate_schedule():
@@ -572,3 +577,17 @@ def test_nan_rewards_zero_is_the_official_patchs_nan_to_num():
     )
     np.testing.assert_allclose(losses["zero"], float(want), rtol=1e-5, atol=1e-6)
     assert abs(losses["zero"] - losses["omit"]) > 1e-4
+
+
+def test_the_logged_share_reads_a_nan_reward_as_the_estimator_did():
+    """GRPO sums an unscorable (NaN) reward as 0; the share diagnostic left it out of its
+    centring, so it measured GRPO's advantage against rewards GRPO never read: with one
+    reward, GRPO w/o std's advantage is that reward centred, share 1, and 0.9 was logged.
+    (GRPO's shares were pulled down wherever a reward could be NaN, GDPO's were not.)"""
+    batch = make_batch(3)
+    batch["rewards"] = batch["rewards"][:, 1:].copy()  # one reward
+    batch["rewards"][[1, 6, 9], 0] = np.nan
+    sc = StepConfig(num_groups=NUM_GROUPS, estimator="grpo_no_std", reward_names=("r",))
+    state, step = _adamw_step(sc, create_model(CFG, seed=0))
+    _, metrics = step(state, distributed.to_global(batch, None))
+    np.testing.assert_allclose(float(metrics["adv/share/r"]), 1.0, atol=1e-5)

@@ -57,6 +57,7 @@ __all__ = [
     "gate_reward",
     "group_distinct_advantages",
     "per_reward_group_spread",
+    "rewards_as_read",
 ]
 
 ESTIMATORS = ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn")
@@ -67,6 +68,19 @@ NAN_REWARDS = ("omit", "zero")
 BATCH_NORMS = ("sample", "token")
 # verl's masked_whiten adds this to the variance; kept verbatim for parity.
 _VERL_WHITEN_EPS = 1e-8
+
+
+def rewards_as_read(rewards: jax.Array, *, estimator: str, nan_rewards: str) -> jax.Array:
+    """f32[N, K] rewards as `compute_advantages(estimator, nan_rewards)` reads them: an
+    unscorable (non-finite) entry is a 0 under GRPO's sum (always) and under
+    nan_rewards="zero"; under GDPO's default "omit" it stays non-finite (left out).
+
+    For diagnostics that measure an advantage against its rewards (`reward_shares`): a
+    NaN left out there but summed as 0 by GRPO pulled GRPO's shares down."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if estimator in ("grpo", "grpo_no_std") or nan_rewards == "zero":
+        return jnp.where(jnp.isfinite(rewards), rewards, 0.0)
+    return rewards
 
 
 # --------------------------------------------------------------------------- #

@@ -61,8 +61,9 @@ def reward_shares(
     """Share of the advantage's within-group variance explained by each reward.
 
     Args:
-      rewards: f32[N, K] raw rewards (NaN or +/-inf = unscorable: that entry
-        is left out of reward k's group mean and contributes 0).
+      rewards: f32[N, K] rewards as the estimator read them (`advantages.rewards_as_read`:
+        GRPO's sum reads an unscorable entry as 0); a NaN or +/-inf left here is
+        unscorable: out of reward k's group mean, contributing 0.
       adv: f32[N] final advantages (any estimator).
       group_ids: i32[N]; ids outside [0, num_groups) count as invalid.
       num_groups: static number of groups.
@@ -94,8 +95,10 @@ def reward_shares(
     cov = jnp.sum(a * c, axis=0)
     saa = jnp.sum(a * a)
     scc = jnp.sum(c * c, axis=0)
-    denom = saa * scc
-    # Relative floor: float residue of a constant reward must not divide by ~0.
-    ok = denom > 1e-12 * jnp.maximum(saa, 1.0) * jnp.maximum(scc, 1.0)
-    share = jnp.where(ok, cov * cov / jnp.where(ok, denom, 1.0), 0.0)
-    return jnp.clip(share, 0.0, 1.0)
+    # No floor: centring subtracts each group's max first, so a constant group centres
+    # to exactly 0. An absolute floor set a share of rewards (or advantages) on a small
+    # scale to 0, against the scale invariance above; the two roots keep saa * scc from
+    # underflowing in f32.
+    ok = (saa > 0) & (scc > 0)
+    corr = cov / jnp.where(ok, jnp.sqrt(saa) * jnp.sqrt(scc), 1.0)
+    return jnp.clip(jnp.where(ok, corr * corr, 0.0), 0.0, 1.0)

@@ -35,8 +35,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from gdpo_jax.core.advantages import compute_advantages, group_distinct_advantages
-from gdpo_jax.core.diagnostics import reward_shares
+from gdpo_jax.core.advantages import compute_advantages, rewards_as_read
 from gdpo_jax.core.losses import policy_loss, sequence_kl
 from gdpo_jax.train import layer_views
 from gdpo_jax.train import mesh as mesh_lib
@@ -50,6 +49,7 @@ from gdpo_jax.train.step_config import (
     old_logp_in_step,
     ref_logp_in_step,
 )
+from gdpo_jax.train.step_metrics import combine_pairs, step_metrics
 
 __all__ = [
     "BATCH_KEYS",
@@ -63,29 +63,6 @@ __all__ = [
     "sequence_kl",
     "train_step",
 ]
-
-
-# --------------------------------------------------------------------------- #
-def _combine(a: dict, b: dict) -> dict:
-    """Adds (sum, denom) metric pairs; *_min / *_max keys, (value, has tokens) pairs,
-    combine by min / max over the parts that have tokens (an empty micro-batch, e.g.
-    only dynamic sampling's padding groups, reports 1.0, which is no ratio)."""
-    out = {}
-    for k in a:
-        (sa, da), (sb, db) = a[k], b[k]
-        if k.endswith(("_min", "_max")):
-            both = (jnp.minimum if k.endswith("_min") else jnp.maximum)(sa, sb)
-            out[k] = (jnp.where(db > 0, jnp.where(da > 0, both, sb), sa), jnp.maximum(da, db))
-        else:
-            out[k] = (sa + sb, da + db)
-    return out
-
-
-def _finalize(pairs: dict) -> dict[str, jax.Array]:
-    return {
-        k: s / jnp.maximum(d, 1e-12) if not k.endswith(("_min", "_max")) else s
-        for k, (s, d) in pairs.items()
-    }
 
 
 def _logprobs(model: Any, mb: Batch, cfg: StepConfig, views: Any) -> tuple[jax.Array, jax.Array]:
@@ -213,7 +190,7 @@ def train_step(
             (loss_sum, (denom, metrics)), grads = grad_fn(diff, mb, stacked)
             g_acc, l_acc, d_acc, m_acc = acc
             g_acc = jax.tree.map(jnp.add, g_acc, grads)
-            m_acc = _combine(m_acc, metrics)
+            m_acc = combine_pairs(m_acc, metrics)
             return (g_acc, l_acc + loss_sum, d_acc + denom, m_acc), None
 
         # Accumulators start at the identity of each reduction, so every
@@ -261,48 +238,18 @@ def train_step(
     (params, opt_state), (m, losses, grad_norms, kept) = jax.lax.scan(
         epoch, (state.params, state.opt_state), None, length=cfg.num_epochs
     )
-    # Over the updates that had tokens: a mini-batch of padding groups only (dynamic
-    # sampling) makes no update, and its 0 loss and 0 norm halved the mean of two.
-    kept = kept.astype(jnp.float32)
-    n_kept = jnp.maximum(jnp.sum(kept), 1.0)
-    # m: pairs with leading [E, U]; reduce them like micro-batches.
-    flat = {k: (s.reshape(-1), d.reshape(-1)) for k, (s, d) in m.items()}
-    reduced = {}
-    for k, (s, d) in flat.items():
-        if k.endswith(("_min", "_max")):  # over the updates that had tokens; else 1
-            lo = k.endswith("_min")
-            pick = jnp.where(d > 0, s, jnp.inf if lo else -jnp.inf)
-            has = jnp.any(d > 0)
-            reduced[k] = (jnp.where(has, jnp.min(pick) if lo else jnp.max(pick), 1.0), d[0])
-        else:
-            reduced[k] = (jnp.sum(s), jnp.sum(d))
-    metrics = _finalize(reduced)
-    valid = batch["valid"].astype(jnp.float32)
-    n_valid = jnp.maximum(jnp.sum(valid), 1.0)
-    adv_mean = jnp.sum(adv * valid) / n_valid
-    metrics.update(
-        {
-            "loss": jnp.sum(losses * kept) / n_kept,
-            "grad_norm": jnp.sum(grad_norms * kept) / n_kept,
-            "lr": jnp.asarray(schedule(state.step * cfg.updates_per_step), jnp.float32),
-            "adv/mean": adv_mean,
-            "adv/std": jnp.sqrt(jnp.sum(((adv - adv_mean) ** 2) * valid) / n_valid),
-            "adv/distinct_per_group": group_distinct_advantages(
-                adv, batch["group_ids"], num_groups=cfg.num_groups, valid=batch["valid"]
-            ),
-        }
+    metrics = step_metrics(
+        m,
+        losses,
+        grad_norms,
+        kept,
+        adv=adv,
+        rewards=rewards_as_read(rewards, estimator=cfg.estimator, nan_rewards=cfg.nan_rewards),
+        batch=batch,
+        cfg=cfg,
+        lr=schedule(state.step * cfg.updates_per_step),
+        seq_kl=seq_kl,
     )
-    # Which reward the advantage follows (core/diagnostics.py): one scalar per reward.
-    shares = reward_shares(
-        rewards, adv, batch["group_ids"], num_groups=cfg.num_groups, valid=batch["valid"]
-    )
-    names = cfg.reward_names or tuple(str(k) for k in range(rewards.shape[1]))
-    if len(names) != rewards.shape[1]:
-        names = tuple(str(k) for k in range(rewards.shape[1]))
-    for k, name in enumerate(names):
-        metrics[f"adv/share/{name}"] = shares[k]
-    if seq_kl is not None:
-        metrics["kl_in_reward"] = jnp.sum(seq_kl) / n_valid
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
