@@ -1054,3 +1054,33 @@ def test_one_row_on_an_explicit_mesh_samples_what_a_larger_batch_does(model, tok
         assert len(a) == 1 and a.info["batch_rows"] == 2
         np.testing.assert_array_equal(a.completion_ids, b.completion_ids[:1])
         np.testing.assert_allclose(a.logprobs, b.logprobs[:1], atol=1e-5)
+
+
+def test_a_prompt_that_fails_to_encode_on_one_process_stops_every_process(monkeypatch, model, tok):
+    """With several processes, a prompt that failed to encode (an id past the vocabulary,
+    an empty encoding) raised on its process alone, before the gather of the prompt
+    counts: the others waited there until the distributed runtime aborted them all. Now
+    the failure travels in that gather: its process raises its own error, the others
+    one naming it. (Two processes faked: the gather returns this row and a peer's.)"""
+    from gdpo_jax.sampling import hostio
+
+    mesh = jax.make_mesh((1, 1, 1), ("data", "fsdp", "tensor"))
+    s = Sampler(model, tok, mesh=mesh, eos_token_ids=())
+    peer_failed, gathered = [False], []
+
+    def allgather(x):
+        gathered.append(np.asarray(x).copy())
+        peer = np.array([1, 1, 3, peer_failed[0]], np.int64)
+        return np.stack([np.asarray(x), peer])
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(hostio, "row_block", lambda mesh, axes: (0, 2))
+    monkeypatch.setattr(hostio, "allgather", allgather)
+    params = SamplingParams(max_new_tokens=2)
+    bad = [[5, model.cfg.vocab_size]]  # an id past the vocabulary, this process only
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        s.generate(bad, params, key=jax.random.key(0))
+    assert len(gathered) == 1 and gathered[0][3] == 1  # the peers learnt it first
+    peer_failed[0] = True  # this process's prompts are fine; a peer's failed
+    with pytest.raises(ValueError, match="failed to encode on another process"):
+        s.generate([[5, 6]], params, key=jax.random.key(0))

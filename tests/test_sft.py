@@ -17,6 +17,7 @@ from gdpo_jax.data.synthetic import make_splits
 from gdpo_jax.tasks import math as tm
 from gdpo_jax.tasks import toolcall as tc
 from gdpo_jax.train import sft as S
+from gdpo_jax.train.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -578,3 +579,34 @@ def test_sft_held_out_eval_splits_its_records_over_the_processes(tmp_path, monke
     assert rows == 2 * len(trainer.eval_records) == 6  # each record once per mode
     assert {k for _, k in calls} == {1, 2}  # greedy, then 2 samples per record
     assert "greedy/len_mean" in out and "sample/len_mean" in out
+
+
+def test_sft_eval_drops_held_out_prompts_longer_than_max_prompt_len(tmp_path, caplog):
+    """SFT kept every held-out record: a prompt over sampling.max_prompt_len failed the
+    first eval (on several processes, one raised and the others waited in a gather for
+    minutes, then aborted). Long ones are dropped with a warning, as the RL trainer's,
+    before eval_num_examples cuts the list; none left is a config error."""
+    cfg = _config(tmp_path / "sft", eval_num_examples=8, eval_samples=1)
+    cfg.sft.evaluate = True
+    probe = S.SFT(cfg)
+    lengths = sorted(
+        len(p)
+        for p in probe.sampler.encode_prompts(
+            [r["prompt"] for r in probe.eval_records], cfg.task.chat_template
+        )
+    )
+    assert lengths[0] < lengths[-1]
+    cfg.sampling.max_prompt_len = lengths[len(lengths) // 2]
+    with caplog.at_level(logging.WARNING):
+        trainer = S.SFT(cfg)
+    assert "held-out prompts longer than sampling.max_prompt_len" in caplog.text
+    assert len(trainer.eval_records) == sum(n <= cfg.sampling.max_prompt_len for n in lengths)
+    fits = trainer.sampler.encode_prompts(
+        [r["prompt"] for r in trainer.eval_records], cfg.task.chat_template
+    )
+    assert max(map(len, fits)) <= cfg.sampling.max_prompt_len
+    out = trainer.evaluate()
+    assert all(np.isfinite(v) for k, v in out.items() if isinstance(v, float)), out
+    cfg.sampling.max_prompt_len = lengths[0] - 1  # every held-out prompt is too long
+    with pytest.raises(ConfigError, match=r"max_prompt_len=\d+ leaves no held-out prompt"):
+        S.SFT(cfg)

@@ -506,6 +506,11 @@ def test_a_scoring_failure_on_one_process_stops_every_process(monkeypatch, overl
     with pytest.raises(RewardError, match="boom in a reward"):
         sample_score.sample_and_score(recs, runner=failing_runner, **kw)
     assert gathered == [False, True]
+    # A prompt wider than max_prompt_len here (3 tokens, limit 2): raised on this process
+    # alone, the others waited in a gather; it is agreed on as a scoring failure is.
+    with pytest.raises(ValueError, match="exceeds sampling.max_prompt_len=2"):
+        sample_score.sample_and_score(recs, runner=fake_runner, **(kw | {"max_prompt_len": 2}))
+    assert gathered == [False, True, True]
     # Every process scored fine: no error.
     monkeypatch.setattr(sample_score, "any_process", lambda f: fake_any_process(f, False))
     out = sample_score.sample_and_score(recs, runner=fake_runner, **kw)

@@ -211,14 +211,30 @@ class Sampler:
         if params.stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need a tokenizer (Sampler(tokenizer=...)).")
         t0 = time.perf_counter()
-        encoded = self.encode_prompts(prompts, chat_template) if len(prompts) else []
         axes = mesh_lib.batch_axes(self.mesh)
         # Several processes (mesh given): agree on prompt count and width; this
         # process's rows are its block of the global batch (see hostio.py).
         multi = self.mesh is not None and jax.process_count() > 1
         block, nblocks = hostio.row_block(self.mesh, axes) if multi else (0, 1)
-        facts = np.array([block, len(encoded), max((len(e) for e in encoded), default=0)], np.int64)
+        error = None
+        try:
+            encoded = self.encode_prompts(prompts, chat_template) if len(prompts) else []
+        except (TypeError, ValueError) as e:
+            if not multi:
+                raise
+            # Raised here alone, it left the other processes waiting in the gather
+            # below until the distributed runtime aborted them all: every one raises.
+            error, encoded = e, []
+        width = max((len(e) for e in encoded), default=0)
+        facts = np.array([block, len(encoded), width, error is not None], np.int64)
         facts = hostio.allgather(facts) if multi else facts[None]
+        if error is not None:
+            raise error
+        if facts[:, 3].any():
+            raise ValueError(
+                "a prompt failed to encode on another process (its error names it): "
+                f"process blocks {sorted(int(b) for b in facts[facts[:, 3] > 0, 0])}."
+            )
         if not facts[:, 1].any():
             raise ValueError(
                 "prompts is empty." if not multi else "prompts is empty on every process."

@@ -45,22 +45,31 @@ def usable_records(
         )
     if train and not kept:
         _no_prompt_fits(train, encode, max_len)
-    evals, eval_dropped = prompt_length_filter(held_out, encode, max_len)
-    if eval_dropped:
+    evals, eval_dropped = held_out_records(held_out, encode, max_len, cfg.train.eval_num_examples)
+    if len(kept) < processes:
+        _too_few_prompts(len(kept), dropped, processes, max_len)
+    return kept, evals, {"train": dropped, "eval": eval_dropped}
+
+
+def held_out_records(
+    held_out: list[dict], encode: Encode, max_len: int, limit: int = 0
+) -> tuple[list[dict], int]:
+    """(the held-out records an eval scores, how many were dropped): those whose prompt
+    fits `max_len` tokens, then the first `limit` (0 = all). Every prompt is encoded
+    here, on every process: a bad one is an error at start-up, not on one process in
+    the eval's collectives (where the others waited for minutes, then aborted)."""
+    evals, dropped = prompt_length_filter(held_out, encode, max_len)
+    if dropped:
         # Eval metrics then cover a subset of the held-out split: say so, as for training.
         log.warning(
             "dropped %d of %d held-out prompts longer than sampling.max_prompt_len=%d; "
             "eval metrics cover the other %d",
-            eval_dropped,
+            dropped,
             len(held_out),
             max_len,
             len(evals),
         )
-    if cfg.train.eval_num_examples:
-        evals = evals[: cfg.train.eval_num_examples]
-    if len(kept) < processes:
-        _too_few_prompts(len(kept), dropped, processes, max_len)
-    return kept, evals, {"train": dropped, "eval": eval_dropped}
+    return (evals[:limit] if limit else evals), dropped
 
 
 def _no_prompt_fits(train: list[dict], encode: Encode, max_len: int) -> None:

@@ -127,8 +127,8 @@ def _agree_on_scoring(failure: Exception | None) -> None:
     if jax.process_count() > 1:
         if any_process(failure is not None) and failure is None:
             raise RewardError(
-                "reward scoring failed on another process (see its log for the reward and "
-                "the sample); every process stops with it.",
+                "reward scoring (or the batch's prompt width) failed on another process (see "
+                "its log for the reward and the sample); every process stops with it.",
                 reward="(another process)",
             )
     if failure is not None:
@@ -211,6 +211,10 @@ def sample_and_score(
                     group_ids=ro["group_ids"], texts=ro["texts"], lengths=ro["lengths"]
                 )
                 parts = [score(0, rows)]
+            # In the agreement too: a long prompt on one process (a caller that did not
+            # filter its records) raised there alone, the others waiting in a gather.
+            longest = max(_used_width(np.asarray(m)) for m in ro["prompt_mask"])
+            width = prompt_width(longest, max_prompt_len, prompt_buckets)
         except Exception as e:  # noqa: BLE001 - re-raised below, after the processes agree
             failure = e
         _agree_on_scoring(failure)
@@ -224,9 +228,6 @@ def sample_and_score(
         for k, v in part.items():
             num = isinstance(v, (int, float)) and isinstance(info.get(k, 0.0), (int, float))
             info[k] = info.get(k, 0.0) + v if num else v
-    width = prompt_width(
-        max(_used_width(np.asarray(m)) for m in ro["prompt_mask"]), max_prompt_len, prompt_buckets
-    )
     return {
         "prompt_ids": np.concatenate(
             [_pad_left(np.asarray(x).astype(np.int32), width, pad_id) for x in ro["prompt_ids"]]

@@ -58,6 +58,7 @@ from gdpo_jax.train.config import (
 )
 from gdpo_jax.train.field_checks import sampling_params
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
+from gdpo_jax.train.records import held_out_records
 from gdpo_jax.train.resume_checks import check_resume_config, check_resume_data
 from gdpo_jax.train.sft_checks import sft_targets, training_records, validate_sft_config
 
@@ -194,7 +195,20 @@ class SFT:
             decode_growth=cfg.sampling.get("decode_growth", "auto"),
             share_prompt_cache=cfg.sampling.get("share_prompt_cache", True),
         )
-        self.eval_records = task.eval[: cfg.sft.eval_num_examples or None]
+        # Long held-out prompts dropped (with a warning), as the RL trainer's: one failed
+        # the first eval (several processes: one raised, the others hung in a gather).
+        encode = functools.partial(
+            self.sampler.encode_prompts, chat_template=cfg.task.chat_template
+        )
+        self.eval_records, _ = held_out_records(
+            task.eval, encode, cfg.sampling.max_prompt_len, cfg.sft.eval_num_examples
+        )
+        if (cfg.sft.evaluate or cfg.sft.eval_every) and not self.eval_records:
+            raise ConfigError(
+                f"config.sampling.max_prompt_len={cfg.sampling.max_prompt_len} leaves no "
+                f"held-out prompt of the task's {len(task.eval)} to evaluate; raise it or set "
+                "--config.sft.evaluate=False --config.sft.eval_every=0."
+            )
         self.evaluate_fn = task.evaluate
         self.data = self._encode(train, texts)
         # The examples trained on: those the length filter kept (not the task's count).
