@@ -567,3 +567,26 @@ def test_a_failed_final_save_still_closes_the_metrics_and_the_reward_pool(
         run.run()
     assert closed == (["ckpt", "writer", "runner"] if driver == "rl" else ["ckpt", "writer"])
     assert '"loss": 0.5' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_a_never_started_read_coroutines_warning_is_dropped_and_no_other(monkeypatch):
+    """A failed restore's abandoned read that never started warns through `warnings`
+    ("coroutine ... was never awaited", seen in CI logs), not the unraisable hook the
+    other reports use; quiet_abandoned_reads drops that one warning only."""
+    import sys
+    import warnings
+
+    from gdpo_jax.train import orbax_noise
+
+    monkeypatch.setattr(orbax_noise, "_installed", False)
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        orbax_noise.quiet_abandoned_reads()
+        warnings.warn(
+            "coroutine '_read_array_index_and_device_put' was never awaited",
+            RuntimeWarning,
+            stacklevel=1,
+        )
+        warnings.warn("coroutine 'train_one_step' was never awaited", RuntimeWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == ["coroutine 'train_one_step' was never awaited"]

@@ -13,13 +13,15 @@ TensorStore spec, on stderr:
 * TensorStore's completion callbacks post to the closed loop
   (`call_soon_threadsafe`): "RuntimeError: Event loop is closed", also
   unraisable;
+* a read coroutine that never started: CPython's RuntimeWarning "coroutine
+  '_read_array_index_and_device_put' was never awaited";
 * finished read tasks, their gathering future and TensorStore's futures,
   whose error no one awaited: "Task exception was never retrieved" (or
   Future, _GatheringFuture) on the `asyncio` logger.
 
 `Checkpointer.restore` already names the damaged step and its first error, and
 falls back or stops; these reports say nothing more. `quiet_abandoned_reads`,
-called once a restore has failed, drops exactly these three kinds for the rest
+called once a restore has failed, drops exactly these four kinds for the rest
 of the process and passes everything else to the hook and handlers that were
 there before.
 """
@@ -31,6 +33,7 @@ import logging
 import re
 import sys
 import traceback
+import warnings
 from typing import Any
 
 _ORBAX = "orbax/checkpoint"
@@ -79,3 +82,9 @@ def quiet_abandoned_reads() -> None:
 
     sys.unraisablehook = hook
     logging.getLogger("asyncio").addFilter(_UnretrievedRead())
+    # An abandoned read that never started: CPython warns of the coroutine, not raised.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"coroutine '_read_array_index_and_device_put' was never awaited",
+        category=RuntimeWarning,
+    )
