@@ -830,3 +830,19 @@ def test_fields_a_config_leaves_out_take_transformers_defaults(model_type):
         {"model_type": model_type, **minimal, "max_position_embeddings": 512, "eos_token_id": None}
     )
     assert given.max_position_embeddings == 512 and given.eos_token_id is None
+
+
+def test_a_kernel_the_model_cannot_use_is_a_config_error_before_the_build(monkeypatch):
+    """An explicit cudnn with a head dim cuDNN cannot take failed in the first compile
+    (a traceback from jax); the build refuses it in one line, and so does the planner."""
+    from gdpo_jax.backend import target_backend
+    from gdpo_jax.errors import ConfigError
+    from gdpo_jax.train import build
+    from gdpo_jax.train.schema import base_config
+
+    c = base_config()
+    c.model.tokenizer = "synthetic_bpe"
+    c.model.dtype, c.model.attention = "bfloat16", "cudnn"
+    c.model.tiny.head_dim = 12
+    with target_backend("cuda"), pytest.raises(ConfigError, match="head_dim that is a multiple"):
+        build.build_model(c, None)

@@ -1345,3 +1345,16 @@ def test_an_odd_prompt_bucket_trains_through_cudnn_on_a_gpu_target(shared):
     with target_backend("gpu"):
         text = jax.jit(jax.grad(loss)).lower(state, *batch).as_text()
     assert "__cudnn$fmha" in text
+
+
+@needs_cuda
+def test_a_cudnn_head_dim_out_of_range_is_a_plan_error():
+    """An explicit cudnn with a head dim cuDNN cannot take: one line from the planner
+    (a ValueError traceback from the kernel choice)."""
+    from gdpo_jax.scale.plan import PlanError, make_plan
+
+    c = tiny_config()
+    c.model.dtype, c.model.attention = "bfloat16", "cudnn"
+    c.model.tiny.head_dim = 12
+    with pytest.raises(PlanError, match="head_dim that is a multiple of 8"):
+        make_plan(c, targets_lib.parse_target("cuda:1x1x2:h100"))

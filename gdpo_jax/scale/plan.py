@@ -230,7 +230,10 @@ def _attention_for_host(mc: ModelConfig, requested: str) -> tuple[ModelConfig, s
     it needs cuDNN on the planning host. Without it, "auto" is planned with the XLA
     kernel and the plan says so; an explicit "cudnn" is an error naming the fix.
     """
-    kind = attention_kind(mc)
+    try:
+        kind = attention_kind(mc)
+    except ValueError as e:  # a kernel's limits (cuDNN's head dims): one line, no traceback
+        raise PlanError(str(e)) from None
     if kind != "cudnn" or _cudnn_on_host():
         return mc, f"attention kernel: {kind}"
     if requested == "cudnn":

@@ -20,6 +20,7 @@ from gdpo_jax.data.tokenizer_registry import (
     register_tokenizer,
     tokenizer_known,
 )
+from gdpo_jax.errors import ConfigError
 from gdpo_jax.tasks import TaskData, TaskLoader, list_tasks, load_task, register_task
 
 __all__ = [
@@ -55,6 +56,7 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
             attention=m.get("attention", "auto"),
             scan_layers=bool(m.get("scan_layers", True)),
         )
+        _check_kernel(model.cfg)
         if tokenizer is None and m.tokenizer:
             tokenizer = build_tokenizer(m.tokenizer)
         if tokenizer is None:
@@ -84,7 +86,19 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
             f"config.model.tiny.vocab_size={mc.vocab_size} is smaller than the "
             f"tokenizer's {len(tokenizer)} tokens; raise it or leave it unset."
         )
+    _check_kernel(mc)
     return create_model(mc, mesh=mesh, seed=cfg.seed), tokenizer
+
+
+def _check_kernel(mc: Any) -> None:
+    """The attention kernel's limits for this model (cuDNN's head dims), as a ConfigError
+    now rather than a traceback from the first compile."""
+    from gdpo_jax.models.attention import attention_kind
+
+    try:
+        attention_kind(mc)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def process_info() -> tuple[int, int]:
