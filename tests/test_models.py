@@ -186,6 +186,22 @@ def test_top_level_original_max_position_embeddings_wins_as_in_transformers():
     assert scale == pytest.approx(ref_scale)
 
 
+def test_the_legacy_type_key_is_read_however_the_config_is_built():
+    """{"type": "linear"} (transformers' legacy key) was read by from_hf only: a config
+    built directly (ModelConfig.tiny, from_hf's rope_scaling override) ran plain RoPE,
+    and an unsupported type passed its check."""
+    legacy = ModelConfig.tiny(rope_scaling={"type": "linear", "factor": 4.0})
+    modern = ModelConfig.tiny(rope_scaling={"rope_type": "linear", "factor": 4.0})
+    assert legacy.rope_scaling_dict() == {"rope_type": "linear", "factor": 4.0}
+    np.testing.assert_array_equal(rope_frequencies(legacy)[0], rope_frequencies(modern)[0])
+    plain = rope_frequencies(ModelConfig.tiny())[0]
+    np.testing.assert_allclose(rope_frequencies(legacy)[0], plain / 4.0, rtol=1e-6)
+    with pytest.raises(ValueError, match="dynamic"):
+        ModelConfig.tiny(rope_scaling={"type": "dynamic", "factor": 4.0})
+    with pytest.raises(ValueError, match="low_freq_factor"):
+        ModelConfig.tiny(rope_scaling={"type": "llama3", "factor": 8.0})
+
+
 @pytest.mark.parametrize(
     "edit,match",
     [
@@ -216,21 +232,40 @@ def test_rope_scaling_bad_values_are_refused(edit, match):
         {"rope_type": "yarn", "factor": 4.0},
     ],
 )
-def test_rope_frequencies_match_transformers(rope):
+@pytest.mark.parametrize("head_dim", [16, 24, 128])
+def test_rope_frequencies_match_transformers(rope, head_dim):
+    """Within one f32 step of transformers' frequencies (its float32 pow's own error;
+    3 for llama3); the exponents computed in f64 put a head_dim of 24 four steps off,
+    which moved cos by 9e-3 at position 131071."""
     torch = pytest.importorskip("torch")
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    cfg = ModelConfig.tiny(rope_theta=500000.0, rope_scaling=rope, max_position_embeddings=256)
+    cfg = ModelConfig.tiny(
+        rope_theta=500000.0, rope_scaling=rope, max_position_embeddings=256, head_dim=head_dim
+    )
     hf = LlamaConfig(
         **{k: v for k, v in cfg.to_hf().items() if k not in ("rope_scaling", "rope_theta")}
     )
-    ref, ref_scale = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf, torch.device("cpu"))
-    ours, scale = rope_frequencies(cfg)
-    np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
-    assert scale == pytest.approx(ref_scale)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    default = LlamaRotaryEmbedding.compute_default_rope_parameters
+    for kind in (rope["rope_type"], "default"):
+        init = ROPE_INIT_FUNCTIONS[kind] if kind != "default" else default
+        ref, ref_scale = init(hf, device=torch.device("cpu"))
+        ours, scale = rope_frequencies(
+            cfg if kind != "default" else dataclasses.replace(cfg, rope_scaling=None)
+        )
+        ref = ref.numpy().astype(np.float32)
+        assert ours.dtype == ref.dtype == np.float32 and ours.shape == ref.shape
+        steps = np.abs(ours.view(np.int32).astype(np.int64) - ref.view(np.int32))
+        # llama3's smoothing subtracts near-equal numbers: one step of transformers'
+        # own f32 pow error becomes up to 3 there.
+        assert steps.max() <= (3 if kind == "llama3" else 1), (kind, steps.max())
+        assert scale == pytest.approx(ref_scale)
     plain, _ = rope_frequencies(dataclasses.replace(cfg, rope_scaling=None))
-    assert np.abs(plain - ours).max() > 1e-3  # the scaling really changed something
+    scaled, _ = rope_frequencies(cfg)
+    assert np.abs(plain - scaled).max() > 1e-3  # the scaling really changed something
 
 
 # ----------------------------------------------------------------- forward / cache

@@ -399,3 +399,9 @@ def test_gguf_rope_keys_as_llama_cpp_reads_them(tmp_path):
     assert _config_of(tmp_path, lambda w: w.add_rope_dimension_count(8))["head_dim"] == 8
     with pytest.raises(ValueError, match=r"rope\.dimension_count=4 rotates part of each 8-dim"):
         _config_of(tmp_path, lambda w: w.add_rope_dimension_count(4))
+    # attn_factor scales cos and sin in llama.cpp: it was read by nobody, so dropped.
+    assert "rope_scaling" not in _config_of(
+        tmp_path, lambda w: w.add_float32("llama.rope.scaling.attn_factor", 1.0)
+    )
+    with pytest.raises(ValueError, match=r"rope\.scaling\.attn_factor=0\.5 .* not supported"):
+        _config_of(tmp_path, lambda w: w.add_float32("llama.rope.scaling.attn_factor", 0.5))

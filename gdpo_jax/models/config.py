@@ -213,6 +213,12 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
+        if self.rope_scaling:
+            # The legacy "type" key, read as from_hf reads it: built directly (tiny
+            # configs, from_hf's overrides) it was unread, so a linear or unsupported
+            # dynamic scaling ran as plain RoPE.
+            rope = _rope_dict(dict(self.rope_scaling))
+            object.__setattr__(self, "rope_scaling", _freeze(rope))
         _check_rope_scaling(self.rope_scaling_dict())
         # Lists from JSON would make the frozen config unhashable.
         if isinstance(self.eos_token_id, list):

@@ -148,6 +148,14 @@ def gguf_hf_config(reader: Any) -> dict[str, Any]:
         cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
     elif scaling not in ("none", "linear"):
         raise ValueError(f"GGUF rope scaling {scaling!r} is not supported (only linear).")
+    # llama.cpp multiplies cos and sin by this (any scaling type, none included): read
+    # but dropped, the model's attention logits were another model's.
+    attn_factor = g("rope.scaling.attn_factor")
+    if attn_factor is not None and float(attn_factor) != 1.0:
+        raise ValueError(
+            f"GGUF {arch}.rope.scaling.attn_factor={float(attn_factor):g} (a scale on RoPE's "
+            "cos and sin) is not supported; only 1."
+        )
     if arch == "qwen2":
         cfg["attention_bias"] = True
     return cfg
@@ -309,8 +317,9 @@ DIGIT_SPLIT_PRE = frozenset(
 # same GGUF (a fix to the conversion), so that earlier conversions are not reused.
 # 3: the digit split (DIGIT_SPLIT_PRE); 4: RoPE scaling from rope.scale_linear or a
 # factor without a type, as llama.cpp reads them; 5: the end-of-turn / end-of-message
-# ids among generation_config's eos ids.
-CONVERTER_VERSION = 5
+# ids among generation_config's eos ids; 6: a rope.scaling.attn_factor other than 1 is
+# refused (an earlier conversion of such a file ran without it).
+CONVERTER_VERSION = 6
 
 
 def _sha256(path: str) -> str:

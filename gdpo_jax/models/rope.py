@@ -21,21 +21,31 @@ from gdpo_jax.models.config import ModelConfig
 def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     """Inverse frequencies f32[head_dim/2] and the cos/sin scale (yarn's mscale).
 
-    Computed in NumPy at trace time (float64; yarn's ramp in float32): constants,
-    not parameters.
+    Computed in NumPy at trace time: constants, not parameters. The exponents
+    `arange(0, dim, 2) / dim` are rounded to f32 as transformers' float32 torch rounds
+    them (in f64, a head_dim of 24 gave frequencies 4 f32 steps off, cos 9e-3 off at
+    position 131071); the powers run in f64 and are rounded once, then scaled as
+    below. transformers' own f32 `pow` is within one step of the powers here (its
+    math library's).
     """
     dim, base = cfg.head_dim, cfg.rope_theta
-    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    inv64 = 1.0 / (float(base) ** _exponents(dim))
+    inv_freq = inv64.astype(np.float32)
     rope = cfg.rope_scaling_dict()
     kind = rope.get("rope_type", "default")
     scale = 1.0
+    # linear and yarn in f32, op for op as transformers' (NumPy keeps Python scalars
+    # weak, so each op rounds to f32 as torch's does). llama3's smoothing subtracts
+    # near-equal numbers, which amplifies any one-step difference: it stays in f64
+    # (within 3 steps of transformers', where f32 ops from our f32 powers gave 5).
     if kind == "linear":
-        inv_freq = inv_freq / rope["factor"]
+        inv_freq = inv_freq / np.float32(rope["factor"])
     elif kind == "llama3":
         factor = rope["factor"]
         low, high = rope["low_freq_factor"], rope["high_freq_factor"]
         old_len = rope.get("original_max_position_embeddings", cfg.max_position_embeddings)
         low_wavelen, high_wavelen = old_len / low, old_len / high
+        inv_freq = inv64
         wavelen = 2 * math.pi / inv_freq
         scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
         smooth = (old_len / wavelen - low) / (high - low)
@@ -44,8 +54,12 @@ def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
         inv_freq = np.where(medium, smoothed, scaled)
     elif kind == "yarn":
         inv_freq, scale = _yarn(cfg, rope)
-    # HF computes inv_freq in float32 torch; round to f32 the same way.
     return inv_freq.astype(np.float32), float(scale)
+
+
+def _exponents(dim: int) -> np.ndarray:
+    """f64[dim/2]: arange(0, dim, 2) / dim, the division in f32 (transformers')."""
+    return (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)).astype(np.float64)
 
 
 def _yarn(cfg: ModelConfig, rope: dict) -> tuple[np.ndarray, float]:
@@ -71,7 +85,7 @@ def _yarn(cfg: ModelConfig, rope: dict) -> tuple[np.ndarray, float]:
     lo, hi = max(lo, 0), min(hi, dim - 1)
     if lo == hi:
         hi += 0.001
-    pos = base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    pos = (float(base) ** _exponents(dim)).astype(np.float32)
     ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - lo) / (hi - lo), 0, 1)
     extra = 1 - ramp
     inv = (1.0 / (factor * pos)) * (1 - extra) + (1.0 / pos) * extra
