@@ -375,3 +375,49 @@ def test_a_run_cut_short_by_the_deadline_is_not_reused():
     assert again is not res and not again.cut_short
     assert (rate, bug_free) == (1.0, True)
     assert tcode.run_tests(code, tests)[2] is again  # a whole run is reused
+
+
+def test_the_float_pattern_is_the_one_it_replaces_and_linear():
+    """The judge's float pattern split a digit run between two stars in every way:
+    quadratic in a token's length (a program printing 65,000 digits and an "x" held a
+    reward thread for 95 s, past every timeout). The new one accepts the same tokens;
+    a 200,000-digit token is judged in a subprocess that a regression would time out."""
+    import random
+    import re
+    import subprocess
+    import sys
+
+    from gdpo_jax.tasks import code_judge
+
+    old = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+    rng = random.Random(0)
+    for _ in range(100_000):
+        s = "".join(rng.choice("0123456789.eE+-x") for _ in range(rng.randint(0, 9)))
+        assert bool(code_judge._FLOAT.fullmatch(s)) == bool(old.fullmatch(s)), s
+    code = (
+        "from gdpo_jax.tasks.code_judge import stdout_matches; "
+        "print(stdout_matches('1' * 200_000 + 'x', '5'))"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr[-2000:]
+
+
+def test_a_cached_result_keeps_no_whole_outputs_and_a_hashed_key():
+    """The results cache kept every case's whole stdout / stderr and a key holding the
+    program and all its tests (1.3 MB an entry at 20 cases of 65,000 characters: 2.7 GB
+    at its 2,048 entries). A judged result keeps the tails; the key is a digest."""
+    tests = {"inputs": ["", ""], "outputs": ["x" * 60_000, "y"], "fn_name": None}
+    code = "import sys\nprint('x' * 60000)\nprint('e' * 60000, file=sys.stderr)"
+    rate, _, res = tcode.run_tests(code, tests)
+    assert rate == 0.5  # judged on the whole output: the first case passed
+    for c in res.cases:
+        assert len(c.stdout) <= 2000 and len(c.stderr) <= 2000, (len(c.stdout), len(c.stderr))
+    assert res.cases[0].stdout.rstrip().endswith("x") and res.cases[0].stderr.startswith("e")
+    assert all(len(k) == 64 for k in tcode._MEMO._d)

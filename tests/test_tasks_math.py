@@ -1,6 +1,7 @@
 """Math task: boxed extraction, equivalence, length gating, loaders, pass@1 / Exceed."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -293,3 +294,50 @@ def test_numeric_references_are_written_out(gold, written, text):
     if text is not None:
         assert rec["ground_truth"] == text
     assert tm.correctness_reward(None, [written], ground_truth=[rec["ground_truth"]]) == [1.0]
+
+
+def test_unwrap_text_is_the_regex_it_replaces():
+    """unwrap_text replaced the text-wrapper regex (written out below): the same
+    result on random strings of openers, braces and newlines."""
+    import random
+    import re
+
+    old = re.compile(r"\\text\{(.*?)\}|\\mathrm\{(.*?)\}")
+    rng = random.Random(0)
+    parts = ["\\text{", "\\mathrm{", "}", "\n", "a", "b", " ", "{", "\\", "text"]
+    for _ in range(20000):
+        s = "".join(rng.choice(parts) for _ in range(rng.randint(0, 14)))
+        want = old.sub(lambda m: m.group(1) or m.group(2) or "", s)
+        assert tm.unwrap_text(s) == want, repr(s)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "\\text{" * 300_000 + "\n" + "}" * 300_001,  # no `}` on the openers' line
+        # Linear for the regex too; quadratic for a rewrite that looked for each opener's
+        # `}` from scratch (each one far past its newline).
+        "\\text{\n" * 300_000 + "}",
+    ],
+)
+def test_a_pathological_boxed_answer_is_normalized_in_linear_time(answer):
+    """The text-wrapper regex took quadratic time in the answer (48 KB: 2 s in the reward
+    thread, GIL held, outside every timeout; 2 MB would be an hour). A subprocess, so a
+    regression fails on the timeout instead of hanging the suite."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, gdpo_jax.tasks.math as tm; print(len(tm.normalize_answer(sys.stdin.read())))"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        input=answer,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert int(proc.stdout) > 0

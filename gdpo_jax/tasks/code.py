@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -102,6 +103,8 @@ class _Memo:
 
 
 _MEMO = _Memo()
+# The characters of a judged case's stdout / stderr a cached result keeps (the tails).
+_KEPT_CHARS = 1000
 
 
 # One shared default (SandboxLimits is frozen, so sharing it is safe).
@@ -145,11 +148,15 @@ def run_tests(
             limits = dataclasses.replace(limits, output_bytes=need)
     # Every setting that reaches run_program: a run under a weak mode (allow_weak) must
     # not answer for one that refused it.
-    key = json.dumps(
-        [code, ins, outs, fn, limits.__dict__, isolation, bool(allow_weak)],
-        sort_keys=True,
-        default=str,
-    )
+    # Hashed: the text itself (a program and every test's input and output) was kept per
+    # entry, up to 2,048 of them.
+    key = hashlib.sha256(
+        json.dumps(
+            [code, ins, outs, fn, limits.__dict__, isolation, bool(allow_weak)],
+            sort_keys=True,
+            default=str,
+        ).encode()
+    ).hexdigest()
 
     def compute():
         res = run_program(
@@ -169,8 +176,11 @@ def run_tests(
             and (value_matches(c.value, o) if fn else stdout_matches(c.stdout, _stdout_text(o)))
             for c, o in zip(res.cases, outs)
         ]
+        # Judged: a cached result keeps what is read later (status, truncated) and the
+        # tails of its output for a reader; whole outputs (64 KiB a case or more, 20 cases,
+        # 2,048 entries) came to gigabytes.
         for c in res.cases:
-            c.value = None
+            c.value, c.stdout, c.stderr = None, c.stdout[-_KEPT_CHARS:], c.stderr[-_KEPT_CHARS:]
         return (sum(ok) / len(outs) if outs else 0.0), not res.has_error, res
 
     wait = None if deadline is None else max(0.0, deadline - time.monotonic())

@@ -62,10 +62,35 @@ def last_boxed(text: str) -> str | None:
     return m2[-1].group(1).strip() if m2 else None
 
 
+_WRAPPER = re.compile(r"\\(?:text|mathrm)\{")
+
+
+def unwrap_text(s: str) -> str:
+    """`\\text{X}` and `\\mathrm{X}` -> X, X running to the first `}` on its line, in
+    one pass. The regex it replaces (a lazy `.*?` to `}` after either opener) took
+    quadratic time on openers with no `}` on their line (48 KB of model output: 2 s of a
+    reward thread, GIL held, past every timeout)."""
+    out, i, close = [], 0, -1
+    while (m := _WRAPPER.search(s, i)) is not None:
+        if close < m.end():  # the next `}` at or after this opener, found once
+            close = s.find("}", m.end())
+            if close == -1:
+                break  # no `}` left: no opener from here on can close
+        newline = s.find("\n", m.end(), close)
+        if newline != -1:  # no opener before that newline closes on its line
+            out.append(s[i : newline + 1])
+            i = newline + 1
+            continue
+        out.append(s[i : m.start()])
+        out.append(s[m.end() : close])
+        i = close + 1
+    out.append(s[i:])
+    return "".join(out)
+
+
 def normalize_answer(s: str) -> str:
     """String fallback: drop spacing, $, \\left/\\right, text wrappers, trailing dot."""
-    s = s.strip().strip("$").strip()
-    s = re.sub(r"\\text\{(.*?)\}|\\mathrm\{(.*?)\}", lambda m: m.group(1) or m.group(2) or "", s)
+    s = unwrap_text(s.strip().strip("$").strip())
     # \left( and \right), not \leftarrow / \rightarrow / \leftrightarrow.
     s = re.sub(r"\\(?:left|right)(?![A-Za-z])", "", s)
     for a, b in (
