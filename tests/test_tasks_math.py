@@ -246,7 +246,7 @@ def test_slow_comparisons_stop_at_the_runners_deadline_not_the_chunk(monkeypatch
 
     budgets = []
 
-    def fake_verify(pred, gold, timeout_s):
+    def fake_verify(pred, gold, timeout_s, deadline=None):
         budgets.append(timeout_s)
         if pred == "slow":
             time.sleep(timeout_s)
@@ -341,3 +341,35 @@ def test_a_pathological_boxed_answer_is_normalized_in_linear_time(answer):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) > 0
+
+
+def test_the_verifier_helpers_start_up_counts_against_the_calls_deadline(monkeypatch):
+    """A helper killed at a timeout was restarted (1.5-2.5 s of imports) outside every
+    budget: a chunk of slow answers ran past the runner's timeout, which scored all of
+    it NaN, right answers too. Under a deadline the start-up counts: an answer waiting
+    on a helper still starting at the deadline is NaN on time, and the helper is kept
+    for the next call; a timed-out helper's replacement starts at once."""
+    import sys
+    import time
+
+    from gdpo_jax.tasks import math_verifier
+
+    slow = "import time, runpy; time.sleep(4); runpy.run_module('gdpo_jax.tasks.math_verifier', run_name='__main__')"  # noqa: E501
+    monkeypatch.setattr(math_verifier, "_COMMAND", (sys.executable, "-c", slow))
+    monkeypatch.setattr(math_verifier, "_LOCAL", __import__("threading").local())
+    t0 = time.monotonic()
+    with pytest.raises(tm.RewardTimeouts) as e:  # 1 + x = x + 1 needs math-verify
+        tm.correctness_reward(None, ["\\boxed{1 + x}"], ground_truth=["x+1"], deadline=t0 + 1.0)
+    elapsed = time.monotonic() - t0
+    assert np.isnan(e.value.values[0]) and elapsed < 3.0, elapsed  # not the 4 s start-up
+    helper = math_verifier._LOCAL.helper
+    assert helper.proc.poll() is None and not helper.ready  # kept, still starting
+    assert tm.correctness_reward(None, ["\\boxed{1 + x}"], ground_truth=["x+1"]) == [1.0]
+    assert math_verifier._LOCAL.helper is helper and helper.ready  # the same one, now ready
+    # A comparison past its budget: the replacement helper is started right away.
+    with pytest.raises(TimeoutError):
+        math_verifier.verify_bounded("9^{9^{9^{9}}}", "1", 0.5)
+    replacement = math_verifier._LOCAL.helper
+    assert replacement is not helper and replacement.proc.poll() is None
+    assert helper.proc.poll() is not None  # the slow one was killed
+    replacement.kill()

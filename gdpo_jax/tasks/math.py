@@ -109,19 +109,22 @@ def normalize_answer(s: str) -> str:
     return s.lower()
 
 
-def is_equivalent(pred: str, gold: str, timeout_s: float = 5.0) -> bool:
+def is_equivalent(
+    pred: str, gold: str, timeout_s: float = 5.0, deadline: float | None = None
+) -> bool:
     """math-verify equivalence of two answer strings, or equal after normalize_answer.
 
     math-verify runs in a helper process (gdpo_jax.tasks.math_verifier) with a
     hard deadline: TimeoutError past `timeout_s` seconds (a pathological
     expression such as 9^{9^{9^{9}}} would otherwise hang the reward worker,
-    GIL held, for ever).
+    GIL held, for ever), or past `deadline` (time.monotonic(); a helper's start-up
+    included).
     """
     if normalize_answer(pred) == normalize_answer(gold):
         return True
     from gdpo_jax.tasks.math_verifier import verify_bounded
 
-    return verify_bounded(pred, gold, timeout_s)
+    return verify_bounded(pred, gold, timeout_s, deadline)
 
 
 def _golds(gt: Any) -> list[str]:
@@ -183,7 +186,7 @@ def correctness_reward(
                         score = math.nan
                         continue
                 try:
-                    if is_equivalent(ans, g, budget):
+                    if is_equivalent(ans, g, budget, deadline):
                         score = 1.0
                         break
                 except TimeoutError:

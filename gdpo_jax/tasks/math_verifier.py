@@ -29,14 +29,19 @@ _PR_SET_PDEATHSIG = 1
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# The helper's command (a test starts a slower one).
+_COMMAND = (sys.executable, "-m", "gdpo_jax.tasks.math_verifier")
+
+
 class _Helper:
-    """One helper process, used by one thread at a time."""
+    """One helper process, used by one thread at a time. Started here, ready (math-verify
+    imported) once `wait_ready` has read its "ready"."""
 
     def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([_ROOT, *filter(None, [env.get("PYTHONPATH")])])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gdpo_jax.tasks.math_verifier"],
+            list(_COMMAND),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -44,11 +49,24 @@ class _Helper:
             text=True,
             bufsize=1,
         )
-        if self._readline(STARTUP_TIMEOUT_S) != "ready":
+        self.started, self.ready = time.monotonic(), False
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether the helper is ready within `timeout_s`; RuntimeError when it died or
+        has not started within STARTUP_TIMEOUT_S of its launch."""
+        if self.ready:
+            return True
+        limit = self.started + STARTUP_TIMEOUT_S - time.monotonic()
+        line = self._readline(max(0.0, min(timeout_s, limit)))
+        if line == "ready":
+            self.ready = True
+            return True
+        if line is not None or self.proc.poll() is not None or timeout_s >= limit:
             self.kill()
             raise RuntimeError(
                 f"the math-verify helper process did not start within {STARTUP_TIMEOUT_S}s"
             )
+        return False
 
     def _readline(self, timeout_s: float) -> str | None:
         """The next line of the helper's output; None past the deadline or at EOF."""
@@ -82,15 +100,30 @@ class _Helper:
 _LOCAL = threading.local()
 
 
-def verify_bounded(pred: str, gold: str, timeout_s: float) -> bool:
-    """math-verify equivalence of two answer strings; TimeoutError past `timeout_s`."""
+def verify_bounded(pred: str, gold: str, timeout_s: float, deadline: float | None = None) -> bool:
+    """math-verify equivalence of two answer strings; TimeoutError past `timeout_s`.
+
+    deadline: a time.monotonic() time (the reward call's) that nothing here runs past,
+    the helper's start-up included: a helper restarted after each timeout (1.5-2.5 s of
+    imports, outside every budget) put a chunk of slow answers past the runner's timeout,
+    which then scored every sample of it NaN, right ones too. Without a deadline the
+    start-up is not part of `timeout_s` (STARTUP_TIMEOUT_S bounds it).
+    """
     helper = getattr(_LOCAL, "helper", None)
     if helper is None or helper.proc.poll() is not None:
         helper = _LOCAL.helper = _Helper()
+    wait = STARTUP_TIMEOUT_S if deadline is None else deadline - time.monotonic()
+    if not helper.wait_ready(wait):  # still starting: kept for the next comparison
+        raise TimeoutError("the math-verify helper was still starting at the deadline")
+    if deadline is not None:
+        timeout_s = min(timeout_s, deadline - time.monotonic())
+        if timeout_s <= 0:
+            raise TimeoutError("no time left for math-verify before the deadline")
     try:
         return helper.check(pred, gold, timeout_s)
     except TimeoutError:
-        _LOCAL.helper = None
+        # The replacement starts now, its imports overlapping the caller's other work.
+        _LOCAL.helper = _Helper()
         raise
 
 
