@@ -225,16 +225,28 @@ def test_json_a_model_can_write_scores_unparsable_not_a_crash(line):
     assert tc.evaluate([completion], [{"ground_truth": gt}])["accuracy"] == 0.0
 
 
-def test_deeply_nested_parameters_that_parse_are_no_ast_match_not_a_crash():
-    # 600 levels parse (json.loads allows ~1000) but normalizing them took two frames a
-    # level: RecursionError in the held-out eval, which ended the run.
-    for nested in ("[" * 600 + "1" + "]" * 600, '{"b": ' * 600 + "1" + "}" * 600):
-        line = '{"name": "f", "parameters": {"a": ' + nested + "}}"
-        pred = f"<think>t</think>\n<tool_call>\n{line}\n</tool_call>"
-        gt = block(call("f", a=1))
-        assert tc.parse_tool_calls(pred) is not None
-        assert not tc.ast_match(pred, gt)
-        assert tc.evaluate([pred], [{"ground_truth": gt}])["accuracy"] == 0.0
+def test_deeply_nested_parameters_are_unparsable_at_any_stack_depth():
+    """600 levels parse (json.loads allows ~1000 less the caller's stack) but normalizing
+    them took two frames a level: RecursionError in the held-out eval, which ended the
+    run. And json.loads' limit depends on the caller's stack: 990 levels scored 1.5
+    called directly and -3 under the RewardRunner. Past MAX_NESTING a call is unparsable,
+    wherever it is scored; at the limit it parses."""
+
+    def at_depth(frames, fn):  # fn called under `frames` more stack frames
+        return fn() if frames == 0 else at_depth(frames - 1, fn)
+
+    gt = block(call("f", a=1))
+    limit = tc.MAX_NESTING - 2  # the call's dict and its parameters are two levels
+    for depth in (600, 990, limit + 1, limit):
+        for nested in ("[" * depth + "1" + "]" * depth, '{"b": ' * depth + "1" + "}" * depth):
+            line = '{"name": "f", "parameters": {"a": ' + nested + "}}"
+            pred = f"<think>t</think>\n<tool_call>\n{line}\n</tool_call>"
+            fits = depth <= limit
+            assert (tc.parse_tool_calls(pred) is not None) == fits, depth
+            scores = {at_depth(n, lambda p=pred: correctness(p, gt)) for n in (0, 400)}
+            assert len(scores) == 1 and (scores.pop() == -3.0) != fits, depth
+            assert not tc.ast_match(pred, gt)
+            assert tc.evaluate([pred], [{"ground_truth": gt}])["accuracy"] == 0.0
 
 
 def test_huge_integer_values_compare_without_overflow():

@@ -80,14 +80,34 @@ def parse_tool_calls(text: str) -> list[dict] | None:
             # ~1000 nested brackets (RecursionError) is model text too, and crashed the
             # reward instead of scoring it unparsable.
             return None
-        if not (
-            isinstance(c, dict)
-            and isinstance(c.get("name"), str)
-            and isinstance(c.get("parameters"), dict)
+        if (
+            not (
+                isinstance(c, dict)
+                and isinstance(c.get("name"), str)
+                and isinstance(c.get("parameters"), dict)
+            )
+            or _nesting(c) > MAX_NESTING
         ):
             return None
         calls.append(c)
     return calls
+
+
+# Deeper calls are unparsable. json.loads' own limit is the interpreter's recursion limit
+# less the caller's stack: a call nested 990 deep scored 1.5 from a test and -3 under
+# the RewardRunner (a deeper stack). No real tool call comes near this.
+MAX_NESTING = 100
+
+
+def _nesting(obj: Any) -> int:
+    """Depth of nested dicts / lists in a decoded JSON value (iterative: no recursion)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        x, depth = stack.pop()
+        if isinstance(x, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (x.values() if isinstance(x, dict) else x))
+    return deepest
 
 
 def tool_call_score(gt: Sequence[Mapping], pred: Sequence[Mapping]) -> float:
