@@ -24,7 +24,8 @@ prediction of experiments/study_predictions.py (experiments/study_report.py).
    compilation cache makes later runs skip most compiles); the held-out split is
    evaluated before the first step too (written as step 0). A finished run is
    not redone (delete its directory or pass --force); an unfinished one (killed)
-   resumes from its last checkpoint.
+   resumes from its last checkpoint, and one that cannot (other settings, a
+   checkpoint past train.num_steps) is refused before anything trains.
 3. Report: `plots/train_<reward>.png` (per-step training reward, moving
    average, median and inter-quartile band over seeds: the paper's Fig. 1b),
    `plots/eval_<metric>.png`, and `results.md` / `results.json`: held-out
@@ -39,7 +40,6 @@ Layout: <out_dir>/{sft/, runs/<estimator>/seed<k>/metrics.jsonl, plots/, results
 
 from __future__ import annotations
 
-import json
 import os
 
 from absl import app, flags
@@ -51,8 +51,10 @@ from experiments.compare_report import (  # noqa: F401
     _stats,
     load_runs,
     markdown,
+    read_json_or_none,
     report,
     warm_start_values,
+    write_json,
 )
 
 # The presets, configs and runners live in compare_runs; re-exported likewise.
@@ -139,6 +141,19 @@ def curve_window(window: int, *, given: bool, quick: bool) -> int:
     return 1 if quick and not given else window
 
 
+def report_only(task: str, out_dir: str, estimators, seeds, *, window: int) -> dict:
+    """--report_only: plots, results.md and results.json redrawn from the runs on disk,
+    keeping the measured total time of the call that trained them."""
+    path = os.path.join(out_dir, "results.json")
+    # Read before report() rewrites results.md: a results.json cut by a kill was a
+    # traceback after that, and it has no total time to keep.
+    total = (read_json_or_none(path) or {}).get("total_seconds")
+    table = report(task, out_dir, estimators, seeds, window=window)
+    table["total_seconds"] = total
+    write_json(path, table)
+    return table
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.fail(f"unexpected arguments: {argv[1:]}")
@@ -207,14 +222,9 @@ def main(argv: list[str]) -> None:
     sft_overrides = [*preset["sft"], *_OVERRIDES["sft_config"]]
     if F.report_only:
         try:
-            table = report(task, out_dir, estimators, seeds, window=window)
+            table = report_only(task, out_dir, estimators, seeds, window=window)
         except ConfigError as e:  # runs of different lengths
             cli.fail(e)
-        path = os.path.join(out_dir, "results.json")
-        if os.path.exists(path):  # keep the measured total time of the run that made them
-            table["total_seconds"] = _read_json(path).get("total_seconds")
-        with open(path, "w") as f:
-            json.dump(table, f, indent=2, allow_nan=True)
     else:
         kw = dict(
             out_dir=out_dir,
@@ -227,7 +237,7 @@ def main(argv: list[str]) -> None:
             variant=F.variant,
         )
         try:
-            _, configs = prepare(task, **kw)  # every mistake, before the warm start trains
+            _, configs = prepare(task, force=F.force, **kw)  # every mistake, before any training
             for cfg in configs.values() if not F.force else ():
                 check_finished_run(cfg)  # a finished run of other settings in --out_dir
         except ConfigError as e:
@@ -243,7 +253,10 @@ def main(argv: list[str]) -> None:
             len(seeds),
             out_dir,
         )
-        table = run_comparison(task, force=F.force, window=window, **kw)
+        try:
+            table = run_comparison(task, force=F.force, window=window, **kw)
+        except ConfigError as e:  # what only the runs find (e.g. the report's run lengths)
+            cli.fail(e)
     print(markdown(table))
     print(f"plots: {table['plots']}")
     print(f"results: {os.path.join(out_dir, 'results.md')}")

@@ -59,7 +59,8 @@ def load_runs(
     for est in estimators:
         for seed in seeds:
             path = os.path.join(out_dir, "runs", est, f"seed{seed}", "metrics.jsonl")
-            if os.path.exists(os.path.join(os.path.dirname(path), "run_info.json")):  # finished
+            # Finished: a readable run_info.json (one cut by a kill is an unfinished run).
+            if read_json_or_none(os.path.join(os.path.dirname(path), "run_info.json")) is not None:
                 runs.setdefault(est, {})[seed] = read_jsonl(path)
     return runs
 
@@ -67,6 +68,32 @@ def load_runs(
 def _read_json(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+def read_json_or_none(path: str) -> dict | None:
+    """The JSON object in `path`; None when it is missing, cut short or not an object
+    (a kill mid-write under older versions left an empty run_info.json or results.json,
+    and every later call died parsing it)."""
+    try:
+        with open(path) as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def write_json(path: str, obj: Any) -> None:
+    """json.dump to `path` atomically (tmp + os.replace): a kill leaves the old file or
+    the new one, never half of one."""
+    write_text(path, json.dumps(obj, indent=2, allow_nan=True))
+
+
+def write_text(path: str, text: str) -> None:
+    """`text` into `path` atomically (tmp + os.replace)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def _stats(values: list[float]) -> dict[str, Any]:
@@ -183,7 +210,7 @@ def report(
     timing = {}
     for est in runs:
         infos = [os.path.join(out_dir, "runs", est, f"seed{s}", "run_info.json") for s in seeds]
-        timing[est] = run_times([_read_json(p) for p in infos if os.path.exists(p)])
+        timing[est] = run_times([i for i in map(read_json_or_none, infos) if i is not None])
     table = {
         "task": task,
         "estimators": list(runs),
@@ -199,8 +226,7 @@ def report(
 
         table["study"] = study_section(task, runs, metrics, plots_dir, window=window)
         plots += table["study"]["plots"]
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(markdown(table))
+    write_text(os.path.join(out_dir, "results.md"), markdown(table))
     return table
 
 

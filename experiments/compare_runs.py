@@ -7,7 +7,6 @@ line is in compare_estimators, the report in compare_report.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import shutil
@@ -15,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from experiments.compare_report import TABLE, report
+from experiments.compare_report import TABLE, read_json_or_none, report, write_json
 from experiments.studies import rl_config_name, sft_config_name
 from gdpo_jax.train import cli
 from gdpo_jax.train.config import ConfigError, fingerprint
@@ -150,7 +149,7 @@ def run_one(cfg: Any) -> dict[str, Any]:
     """
     from gdpo_jax import compile_cache
     from gdpo_jax.train.loop import Trainer
-    from gdpo_jax.train.metrics import MetricsWriter
+    from gdpo_jax.train.metrics import MetricsWriter, keep_through
 
     t0, c0 = time.perf_counter(), time.process_time()
     # The cache enable_compilation_cache turned on, unless the run spans several CPU devices.
@@ -159,6 +158,9 @@ def run_one(cfg: Any) -> dict[str, Any]:
         t_build = time.perf_counter() - t0
         resumed_from = trainer.start_step
         if resumed_from == 0:
+            # A killed attempt without a checkpoint starts over: its rows (step 0 among
+            # them) would stay beside the new ones as duplicates.
+            keep_through(os.path.join(cfg.workdir, "metrics.jsonl"), -1)
             with MetricsWriter(cfg.workdir, tensorboard=False, progress_bar=False) as w:
                 w.write(0, trainer.evaluate())
         else:
@@ -175,42 +177,113 @@ def run_one(cfg: Any) -> dict[str, Any]:
         # CPU seconds of this process (all threads): close to the wall time on an
         # idle machine, and unaffected by other jobs sharing the cores.
         "cpu_s": time.process_time() - c0,
-        "num_steps": cfg.train.num_steps,
         # What a later comparison over this folder checks before it reuses the run.
-        "fingerprint": fingerprint(cfg),
+        **reuse_key(cfg),
         "resumed_from": resumed_from,
         "final": final,
     }
     if cfg.train.stop_after_step and cfg.train.stop_after_step < cfg.train.num_steps:
         info["done"] = False  # stopped on purpose: not finished, the next call resumes it
         return info
-    with open(os.path.join(cfg.workdir, "run_info.json"), "w") as f:
-        json.dump(info, f, indent=2, allow_nan=True)
+    write_json(os.path.join(cfg.workdir, "run_info.json"), info)
     # Finished: the comparison needs the metrics, not the resume state.
     shutil.rmtree(os.path.join(cfg.workdir, "checkpoints"), ignore_errors=True)
     return info
 
 
+def reuse_key(cfg: Any) -> dict[str, Any]:
+    """What a finished run must share with this comparison to be reused: the
+    fingerprint (the fields a resume keeps) and the resumable fields that still change
+    the results (the length and the eval schedule: runs evaluated at other steps or on
+    another number of examples were mixed into one table)."""
+    return {
+        "num_steps": cfg.train.num_steps,
+        "eval_every": cfg.train.eval_every,
+        "eval_num_examples": cfg.train.eval_num_examples,
+        "fingerprint": fingerprint(cfg),
+    }
+
+
 def check_finished_run(cfg: Any) -> bool:
     """Whether `cfg.workdir` holds a finished run (run_info.json) of this very config:
-    True to reuse it, False when there is none; ConfigError when it ran with other
-    settings (another train.num_steps, or another fingerprint: the fields a resume
-    keeps). Reused, such a run was silently mixed into the new table (a 60-step seed
-    paired with 200-step ones)."""
+    True to reuse it, False when there is none (or its run_info.json is unreadable: cut
+    by a kill, the run is unfinished and resumes); ConfigError when it ran with other
+    settings (`reuse_key`; a field it does not record, written by an older version,
+    counts as another). Reused, such a run was silently mixed into the new table (a
+    60-step seed paired with 200-step ones)."""
     path = os.path.join(cfg.workdir, "run_info.json")
     if not os.path.exists(path):
         return False
-    with open(path) as f:
-        info = json.load(f)
-    ran = (info.get("num_steps"), info.get("fingerprint", fingerprint(cfg)))
-    want = (cfg.train.num_steps, fingerprint(cfg))
-    if ran != want:
+    info = read_json_or_none(path)
+    if info is None:
+        log.warning("%s is unreadable (cut by a kill?): the run is resumed as unfinished", path)
+        return False
+    want = reuse_key(cfg)
+    field = {"fingerprint": "config fingerprint"}
+    diff = [
+        f"{field.get(k, 'train.' + k)}={info.get(k, 'not recorded')} (now {v})"
+        for k, v in want.items()
+        if info.get(k) != v
+    ]
+    if diff:
         raise ConfigError(
-            f"{cfg.workdir} holds a finished run of train.num_steps={ran[0]} (config "
-            f"fingerprint {ran[1]}), not this comparison's {want[0]} ({want[1]}); its results "
-            "would be mixed with the new runs'. Use another --out_dir, or --force to run it again."
+            f"{cfg.workdir} holds a finished run of {', '.join(diff)}; its results would be "
+            "mixed with the new runs'. Use another --out_dir, or --force to run it again."
         )
     return True
+
+
+def check_unfinished_run(cfg: Any, name: str, flag: str = "--config", fix: str = "") -> None:
+    """ConfigError (one line, naming `name`) when the checkpoints of a killed run in
+    `cfg.workdir` cannot be resumed by `cfg`: written with other settings, or (an RL
+    run, `flag` --config) past train.num_steps: resumed, the run was recorded as
+    finished with the metrics past its end. Checked before anything trains: found when
+    the run's turn came, it ended the comparison with a traceback after the runs before
+    it had trained. (SFT's length, sft.num_steps, is a field a resume keeps.)"""
+    from gdpo_jax.train.checkpoint import Checkpointer
+    from gdpo_jax.train.resume_checks import check_resume_config
+
+    if not os.path.isdir(os.path.join(cfg.workdir, "checkpoints")):
+        return
+    fix = fix or "pass --force to start it again, or use another --out_dir"
+    ckpt = Checkpointer.from_config(cfg, read_only=True)
+    try:
+        last = max(ckpt.all_steps(), default=0)
+    finally:
+        ckpt.close()
+    if flag == "--config" and last > cfg.train.num_steps:
+        raise ConfigError(
+            f"{name}: the killed run in {cfg.workdir} has a checkpoint at step {last}, past "
+            f"{flag}.train.num_steps={cfg.train.num_steps}; resumed, it would be recorded as "
+            f"finished with metrics past its end. Set {flag}.train.num_steps>={last}, or {fix}."
+        )
+    try:
+        check_resume_config(cfg)
+    except ConfigError as e:
+        msg = str(e).replace("--config.", f"{flag}.").rstrip(".")
+        raise ConfigError(f"{name}: {msg}; or {fix}.") from None
+
+
+def check_warm_start(cfg: Any, sft_dir: str) -> None:
+    """ConfigError when the warm start in `sft_dir` (trained, or killed with checkpoints)
+    was made with other settings than `cfg` (configs/sft_<task>.py and --sft_config.*):
+    a finished one was reused and the changed flags ignored without a word."""
+    from gdpo_jax.train.config import config_diff
+
+    fix = f"point --sft_dir (or --out_dir) away from {sft_dir} to train a new warm start"
+    if not os.path.exists(os.path.join(sft_dir, "hf", "config.json")):
+        check_unfinished_run(cfg, "warm start", "--sft_config", fix)
+        return
+    saved = read_json_or_none(os.path.join(sft_dir, "config.json"))
+    if saved is None:
+        return  # made by hand or by an older version: nothing to compare against
+    diff = config_diff(saved, cfg)
+    if diff:
+        raise ConfigError(
+            f"--sft_config: the warm start in {sft_dir} was trained with other settings "
+            f"(differing: {', '.join(diff)}), so these would be ignored; drop the changed "
+            f"--sft_config flags, or {fix}."
+        )
 
 
 def prepare(
@@ -224,11 +297,13 @@ def prepare(
     overrides: Overrides | dict[str, str] | None,
     sft_overrides: Overrides,
     variant: str,
+    force: bool = False,
 ) -> tuple[str, dict[tuple[str, int], Any]]:
     """Every config of the comparison, validated before anything trains.
 
     Returns (the warm start's directory, (estimator, seed) -> RL config). Raises
-    ConfigError on the first bad flag, override or field.
+    ConfigError on the first bad flag, override or field, and (unless `force`) on a
+    killed run's checkpoints or a warm start that these settings cannot continue.
     """
     from gdpo_jax.train.config import validate_config
 
@@ -237,12 +312,15 @@ def prepare(
     unknown = [e for e in estimators if e not in ESTIMATORS]
     if unknown:
         raise ConfigError(f"--estimators: unknown {unknown}; choose from {ESTIMATORS}.")
+    twice = sorted({e for e in estimators if list(estimators).count(e) > 1})
+    if twice:  # each run was trained twice, into the same directory
+        raise ConfigError(f"--estimators names {twice} more than once; name each one once.")
     if "://" in out_dir:
         raise ConfigError(f"--out_dir={out_dir!r}: the comparison needs a local directory.")
     sft_dir = sft_dir or os.path.join(out_dir, "sft")
     model = os.path.join(sft_dir, "hf") if sft_config_name(task) else ""
-    if model and not os.path.exists(os.path.join(model, "config.json")):
-        sft_config(task, sft_dir, quick=quick, overrides=sft_overrides)  # validates
+    if model:  # validated, and checked against the warm start already there
+        check_warm_start(sft_config(task, sft_dir, quick=quick, overrides=sft_overrides), sft_dir)
     configs = {}
     for seed in seeds:
         for est in estimators:
@@ -263,6 +341,9 @@ def prepare(
                 raise ConfigError(f"--variant={variant!r}: {e}") from None
             validate_config(cfg)
             configs[(est, seed)] = cfg
+    for (est, seed), cfg in configs.items() if not force else ():  # --force starts them over
+        if read_json_or_none(os.path.join(cfg.workdir, "run_info.json")) is None:
+            check_unfinished_run(cfg, f"{est} seed {seed}")
     return model, configs
 
 
@@ -292,6 +373,7 @@ def run_comparison(
         overrides=overrides,
         sft_overrides=sft_overrides,
         variant=variant,
+        force=force,
     )
     # Before any work: a finished run of other settings stops the comparison in one line.
     done = {k: not force and check_finished_run(cfg) for k, cfg in configs.items()}
@@ -311,6 +393,5 @@ def run_comparison(
             log.info("%s seed %d: %.0f s", est, seed, info["seconds"])
     table = report(task, out_dir, estimators, seeds, window=window)
     table["total_seconds"] = time.perf_counter() - t0
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(table, f, indent=2, allow_nan=True)
+    write_json(os.path.join(out_dir, "results.json"), table)
     return table

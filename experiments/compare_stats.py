@@ -34,17 +34,23 @@ def auc(steps: Sequence[float], values: Sequence[float]) -> float:
     """Normalised area under a learning curve: trapezoid area / step range.
 
     The mean height of the curve over the steps it covers, in the metric's own
-    units (so it reads like the metric). NaN entries are dropped; one point
-    gives that value; none gives NaN.
+    units (so it reads like the metric). A non-finite value inside the curve is
+    dropped (the trapezoid bridges it); one at the first or last step gives NaN, as
+    does no point: dropped, it normalised over a shorter range, so a run whose final
+    eval was NaN passed for a whole one (as NaN, the seed leaves `n`). One point
+    gives that value.
     """
     s = np.asarray(steps, np.float64)
     v = np.asarray(values, np.float64)
-    ok = np.isfinite(s) & np.isfinite(v)
-    s, v = s[ok], v[ok]
+    keep = np.isfinite(s)
+    s, v = s[keep], v[keep]
     if not s.size:
         return math.nan
-    order = np.argsort(s)
+    order = np.argsort(s, kind="stable")
     s, v = s[order], v[order]
+    if not (np.isfinite(v[0]) and np.isfinite(v[-1])):
+        return math.nan
+    s, v = s[np.isfinite(v)], v[np.isfinite(v)]
     if s.size == 1 or s[-1] == s[0]:
         return float(v.mean())
     area = float(np.sum((v[1:] + v[:-1]) * np.diff(s)) / 2.0)

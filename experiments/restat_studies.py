@@ -44,7 +44,13 @@ def restat(results_dir: str) -> dict[str, Any]:
         if not os.path.isfile(path):
             continue
         with open(path) as f:
-            saved = json.load(f)
+            try:
+                saved = json.load(f)
+            except ValueError as e:  # cut by a kill: a traceback that named no file
+                raise ValueError(
+                    f"{path} is not JSON ({e}); rewrite it with the study's "
+                    "`python -m experiments.compare_estimators --study=... --report_only`."
+                ) from None
         if "study" not in saved:
             continue
         name = saved["task"]

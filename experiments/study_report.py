@@ -80,14 +80,15 @@ def study_markdown(section: dict[str, Any]) -> str:
                 else "n/a"
             )
         lines.append(f"| {q} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "## Paired differences (same seed): mean and 95 % t interval over seeds",
-        "",
-        "| quantity | " + " | ".join(stats["paired"]) + " |",
-        "|---" * (len(stats["paired"]) + 1) + "|",
-    ]
-    for q in quantities:
+    lines += ["", "## Paired differences (same seed): mean and 95 % t interval over seeds", ""]
+    if not stats["paired"]:  # one estimator: an empty table read like a broken report
+        lines.append("None: no pair of the study's estimators ran (one estimator).")
+    else:
+        lines += [
+            "| quantity | " + " | ".join(stats["paired"]) + " |",
+            "|---" * (len(stats["paired"]) + 1) + "|",
+        ]
+    for q in quantities if stats["paired"] else ():
         cells = []
         for pair in stats["paired"]:
             d = stats["paired"][pair][q]

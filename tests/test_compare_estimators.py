@@ -476,7 +476,8 @@ def test_a_finished_run_of_other_settings_is_not_reused_and_reports_need_one_len
     cfg = configs[("gdpo", 0)]
     assert compare_runs.check_finished_run(cfg) is False  # nothing there yet
     os.makedirs(cfg.workdir)
-    info = {"num_steps": cfg.train.num_steps, "fingerprint": fingerprint(cfg)}
+    info = compare_runs.reuse_key(cfg)
+    assert info["fingerprint"] == fingerprint(cfg)
     with open(os.path.join(cfg.workdir, "run_info.json"), "w") as f:
         json.dump(info, f)
     assert compare_runs.check_finished_run(cfg) is True  # the same run: reused
