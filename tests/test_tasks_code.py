@@ -384,10 +384,9 @@ def test_the_float_pattern_is_the_one_it_replaces_and_linear():
     a 200,000-digit token is judged in a subprocess that a regression would time out."""
     import random
     import re
-    import subprocess
-    import sys
 
     from gdpo_jax.tasks import code_judge
+    from tests._subprocess import run_python
 
     old = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
     rng = random.Random(0)
@@ -398,14 +397,7 @@ def test_the_float_pattern_is_the_one_it_replaces_and_linear():
         "from gdpo_jax.tasks.code_judge import stdout_matches; "
         "print(stdout_matches('1' * 200_000 + 'x', '5'))"
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"},
-    )
+    proc = run_python(code)
     assert proc.returncode == 0 and proc.stdout.split() == ["False"], proc.stderr[-2000:]
 
 

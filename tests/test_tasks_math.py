@@ -1,7 +1,6 @@
 """Math task: boxed extraction, equivalence, length gating, loaders, pass@1 / Exceed."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -324,21 +323,12 @@ def test_a_pathological_boxed_answer_is_normalized_in_linear_time(answer):
     """The text-wrapper regex took quadratic time in the answer (48 KB: 2 s in the reward
     thread, GIL held, outside every timeout; 2 MB would be an hour). A subprocess, so a
     regression fails on the timeout instead of hanging the suite."""
-    import subprocess
-    import sys
+    from tests._subprocess import run_python
 
     code = (
-        "import sys, gdpo_jax.tasks.math as tm; print(len(tm.normalize_answer(sys.stdin.read())))"
+        "import sys, gdpo_jax.tasks.math as tm; print(len(tm.normalize_answer(sys.stdin.read())))"  # noqa: E501
     )
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        input=answer,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": root, "JAX_PLATFORMS": "cpu"},
-    )
+    proc = run_python(code, stdin=answer)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert int(proc.stdout) > 0
 
