@@ -19,16 +19,13 @@ from gdpo_jax.models.generation_config import (  # noqa: F401 - generation_eos_i
     generation_eos_ids,
     read_generation_config,
 )
+from gdpo_jax.models.rope_settings import (  # noqa: F401 - SUPPORTED_ROPE_TYPES re-exported
+    SUPPORTED_ROPE_TYPES,
+)
+from gdpo_jax.models.rope_settings import check_rope_scaling as _check_rope_scaling
+from gdpo_jax.models.rope_settings import rope_dict as _rope_dict
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-# rope_type -> the keys it needs, as transformers' rope validation (which fills a
-# missing original_max_position_embeddings of llama3 / yarn with max_position_embeddings).
-_ROPE_KEYS = {
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
-    "yarn": ("factor",),
-}
 # model_type -> (attention_bias, qk_norm): what transformers' class of that type has.
 ARCH_FLAGS = {"llama": (False, False), "qwen2": (True, False), "qwen3": (False, True)}
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -85,40 +82,6 @@ def canonical_dtype(dtype: Any, field: str = "dtype") -> str:
             "(as a string, jnp.<name> or np.dtype)."
         )
     return name
-
-
-def _rope_dict(value: Any) -> dict:
-    """A rope settings dict with the legacy "type" key read as "rope_type"."""
-    rope = dict(value or {})
-    if "type" in rope:
-        kind = rope.pop("type")
-        rope.setdefault("rope_type", kind)
-    return rope
-
-
-def _check_rope_scaling(rope: Mapping[str, Any]) -> None:
-    """One-line ValueError for an unsupported rope_type or a missing / non-numeric key."""
-    rope_type = rope.get("rope_type", "default")
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"rope_scaling rope_type={rope_type!r} is not supported; supported: "
-            f"{SUPPORTED_ROPE_TYPES}."
-        )
-    need = _ROPE_KEYS.get(rope_type, ())
-    missing = [k for k in need if rope.get(k) is None]
-    if missing:
-        raise ValueError(f"rope_scaling rope_type={rope_type!r} needs {missing}; got {dict(rope)}.")
-    for k in [k for k in (*need, "original_max_position_embeddings") if k in rope]:
-        v = rope[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise ValueError(
-                f"rope_scaling {k}={v!r} (rope_type={rope_type!r}) must be a number > 0."
-            )
-    if rope_type == "llama3" and rope["high_freq_factor"] <= rope["low_freq_factor"]:
-        raise ValueError(
-            f"rope_scaling high_freq_factor={rope['high_freq_factor']} must exceed "
-            f"low_freq_factor={rope['low_freq_factor']} (llama3 divides by their difference)."
-        )
 
 
 def _freeze(x: Any) -> Any:
