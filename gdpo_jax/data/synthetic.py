@@ -320,7 +320,8 @@ def arithmetic_records(
     distinct: str = "prompt",
 ) -> list[dict]:
     """`n` distinct word problems; fmt "verl" (prompt baked in) or "deepscaler"
-    ({problem, answer, solution}); extra_info.max_tokens is the length budget.
+    ({problem, answer, solution}); extra_info.max_tokens records a length budget (an
+    annotation: the length reward's limit is its own `max_tokens` kwarg).
     `distinct` and `exclude` as for `toolcall_records` (the same here: the prompt
     is the problem)."""
     if fmt not in ("verl", "deepscaler"):

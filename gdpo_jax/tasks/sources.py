@@ -40,7 +40,12 @@ _KWARGS = {
         Kwarg("max_steps", int, 3, 1, means="most operations per problem"),
         Kwarg("max_value", int, 50, 2, means="largest starting / added number"),
         Kwarg("fmt", str, "verl", choices=("verl", "deepscaler"), means="record format"),
-        Kwarg("max_tokens", int, 64, 1, means="length budget in tokens"),
+        # Written into each record's extra_info (as verl's data carries it); the length
+        # reward's limit is rewards.kwargs.length.max_tokens, the eval's exceed ratio's
+        # task.eval_kwargs.max_tokens: "length budget" here promised an effect it lacked.
+        Kwarg(
+            "max_tokens", int, 64, 1, means="extra_info.max_tokens annotation (read by no reward)"
+        ),
     ),
     "code": (),
 }
