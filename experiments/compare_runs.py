@@ -17,7 +17,7 @@ from typing import Any
 from experiments.compare_report import TABLE, read_json_or_none, report, write_json
 from experiments.studies import rl_config_name, sft_config_name
 from gdpo_jax.train import cli
-from gdpo_jax.train.config import ConfigError, fingerprint
+from gdpo_jax.train.config import ConfigError, config_to_dict, fingerprint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ESTIMATORS = ("grpo", "grpo_no_std", "gdpo", "gdpo_no_bn")
@@ -179,6 +179,7 @@ def run_one(cfg: Any) -> dict[str, Any]:
         "cpu_s": time.process_time() - c0,
         # What a later comparison over this folder checks before it reuses the run.
         **reuse_key(cfg),
+        "config": config_to_dict(cfg),
         "resumed_from": resumed_from,
         "final": final,
     }
@@ -220,11 +221,21 @@ def check_finished_run(cfg: Any) -> bool:
         return False
     want = reuse_key(cfg)
     field = {"fingerprint": "config fingerprint"}
+    if isinstance(info.get("config"), dict):
+        # The run's own config: compared field by field (config_diff reads a field added
+        # to the schema since as its default), so adding a config field does not make
+        # every finished run another config's, as the fingerprint's hash does.
+        from gdpo_jax.train.config import config_diff
+
+        want.pop("fingerprint")
+        changed = config_diff(info["config"], cfg)
+    else:
+        changed = []
     diff = [
         f"{field.get(k, 'train.' + k)}={info.get(k, 'not recorded')} (now {v})"
         for k, v in want.items()
         if info.get(k) != v
-    ]
+    ] + [f"other {', '.join(changed)}"] * bool(changed)
     if diff:
         raise ConfigError(
             f"{cfg.workdir} holds a finished run of {', '.join(diff)}; its results would be "

@@ -72,6 +72,30 @@ def test_a_finished_run_needs_the_same_eval_schedule_and_a_recorded_fingerprint(
         assert named in _one_line(e) and "--force" in str(e.value)
 
 
+def test_a_run_recording_its_config_survives_a_field_added_to_the_schema(tmp_path):
+    """The fingerprint hashes every field: a field added to the config schema (as
+    optim.decay_mask was) made every finished run another config's. A run_info.json
+    holding the run's config is compared field by field (a field it lacks reads as its
+    default), and a real difference is still named."""
+    from gdpo_jax.train.config import config_to_dict
+
+    _, configs = _prepare(tmp_path)
+    cfg = configs[("gdpo", 0)]
+    os.makedirs(cfg.workdir)
+    path = os.path.join(cfg.workdir, "run_info.json")
+    old = config_to_dict(cfg)
+    del old["optim"]["decay_mask"]  # written before the field existed
+    info = dict(compare_runs.reuse_key(cfg), fingerprint="from-an-older-schema", config=old)
+    with open(path, "w") as f:
+        json.dump(info, f)
+    assert compare_runs.check_finished_run(cfg) is True
+    old["optim"]["lr"] = cfg.optim.lr * 2
+    with open(path, "w") as f:
+        json.dump(dict(info, config=old), f)
+    with pytest.raises(ConfigError, match=r"holds a finished run of other optim\.lr"):
+        compare_runs.check_finished_run(cfg)
+
+
 def test_a_run_info_cut_by_a_kill_is_an_unfinished_run(tmp_path):
     # An empty run_info.json (killed mid-write) was a JSONDecodeError on every rerun.
     _, configs = _prepare(tmp_path)
