@@ -387,8 +387,11 @@ def test_one_step_on_tiny_same_architecture(setting, arg, tokenizer, tmp_path):
     metrics = trainer.train_step(0)
     after = jax.tree.map(np.asarray, nnx.state(trainer.model, nnx.Param))
 
+    # A batch that kept no valid group (dynamic sampling found no signal in a tiny random
+    # model's rollouts) logs NaN, as its reward means, and leaves the weights as they were.
+    kept = metrics["data/valid_groups_frac"] > 0
     for k in ("loss", "grad_norm", "adv/std"):
-        assert math.isfinite(metrics[k]), (k, metrics[k])
+        assert math.isfinite(metrics[k]) == kept, (k, metrics[k])
     assert metrics["lr"] == pytest.approx(1e-6, rel=1e-5)
     for name in cfg.rewards.names:
         assert f"reward/{name}/mean" in metrics

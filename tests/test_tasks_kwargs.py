@@ -158,3 +158,26 @@ def test_a_config_files_own_task_declares_its_kwargs():
         ConfigError, match=r"config\.task\.kwargs\.n_tools=0: task 'toolcall_oneshot'"
     ):
         validate_config(c)
+
+
+def test_the_length_rewards_limit_is_the_exceed_ratios():
+    """rewards.kwargs.length.max_tokens and task.eval_kwargs.max_tokens were set apart:
+    one overridden, the logged `length` column and eval/exceed_ratio measured two
+    limits. Set apart they are refused; the reward's alone reaches the eval too."""
+    import sys
+
+    from gdpo_jax.train.config import ConfigError, task_eval_kwargs, validate_config
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from configs.replica_math import get_config
+
+    cfg = get_config("quick")
+    cfg.workdir = "/tmp/unused"
+    validate_config(cfg)
+    assert task_eval_kwargs(cfg)["max_tokens"] == cfg.rewards.kwargs.length.max_tokens
+    cfg.rewards.kwargs.length.max_tokens += 5
+    with pytest.raises(ConfigError, match=r"length\.max_tokens=\d+ and .*eval_kwargs\.max_tokens"):
+        validate_config(cfg)
+    del cfg.task.eval_kwargs["max_tokens"]  # the reward's limit alone: the eval's too
+    validate_config(cfg)
+    assert task_eval_kwargs(cfg)["max_tokens"] == cfg.rewards.kwargs.length.max_tokens

@@ -30,6 +30,7 @@ from gdpo_jax.train.reward_setup import (  # noqa: F401 - public names, re-expor
     _check_reward_kwargs,
     _check_reward_lists,
     _check_rewards,
+    check_length_limits,
     import_modules,
     reward_runner,
     reward_specs,
@@ -220,6 +221,7 @@ def validate_config(
                 f"config.rewards.names={names}."
             )
         _check_reward_kwargs(cfg, key)
+    check_length_limits(cfg)
 
     if cfg.sampling.max_new_tokens < 1 or cfg.sampling.max_prompt_len < 1:
         raise ConfigError("config.sampling.max_new_tokens and max_prompt_len must be >= 1.")

@@ -137,6 +137,23 @@ def _check_reward_kwargs(cfg: mlc.ConfigDict, name: str) -> None:
         raise ConfigError(f"config.rewards.kwargs.{name}: {e}.") from None
 
 
+def check_length_limits(cfg: mlc.ConfigDict) -> None:
+    """The length reward's limit and the held-out exceed ratio's are one budget: set apart
+    (one overridden, the other from the config file), the logged `length` column and
+    `eval/exceed_ratio` measured two limits without a word."""
+    if "length" not in tuple(cfg.rewards.names):
+        return
+    kw = cfg.rewards.kwargs.get("length", None)
+    reward = None if kw is None else kw.get("max_tokens", None)
+    held_out = cfg.task.eval_kwargs.get("max_tokens", None)
+    if reward is not None and held_out is not None and reward != held_out:
+        raise ConfigError(
+            f"config.rewards.kwargs.length.max_tokens={reward} and "
+            f"config.task.eval_kwargs.max_tokens={held_out} differ: the held-out exceed ratio "
+            "is the share of answers over the length reward's limit; set both to one value."
+        )
+
+
 def reward_specs(cfg: mlc.ConfigDict) -> list:
     """The config's rewards as gdpo_jax.rewards.RewardSpec objects."""
     from gdpo_jax.rewards import RewardSpec, get_reward
@@ -193,11 +210,14 @@ def task_eval_kwargs(cfg: mlc.ConfigDict, specs: list | None = None) -> dict[str
     the sandbox (config.rewards.sandbox and their config.rewards.kwargs: isolation,
     cpu_s, max_tests, ...), so a held-out metric scores programs as the reward columns
     logged beside it do (code.evaluate ran with the defaults), then
+    the length reward's `max_tokens` (the exceed ratio's limit), then
     config.task.eval_kwargs, which win. specs: `reward_specs(cfg)` when the caller has them."""
     from gdpo_jax.rewards import get_reward
 
     out: dict[str, Any] = {}
     for spec in reward_specs(cfg) if specs is None else specs:
+        if spec.name == "length" and "max_tokens" in spec.kwargs:
+            out["max_tokens"] = spec.kwargs["max_tokens"]  # the exceed ratio's limit too
         try:
             if getattr(get_reward(spec.name), "uses_sandbox", False):
                 out.update(spec.kwargs)

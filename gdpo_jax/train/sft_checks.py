@@ -23,6 +23,7 @@ from gdpo_jax.train.config import (
     _check_rewards,
     _choice,
     check_context_length,
+    check_length_limits,
     check_mesh,
     check_mesh_spans_processes,
     check_model_fields,
@@ -130,6 +131,7 @@ def validate_sft_config(cfg: mlc.ConfigDict) -> None:
     if s.evaluate or s.eval_every:
         import_modules(cfg)
         _check_rewards(cfg, names, None)
+        check_length_limits(cfg)
 
 
 # The sft section's counts (the shared fields: field_checks.RANGES).
