@@ -56,7 +56,6 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
             attention=m.get("attention", "auto"),
             scan_layers=bool(m.get("scan_layers", True)),
         )
-        _check_kernel(model.cfg)
         if tokenizer is None and m.tokenizer:
             tokenizer = build_tokenizer(m.tokenizer)
         if tokenizer is None:
@@ -67,6 +66,7 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
                 "encode prompts. Add the files, or set --config.model.tokenizer to a "
                 "tokenizer directory or registered name."
             )
+        _check_kernel(model.cfg)
         return model, tokenizer
     tokenizer = build_tokenizer(m.tokenizer)
     overrides = dict(m.tiny.to_dict())
