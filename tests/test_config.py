@@ -6,6 +6,7 @@ import copy
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -639,7 +640,8 @@ def test_tokenizer_fails_at_its_cause(monkeypatch):
     import gdpo_jax.models
     from gdpo_jax.train import build
 
-    monkeypatch.setattr(gdpo_jax.models, "load_pretrained", lambda *a, **k: (object(), None))
+    model = types.SimpleNamespace(cfg=gdpo_jax.models.ModelConfig.tiny())  # a stand-in
+    monkeypatch.setattr(gdpo_jax.models, "load_pretrained", lambda *a, **k: (model, None))
     c = _cfg()
     c.model.name = "/ckpt/no_tokenizer"
     c.model.tokenizer = ""
