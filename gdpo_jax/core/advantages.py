@@ -310,16 +310,17 @@ def compute_advantages(
     ids = jnp.where(row_ok, group_ids, 0)
     # inf is unscorable like NaN: one inf would make its group's (or, through
     # the batch whitening, the whole batch's) statistics NaN.
+    # GRPO's sum and nan_rewards="zero" read one as 0 (one rule, shared with the share
+    # diagnostic: `rewards_as_read`); GDPO's "omit" leaves it out of its reward's stats.
+    rewards = rewards_as_read(rewards, estimator=estimator, nan_rewards=nan_rewards)
     scorable = jnp.isfinite(rewards)
-    if nan_rewards == "zero":
-        rewards, scorable = jnp.where(scorable, rewards, 0.0), jnp.ones_like(scorable)
     pen = 0.0
     if penalty is not None:
         penalty = seg.match_rows(penalty, rows)
         pen = jnp.where(row_ok & jnp.isfinite(penalty), penalty, 0.0)
 
     if estimator in ("grpo", "grpo_no_std"):
-        s = jnp.sum(jnp.where(scorable, rewards, 0.0) * weights, axis=1) + pen
+        s = jnp.sum(rewards * weights, axis=1) + pen
         adv = _group_normalize(
             s[:, None],
             row_ok[:, None],
