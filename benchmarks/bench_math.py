@@ -56,12 +56,14 @@ PATHOLOGICAL = "9^{9^{9^{9}}}"
 
 def helper_start(repeats: int) -> dict[str, float]:
     """Seconds from starting a math-verify helper process to its "ready" line."""
-    from gdpo_jax.tasks.math_verifier import _Helper
+    from gdpo_jax.tasks.math_verifier import STARTUP_TIMEOUT_S, _Helper
 
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        helper = _Helper()
+        helper = _Helper()  # launched; its imports run until "ready"
+        if not helper.wait_ready(STARTUP_TIMEOUT_S):
+            raise RuntimeError("the math-verify helper did not start")
         times.append(time.perf_counter() - t0)
         helper.kill()
     return {"median_s": round(statistics.median(times), 3), "best_s": round(min(times), 3)}
