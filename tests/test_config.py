@@ -506,7 +506,7 @@ def test_context_longer_than_model_positions_is_rejected(tmp_path):
     c.sampling.max_new_tokens = 7
     pat = (
         r"sampling\.max_prompt_len=8 \+ config\.sampling\.max_new_tokens=7 = 15 exceeds the "
-        r"model's max_position_embeddings=14"
+        r"model's context of 14 positions"
     )
     with pytest.raises(ConfigError, match=pat):
         validate_config(c, num_devices=8)
@@ -522,8 +522,74 @@ def test_context_longer_than_model_positions_is_rejected(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
     validate_config(c, num_devices=8)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ConfigError, match="exceeds the model's max_position_embeddings=2048"):
+    with pytest.raises(ConfigError, match="exceeds the model's context of 2048 positions"):
         validate_config(c, num_devices=8)
+
+
+def test_the_context_check_counts_the_positions_rope_scaling_adds(tmp_path):
+    # The check capped every model at max_position_embeddings, so Qwen2.5's documented
+    # 131072-token yarn setting (max_position_embeddings=32768, factor 4) was refused.
+    import json
+
+    c = _cfg()
+    c.model.tiny.max_position_embeddings = 16
+    c.model.tiny.rope_scaling = {"rope_type": "linear", "factor": 2.0}
+    c.sampling.max_prompt_len, c.sampling.max_new_tokens = 24, 8
+    validate_config(c, num_devices=8)  # 16 x 2 = 32 fits exactly
+    c.sampling.max_new_tokens = 9
+    with pytest.raises(ConfigError, match="context of 32 positions"):
+        validate_config(c, num_devices=8)
+    qwen = {"model_type": "qwen2", "max_position_embeddings": 32768}
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    c.model.name, c.model.tiny = str(tmp_path), {}
+    c.sampling.max_prompt_len, c.sampling.max_new_tokens = 2048, 129024
+    (tmp_path / "config.json").write_text(json.dumps({**qwen, "rope_scaling": yarn}))
+    validate_config(c, num_devices=8)  # 2048 + 129024 = 131072
+    c.sampling.max_new_tokens += 1
+    with pytest.raises(ConfigError, match="context of 131072 positions"):
+        validate_config(c, num_devices=8)
+    # Without rope scaling the same checkpoint serves 32768.
+    (tmp_path / "config.json").write_text(json.dumps(qwen))
+    with pytest.raises(ConfigError, match="context of 32768 positions"):
+        validate_config(c, num_devices=8)
+
+
+@pytest.mark.parametrize(
+    "max_positions,rope,expected",
+    [
+        (2048, {}, 2048),
+        (2048, {"rope_type": "linear", "factor": 4.0}, 8192),
+        # yarn: factor x the trained length (DeepSeek-style configs already carry it).
+        (
+            32768,
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+            131072,
+        ),
+        (
+            163840,
+            {"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
+            163840,
+        ),
+        (4096, {"rope_type": "yarn", "factor": 2.0}, 8192),
+        # llama3's max_position_embeddings is already the extended length (Llama 3.1).
+        (
+            131072,
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            131072,
+        ),
+    ],
+)
+def test_model_context_length_follows_the_rope_scaling(max_positions, rope, expected):
+    from gdpo_jax.models.config import ModelConfig
+
+    cfg = ModelConfig.tiny(max_position_embeddings=max_positions, rope_scaling=rope or None)
+    assert cfg.context_length == expected
 
 
 def test_sandbox_settings_reach_the_code_rewards_and_weak_mode_is_refused(monkeypatch):

@@ -881,3 +881,34 @@ def test_a_kernel_the_model_cannot_use_is_a_config_error_before_the_build(monkey
     c.model.tiny.head_dim = 12
     with target_backend("cuda"), pytest.raises(ConfigError, match="head_dim that is a multiple"):
         build.build_model(c, None)
+
+
+_HF_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+}
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {"partial_rotary_factor": 0.5},
+        {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+            }
+        },
+    ],
+)
+def test_a_partial_rotary_factor_is_refused(where):
+    # It was ignored: a checkpoint rotating half of each head loaded as a full rotation.
+    with pytest.raises(ValueError, match=r"partial_rotary_factor=0\.5 is not supported"):
+        ModelConfig.from_hf({**_HF_LLAMA, **where})
+    full = ModelConfig.from_hf({**_HF_LLAMA, "partial_rotary_factor": 1.0})
+    assert full.rope_scaling is None and full.head_dim == 8

@@ -426,7 +426,7 @@ def test_sft_input_problems_are_refused_before_the_build(tmp_path, monkeypatch):
         ("model.attention", "flash", r"config\.model\.attention='flash' is not one of"),
         ("mesh.axis_types", "bogus", r"config\.mesh\.axis_types='bogus' is not one of"),
         ("mesh.num_devices", 16, r"config\.mesh\.num_devices=16 but \d+ devices exist"),
-        ("sampling.max_new_tokens", 300, r"= 412 exceeds the model's max_position_embeddings"),
+        ("sampling.max_new_tokens", 300, r"= 412 exceeds the model's context of"),
         ("rewards.names", ("toolcall_fromat",), r"unknown reward 'toolcall_fromat'"),
     ],
 )

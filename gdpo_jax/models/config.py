@@ -23,6 +23,7 @@ from gdpo_jax.models.rope_settings import (  # noqa: F401 - SUPPORTED_ROPE_TYPES
     SUPPORTED_ROPE_TYPES,
 )
 from gdpo_jax.models.rope_settings import check_rope_scaling as _check_rope_scaling
+from gdpo_jax.models.rope_settings import context_length as _context_length
 from gdpo_jax.models.rope_settings import rope_dict as _rope_dict
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -91,6 +92,49 @@ def _freeze(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return tuple(_freeze(v) for v in x)
     return x
+
+
+def hf_rope(c: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
+    """(rope_theta, rope scaling dict; {} for default RoPE) of a config.json dict, as
+    transformers reads it. One-line ValueError for settings this model cannot run."""
+    # transformers >= 5 stores rope settings in `rope_parameters`; older
+    # configs have `rope_theta` + `rope_scaling`.
+    rope = _rope_dict(c.get("rope_parameters"))
+    rope_theta = float(rope.pop("rope_theta", c.get("rope_theta", 10000.0)))
+    if c.get("rope_scaling"):
+        legacy = _rope_dict(c["rope_scaling"])
+        legacy.pop("rope_theta", None)
+        if c.get("rope_parameters") and legacy != rope:
+            # transformers then takes rope_scaling alone (and theta 10000 unless
+            # set at the top level); merging them silently gave other frequencies.
+            raise ValueError(
+                f"config.json has rope_parameters={c['rope_parameters']} and a "
+                f"rope_scaling={c['rope_scaling']} that disagrees with it; keep one "
+                "(transformers >= 5 reads rope_parameters) and remove the other."
+            )
+        rope.update(legacy)
+    # transformers >= 5 may keep it in the rope dict; Llama / Qwen rotate the whole
+    # head, and a partial rotation would silently be another model.
+    partial = rope.pop("partial_rotary_factor", c.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:
+        raise ValueError(
+            f"partial_rotary_factor={partial} is not supported: this model rotates every "
+            "head dimension (remove it, or set it to 1.0, for a Llama / Qwen checkpoint)."
+        )
+    if rope.get("rope_type", "default") == "default":
+        rope = {}
+    elif rope["rope_type"] in ("llama3", "yarn") and c.get("original_max_position_embeddings"):
+        # Top level (Phi3-style): transformers prefers it to the rope dict's.
+        rope["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+    return rope_theta, rope
+
+
+def hf_context_length(config: Mapping[str, Any]) -> int:
+    """`ModelConfig.context_length` of a config.json dict, without checking the rest."""
+    given = {**_TYPE_DEFAULTS.get(config.get("model_type"), {}), **config}
+    rope = hf_rope(given)[1]
+    _check_rope_scaling(rope)
+    return _context_length(hf_max_positions(given), rope)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +246,12 @@ class ModelConfig:
     def rope_scaling_dict(self) -> dict[str, Any]:
         return dict(self.rope_scaling) if self.rope_scaling else {}
 
+    @property
+    def context_length(self) -> int:
+        """Positions this model serves: max_position_embeddings, stretched by linear or
+        yarn rope scaling (`rope_settings.context_length`)."""
+        return _context_length(self.max_position_embeddings, self.rope_scaling_dict())
+
     def replace(self, **overrides: Any) -> ModelConfig:
         return dataclasses.replace(self, **overrides)
 
@@ -306,27 +356,7 @@ class ModelConfig:
                 f"attention_bias=True for model_type={model_type!r} also adds an o_proj "
                 "bias in transformers, which this implementation does not carry."
             )
-        # transformers >= 5 stores rope settings in `rope_parameters`; older
-        # configs have `rope_theta` + `rope_scaling`.
-        rope = _rope_dict(c.get("rope_parameters"))
-        rope_theta = float(rope.pop("rope_theta", c.get("rope_theta", 10000.0)))
-        if c.get("rope_scaling"):
-            legacy = _rope_dict(c["rope_scaling"])
-            legacy.pop("rope_theta", None)
-            if c.get("rope_parameters") and legacy != rope:
-                # transformers then takes rope_scaling alone (and theta 10000 unless
-                # set at the top level); merging them silently gave other frequencies.
-                raise ValueError(
-                    f"config.json has rope_parameters={c['rope_parameters']} and a "
-                    f"rope_scaling={c['rope_scaling']} that disagrees with it; keep one "
-                    "(transformers >= 5 reads rope_parameters) and remove the other."
-                )
-            rope.update(legacy)
-        if rope.get("rope_type", "default") == "default":
-            rope = {}
-        elif rope["rope_type"] in ("llama3", "yarn") and c.get("original_max_position_embeddings"):
-            # Top level (Phi3-style): transformers prefers it to the rope dict's.
-            rope["original_max_position_embeddings"] = c["original_max_position_embeddings"]
+        rope_theta, rope = hf_rope(c)
         num_heads = int(c["num_attention_heads"])
         head_dim = c.get("head_dim") or c["hidden_size"] // num_heads
         # config.json's EOS first, then any further ones from generation_config.json.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SUPPORTED_ROPE_TYPES", "check_rope_scaling", "rope_dict"]
+__all__ = ["SUPPORTED_ROPE_TYPES", "check_rope_scaling", "context_length", "rope_dict"]
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # rope_type -> the keys it needs, as transformers' rope validation (which fills a
@@ -51,3 +51,20 @@ def check_rope_scaling(rope: Mapping[str, Any]) -> None:
             f"rope_scaling high_freq_factor={rope['high_freq_factor']} must exceed "
             f"low_freq_factor={rope['low_freq_factor']} (llama3 divides by their difference)."
         )
+
+
+def context_length(max_position_embeddings: int, rope: Mapping[str, Any]) -> int:
+    """Positions a model with these rope settings serves, as vLLM derives its max_model_len.
+
+    linear stretches the trained positions by `factor`; yarn serves
+    `factor x original_max_position_embeddings` (Qwen2.5 keeps
+    max_position_embeddings=32768 with yarn factor 4 for a 131072 context); llama3's
+    max_position_embeddings is already the extended one (Llama 3.1: 131072).
+    """
+    rope_type = rope.get("rope_type", "default")
+    if rope_type == "linear":
+        return int(max_position_embeddings * rope["factor"])
+    if rope_type == "yarn":
+        trained = rope.get("original_max_position_embeddings", max_position_embeddings)
+        return max(max_position_embeddings, int(trained * rope["factor"]))
+    return int(max_position_embeddings)

@@ -394,22 +394,32 @@ def check_mesh_spans_processes(
 
 
 def _model_max_positions(cfg: mlc.ConfigDict) -> int | None:
-    """max_position_embeddings of the configured model, read without loading weights.
+    """Context length of the configured model (`ModelConfig.context_length`), read
+    without loading weights.
 
     None when it cannot be known before loading (a registered GGUF name); the
     Trainer checks again once the model is built.
     """
-    from gdpo_jax.models.config import ModelConfig, hf_max_positions
+    from gdpo_jax.models.config import ModelConfig, hf_context_length, hf_max_positions
 
     name = cfg.model.name
     if not name:
         tiny = cfg.model.tiny.to_dict()
-        return int(tiny.get("max_position_embeddings", ModelConfig.tiny().max_position_embeddings))
+        try:
+            return ModelConfig.tiny(**tiny).context_length
+        except (TypeError, ValueError):  # check_tiny_model names what is wrong
+            return int(
+                tiny.get("max_position_embeddings", ModelConfig.tiny().max_position_embeddings)
+            )
     path = os.path.join(name, "config.json")
     if not os.path.isfile(path):
         return None
     with open(path) as f:  # as the model will read it (its type's default if left out)
-        return hf_max_positions(json.load(f))
+        config = json.load(f)
+    try:
+        return hf_context_length(config)
+    except ValueError:  # the build names the bad rope setting; the positions alone count
+        return hf_max_positions(config)
 
 
 def check_context_length(cfg: mlc.ConfigDict, max_positions: int | None = None) -> None:
@@ -425,6 +435,7 @@ def check_context_length(cfg: mlc.ConfigDict, max_positions: int | None = None) 
         raise ConfigError(
             f"config.sampling.max_prompt_len={s.max_prompt_len} + "
             f"config.sampling.max_new_tokens={s.max_new_tokens} = "
-            f"{s.max_prompt_len + s.max_new_tokens} exceeds the model's "
-            f"max_position_embeddings={max_positions}; lower one of them."
+            f"{s.max_prompt_len + s.max_new_tokens} exceeds the model's context of "
+            f"{max_positions} positions (max_position_embeddings, times a linear / yarn "
+            "rope_scaling factor); lower one of them."
         )

@@ -105,7 +105,7 @@ class Trainer:
         check_resume_data(cfg, self.records["fingerprint"], self.records["count"])
         self.model, self.tokenizer = build.build_model(cfg, self.mesh)
         # validate_config cannot read a GGUF name's position table before loading it.
-        check_context_length(cfg, self.model.cfg.max_position_embeddings)
+        check_context_length(cfg, self.model.cfg.context_length)
         from gdpo_jax.sampling import Sampler
 
         self.sampler = Sampler(
