@@ -2,7 +2,8 @@ r"""Study: format-cold at toy size (issue 16): format {0,1} + correctness [-3,3]
 
 The tool-calling study's reward scales on the toy requests (gdpo_jax.tasks.toy),
 RL from a random-init 0.8M-parameter policy, which samples the format (first
-word a tool name) ~0.15 of the time and gets correctness ~-2.8 of [-3, 3]:
+word a tool name) ~0.18 of the time and gets correctness ~-2.8 of [-3, 3] (step 0
+in docs/results/format_cold_toy/results.md):
 toy_format {0, 1} + toy_correct_pm3 = 6 * toy_correct - 3 (gdpo_jax.tasks.format_cold_toy),
 weights 1, G = 4 as in the paper, 8 prompts/step, 60 steps. The CPU-cheap
 stand-in for configs/study_format_cold.py, whose SFT warm start alone takes
