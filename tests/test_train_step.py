@@ -591,3 +591,34 @@ def test_the_logged_share_reads_a_nan_reward_as_the_estimator_did():
     state, step = _adamw_step(sc, create_model(CFG, seed=0))
     _, metrics = step(state, distributed.to_global(batch, None))
     np.testing.assert_allclose(float(metrics["adv/share/r"]), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_bfloat16_parameters_train_with_adam(micro):
+    # model.param_dtype="bfloat16" is a documented setting, but the step multiplied the bf16
+    # gradients by an f32 scalar: Adam's moments came out f32 and the update scan refused
+    # its own carry (TypeError) on the first step. The gradients are now summed in f32 and
+    # handed to the optimizer in the parameters' dtype.
+    out = {}
+    for pdt in ("float32", "bfloat16"):
+        cfg = dataclasses.replace(CFG, param_dtype=jnp.dtype(pdt), dtype=jnp.bfloat16)
+        tx = optax.adam(1e-3)
+        graphdef, state = state_lib.create_train_state(create_model(cfg, seed=0), tx, None)
+        step = CompiledStep(
+            graphdef=graphdef,
+            tx=tx,
+            schedule=optax.constant_schedule(1e-3),
+            cfg=StepConfig(num_groups=NUM_GROUPS, num_microbatches=micro),
+            state_shardings=state_lib.shardings_of(state),
+            mesh=None,
+        )
+        new, metrics = step(state, distributed.to_global(make_batch(0), None))
+        out[pdt] = metrics
+        kinds = {x.dtype for x in jax.tree.leaves(new.opt_state) if x.ndim}
+        assert {x.dtype for x in jax.tree.leaves(new.params)} == {jnp.dtype(pdt)}
+        assert kinds == {jnp.dtype(pdt)}, kinds
+    # Same compute dtype, same loss; the gradient's norm agrees to bf16's precision.
+    np.testing.assert_allclose(float(out["bfloat16"]["loss"]), float(out["float32"]["loss"]), 1e-6)
+    np.testing.assert_allclose(
+        float(out["bfloat16"]["grad_norm"]), float(out["float32"]["grad_norm"]), rtol=1e-2
+    )

@@ -189,7 +189,7 @@ def train_step(
             mb = with_ref_logp(mb)
             (loss_sum, (denom, metrics)), grads = grad_fn(diff, mb, stacked)
             g_acc, l_acc, d_acc, m_acc = acc
-            g_acc = jax.tree.map(jnp.add, g_acc, grads)
+            g_acc = jax.tree.map(lambda a, x: a + x.astype(a.dtype), g_acc, grads)
             m_acc = combine_pairs(m_acc, metrics)
             return (g_acc, l_acc + loss_sum, d_acc + denom, m_acc), None
 
@@ -213,14 +213,20 @@ def train_step(
             )
             for k in m_shape
         }
-        g0 = jax.tree.map(jnp.zeros_like, diff)
+        # Summed in f32 whatever the parameters' dtype: bf16 sums of several micro-batches
+        # lose the small ones, and the scan's carry must keep one dtype.
+        g0 = jax.tree.map(
+            lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), diff
+        )
         zero = jnp.zeros((), jnp.float32)
         (g, loss_tot, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
         # Denominators depend only on masks, so dividing the summed gradient
         # by the summed denominator is the exact mini-batch gradient.
         scale = 1.0 / jnp.maximum(d, 1e-12)
         g = layer_views.join_grads(params, g) if unrolled else g
-        grads = jax.tree.map(lambda x: x * scale, g)
+        # Back to each parameter's dtype, so the optimizer state keeps it (bf16 parameters
+        # with f32 gradients gave f32 Adam moments: the update scan's carry changed type).
+        grads = jax.tree.map(lambda x, p: (x * scale).astype(p.dtype), g, params)
         grad_norm = optax.global_norm(grads)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
