@@ -257,7 +257,8 @@ def write_doc(plans: dict, md_path: str) -> None:
 
 def rederive(plan: dict) -> dict:
     """Fills a refused program's bytes from its stored compiler message (older entries)."""
-    from gdpo_jax.scale.plan import GIB, oom_bytes
+    from gdpo_jax.scale.memory import oom_bytes
+    from gdpo_jax.scale.targets import GIB
 
     progs = plan["programs"]
     for p in progs.values():

@@ -74,6 +74,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.train.rollout",
             "gdpo_jax.train.sample_score",
             "gdpo_jax.train.checkpoint",
+            "gdpo_jax.train.checkpoint_errors",
             "gdpo_jax.train.resume_checks",
             "gdpo_jax.train.orbax_noise",
             "gdpo_jax.train.build",

@@ -1119,7 +1119,7 @@ def test_paper_qwen3_sampler_cache_fits_an_80gb_gpu():
 
 
 def test_oom_message_bytes():
-    from gdpo_jax.scale.plan import oom_bytes
+    from gdpo_jax.scale.memory import oom_bytes
 
     msg = (
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "

@@ -42,7 +42,8 @@ import numpy as np
 from flax import nnx
 
 from gdpo_jax.scale.arch import PlanError, model_config
-from gdpo_jax.scale.plan import config_digest, memory_figures
+from gdpo_jax.scale.memory import memory_figures
+from gdpo_jax.scale.plan import config_digest
 from gdpo_jax.scale.targets import GIB, parse_target
 
 __all__ = [

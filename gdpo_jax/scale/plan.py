@@ -35,8 +35,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
-import time
 from typing import Any
 
 import jax
@@ -49,6 +47,7 @@ from gdpo_jax.models.config import ModelConfig
 from gdpo_jax.scale import flops as flops_lib
 from gdpo_jax.scale.arch import PlanError, model_config
 from gdpo_jax.scale.lowering import _generate_lowering, abstract_step, continuous_prompt_slots
+from gdpo_jax.scale.memory import compile_memory, per_device_bytes
 from gdpo_jax.scale.report import format_plan
 from gdpo_jax.scale.targets import GIB, Target, target_devices
 from gdpo_jax.train import mesh as mesh_lib
@@ -82,83 +81,6 @@ _DEPENDS = {
     "generate": ("algo.num_prompts", "algo.group_size", "sampling."),
 }
 _CACHE: dict[tuple, dict] = {}
-
-
-# --------------------------------------------------------------------------- #
-# Memory accounting: bytes per device, compile, measure (the inputs: lowering.py).
-# --------------------------------------------------------------------------- #
-def per_device_bytes(tree: Any) -> int:
-    """Bytes one device holds of a tree of sharded ShapeDtypeStructs (the largest shard)."""
-    total = 0
-    for x in jax.tree.leaves(tree):
-        shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-        total += math.prod(shape) * jnp.dtype(x.dtype).itemsize
-    return int(total)
-
-
-# libtpu's two ways of saying "over HBM": "Used 120.5G of 95.74G hbm" and "the total
-# memory required for HLO temporaries (30.31G) exceeds available HBM (15.75G)".
-_OOM = (
-    re.compile(r"Used ([\d.]+)([KMGT]) of [\d.]+[KMGT] hbm", re.I),
-    re.compile(r"\(([\d.]+)([KMGT])\) exceeds available HBM", re.I),
-)
-_UNIT = {"K": 1024, "M": 1024**2, "G": GIB, "T": 1024**4}
-
-
-def oom_bytes(msg: str) -> int:
-    """The bytes a RESOURCE_EXHAUSTED compile error says the program needs (0 if unsaid)."""
-    for pat in _OOM:
-        m = pat.search(msg)
-        if m:
-            return int(float(m.group(1)) * _UNIT[m.group(2).upper()])
-    return 0
-
-
-def _measure(lower_fn) -> dict[str, Any]:
-    """Compiles; returns the compiler's per-device memory figures (or its OOM verdict)."""
-    t0 = time.perf_counter()
-    try:
-        compiled = lower_fn().compile()
-    except Exception as e:  # noqa: BLE001 - XLA raises XlaRuntimeError / JaxRuntimeError
-        msg = str(e)
-        if "RESOURCE_EXHAUSTED" not in msg and "exceeds" not in msg.lower():
-            raise
-        used = oom_bytes(msg)
-        return dict(
-            compiled=False,
-            compiler_fits=False,
-            error=msg.splitlines()[0][:300],
-            program_bytes=used,
-            args=0,
-            outputs=0,
-            aliased=0,
-            temps=used,
-            compile_s=time.perf_counter() - t0,
-        )
-    return dict(
-        compiled=True,
-        compiler_fits=True,
-        **memory_figures(compiled),
-        compile_s=time.perf_counter() - t0,
-    )
-
-
-def memory_figures(compiled: Any) -> dict[str, int]:
-    """A compiled program's bytes per device from `memory_analysis()`: args, outputs,
-    aliased (outputs written into donated args), temps, code and program_bytes
-    (args + outputs - aliased + temps + code: what it needs while it runs)."""
-    ma = compiled.memory_analysis()
-    args, outs = int(ma.argument_size_in_bytes), int(ma.output_size_in_bytes)
-    alias, temps = int(ma.alias_size_in_bytes), int(ma.temp_size_in_bytes)
-    code = int(getattr(ma, "generated_code_size_in_bytes", 0) or 0)
-    return dict(
-        args=args,
-        outputs=outs,
-        aliased=alias,
-        temps=temps,
-        code=code,
-        program_bytes=args + outs - alias + temps + code,
-    )
 
 
 def _key(name: str, cfg, target: Target) -> tuple:
@@ -388,7 +310,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
     for name, (lower, resident, breakdown) in progs.items():
         key = _key(name, cfg, target)
         if key not in _CACHE:
-            _CACHE[key] = _measure(lower)
+            _CACHE[key] = compile_memory(lower)
         r = dict(_CACHE[key])
         total = r["program_bytes"] + resident
         r.update(
@@ -487,6 +409,5 @@ __all__ = [
     "config_digest",
     "format_plan",
     "make_plan",
-    "memory_figures",
     "model_config",
 ]

@@ -179,7 +179,7 @@ def _is_file(path: str) -> bool:
     name holds glob characters (`set[1]/`: it has train / test splits)."""
     import os
 
-    from gdpo_jax.data.loaders import is_glob
+    from gdpo_jax.data.files import is_glob
 
     return os.path.isfile(path) or (not os.path.exists(path) and is_glob(path))
 

@@ -20,17 +20,15 @@ writes them afresh. When no kept step restores, `DamagedCheckpointError` stops
 the run: it never restarts from step 0 over the existing checkpoints. A read that
 fails because of the storage or the process, not the bytes (an I/O or permission
 error, a full disk, a network store's timeout, host memory), is not damage:
-`CheckpointUnavailableError` stops the run and nothing is moved (`_unreadable_now`).
+`CheckpointUnavailableError` stops the run and nothing is moved
+(`checkpoint_errors.unreadable_now`).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
-import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -40,90 +38,20 @@ import orbax.checkpoint as ocp
 
 from gdpo_jax.train import config as config_lib
 from gdpo_jax.train import paths
+from gdpo_jax.train.checkpoint_errors import (
+    CheckpointUnavailableError,
+    DamagedCheckpointError,
+    IncompatibleCheckpointError,
+    short_error,
+    unreadable_now,
+)
 from gdpo_jax.train.orbax_noise import quiet_abandoned_reads
 from gdpo_jax.train.state import abstract_of
 
 log = logging.getLogger("gdpo_jax.train")
 
 
-class IncompatibleCheckpointError(ValueError):
-    """The checkpoint was written by a run whose config differs in fields that matter."""
-
-
-class DamagedCheckpointError(RuntimeError):
-    """No kept checkpoint of the run directory could be read back."""
-
-
-class CheckpointUnavailableError(RuntimeError):
-    """A checkpoint could not be read because of the storage or the process, not its
-    content; nothing was moved, a rerun reads it again."""
-
-
-def _short(e: BaseException) -> str:
-    # TensorStore errors carry a page-long spec dump after the first line.
-    first = (str(e).strip().splitlines() or [""])[0].split(" See full TensorStore details")[0]
-    return f"{type(e).__name__}: {first[:300]}" if first else type(e).__name__
-
-
-# Damaged, or unreadable now? Orbax lists only finalized steps (a killed save's tmp
-# dir never reaches restore), so a listed step that fails to read either has bad
-# bytes or met a bad moment, and only the first may be moved aside:
-# * Damage is in the bytes and the same on every read: a truncated or missing array
-#   file (TensorStore OUT_OF_RANGE, FAILED_PRECONDITION "Truncated Zstd-compressed
-#   stream", NOT_FOUND), truncated or missing metadata (JSONDecodeError,
-#   FileNotFoundError), a tree that no longer matches (ValueError, KeyError).
-# * Unreadable now says nothing about the bytes: the OS failed or refused the I/O
-#   (any OSError but a missing path: EIO, ETIMEDOUT, ENOSPC, ESTALE, PermissionError,
-#   ConnectionError...), which TensorStore reports in its message as "[os_error_code=
-#   'N']" (older: "[OS error N: ...]") whatever its status (ENOTCONN of a dead mount
-#   is FAILED_PRECONDITION, as a truncated file is), or, from a network store, as an
-#   UNAVAILABLE, DEADLINE_EXCEEDED, PERMISSION_DENIED... status (absl maps EIO and
-#   other unlisted errnos to UNKNOWN); host memory ran out; the JAX runtime failed to
-#   place the arrays (device memory). Moving the step aside would then resume from an
-#   older one and drop the newest progress without a word, so the restore stops
-#   instead, moving nothing.
-# The exception type alone cannot always tell (a short read on a network filesystem
-# looks like a truncated file), so each step is read twice before it counts as
-# damaged, and an unreadable-now error in either read wins. An error in neither list
-# counts as damage, as before: it is read twice and the step is moved, never deleted.
-# KeyboardInterrupt and SystemExit are not caught at all.
-_ABSENT = (FileNotFoundError, NotADirectoryError, IsADirectoryError)  # and their errnos:
-_ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR})
-_OS_ERROR = re.compile(r"(?:\[OS error |os_error_code=')(\d+)")
-_STORE_STATUS = re.compile(
-    r"\b(UNAVAILABLE|DEADLINE_EXCEEDED|RESOURCE_EXHAUSTED|PERMISSION_DENIED|"
-    r"UNAUTHENTICATED|ABORTED|CANCELLED|UNKNOWN): "
-)
 _RETRY_PAUSE_S = 1.0  # before the second read of a step that failed once
-
-
-def _chain(e: BaseException) -> Iterator[BaseException]:
-    """`e` and every error it was raised from or during (orbax wraps TensorStore's)."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [e]
-    while todo:
-        x = todo.pop()
-        if x is None or id(x) in seen:
-            continue
-        seen.add(id(x))
-        yield x
-        todo += [x.__cause__, x.__context__, *getattr(x, "exceptions", ())]
-
-
-def _unreadable_now(e: BaseException) -> BaseException | None:
-    """The error in `e`'s chain saying the storage or the process failed, not the
-    step's bytes; None when there is none (damage)."""
-    for x in _chain(e):
-        if isinstance(x, (MemoryError, jax.errors.JaxRuntimeError)):
-            return x
-        if isinstance(x, OSError) and not isinstance(x, _ABSENT):
-            return x
-        text = str(x)
-        if _STORE_STATUS.search(text):
-            return x
-        if any(int(n) not in _ABSENT_ERRNOS for n in _OS_ERROR.findall(text)):
-            return x
-    return None
 
 
 class Checkpointer:
@@ -272,7 +200,7 @@ class Checkpointer:
         (warning, and moving them aside); DamagedCheckpointError when none reads.
         With `step`: that step or DamagedCheckpointError. A read that fails because
         of the storage or the process raises CheckpointUnavailableError and moves
-        nothing (`_unreadable_now`).
+        nothing (`unreadable_now`).
         """
         steps = sorted(self.all_steps(), reverse=True) if step is None else [int(step)]
         if not steps:
@@ -324,7 +252,7 @@ class Checkpointer:
         """(restored, None), or (None, the error) when the step is damaged.
 
         Reads twice before calling a step damaged; raises CheckpointUnavailableError
-        when either read failed for a reason outside the step's bytes (`_unreadable_now`).
+        when either read failed for a reason outside the step's bytes (`unreadable_now`).
         """
         errors: list[Exception] = []
         for attempt in range(2):
@@ -343,20 +271,20 @@ class Checkpointer:
                     "checkpoint step %d at %s failed to read once (%s); read again, it restored",
                     step,
                     self._step_dir(step),
-                    _short(errors[0]),
+                    short_error(errors[0]),
                 )
             return out, None
         self._check_changed_state(step, errors[-1])
-        now = [x for x in map(_unreadable_now, errors) if x is not None]
+        now = [x for x in map(unreadable_now, errors) if x is not None]
         if now:
             raise CheckpointUnavailableError(
                 f"cannot read checkpoint step {step} at {self._step_dir(step)} now "
-                f"({_short(now[-1])}); it may be intact, so nothing was moved. Check the "
+                f"({short_error(now[-1])}); it may be intact, so nothing was moved. Check the "
                 "storage (mount, permissions, free space) and host memory, then rerun to "
                 "resume; if it keeps failing with those fine, move that step directory out "
                 f"of {self.directory} to resume from the one before."
             ) from None
-        return None, _short(errors[-1])
+        return None, short_error(errors[-1])
 
     def _check_changed_state(self, step: int, error: Exception) -> None:
         """Under allow_config_change, a state that no longer fits the checkpoint's shapes
@@ -374,7 +302,7 @@ class Checkpointer:
         if diff:
             raise IncompatibleCheckpointError(
                 f"checkpoint step {step} in {self.directory} does not fit this run's state "
-                f"({_short(error)}): its config differs in {', '.join(diff)}, and "
+                f"({short_error(error)}): its config differs in {', '.join(diff)}, and "
                 "allow_config_change loads changed settings, not changed parameter or "
                 "optimizer shapes. Use the checkpoint's values for the fields that shape the "
                 "state, or a new workdir."
@@ -421,7 +349,7 @@ class Checkpointer:
                     paths.move(self._step_dir(s), dst)
                     log.warning("moved damaged checkpoint step %d to %s", s, dst)
             except Exception as e:  # noqa: BLE001 - reported on every process below
-                error = _short(e)
+                error = short_error(e)
         moved = not error
         if jax.process_count() > 1:
             from gdpo_jax.multihost import allgather

@@ -140,7 +140,7 @@ def check_inputs(cfg: Any, *, data: bool = True) -> None:
     Registered model names and "synthetic" data are not paths; URLs are left to
     the loader. data=False: the model's path only (a run given its task's records).
     """
-    from gdpo_jax.data.loaders import glob_data_files, is_glob
+    from gdpo_jax.data.files import glob_data_files, is_glob
     from gdpo_jax.errors import ConfigError
 
     name = str(cfg.model.get("name", ""))

@@ -14,12 +14,12 @@ import ml_collections as mlc
 
 from gdpo_jax.train import config as config_lib
 from gdpo_jax.train import paths
-from gdpo_jax.train.checkpoint import (
-    Checkpointer,
+from gdpo_jax.train.checkpoint import Checkpointer
+from gdpo_jax.train.checkpoint_errors import (
     CheckpointUnavailableError,
     IncompatibleCheckpointError,
-    _short,
-    _unreadable_now,
+    short_error,
+    unreadable_now,
 )
 
 __all__ = ["check_resume_config", "check_resume_data"]
@@ -40,7 +40,7 @@ def _newest_meta(ckpt: Checkpointer) -> dict | None:
     (damaged steps are the restore's to report).
 
     Raises CheckpointUnavailableError when a read fails for the storage's sake (EIO, a
-    timeout, permissions: `checkpoint._unreadable_now`): checking an older step then
+    timeout, permissions: `checkpoint_errors.unreadable_now`): checking an older step then
     would check what the restore will not resume from, and each process of a run could
     check a different step.
     """
@@ -48,11 +48,11 @@ def _newest_meta(ckpt: Checkpointer) -> dict | None:
         try:
             return ckpt.read_meta(step)
         except Exception as e:  # noqa: BLE001 - damaged: the restore falls back past it
-            now = _unreadable_now(e)
+            now = unreadable_now(e)
             if now is not None:
                 raise CheckpointUnavailableError(
                     f"cannot read checkpoint step {step} at {ckpt.directory} now to check "
-                    f"the resume ({_short(now)}); it may be intact. Check the storage, "
+                    f"the resume ({short_error(now)}); it may be intact. Check the storage, "
                     "then rerun to resume."
                 ) from None
     return None
