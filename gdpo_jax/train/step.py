@@ -214,9 +214,10 @@ def train_step(
             for k in m_shape
         }
         # Summed in f32 whatever the parameters' dtype: bf16 sums of several micro-batches
-        # lose the small ones, and the scan's carry must keep one dtype.
+        # lose the small ones, and the scan's carry must keep one dtype. zeros_like keeps
+        # each gradient's sharding, which explicit meshes carry in its type.
         g0 = jax.tree.map(
-            lambda x: jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), diff
+            lambda x: jnp.zeros_like(x, jnp.promote_types(x.dtype, jnp.float32)), diff
         )
         zero = jnp.zeros((), jnp.float32)
         (g, loss_tot, d, m), _ = jax.lax.scan(micro, (g0, zero, zero, m0), mini)
