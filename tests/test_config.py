@@ -425,6 +425,9 @@ def test_checkpoint_config_from_before_a_new_field():
     c.sampling.rows_per_call = 8  # memory knobs: may change on resume
     c.sampling.decode_phases = 1
     c.sampling.decode_growth = "copy"
+    # A run moved to another allocation: an explicit mesh.shape had to be resumed with
+    # allow_config_change, which switched every other check off too.
+    c.mesh.shape, c.mesh.axis_types, c.mesh.num_devices = (2, 2, 2), "auto", 8
     assert config_diff(config_to_dict(_cfg()), c) == []
 
 

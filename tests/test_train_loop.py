@@ -284,3 +284,25 @@ def test_metrics_are_flushed_with_every_checkpoint(tmp_path, monkeypatch):
     assert [events[i][1] for i in saves] == [2, 3]  # every 2 steps, and the last
     # Before the save: a kill right after a synchronous save lost the step's events.
     assert all(events[i - 1] == ("flush",) for i in saves), events
+
+
+def test_a_run_resumes_on_another_mesh_with_the_same_numbers(tmp_path):
+    # A pod run moved to another allocation: saved on 4 devices (fsdp), resumed on 2
+    # (data). An explicit mesh.shape used to be refused as a changed config, leaving only
+    # allow_config_change, which switched every other resume check off too.
+    def config(workdir, devices, shape):
+        cfg = tiny_config(str(workdir))
+        cfg.mesh.num_devices, cfg.mesh.shape = devices, shape
+        cfg.checkpoint.every = 2
+        return cfg
+
+    train(config(tmp_path / "ref", 4, (1, 4, 1)))
+    first = config(tmp_path / "moved", 4, (1, 4, 1))
+    first.train.stop_after_step = 2
+    train(first)
+    train(config(tmp_path / "moved", 2, (2, 1, 1)))
+    ref = read_jsonl(os.path.join(tmp_path, "ref", "metrics.jsonl"))
+    moved = read_jsonl(os.path.join(tmp_path, "moved", "metrics.jsonl"))
+    for step in (3, 4):  # the resumed steps: the same prompts, samples and update
+        assert moved[step]["reward/total"] == ref[step]["reward/total"], step
+        assert math.isclose(moved[step]["loss"], ref[step]["loss"], rel_tol=1e-4, abs_tol=1e-7)

@@ -34,6 +34,10 @@ RESUMABLE_FIELDS = (
     "distributed.",
     "train.tensorboard",
     "benchmark.",
+    # The layout, not the maths: a run moved to another allocation restores its arrays
+    # onto the new mesh (the same numbers, except where the batch shards switch the
+    # mini-batch unit between groups and rows: docs/limits.md).
+    "mesh.",
     # Memory, not maths: lowered to fit a decode after an OOM (same rollouts: each row
     # keeps its random stream, keyed by its index in the whole batch).
     "sampling.rows_per_call",
