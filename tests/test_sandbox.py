@@ -778,10 +778,12 @@ def test_uid_ranges_of_processes_in_two_pid_namespaces_differ():
 
 
 def test_a_killed_process_sandbox_directory_is_removed_by_the_next_one(tmp_path):
+    from gdpo_jax.rewards.sandbox_dirs import remove_stale_base_dirs
+
     # A trainer killed with SIGKILL left its /tmp/gdpo_sandbox_* directory for good.
     script = (
-        "import sys, time\nfrom gdpo_jax.rewards import sandbox as sb\n"
-        "print(sb._base_dir(), flush=True)\nif sys.argv[1] == 'wait':\n    time.sleep(60)\n"
+        "import sys, time\nfrom gdpo_jax.rewards.sandbox_dirs import base_dir\n"
+        "print(base_dir(), flush=True)\nif sys.argv[1] == 'wait':\n    time.sleep(60)\n"
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TMPDIR": str(tmp_path)}
 
@@ -798,7 +800,7 @@ def test_a_killed_process_sandbox_directory_is_removed_by_the_next_one(tmp_path)
         killed.kill()
         killed.wait()
         assert os.path.isdir(killed_dir) and os.path.isdir(alive_dir)
-        assert sb.remove_stale_base_dirs(str(tmp_path)) == [killed_dir]
+        assert remove_stale_base_dirs(str(tmp_path)) == [killed_dir]
         assert os.path.isdir(alive_dir)  # its owner still runs
     finally:
         alive.kill()
