@@ -38,6 +38,7 @@ def _build_and_run(cfg) -> dict:
     import jax
 
     from gdpo_jax import compile_cache
+    from gdpo_jax.errors import NonFiniteUpdateError
     from gdpo_jax.train import distributed, logs
     from gdpo_jax.train.config import ConfigError, check_distributed
     from gdpo_jax.train.sft import SFT
@@ -57,7 +58,10 @@ def _build_and_run(cfg) -> dict:
         if jax.process_index() == 0:
             path = logs.save_config(cfg)
             log.info("SFT into %s (resolved config in %s)", cfg.workdir, path)
-        return trainer.run()
+        try:
+            return trainer.run()
+        except NonFiniteUpdateError as e:  # one line, not a traceback: the run diverged
+            cli.fail_run(e)
 
 
 def run() -> None:

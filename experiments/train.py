@@ -35,6 +35,7 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.train import logs
 
     logs.setup_logging(flags.FLAGS.log_level)
+    from gdpo_jax.errors import NonFiniteUpdateError
     from gdpo_jax.train import distributed, paths, resume_checks
     from gdpo_jax.train.config import ConfigError, check_distributed, validate_config
 
@@ -66,6 +67,8 @@ def main(argv: list[str]) -> None:
         train(cfg)
     except ConfigError as e:  # found once the model or the task is loaded
         cli.fail(e)
+    except NonFiniteUpdateError as e:  # one line, not a traceback: the run diverged
+        cli.fail_run(e)
     if lead:
         from gdpo_jax.train import plots
 

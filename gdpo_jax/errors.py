@@ -5,3 +5,22 @@ from __future__ import annotations
 
 class ConfigError(ValueError):
     """A config field is invalid; the message names the field and the fix."""
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """A training step's gradient or update was not finite; it was not applied and the
+    run stopped before checkpointing that step (its last checkpoint is intact)."""
+
+    @classmethod
+    def at_step(cls, step: int, metrics: dict, last: int | None) -> NonFiniteUpdateError:
+        """The error for `step`, whose metrics count `nonfinite_updates`; `last`: the
+        latest checkpointed step (None: none)."""
+        nan = float("nan")
+        return cls(
+            f"step {step}: {int(metrics['nonfinite_updates'])} update(s) had a non-finite "
+            f"gradient or update (loss={metrics.get('loss', nan):.4g}, grad_norm="
+            f"{metrics.get('grad_norm', nan):.4g}); they were not applied and the run stops "
+            f"before checkpointing step {step} (a resume starts from step {last or 0}). "
+            "Lower --config.optim.lr or raise --config.optim.warmup_steps; with "
+            "model.dtype=float16, use bfloat16 (float16 activations overflow)."
+        )

@@ -151,6 +151,10 @@ def test_smoke_configs_warm_up_for_fewer_steps_than_they_run():
             lambda c: setattr(c.model, "param_dtype", "float64"),
             r"config\.model\.param_dtype='float64' is not a supported dtype; use one of",
         ),
+        (  # accepted, AdamW's first update turned every weight NaN (rc 0, NaN export)
+            lambda c: setattr(c.model, "param_dtype", "half"),
+            r"config\.model\.param_dtype='float16': AdamW's moments and eps underflow",
+        ),
         (
             lambda c: setattr(c.sampling, "prompt_buckets", (4, 6)),
             r"sampling\.prompt_buckets=\(4, 6\) must .*end at sampling\.max_prompt_len=8",
@@ -900,3 +904,18 @@ def test_a_mesh_that_leaves_a_process_out_is_refused(monkeypatch, tmp_path):
             else:
                 with pytest.raises(ConfigError, match=r"data x fsdp = 1 do not split over the 2"):
                     check(cfg)
+
+
+def test_cli_stops_a_diverged_run_with_one_line_and_status_1(tmp_path):
+    # A diverged update ran on to exit 0 with NaN weights; the loop's refusal is a
+    # one-line error, not a traceback (test_train_loop checks what is kept).
+    out = _cli(
+        f"--config.workdir={tmp_path / 'run'}",
+        "--config.optim.lr=1e39",
+        "--config.train.num_steps=2",
+        "--config.train.eval_every=0",
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: step 1: 2 update(s) had a non-finite gradient"), last
+    assert "Traceback" not in out.stderr

@@ -423,6 +423,7 @@ def test_sft_input_problems_are_refused_before_the_build(tmp_path, monkeypatch):
     "field,value,pattern",
     [
         ("model.dtype", "bf16", r"config\.model\.dtype"),
+        ("model.param_dtype", "float16", r"param_dtype='float16': AdamW's moments"),
         ("model.attention", "flash", r"config\.model\.attention='flash' is not one of"),
         ("mesh.axis_types", "bogus", r"config\.mesh\.axis_types='bogus' is not one of"),
         ("mesh.num_devices", 16, r"config\.mesh\.num_devices=16 but \d+ devices exist"),
@@ -610,3 +611,29 @@ def test_sft_eval_drops_held_out_prompts_longer_than_max_prompt_len(tmp_path, ca
     cfg.sampling.max_prompt_len = lengths[0] - 1  # every held-out prompt is too long
     with pytest.raises(ConfigError, match=r"max_prompt_len=\d+ leaves no held-out prompt"):
         S.SFT(cfg)
+
+
+def test_an_sft_update_that_is_not_finite_is_not_applied():
+    # SFT applied a non-finite update (rc 0, and its HF export all NaN: the warm start
+    # an RL run then loads); it is now kept out, counted, and stops the run.
+    import optax
+
+    from gdpo_jax.models import ModelConfig
+    from gdpo_jax.models.sharding import create_model
+    from gdpo_jax.train import state as state_lib
+
+    cfg = ModelConfig.tiny(vocab_size=32, num_layers=1)
+    batch = S.encode_batch(
+        [[3, 4]] * 2, [[5, 6, 2]] * 2, max_prompt_len=3, max_target_len=4, pad_id=0
+    )
+    for scale, bad in ((1.0, 0.0), (float("inf"), 1.0)):
+        tx = optax.chain(optax.sgd(1e-2), optax.scale(scale))
+        graphdef, state = state_lib.create_train_state(create_model(cfg, seed=0), tx, None)
+        before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+        new, metrics = S.sft_step(
+            state, batch, graphdef=graphdef, tx=tx, schedule=optax.constant_schedule(1e-2)
+        )
+        same = [
+            np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(new.params))
+        ]
+        assert float(metrics["nonfinite_updates"]) == bad and all(same) == bool(bad)

@@ -306,3 +306,24 @@ def test_a_run_resumes_on_another_mesh_with_the_same_numbers(tmp_path):
     for step in (3, 4):  # the resumed steps: the same prompts, samples and update
         assert moved[step]["reward/total"] == ref[step]["reward/total"], step
         assert math.isclose(moved[step]["loss"], ref[step]["loss"], rel_tol=1e-4, abs_tol=1e-7)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+def test_a_run_whose_update_is_not_finite_stops_before_checkpointing_it(tmp_path):
+    # A diverged update (a learning rate of 1e39 overflows f32) was applied and the run
+    # went on to the end: NaN loss from the next step, NaN weights in every checkpoint
+    # and export, exit status 0.
+    from gdpo_jax.errors import NonFiniteUpdateError
+    from gdpo_jax.train.checkpoint import Checkpointer
+
+    cfg = tiny_config(str(tmp_path))
+    cfg.checkpoint.every = 1
+    cfg.train.num_steps = 3
+    cfg.optim.lr = 1e39
+    with pytest.raises(NonFiniteUpdateError, match=r"step 1: 1 update\(s\) had a non-finite"):
+        train(cfg)
+    recs = read_jsonl(os.path.join(cfg.workdir, "metrics.jsonl"))
+    assert list(recs) == [1] and recs[1]["nonfinite_updates"] == 1
+    ckpt = Checkpointer.from_config(cfg)
+    assert ckpt.all_steps() == []  # nothing was saved from the refused update
+    ckpt.close()

@@ -622,3 +622,30 @@ def test_bfloat16_parameters_train_with_adam(micro):
     np.testing.assert_allclose(
         float(out["bfloat16"]["grad_norm"]), float(out["float32"]["grad_norm"]), rtol=1e-2
     )
+
+
+def test_a_non_finite_update_is_not_applied_and_is_counted():
+    # An overflowing update (here SGD whose step is scaled by inf: finite gradients, an
+    # infinite step) was applied: every later step, sample and checkpoint was NaN.
+    def one_step(scale):
+        tx = optax.chain(optax.sgd(1.0), optax.scale(scale))
+        graphdef, state = state_lib.create_train_state(create_model(CFG, seed=0), tx, None)
+        before = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+        step = CompiledStep(
+            graphdef=graphdef,
+            tx=tx,
+            schedule=optax.constant_schedule(1.0),
+            cfg=StepConfig(num_groups=NUM_GROUPS),
+            state_shardings=state_lib.shardings_of(state),
+            mesh=None,
+        )  # the step donates `state`: `before` is a host copy
+        new, metrics = step(state, distributed.to_global(make_batch(0), None))
+        after = jax.tree.leaves(new.params)
+        return [np.array_equal(a, np.asarray(b)) for a, b in zip(before, after)], metrics
+
+    same, metrics = one_step(1.0)
+    assert not all(same) and float(metrics["nonfinite_updates"]) == 0
+    same, metrics = one_step(float("inf"))
+    assert float(metrics["nonfinite_updates"]) == 1
+    assert np.isfinite(float(metrics["grad_norm"]))  # the gradient was fine, the step not
+    assert all(same)

@@ -33,6 +33,14 @@ def fail(message: Any) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
+def fail_run(message: Any) -> NoReturn:
+    """Prints `error: <message>` as one line on stderr and exits with status 1: the run
+    started and stopped on a condition it names (a diverged update), not a usage error."""
+    text = " ".join(str(message).split())
+    print(f"error: {text}", file=sys.stderr)
+    sys.exit(1)
+
+
 def configs_dir() -> str | None:
     """Directory of the project's `configs` package (None when it is not importable)."""
     import importlib.util

@@ -249,6 +249,15 @@ def check_model_fields(cfg: mlc.ConfigDict) -> None:
             names[field] = canonical_dtype(cfg.model[field], f"config.model.{field}")
         except ValueError as e:
             raise ConfigError(f"{e} Set --config.model.{field}=float32.") from None
+    if names["param_dtype"] == "float16":
+        # AdamW keeps its moments and eps in the parameters' dtype: in float16 eps=1e-8
+        # is 0 and a gradient under ~8e-3 squares to 0, so the first update divides 0 by
+        # 0 and the weights turn NaN (there is no loss scaling). float16 compute is fine.
+        raise ConfigError(
+            "config.model.param_dtype='float16': AdamW's moments and eps underflow in "
+            "float16 and the first update turns the weights NaN; set "
+            "--config.model.param_dtype=bfloat16 (the same memory) or float32."
+        )
     _choice(cfg, "model.attention", ATTENTION_KINDS)
     if cfg.model.attention in ("cudnn", "splash"):
         # The backend the programs are built for (the planner's target, else JAX's).

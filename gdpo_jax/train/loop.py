@@ -23,6 +23,7 @@ from flax import nnx
 
 from gdpo_jax import compile_cache
 from gdpo_jax.data.stream import PromptStream, records_fingerprint
+from gdpo_jax.errors import NonFiniteUpdateError
 from gdpo_jax.train import build, distributed, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
@@ -348,6 +349,9 @@ class Trainer:
             for step in range(self.start_step, cfg.train.num_steps):
                 metrics = self.train_step(step)
                 done = step + 1
+                if metrics.get("nonfinite_updates", 0) > 0:
+                    writer.write(done, metrics)  # the step's metrics show where it went
+                    raise NonFiniteUpdateError.at_step(done, metrics, self.ckpt.latest_step())
                 # And after the last step: a study's "final" held-out values were the last
                 # multiple of eval_every's otherwise.
                 end = done == cfg.train.num_steps

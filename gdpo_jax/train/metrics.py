@@ -36,7 +36,7 @@ _TB_GROUP = {
     ),
     **dict.fromkeys(("clip_frac_low", "clip_frac_dual", "kl_in_reward"), "loss"),
     **dict.fromkeys(("ratio_max", "ratio_mean", "ratio_min"), "loss"),
-    **dict.fromkeys(("lr", "grad_norm", "update_norm", "param_norm"), "optim"),
+    **dict.fromkeys(("lr", "grad_norm", "update_norm", "param_norm", "nonfinite_updates"), "optim"),
 }
 
 

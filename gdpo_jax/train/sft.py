@@ -28,14 +28,11 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections as mlc
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -43,12 +40,12 @@ from jax.sharding import PartitionSpec as P
 from gdpo_jax import compile_cache
 from gdpo_jax.data.corrupt import make_targets
 from gdpo_jax.data.stream import records_fingerprint
+from gdpo_jax.errors import NonFiniteUpdateError
 from gdpo_jax.tasks import load_task
 from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
-from gdpo_jax.train.completion import completion_logprobs
 from gdpo_jax.train.config import (
     ConfigError,
     base_config,
@@ -61,6 +58,7 @@ from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
 from gdpo_jax.train.records import held_out_records
 from gdpo_jax.train.resume_checks import check_resume_config, check_resume_data
 from gdpo_jax.train.sft_checks import sft_targets, training_records, validate_sft_config
+from gdpo_jax.train.sft_step import encode_batch, sft_loss, sft_step
 
 __all__ = [
     "SFT",
@@ -73,7 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("gdpo_jax.sft")
-Batch = dict[str, jax.Array]
 
 
 def sft_config() -> mlc.ConfigDict:
@@ -92,69 +89,6 @@ def sft_config() -> mlc.ConfigDict:
     c.sft.eval_num_examples = 64
     c.sft.eval_samples = 4  # sampled eval: k per prompt as config.sampling samples
     return c
-
-
-def encode_batch(
-    prompt_ids: Sequence[Sequence[int]],
-    targets: Sequence[Sequence[int]],
-    *,
-    max_prompt_len: int,
-    max_target_len: int,
-    pad_id: int,
-) -> dict[str, np.ndarray]:
-    """Token lists -> RL-layout arrays: prompt_ids/prompt_mask i32[B, P] (left padded),
-    completion_ids/completion_mask i32[B, C] (right padded). Raises on overflow."""
-    b = len(prompt_ids)
-    out = {
-        "prompt_ids": np.full((b, max_prompt_len), pad_id, np.int32),
-        "prompt_mask": np.zeros((b, max_prompt_len), np.int32),
-        "completion_ids": np.full((b, max_target_len), pad_id, np.int32),
-        "completion_mask": np.zeros((b, max_target_len), np.int32),
-    }
-    for i, (p, t) in enumerate(zip(prompt_ids, targets)):
-        if len(p) > max_prompt_len or len(t) > max_target_len:
-            raise ValueError(
-                f"row {i}: prompt {len(p)} / target {len(t)} tokens exceed "
-                f"sampling.max_prompt_len={max_prompt_len} / "
-                f"max_new_tokens={max_target_len}."
-            )
-        out["prompt_ids"][i, max_prompt_len - len(p) :] = p
-        out["prompt_mask"][i, max_prompt_len - len(p) :] = 1
-        out["completion_ids"][i, : len(t)] = t
-        out["completion_mask"][i, : len(t)] = 1
-    return out
-
-
-# ------------------------------------------------------------------- step
-def sft_loss(params: Any, batch: Batch, *, graphdef: nnx.GraphDef) -> tuple[jax.Array, jax.Array]:
-    """Mean -log p over completion tokens. Returns (loss f32[], token count f32[])."""
-    model = nnx.merge(graphdef, params)
-    logp, _ = completion_logprobs(model, batch)
-    mask = batch["completion_mask"].astype(jnp.float32)
-    n = jnp.sum(mask)
-    return -jnp.sum(logp * mask) / jnp.maximum(n, 1.0), n
-
-
-def sft_step(
-    state: state_lib.TrainState,
-    batch: Batch,
-    *,
-    graphdef: nnx.GraphDef,
-    tx: optax.GradientTransformation,
-    schedule: optax.Schedule,
-) -> tuple[state_lib.TrainState, dict[str, jax.Array]]:
-    (loss, n), grads = jax.value_and_grad(
-        functools.partial(sft_loss, graphdef=graphdef), has_aux=True
-    )(state.params, batch)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {
-        "loss": loss,
-        "tokens": n,
-        "grad_norm": optax.global_norm(grads),
-        "lr": jnp.asarray(schedule(state.step), jnp.float32),
-    }
-    return state_lib.TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
 # -------------------------------------------------------------------- run
@@ -377,6 +311,9 @@ class SFT:
             for step in range(self.start_step, s.num_steps):
                 metrics = self.step(step)
                 done = step + 1
+                if metrics["nonfinite_updates"] > 0:
+                    writer.write(done, metrics)
+                    raise NonFiniteUpdateError.at_step(done, metrics, self.ckpt.latest_step())
                 evaluated = bool(s.eval_every) and done % s.eval_every == 0 and done < s.num_steps
                 if evaluated:
                     metrics.update(

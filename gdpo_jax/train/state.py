@@ -187,3 +187,15 @@ def keep_update(keep: jax.Array, new: Any, old: Any) -> Any:
         old,
         is_leaf=is_sched,
     )
+
+
+def finite_update(grad_norm: jax.Array, new_params: Any) -> jax.Array:
+    """bool[]: whether an update may be applied: its gradient norm and every updated
+    weight finite (checked element by element: a norm of huge finite weights overflows).
+    A non-finite one (an overflow, a diverged learning rate) left NaN weights that were
+    sampled from and checkpointed; callers keep the old weights and stop the run
+    (`errors.NonFiniteUpdateError`)."""
+    ok = jnp.isfinite(grad_norm)
+    for x in jax.tree.leaves(new_params):
+        ok &= jnp.all(jnp.isfinite(x))
+    return ok

@@ -41,7 +41,7 @@ from gdpo_jax.train import layer_views
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.blocks import from_blocks, to_blocks
 from gdpo_jax.train.completion import completion_logprobs
-from gdpo_jax.train.state import TrainState, keep_update
+from gdpo_jax.train.state import TrainState, finite_update, keep_update
 from gdpo_jax.train.step_config import (
     BATCH_KEYS,
     Batch,
@@ -231,18 +231,22 @@ def train_step(
         grad_norm = optax.global_norm(grads)
         updates, new_opt_state = tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
+        # Not applied when not finite; the loop stops the run on it (`nonfinite_updates`).
+        finite = finite_update(grad_norm, new_params)
         # A mini-batch without a token (only dynamic sampling's padding groups) has
         # no loss: no update either (AdamW would still move the weights by its
         # momentum and weight decay). Elementwise, so it fuses into the update.
-        keep = d > 0
+        had_tokens = d > 0
+        keep = had_tokens & finite
         params = jax.tree.map(lambda new, old: jnp.where(keep, new, old), new_params, params)
         opt_state = keep_update(keep, new_opt_state, opt_state)
-        return (params, opt_state), (m, loss_tot * scale, grad_norm, keep)
+        nonfinite = had_tokens & ~finite
+        return (params, opt_state), (m, loss_tot * scale, grad_norm, had_tokens, nonfinite)
 
     def epoch(carry, _):
         return jax.lax.scan(update, carry, blocks)
 
-    (params, opt_state), (m, losses, grad_norms, kept) = jax.lax.scan(
+    (params, opt_state), (m, losses, grad_norms, kept, nonfinite) = jax.lax.scan(
         epoch, (state.params, state.opt_state), None, length=cfg.num_epochs
     )
     metrics = step_metrics(
@@ -257,6 +261,7 @@ def train_step(
         lr=schedule(state.step * cfg.updates_per_step),
         seq_kl=seq_kl,
     )
+    metrics["nonfinite_updates"] = jnp.sum(nonfinite).astype(jnp.float32)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
