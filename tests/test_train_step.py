@@ -505,7 +505,8 @@ def test_a_mini_batch_of_padding_groups_neither_updates_nor_pulls_the_ratio_metr
     assert {"adv/mean", "adv/distinct_per_group", "loss", "ratio_max"} <= set(metrics)
     assert any(k.startswith("adv/share/") for k in metrics)
     for k, v in metrics.items():
-        assert np.isfinite(float(v)) == (k == "lr"), (k, float(v))
+        assert np.isfinite(float(v)) == (k in ("lr", "nonfinite_updates")), (k, float(v))
+    assert float(metrics["nonfinite_updates"]) == 0  # no update, so none refused
 
 
 def test_a_skipped_mini_batch_still_advances_the_learning_rate_schedule():

@@ -311,7 +311,7 @@ class SFT:
             for step in range(self.start_step, s.num_steps):
                 metrics = self.step(step)
                 done = step + 1
-                if metrics["nonfinite_updates"] > 0:
+                if metrics.get("nonfinite_updates", 0) > 0:
                     writer.write(done, metrics)
                     raise NonFiniteUpdateError.at_step(done, metrics, self.ckpt.latest_step())
                 evaluated = bool(s.eval_every) and done % s.eval_every == 0 and done < s.num_steps
