@@ -28,17 +28,20 @@ EXIT_USAGE = 2
 
 def fail(message: Any) -> NoReturn:
     """Prints `error: <message>` as one line on stderr and exits with status 2."""
-    text = " ".join(str(message).split())
-    print(f"error: {text}", file=sys.stderr)
+    _error_line(message)
     sys.exit(EXIT_USAGE)
 
 
 def fail_run(message: Any) -> NoReturn:
-    """Prints `error: <message>` as one line on stderr and exits with status 1: the run
-    started and stopped on a condition it names (a diverged update), not a usage error."""
+    """`fail`'s one line, with exit status 1: the run started and stopped on a condition
+    it names (a diverged update), not a usage error."""
+    _error_line(message)
+    sys.exit(1)
+
+
+def _error_line(message: Any) -> None:
     text = " ".join(str(message).split())
     print(f"error: {text}", file=sys.stderr)
-    sys.exit(1)
 
 
 def configs_dir() -> str | None:
