@@ -131,10 +131,9 @@ def hf_rope(c: Mapping[str, Any]) -> tuple[float, dict[str, Any]]:
 
 def hf_context_length(config: Mapping[str, Any]) -> int:
     """`ModelConfig.context_length` of a config.json dict, without checking the rest."""
-    given = {**_TYPE_DEFAULTS.get(config.get("model_type"), {}), **config}
-    rope = hf_rope(given)[1]
+    rope = hf_rope(config)[1]  # no rope field has a model-type default
     _check_rope_scaling(rope)
-    return _context_length(hf_max_positions(given), rope)
+    return _context_length(hf_max_positions(config), rope)
 
 
 @dataclasses.dataclass(frozen=True)
