@@ -38,7 +38,7 @@ def _build_and_run(cfg) -> dict:
     import jax
 
     from gdpo_jax import compile_cache
-    from gdpo_jax.errors import NonFiniteUpdateError
+    from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError
     from gdpo_jax.train import distributed, logs
     from gdpo_jax.train.config import ConfigError, check_distributed
     from gdpo_jax.train.sft import SFT
@@ -62,6 +62,8 @@ def _build_and_run(cfg) -> dict:
             return trainer.run()
         except NonFiniteUpdateError as e:  # one line, not a traceback: the run diverged
             cli.fail_run(e)
+        except PreemptedError as e:  # saved, and stopped: the same command resumes
+            cli.stop_preempted(e)
 
 
 def run() -> None:

@@ -35,7 +35,7 @@ def main(argv: list[str]) -> None:
     from gdpo_jax.train import logs
 
     logs.setup_logging(flags.FLAGS.log_level)
-    from gdpo_jax.errors import NonFiniteUpdateError
+    from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError
     from gdpo_jax.train import distributed, paths, resume_checks
     from gdpo_jax.train.config import ConfigError, check_distributed, validate_config
 
@@ -69,6 +69,8 @@ def main(argv: list[str]) -> None:
         cli.fail(e)
     except NonFiniteUpdateError as e:  # one line, not a traceback: the run diverged
         cli.fail_run(e)
+    except PreemptedError as e:  # saved, and stopped: the same command resumes
+        cli.stop_preempted(e)
     if lead:
         from gdpo_jax.train import plots
 

@@ -24,3 +24,16 @@ class NonFiniteUpdateError(RuntimeError):
             "Lower --config.optim.lr or raise --config.optim.warmup_steps; with "
             "model.dtype=float16, use bfloat16 (float16 activations overflow)."
         )
+
+
+class PreemptedError(RuntimeError):
+    """The run got a preemption notice (SIGTERM), saved the step it had just finished
+    and stopped (`gdpo_jax/train/preemption.py`); the same command resumes it."""
+
+    @classmethod
+    def at_step(cls, step: int, checkpoints: str) -> PreemptedError:
+        """The error for a run stopped after `step`, saved in `checkpoints`."""
+        return cls(
+            f"preemption notice (SIGTERM): stopped after step {step} and saved it in "
+            f"{checkpoints}; run the same command to resume from step {step}."
+        )

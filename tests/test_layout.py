@@ -77,6 +77,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.train.checkpoint_errors",
             "gdpo_jax.train.resume_checks",
             "gdpo_jax.train.orbax_noise",
+            "gdpo_jax.train.preemption",
             "gdpo_jax.train.build",
             "gdpo_jax.train.records",
         ),

@@ -637,3 +637,42 @@ def test_an_sft_update_that_is_not_finite_is_not_applied():
             np.array_equal(a, np.asarray(b)) for a, b in zip(before, jax.tree.leaves(new.params))
         ]
         assert float(metrics["nonfinite_updates"]) == bad and all(same) == bool(bad)
+
+
+def test_a_sigterm_saves_the_sft_step_in_flight_and_the_resume_equals_uninterrupted(
+    tmp_path, monkeypatch, request
+):
+    # SFT stops as the RL loop does on a preemption notice: the step in flight is saved
+    # (off the checkpoint interval), nothing is exported, and the resume continues it.
+    import signal
+
+    from gdpo_jax.errors import PreemptedError
+    from gdpo_jax.train.metrics import read_jsonl
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    request.addfinalizer(lambda: signal.signal(signal.SIGTERM, previous))
+    full = _config(tmp_path / "full")
+    full.sft.num_steps = 4
+    S.SFT(full).run()
+    cfg = _config(tmp_path / "preempted")
+    cfg.sft.num_steps = 4
+    cfg.checkpoint.every = 100  # only the final step's, and the notice's
+    step = S.SFT.step
+
+    def notice_during_step_2(self, i):
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, i)
+
+    monkeypatch.setattr(S.SFT, "step", notice_during_step_2)
+    with pytest.raises(PreemptedError, match="stopped after step 2"):
+        S.SFT(cfg).run()
+    assert sorted(os.listdir(tmp_path / "preempted" / "checkpoints")) == ["2"]
+    assert not (tmp_path / "preempted" / "hf").exists()  # a stopped run exports nothing
+    monkeypatch.setattr(S.SFT, "step", step)
+    again = S.SFT(cfg)
+    assert again.start_step == 2
+    again.run()
+    losses = [read_jsonl(str(tmp_path / d / "metrics.jsonl")) for d in ("full", "preempted")]
+    for i in (3, 4):
+        assert losses[1][i]["loss"] == losses[0][i]["loss"], i

@@ -198,3 +198,44 @@ def test_sigkill_during_async_save_on_8_devices_resumes_exactly(tmp_path):
     assert a.keys() == b.keys()
     for k in a:
         assert (a[k] == b[k]).all(), k
+
+
+@pytest.mark.slow
+def test_a_sigterm_stops_the_cli_with_the_step_saved_one_line_and_status_143(tmp_path):
+    # A scheduler's preemption notice: the step in flight is saved and the CLI exits 143
+    # (what SIGTERM's own ending reports) with one line, not a traceback or status 0.
+    wd = str(tmp_path / "run")
+    cmd = _cmd(wd, 10_000)
+    cmd[cmd.index("--config.checkpoint.every=1")] = "--config.checkpoint.every=1000"
+    cmd[cmd.index("--config.mesh.num_devices=2")] = "--config.mesh.num_devices=1"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    proc = subprocess.Popen(
+        cmd + ["--config.train.tensorboard=False", "--config.train.log_every=1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 240
+        metrics = os.path.join(wd, "metrics.jsonl")
+        # Whole lines only: a line read while it is written is not JSON yet.
+        while not os.path.exists(metrics) or open(metrics).read().count("\n") < 2:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.time() < deadline, "no step within the time limit"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    stopped = [line for line in err.splitlines() if line.startswith("stopped: ")]
+    last = max(_metrics(wd))
+    assert stopped == [
+        f"stopped: preemption notice (SIGTERM): stopped after step {last} and saved it in "
+        f"{os.path.join(wd, 'checkpoints')}; run the same command to resume from step {last}."
+    ], err[-3000:]
+    assert "Traceback" not in err
+    assert _complete_steps(os.path.join(wd, "checkpoints")) == [last]

@@ -327,3 +327,41 @@ def test_a_run_whose_update_is_not_finite_stops_before_checkpointing_it(tmp_path
     ckpt = Checkpointer.from_config(cfg)
     assert ckpt.all_steps() == []  # nothing was saved from the refused update
     ckpt.close()
+
+
+def test_a_sigterm_saves_the_step_in_flight_and_the_resume_equals_uninterrupted(
+    uninterrupted, tmp_path, monkeypatch, request
+):
+    # A preemption notice (SIGTERM) ended the process at once: the steps since the last
+    # interval checkpoint were lost. Now the step in flight finishes, is saved (step 3,
+    # off the every-2 interval) and the run stops; the resume continues exactly.
+    import signal
+
+    from gdpo_jax.errors import PreemptedError
+
+    _, full = uninterrupted
+    wd = str(tmp_path / "preempted")
+    # The test's own harmless handler: without the run's, the test goes on (and fails).
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    handler = signal.getsignal(signal.SIGTERM)
+    request.addfinalizer(lambda: signal.signal(signal.SIGTERM, previous))
+    step = Trainer.train_step
+
+    def notice_during_step_3(self, i):
+        if i == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # mid-step, as a scheduler sends it
+        return step(self, i)
+
+    monkeypatch.setattr(Trainer, "train_step", notice_during_step_3)
+    with pytest.raises(PreemptedError, match=r"stopped after step 3 and saved it in .*checkp"):
+        train(_resume_cfg(wd))
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "3"]
+    assert sorted(read_jsonl(os.path.join(wd, "metrics.jsonl"))) == [1, 2, 3]
+    monkeypatch.setattr(Trainer, "train_step", step)
+    trainer = Trainer(_resume_cfg(wd))
+    assert trainer.start_step == 3
+    trainer.run()
+    resumed = read_jsonl(os.path.join(wd, "metrics.jsonl"))
+    for i in (3, 4):
+        assert _comparable(resumed[i]) == _comparable(full[i]), i

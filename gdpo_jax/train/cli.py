@@ -24,6 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 EXIT_USAGE = 2
+# A run stopped by a preemption notice after saving: what a shell reports for a process
+# SIGTERM ended (128 + 15), so a scheduler or wrapper reads "terminated", never "done".
+EXIT_PREEMPTED = 143
 
 
 def fail(message: Any) -> NoReturn:
@@ -39,9 +42,16 @@ def fail_run(message: Any) -> NoReturn:
     sys.exit(1)
 
 
-def _error_line(message: Any) -> None:
+def stop_preempted(message: Any) -> NoReturn:
+    """Prints `stopped: <message>` as one line on stderr and exits with status 143: the
+    run saved the step it finished after a SIGTERM (`train/preemption.py`)."""
+    _error_line(message, prefix="stopped")
+    sys.exit(EXIT_PREEMPTED)
+
+
+def _error_line(message: Any, *, prefix: str = "error") -> None:
     text = " ".join(str(message).split())
-    print(f"error: {text}", file=sys.stderr)
+    print(f"{prefix}: {text}", file=sys.stderr)
 
 
 def configs_dir() -> str | None:

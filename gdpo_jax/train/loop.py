@@ -23,7 +23,7 @@ from flax import nnx
 
 from gdpo_jax import compile_cache
 from gdpo_jax.data.stream import PromptStream, records_fingerprint
-from gdpo_jax.errors import NonFiniteUpdateError
+from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError
 from gdpo_jax.train import build, distributed, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
@@ -40,6 +40,7 @@ from gdpo_jax.train.config import (
     validate_config,
 )
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
+from gdpo_jax.train.preemption import PreemptionWatch
 from gdpo_jax.train.records import usable_records
 from gdpo_jax.train.resume_checks import check_resume_data
 from gdpo_jax.train.step import CompiledStep, StepConfig
@@ -345,6 +346,8 @@ class Trainer:
             enabled=jax.process_index() == 0,
         )
         last: dict[str, float] = {}
+        # SIGTERM saves the step in flight and stops (a run that checkpoints nothing dies).
+        preemption = PreemptionWatch(enabled=cfg.checkpoint.every > 0).start()
         try:
             for step in range(self.start_step, cfg.train.num_steps):
                 metrics = self.train_step(step)
@@ -369,6 +372,10 @@ class Trainer:
                     # again, and a kill right after a synchronous save lost its events.
                     writer.flush()
                 self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=force)
+                if not end and preemption.reached(done):
+                    writer.flush()
+                    self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=True)
+                    raise PreemptedError.at_step(done, self.ckpt.directory)
                 if cfg.train.stop_after_step and done >= cfg.train.stop_after_step:
                     log.info("stop_after_step=%d reached; exiting", done)
                     break
@@ -376,6 +383,7 @@ class Trainer:
             # Each closes even when one before it raises (a failed final async save raises
             # from ckpt.close): the metrics reach disk and the reward pool stops.
             with contextlib.ExitStack() as closing:
+                closing.callback(preemption.stop)  # last: SIGTERM is handled until the save ends
                 closing.callback(self.runner.close)
                 closing.callback(writer.close)
                 self.ckpt.close()

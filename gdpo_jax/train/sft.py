@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from gdpo_jax import compile_cache
 from gdpo_jax.data.corrupt import make_targets
 from gdpo_jax.data.stream import records_fingerprint
-from gdpo_jax.errors import NonFiniteUpdateError
+from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError
 from gdpo_jax.tasks import load_task
 from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
@@ -55,6 +55,7 @@ from gdpo_jax.train.config import (
 )
 from gdpo_jax.train.field_checks import sampling_params
 from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
+from gdpo_jax.train.preemption import PreemptionWatch
 from gdpo_jax.train.records import held_out_records
 from gdpo_jax.train.resume_checks import check_resume_config, check_resume_data
 from gdpo_jax.train.sft_checks import sft_targets, training_records, validate_sft_config
@@ -307,6 +308,8 @@ class SFT:
             enabled=jax.process_index() == 0,
         )
         t0, last, ev = time.perf_counter(), {}, {}
+        # SIGTERM saves the step in flight and stops (a run that checkpoints nothing dies).
+        preemption = PreemptionWatch(enabled=cfg.checkpoint.every > 0).start()
         try:
             for step in range(self.start_step, s.num_steps):
                 metrics = self.step(step)
@@ -339,6 +342,16 @@ class SFT:
                     data_state={"records": self.records},
                     force=force,
                 )
+                if done < s.num_steps and preemption.reached(done):
+                    writer.flush()
+                    self.ckpt.save(
+                        done,
+                        self.state,
+                        key=self.key,
+                        data_state={"records": self.records},
+                        force=True,
+                    )
+                    raise PreemptedError.at_step(done, self.ckpt.directory)
             if "loss" not in last and self.start_step and jax.process_index() == 0:
                 # Resumed at the end: the last step's training metrics are in the run's
                 # records, not here (sft_result.json was rewritten with train_loss null;
@@ -357,6 +370,7 @@ class SFT:
                 writer.replace(s.num_steps, {**last, **final})
         finally:
             with contextlib.ExitStack() as closing:  # the writer closes even if the save failed
+                closing.callback(preemption.stop)  # last: SIGTERM is handled until the save ends
                 closing.callback(writer.close)
                 self.ckpt.close()
         hf_dir = self.export()
