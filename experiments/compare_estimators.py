@@ -253,10 +253,14 @@ def main(argv: list[str]) -> None:
             len(seeds),
             out_dir,
         )
+        from gdpo_jax.errors import PreemptedError
+
         try:
             table = run_comparison(task, force=F.force, window=window, **kw)
         except ConfigError as e:  # what only the runs find (e.g. the report's run lengths)
             cli.fail(e)
+        except PreemptedError as e:  # the run in flight saved its step; a rerun resumes it
+            cli.stop_preempted(e)
     print(markdown(table))
     print(f"plots: {table['plots']}")
     print(f"results: {os.path.join(out_dir, 'results.md')}")

@@ -473,3 +473,28 @@ def test_demo_like_run_is_quiet_writes_config_plots_and_resumes_as_finished(tmp_
     assert again.returncode == 0, again.stderr[-3000:]
     assert "already finished" in again.stderr and "step 2" in again.stderr
     assert sorted(read_jsonl(str(wd / "metrics.jsonl"))) == [1, 2]  # nothing trained again
+
+
+def test_a_preempted_comparison_stops_with_one_line_and_status_143(tmp_path):
+    # The run in flight saved its step (the loop's part, tested in test_train_loop); the
+    # sweep's CLI printed PreemptedError's traceback and exit status 1.
+    script = (
+        "import sys; from experiments import compare_estimators as ce; "
+        "from gdpo_jax.errors import PreemptedError\n"
+        "def preempted(*args, **kwargs):\n"
+        "    raise PreemptedError.at_step(7, '/w/checkpoints')\n"
+        "ce.run_comparison = preempted; sys.argv[0] = 'gdpo-compare'; ce.run()"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, "--task=toolcall", "--quick", f"--out_dir={tmp_path}/c"],
+        cwd=str(tmp_path),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 143, out.stderr[-2000:]
+    assert out.stderr.splitlines()[-1] == (
+        "stopped: preemption notice (SIGTERM): stopped after step 7 and saved it in "
+        "/w/checkpoints; run the same command to resume from step 7."
+    )
