@@ -510,3 +510,52 @@ def test_runner_passes_its_deadline_to_rewards_that_accept_it(executor):
     low = 18 if executor == "thread" else 0
     assert low < R[:, 0].min() and R[:, 0].max() <= 19 and R[:, 1].tolist() == [0, 0]
     assert "deadline" not in reward_options("code_pass_rate")
+
+
+_GROUP_SIGNAL_CHILD = """
+import signal, sys, time
+import numpy as np
+from tests.test_rewards import _batch  # registers _test_cpu
+from gdpo_jax.rewards import RewardRunner, RewardSpec
+noticed = []
+signal.signal(signal.SIGTERM, lambda s, f: noticed.append(s))  # as the trainer's watch
+spec = RewardSpec("_test_cpu", executor="process")
+with RewardRunner([spec], num_workers=2, timeout_s=20, on_error="raise") as r:
+    p, c, e = _batch([0] * 4, ["x" * i for i in range(4)])
+    want, _ = r(p, c, e)
+    print("ready", flush=True)
+    while not noticed:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the signal reached the rest of the group by now
+    got, _ = r(p, c, e)
+    print("scored", bool((got == want).all()), flush=True)
+"""
+
+
+def test_a_signal_to_the_process_group_leaves_the_reward_workers_running(tmp_path):
+    # SLURM (or `kill -TERM -<pgid>`) signals the trainer's whole process group on a
+    # preemption. The pool's workers were in it: killed busy, their calls scored NaN or
+    # timed out; killed idle, one left the task queue locked and the next call and the
+    # pool's terminate waited for ever, so the trainer never saved its step.
+    import os
+    import signal
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _GROUP_SIGNAL_CHILD],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, as a job's
+    )
+    try:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-2000:]
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and out.strip() == "scored True", err[-2000:]

@@ -365,3 +365,30 @@ def test_a_sigterm_saves_the_step_in_flight_and_the_resume_equals_uninterrupted(
     resumed = read_jsonl(os.path.join(wd, "metrics.jsonl"))
     for i in (3, 4):
         assert _comparable(resumed[i]) == _comparable(full[i]), i
+
+
+def test_a_sigterm_during_the_last_step_is_handed_on_once_the_run_ends(
+    tmp_path, monkeypatch, request
+):
+    # No step boundary is left to act on it: the run finishes (its final checkpoint
+    # saved), then the notice goes on to SIGTERM's previous handler. It was dropped, and
+    # a sweep's next run in the process trained on until the SIGKILL.
+    import signal
+
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    request.addfinalizer(lambda: signal.signal(signal.SIGTERM, previous))
+    step = Trainer.train_step
+
+    def notice_during_the_last_step(self, i):
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, i)
+
+    monkeypatch.setattr(Trainer, "train_step", notice_during_the_last_step)
+    cfg = tiny_config(str(tmp_path))
+    cfg.train.num_steps = 2
+    cfg.checkpoint.every = 5
+    train(cfg)
+    assert received == [signal.SIGTERM]
+    assert sorted(os.listdir(os.path.join(cfg.workdir, "checkpoints"))) == ["2"]

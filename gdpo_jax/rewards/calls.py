@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import pickle
 import time
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,10 +84,18 @@ def _run_chunk(fn, prompts, completions, fields, kwargs, keep_exc):
 # Set in a process-pool worker when one of its `imports` failed; reported by
 # every call instead of the worker dying (which the pool would hide as a timeout).
 _WORKER_INIT_ERROR: str | None = None
+_STARTED: Any = None  # the pool's start-up barrier (`_pool_ready`), in a worker
 
 
-def _worker_init(imports: tuple[str, ...]) -> None:
-    global _WORKER_INIT_ERROR
+def _worker_init(imports: tuple[str, ...], started: Any = None) -> None:
+    global _WORKER_INIT_ERROR, _STARTED
+    # Out of the trainer's process group: a signal sent to the group (SLURM's, or
+    # `kill -TERM -<pgid>` on a preemption) reaches the trainer, which finishes its step
+    # and saves (train/preemption.py). Killed with it, a busy worker's calls scored NaN
+    # or timed out, and an idle one left the pool's task queue locked: the next call,
+    # and the pool's terminate, waited for ever. The pool stops its workers by pid.
+    os.setpgid(0, 0)
+    _STARTED = started
     for m in imports:
         try:
             importlib.import_module(m)
@@ -102,7 +112,11 @@ def _failed(n: int, text: str):
 
 
 def _pool_ready(_: int) -> bool:
-    """A no-op job: a new pool's workers have started (and run `_worker_init`)."""
+    """A start-up job, one per worker: each waits at the pool's barrier for the others,
+    so that every worker has run `_worker_init` (left the trainer's process group)
+    before the first call; without the barrier one worker could take every job."""
+    if _STARTED is not None:
+        _STARTED.wait()
     return True
 
 

@@ -212,10 +212,15 @@ class RewardRunner:
     def _proc_pool(self):
         with self._pool_lock:  # worker threads race to create it
             if self._procs is None:
-                ctx = multiprocessing.get_context("forkserver")  # never fork a JAX process
-                pool = ctx.Pool(self.num_workers, _worker_init, (self.imports,))
+                # Never fork a JAX process; and no forkserver, a helper process in the
+                # trainer's group: killed by a signal to the group (a preemption), the
+                # pool took its workers for exited (status 255) and failed to replace
+                # them, so the next call waited for ever.
+                ctx = multiprocessing.get_context("spawn")
+                started = ctx.Barrier(self.num_workers)
+                pool = ctx.Pool(self.num_workers, _worker_init, (self.imports, started))
                 # Started workers before any deadline runs: the pool's start-up (the
-                # forkserver, config.imports) counted against the first jobs' timeout_s,
+                # interpreters, config.imports) counted against the first jobs' timeout_s,
                 # and each timed-out call's fresh pool paid it again, so a short timeout
                 # scored every call NaN.
                 try:

@@ -61,6 +61,10 @@ def initialize(
         kwargs["num_processes"] = num_processes
     if process_id >= 0:
         kwargs["process_id"] = process_id
+    # JAX's preemption service would take SIGTERM in every process for its own sync
+    # point, which the runs do not use (`train/preemption.py`): a run that checkpoints
+    # nothing went on to its end instead of stopping.
+    jax.config.update("jax_enable_preemption_service", False)
     try:
         jax.distributed.initialize(**kwargs)
     except ValueError as e:

@@ -17,33 +17,38 @@ SIGTERM, what a shell reports for a process SIGTERM ended).
     finally:
         preemption.stop()                  # after the last save is written
 
-One process: a Python handler sets a flag that `reached` reads at the step's end.
-Several processes (`jax.distributed` initialized): the signal may reach any one
-host, and each must save the same step, so `reached` is JAX's preemption sync
-point (`multihost_utils.reached_preemption_sync_point`, the coordination
-service's own SIGTERM notifier): the hosts agree on one step past the notice and
-all return True there. Either way the notice counts only at a step boundary,
-so the saved state is a whole step's.
+A Python handler sets a flag that `reached` reads at each step's end. With several
+processes (`jax.distributed`) the signal may reach one host only, and every host
+must save the same step: `reached` gathers the flag over the processes (one small
+host all-gather per step), so all stop at the first step's end at which any has
+it. JAX's own preemption service (`multihost_utils.reached_preemption_sync_point`)
+is not used: its sync point counts calls from 0 in each process, so a notice
+that came before a resumed run's first check set a step the run had passed, and
+the run went on to its end. `distributed.initialize` turns that service off, so
+a run that checkpoints nothing ends on SIGTERM at once, as with one process.
+
+A notice the loop could not act on (it came during the run's last step, or its
+final eval) is not dropped: `stop` hands it on to the handler before the watch's
+once that is back, so a caller that goes on to more work (a sweep's next run)
+stops too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from typing import Any
 
+import jax
+import numpy as np
+
+from gdpo_jax.multihost import allgather
+
 log = logging.getLogger(__name__)
 
-__all__ = ["PreemptionWatch", "distributed_client_running"]
-
-
-def distributed_client_running() -> bool:
-    """Whether `jax.distributed.initialize` ran in this process (its preemption
-    service then owns SIGTERM)."""
-    import jax
-
-    return jax.distributed.is_initialized()
+__all__ = ["PreemptionWatch"]
 
 
 class PreemptionWatch:
@@ -57,7 +62,7 @@ class PreemptionWatch:
     def __init__(self, *, enabled: bool = True):
         self.enabled = enabled
         self.noticed = False
-        self._synced = False
+        self.acted = False  # `reached` returned True: the run stopped for the notice
         self._previous: Any = None
         self._installed = False
 
@@ -65,18 +70,21 @@ class PreemptionWatch:
         """Installs the handler (when enabled); returns self."""
         if not self.enabled:
             return self
-        if distributed_client_running():
-            self._synced = True  # JAX's preemption service catches the signal
-        elif threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_notice)
             self._installed = True
         return self
 
     def stop(self) -> None:
-        """Restores SIGTERM's previous handler."""
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._installed = False
+        """Restores SIGTERM's previous handler; a notice no step acted on goes on to it."""
+        if not self._installed:
+            return
+        # None: the previous handler was not installed from Python (e.g. by a C library).
+        previous = signal.SIG_DFL if self._previous is None else self._previous
+        signal.signal(signal.SIGTERM, previous)
+        self._installed = False
+        if self.noticed and not self.acted:
+            os.kill(os.getpid(), signal.SIGTERM)
 
     def __enter__(self) -> PreemptionWatch:
         return self.start()
@@ -90,16 +98,13 @@ class PreemptionWatch:
 
     def reached(self, step: int) -> bool:
         """Whether to save `step` (just finished) and stop. With several processes every
-        process must call this at every step, with the same step numbers."""
+        process must call this at every step (a host all-gather)."""
         if not self.enabled:
             return False
-        if self._synced:
-            from jax.experimental import multihost_utils
-
-            try:
-                self.noticed = multihost_utils.reached_preemption_sync_point(step)
-            except RuntimeError:  # the service is off (jax_enable_preemption_service)
-                return False
-        if self.noticed:
+        noticed = self.noticed
+        if jax.process_count() > 1:  # the notice may have reached another host only
+            noticed = bool(allgather(np.asarray(noticed, np.int32)).max())
+        if noticed:
             log.warning("preemption notice (SIGTERM): saving step %d and stopping", step)
-        return self.noticed
+            self.acted = True
+        return noticed
