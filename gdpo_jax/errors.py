@@ -37,3 +37,16 @@ class PreemptedError(RuntimeError):
             f"preemption notice (SIGTERM): stopped after step {step} and saved it in "
             f"{checkpoints}; run the same command to resume from step {step}."
         )
+
+
+class RanAlreadyError(RuntimeError):
+    """`run()` was called again on a Trainer or SFT that ran: each runs once."""
+
+    @classmethod
+    def of(cls, kind: str) -> RanAlreadyError:
+        """The error for a second `run()` of a `kind` ("Trainer", "SFT")."""
+        return cls(
+            f"this {kind} has run already: its checkpointer and reward pool are closed, and "
+            "a second run() would log over the run's metrics from the step it started at. "
+            f"Build a new {kind}(cfg) to continue from the run's last checkpoint."
+        )

@@ -503,7 +503,8 @@ def test_every_eval_is_logged_and_the_final_eval_keeps_the_last_loss(tmp_path, d
     assert sorted(recs) == [5, 10, 15, 20]
     assert all("eval/accuracy" in recs[s] for s in (5, 10, 15, 20))
     assert recs[20]["loss"] == pytest.approx(1.9)  # the last step's, beside the final eval
-    run.start_step = 20  # rerun at the end (killed after its final checkpoint)
+    # Rerun at the end (killed after its final checkpoint): a new object's run.
+    run.start_step, run._ran = 20, False
     if driver == "sft":
         assert result["train_loss"] == pytest.approx(1.9)
         assert run.run()["train_loss"] == pytest.approx(1.9)  # nothing trains; the last loss
@@ -676,3 +677,10 @@ def test_a_sigterm_saves_the_sft_step_in_flight_and_the_resume_equals_uninterrup
     losses = [read_jsonl(str(tmp_path / d / "metrics.jsonl")) for d in ("full", "preempted")]
     for i in (3, 4):
         assert losses[1][i]["loss"] == losses[0][i]["loss"], i
+    # Run again on the same object, it trained on from the trained weights and logged
+    # over the run's steps; now it refuses before writing anything.
+    from gdpo_jax.errors import RanAlreadyError
+
+    with pytest.raises(RanAlreadyError, match="this SFT has run already"):
+        again.run()
+    assert read_jsonl(str(tmp_path / "preempted" / "metrics.jsonl")) == losses[1]

@@ -90,6 +90,13 @@ def test_resume_after_kill_equals_uninterrupted(uninterrupted, tmp_path):
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in (3, 4):
         assert _comparable(resumed[step]) == _comparable(full[step]), step
+    # Run again (a notebook cell rerun), it emptied metrics.jsonl, then failed on its
+    # closed reward pool; now it refuses before writing anything.
+    from gdpo_jax.errors import RanAlreadyError
+
+    with pytest.raises(RanAlreadyError, match=r"has run already.*new Trainer\(cfg\)"):
+        trainer.run()
+    assert read_jsonl(os.path.join(wd, "metrics.jsonl")) == resumed
 
 
 def test_incompatible_checkpoint_names_fields(uninterrupted):

@@ -23,7 +23,7 @@ from flax import nnx
 
 from gdpo_jax import compile_cache
 from gdpo_jax.data.stream import PromptStream, records_fingerprint
-from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError
+from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError, RanAlreadyError
 from gdpo_jax.train import build, distributed, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train import state as state_lib
@@ -69,7 +69,9 @@ def _gather_rows(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 class Trainer:
-    """Everything one run needs, built from a validated config. `run()` trains."""
+    """Everything one run needs, built from a validated config. `run()` trains, once."""
+
+    _ran = False  # set by `run`: a second call raises before writing anything
 
     def __init__(self, cfg, *, task: build.TaskData | None = None):
         validate_config(cfg)
@@ -320,6 +322,9 @@ class Trainer:
 
     # ------------------------------------------------------------------- run
     def run(self) -> dict[str, float]:
+        if self._ran:  # a notebook cell run again: nothing is written
+            raise RanAlreadyError.of("Trainer")
+        self._ran = True
         cfg = self.cfg
         if self.start_step >= cfg.train.num_steps:
             log.info(

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 from gdpo_jax import compile_cache
 from gdpo_jax.data.corrupt import make_targets
 from gdpo_jax.data.stream import records_fingerprint
-from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError
+from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError, RanAlreadyError
 from gdpo_jax.tasks import load_task
 from gdpo_jax.train import build, paths, rollout
 from gdpo_jax.train import mesh as mesh_lib
@@ -94,7 +94,10 @@ def sft_config() -> mlc.ConfigDict:
 
 # -------------------------------------------------------------------- run
 class SFT:
-    """Builds model, tokenizer, data and the compiled step from an `sft_config()`."""
+    """Builds model, tokenizer, data and the compiled step from an `sft_config()`;
+    `run()` trains, once."""
+
+    _ran = False  # set by `run`: a second call raises before writing anything
 
     def __init__(self, cfg: mlc.ConfigDict):
         _validate(cfg)
@@ -297,6 +300,9 @@ class SFT:
 
         Returns {"hf_dir", "eval", "train_loss", "num_examples", "seconds"}.
         """
+        if self._ran:  # a notebook cell run again: nothing is written
+            raise RanAlreadyError.of("SFT")
+        self._ran = True
         cfg, s = self.cfg, self.cfg.sft
         writer = MetricsWriter(
             cfg.workdir,
