@@ -50,7 +50,7 @@ class _UidPool:
     highest uid is 200000 + 2**30 - 1 = 1,073,941,823, under 2**31 - 1 (tools that
     read uids as signed 32-bit). It may overlap subordinate uids that
     /etc/subuid hands to containers on this host. A process forked after import
-    (not the forkserver's workers, which import it afresh) takes its own range
+    (not the reward pool's workers, spawned: they import it afresh) takes its own range
     (`register_at_fork`).
     """
 
