@@ -176,10 +176,10 @@ def keep_update(keep: jax.Array, new: Any, old: Any) -> Any:
     """The optimizer state after an update, or before it where `keep` is False (a
     mini-batch without a token), except the learning-rate schedule's count, which
     advances either way: it is the update's place in the run (update i of RL step s
-    runs at schedule(s * updates_per_step + i), the logged lr at i = 0; HF's and
-    verl's schedulers step once per update too). Restored with the rest, each skipped
-    update left warmup and decay one update late for the rest of the run, and the
-    logged lr was not the applied one."""
+    runs at schedule(s * updates_per_step + i), the logged lr at i = 0; HF's
+    scheduler steps once per optimizer update too, verl's once per RL step). Restored
+    with the rest, each skipped update left warmup and decay one update late for the
+    rest of the run, and the logged lr was not the applied one."""
     is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
     return jax.tree.map(
         lambda n, o: n if is_sched(n) else jax.tree.map(lambda a, b: jnp.where(keep, a, b), n, o),

@@ -1,9 +1,13 @@
 """The RL step's logged metrics, reduced over micro-batches, mini-batches and epochs.
 
-Loss terms travel as (sum, denominator) pairs, so every mean is over the tokens (or rows)
-of the whole batch, never a mean of means; `*_min` / `*_max` travel as (value, has
-tokens) pairs. `step_metrics` adds the advantage diagnostics (adv/*, the per-reward
-shares of core/diagnostics.py) on the global batch.
+Loss terms (`pg_loss`, `kl`, `entropy`, the clip fractions, ...) travel as (sum,
+denominator) pairs, so each is a mean over the tokens (or rows) of the whole batch, never a
+mean of means; `*_min` / `*_max` travel as (value, has tokens) pairs. `loss` and
+`grad_norm` are each update's own objective and gradient norm, averaged over the updates
+that had tokens (as TRL's and verl's logs average theirs): with several mini-batches of
+unequal token (or row) counts, `loss` is not `pg_loss` + beta * `kl`. `step_metrics` adds
+the advantage diagnostics (adv/*, the per-reward shares of core/diagnostics.py) on the
+global batch.
 """
 
 from __future__ import annotations
