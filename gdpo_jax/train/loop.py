@@ -371,15 +371,15 @@ class Trainer:
                     writer.write(done, metrics)
                 last = metrics
                 ds = {**self.stream.get_state(), "records": self.records}
-                force = end and cfg.checkpoint.every > 0
+                # A preemption notice saves this step, off the interval too, and stops.
+                preempted = not end and preemption.reached(done)
+                force = (end and cfg.checkpoint.every > 0) or preempted
                 if force or self.ckpt.should_save(done):
                     # Before the save: a resume from this step never writes its metrics
                     # again, and a kill right after a synchronous save lost its events.
                     writer.flush()
                 self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=force)
-                if not end and preemption.reached(done):
-                    writer.flush()
-                    self.ckpt.save(done, self.state, key=self.key, data_state=ds, force=True)
+                if preempted:
                     raise PreemptedError.at_step(done, self.ckpt.directory)
                 if cfg.train.stop_after_step and done >= cfg.train.stop_after_step:
                     log.info("stop_after_step=%d reached; exiting", done)

@@ -336,7 +336,9 @@ class SFT:
                 if done % max(s.log_every, 1) == 0 or done == s.num_steps or evaluated:
                     writer.write(done, metrics)
                 last = metrics
-                force = done == s.num_steps and cfg.checkpoint.every > 0
+                # A preemption notice saves this step, off the interval too, and stops.
+                preempted = done < s.num_steps and preemption.reached(done)
+                force = (done == s.num_steps and cfg.checkpoint.every > 0) or preempted
                 if force or self.ckpt.should_save(done):
                     # Before the save: what a resume from this checkpoint will not write
                     # again (a kill right after a synchronous save lost its events).
@@ -348,15 +350,7 @@ class SFT:
                     data_state={"records": self.records},
                     force=force,
                 )
-                if done < s.num_steps and preemption.reached(done):
-                    writer.flush()
-                    self.ckpt.save(
-                        done,
-                        self.state,
-                        key=self.key,
-                        data_state={"records": self.records},
-                        force=True,
-                    )
+                if preempted:
                     raise PreemptedError.at_step(done, self.ckpt.directory)
             if "loss" not in last and self.start_step and jax.process_index() == 0:
                 # Resumed at the end: the last step's training metrics are in the run's
