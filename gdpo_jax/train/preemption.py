@@ -28,8 +28,8 @@ the run went on to its end. `distributed.initialize` turns that service off, so
 a run that checkpoints nothing ends on SIGTERM at once, as with one process.
 
 A notice the loop could not act on (it came during the run's last step, or its
-final eval) is not dropped: `stop` hands it on to the handler before the watch's
-once that is back, so a caller that goes on to more work (a sweep's next run)
+final eval) is not dropped: `stop` restores the previous handler and sends the
+signal again, to it, so a caller that goes on to more work (a sweep's next run)
 stops too.
 """
 
