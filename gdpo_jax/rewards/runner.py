@@ -212,10 +212,8 @@ class RewardRunner:
     def _proc_pool(self):
         with self._pool_lock:  # worker threads race to create it
             if self._procs is None:
-                # Never fork a JAX process; and no forkserver, a helper process in the
-                # trainer's group: killed by a signal to the group (a preemption), the
-                # pool took its workers for exited (status 255) and failed to replace
-                # them, so the next call waited for ever.
+                # Never fork a JAX process. No forkserver: killed by a signal to the group,
+                # it left the pool counting live workers as exited, and a call hung.
                 ctx = multiprocessing.get_context("spawn")
                 started = ctx.Barrier(self.num_workers)
                 pool = ctx.Pool(self.num_workers, _worker_init, (self.imports, started))
