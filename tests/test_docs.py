@@ -868,7 +868,11 @@ def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
     steps = [r[k] for r in rows for k in ("rl_step_b0.0", "rl_step_b0.04")]
     assert min(steps) > 1
     met = [r["machine"] for r in rows if min(r["rl_iter_b0.0"], r["rl_iter_b0.04"]) >= 1.5]
-    who = {(): "none", ("amd-epyc-avx512-2c",): "the avx512 kind"}.get(tuple(met), ", ".join(met))
+    who = {
+        (): "none",
+        ("amd-epyc-avx512-2c",): "the avx512 kind",
+        ("amd-epyc-avx2-2c", "amd-epyc-avx512-2c"): "both AMD EPYC kinds",
+    }.get(tuple(met), ", ".join(met))
     sampled = summary.ratio_range(rows, "sampler_sampled")
     assert sampled[0] >= 2
     assert [r["machine"] for r in rows if r["sampler_greedy"] >= 2] == ["amd-epyc-avx512-2c"]
