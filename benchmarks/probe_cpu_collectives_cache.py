@@ -27,17 +27,20 @@ import time
 from typing import Any
 
 from benchmarks import common
-from gdpo_jax.compile_cache import ORDERED_SCHEDULER
+from gdpo_jax.xla_cpu import ORDERED_SCHEDULER, SCHEDULER_FLAG
 
 DEFAULT_OUT = "runs/bench/cpu_collectives_cache.json"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = ("tests/test_train_sharded.py", "tests/test_layer_views.py -k mesh")
+# XLA's default scheduler named explicitly: `import gdpo_jax` adds the ordered one to
+# flags that name neither (gdpo_jax/xla_cpu.py).
+DEFAULT_SCHEDULER = f"--{SCHEDULER_FLAG}=true"
 SETTINGS = {
-    "default scheduler": "",
+    "default scheduler": DEFAULT_SCHEDULER,
     "ordered scheduler": ORDERED_SCHEDULER,
     # Does a longer wait let a loaded program through (slow) or not (a deadlock)?
     "300 s collective timeouts": "--xla_cpu_collective_call_terminate_timeout_seconds=300 "
-    "--xla_cpu_collective_timeout_seconds=300",
+    f"--xla_cpu_collective_timeout_seconds=300 {DEFAULT_SCHEDULER}",
 }
 DEFAULT_SETTINGS = ("default scheduler", "ordered scheduler")
 

@@ -1,6 +1,11 @@
 """gdpo_jax: multi-reward RL (GDPO, GRPO and variants) for language models in JAX."""
 
+from gdpo_jax import xla_cpu as _xla_cpu
 from gdpo_jax.quiet_start import import_jax as _import_jax
+
+# Before JAX starts: programs over several CPU devices run under XLA:CPU's ordered
+# scheduler, whose collectives do not deadlock (gdpo_jax/xla_cpu.py).
+_xla_cpu.use_ordered_scheduler()
 
 # First, before any submodule imports JAX: its start without the CUDA plugin's
 # driver-probe lines on a machine with no GPU (gdpo_jax/quiet_start.py).

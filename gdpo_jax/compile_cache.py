@@ -12,20 +12,23 @@ and aborted all the same: a deadlock, which longer timeouts do not cure.
 Freshly compiled, the step ran every time under load: 5 of 5 runs of
 tests/test_train_sharded.py on a 2-core machine kept busy by three spinning
 processes. Loaded from the cache it aborted in 3 of 4 such runs, and in none
-without the load: a race that load exposes, in the loaded executable only.
+without the load. Fresh programs are not immune, only slower to meet it: run
+many times, the fused step deadlocked after 43-333 executions (`xla_cpu.py`).
 
 XLA:CPU's concurrency-optimized scheduler exposes it. With
 `--xla_cpu_enable_concurrency_optimized_scheduler=false` in XLA_FLAGS (when the
 cache was filled, too: XLA_FLAGS are part of the key) the loaded programs ran every
 time under the same load, where nearly every loaded run aborted with the default
 scheduler (`python -m benchmarks.probe_cpu_collectives_cache`; the committed counts
-are in docs/limits.md).
+are in docs/limits.md). `import gdpo_jax` adds that flag when XLA_FLAGS give the
+host several devices (`xla_cpu.use_ordered_scheduler`), so such runs keep the cache.
 
 GPU and TPU collectives are not affected, and neither is a single CPU device.
-So a run on several CPU devices compiles its programs and neither reads nor
-writes the cache (`cpu_collectives_compiled_fresh`), unless XLA_FLAGS turns that
-scheduler off (`ORDERED_SCHEDULER`). The test suite keeps the cache for every
-single-device program (tests/conftest.py).
+A run on several CPU devices whose XLA started without the flag (JAX started
+before gdpo_jax was imported, or XLA_FLAGS chose the default scheduler) compiles
+its programs and neither reads nor writes the cache
+(`cpu_collectives_compiled_fresh`). The test suite keeps the cache for every
+program its flags make safe (tests/conftest.py).
 
 XLA parses XLA_FLAGS once, when the process's first backend starts; setting them
 later (a notebook's `os.environ[...]`) changes nothing for that process's XLA. So
@@ -36,28 +39,31 @@ by a backend-initialization hook), not the environment of the moment.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import jax
 from jax._src import xla_bridge  # private (jax 0.10.2): the backend-initialization hook
 
+# The XLA flag that keeps XLA:CPU collectives out of the deadlock (xla_cpu.py).
+from gdpo_jax.xla_cpu import ORDERED_SCHEDULER, SCHEDULER_FLAG
+
 __all__ = [
     "ORDERED_SCHEDULER",
     "cache_is_safe",
+    "compiled_fresh_for_run",
     "cpu_collectives_compiled_fresh",
+    "guarded",
     "ordered_cpu_scheduler",
     "run_devices",
     "started_xla_flags",
 ]
 
 log = logging.getLogger(__name__)
-
-
-# XLA flag that keeps XLA:CPU collectives loaded from the cache out of the deadlock.
-SCHEDULER_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
-ORDERED_SCHEDULER = f"--{SCHEDULER_FLAG}=false"
+_told = False  # the cache-off line is logged once a process
 
 
 # XLA_FLAGS when this process's first backend started (None: not started yet).
@@ -121,13 +127,16 @@ def cpu_collectives_compiled_fresh(num_devices: int) -> Iterator[bool]:
     on = bool(jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir)
     off = on and not cache_is_safe(jax.default_backend(), num_devices)
     if off:
-        log.info(
-            "persistent compilation cache off for this run: XLA:CPU programs over %d devices "
-            "loaded from it can deadlock in their collectives; add %s to XLA_FLAGS to keep "
-            "it (gdpo_jax/compile_cache.py)",
-            num_devices,
-            ORDERED_SCHEDULER,
-        )
+        global _told
+        if not _told:  # once a process: a notebook's train_step() in a loop enters here often
+            _told = True
+            log.info(
+                "persistent compilation cache off for this run: XLA:CPU programs over %d "
+                "devices loaded from it can deadlock in their collectives; add %s to "
+                "XLA_FLAGS to keep it (gdpo_jax/compile_cache.py)",
+                num_devices,
+                ORDERED_SCHEDULER,
+            )
         jax.config.update("jax_enable_compilation_cache", False)
         compilation_cache.reset_cache()  # the on/off is read once per process
     try:
@@ -142,3 +151,28 @@ def compiled_fresh_for_run(cfg) -> contextlib.AbstractContextManager[bool]:
     """`cpu_collectives_compiled_fresh` over the devices a run of `cfg` spans
     (`config.mesh.num_devices`): the block every run's build and loop go in."""
     return cpu_collectives_compiled_fresh(run_devices(cfg.mesh.num_devices))
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def guarded(method: _F) -> _F:
+    """Method decorator for a run's classes (`Trainer`, `SFT`): the method runs in
+    `compiled_fresh_for_run(cfg)`, `cfg` being `self.cfg`, or for `__init__` its
+    first argument. So `Trainer(cfg).run()`, or a notebook's own `train_step` loop,
+    is guarded as `train(cfg)` is; nested guards do nothing more."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args: Any, **kwargs: Any) -> Any:
+        cfg = getattr(self, "cfg", None)
+        if cfg is None:
+            cfg = args[0] if args else kwargs.get("cfg")
+        try:
+            num_devices = int(cfg.mesh.num_devices)
+        except (AttributeError, KeyError, TypeError, ValueError):
+            # No usable setting: the method's own validation names the field.
+            return method(self, *args, **kwargs)
+        with cpu_collectives_compiled_fresh(run_devices(num_devices)):
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

@@ -32,19 +32,21 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
 
 
 # JAX's start without the CUDA plugin's driver-probe lines, as in every CLI
-# (gdpo_jax/quiet_start.py): before anything below imports jax.
+# (gdpo_jax/quiet_start.py), and XLA:CPU's ordered scheduler for the 8 devices
+# (gdpo_jax/xla_cpu.py): before anything below imports jax.
 import gdpo_jax  # noqa: E402, F401
 
 
-def _cache_single_device_programs_only() -> None:
-    """This process's programs over several CPU devices bypass the shared cache:
-    XLA:CPU can deadlock running one loaded from it (gdpo_jax/compile_cache.py).
+def _cache_safe_programs_only() -> None:
+    """This process's programs over several CPU devices bypass the shared cache
+    unless XLA started with the ordered scheduler (as `import gdpo_jax` above
+    arranges): with the default one XLA:CPU can deadlock running one loaded from
+    it (gdpo_jax/compile_cache.py).
 
-    Single-device programs, most of the suite's, stay cached. JAX offers no
-    per-program switch, so the (private, jax 0.10.2) cache-key function answers
-    "no key" for them, as it does with the cache off: compiled, never stored.
-    The CLIs a test starts guard themselves (`compile_cache` in `train` /
-    `run_sft`)."""
+    JAX offers no per-program switch, so the (private, jax 0.10.2) cache-key
+    function answers "no key" for an unsafe program, as it does with the cache
+    off: compiled, never stored. The CLIs a test starts guard themselves
+    (`compile_cache.guarded` on `Trainer` / `SFT`)."""
     import numpy as np
     from jax._src import compiler
 
@@ -52,12 +54,12 @@ def _cache_single_device_programs_only() -> None:
 
     key = compiler._get_cache_key
 
-    def single_device_key(options, backend, computation, devices, *args, **kwargs):
+    def safe_key(options, backend, computation, devices, *args, **kwargs):
         if not cache_is_safe(backend.platform, int(np.size(devices))):
             return None
         return key(options, backend, computation, devices, *args, **kwargs)
 
-    compiler._get_cache_key = single_device_key
+    compiler._get_cache_key = safe_key
 
 
-_cache_single_device_programs_only()
+_cache_safe_programs_only()

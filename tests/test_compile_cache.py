@@ -18,6 +18,7 @@ from gdpo_jax import compile_cache
 from gdpo_jax.sharding import batch_sharding, make_mesh
 
 ORDERED = compile_cache.ORDERED_SCHEDULER
+DEFAULT = f"--{compile_cache.SCHEDULER_FLAG}=true"  # XLA's default scheduler, named
 COUNT_8 = "--xla_force_host_platform_device_count=8"
 
 
@@ -85,8 +86,12 @@ def test_several_cpu_devices_are_safe_with_the_ordered_scheduler(monkeypatch, fl
     assert compile_cache.cache_is_safe("cpu", 8) is ordered
 
 
-def test_the_suite_stores_single_device_programs_but_not_sharded_ones(fresh_cache_dir):
-    salt = float(np.random.default_rng().integers(1 << 20))  # a program no one compiled yet
+def test_the_suite_stores_sharded_programs_only_under_the_ordered_scheduler(
+    fresh_cache_dir, monkeypatch
+):
+    # `import gdpo_jax` (conftest) gave the suite's 8 devices the ordered scheduler.
+    assert compile_cache.ordered_cpu_scheduler()
+    salt = float(np.random.default_rng().integers(1 << 20))  # programs no one compiled yet
 
     jax.jit(lambda x: jnp.sin(x) * salt)(jnp.ones(8)).block_until_ready()
     stored = _lambdas(fresh_cache_dir)
@@ -94,6 +99,11 @@ def test_the_suite_stores_single_device_programs_but_not_sharded_ones(fresh_cach
 
     x = jax.device_put(jnp.ones(8), batch_sharding(make_mesh((8, 1, 1)), 1))
     jax.jit(lambda x: jnp.sum(jnp.cos(x) * salt))(x).block_until_ready()  # an all-reduce
+    assert len(_lambdas(fresh_cache_dir) - stored) == 1
+    stored = _lambdas(fresh_cache_dir)
+    # Had XLA started with its default scheduler, the sharded program gets no key.
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
+    jax.jit(lambda x: jnp.sum(jnp.tan(x) * salt))(x).block_until_ready()
     assert _lambdas(fresh_cache_dir) == stored
 
 
@@ -182,11 +192,13 @@ def test_the_scheduler_check_reads_the_flags_xla_started_with(tmp_path):
     # Ordered at the start, then dropped: XLA still runs the ordered scheduler.
     kept = _started(tmp_path, f"{count} {ORDERED}", "start", count)
     assert kept[:3] == [f"{count} {ORDERED}", "True", "True"]
-    # Not ordered at the start, then added: the cache stays off for 8 CPU devices.
-    added = _started(tmp_path, count, "start", f"{count} {ORDERED}")
-    assert added[:3] == [count, "False", "False"]
+    # XLA's default scheduler at the start (named: `import gdpo_jax` adds the ordered
+    # one to flags naming neither), then the ordered one: the cache stays off.
+    default = f"{count} {DEFAULT}"
+    added = _started(tmp_path, default, "start", f"{count} {ORDERED}")
+    assert added[:3] == [default, "False", "False"]
     # Set before the backend starts: XLA and the check both see the new flags.
-    before = _started(tmp_path, count, "later", f"{count} {ORDERED}")
+    before = _started(tmp_path, default, "later", f"{count} {ORDERED}")
     assert before[:3] == [f"{count} {ORDERED}", "True", "True"]
     # XLA's own compile options agree: each run's match those of the flags recorded.
     assert kept[3] == before[3] != added[3]
@@ -251,3 +263,77 @@ def test_the_smollm2_demo_trains_with_the_cache_off_on_several_cpu_devices(
     smollm2_demo._train(base_config(), str(tmp_path / "eval0.json"), FakeTrainer)
     assert seen == [("build", False), ("run", False)]
     assert (tmp_path / "eval0.json").exists()
+
+
+def test_a_trainer_used_directly_builds_steps_and_evaluates_with_the_cache_off(
+    fresh_cache_dir, monkeypatch, tmp_path
+):
+    # `Trainer(cfg).run()` (notebook 03's pattern) and a notebook's own train_step /
+    # evaluate calls went round `train()`'s guard: on several CPU devices they could
+    # load their programs from the persistent cache.
+    from gdpo_jax.train import build, loop, rollout
+    from tests._train_fixtures import tiny_config
+
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
+    seen = []
+    real_build = build.build_model
+
+    def build_model(*a, **kw):
+        seen.append(("build", jax.config.jax_enable_compilation_cache))
+        return real_build(*a, **kw)
+
+    monkeypatch.setattr(build, "build_model", build_model)
+    # Spies on what the guarded methods call (a spy on a guarded method runs outside it).
+    for owner, name, tag in ((loop.Trainer, "_collect", "step"), (rollout, "score_shared", "eval")):
+        real = getattr(owner, name)
+
+        def spy(*a, _real=real, _tag=tag, **kw):
+            seen.append((_tag, jax.config.jax_enable_compilation_cache))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(owner, name, spy)
+    cfg = tiny_config(str(tmp_path / "run"))
+    cfg.mesh.num_devices = 2
+    cfg.train.num_steps = 1
+    cfg.train.eval_every = 1
+    trainer = loop.Trainer(cfg)
+    assert jax.config.jax_enable_compilation_cache  # back on between calls
+    trainer.train_step(0)
+    trainer.evaluate()
+    assert seen[:2] == [("build", False), ("step", False)] and set(seen[2:]) == {("eval", False)}
+    assert jax.config.jax_enable_compilation_cache
+    seen.clear()
+    trainer.run()
+    assert set(seen) == {("step", False), ("eval", False)}
+
+
+def test_an_sft_used_directly_builds_steps_and_evaluates_with_the_cache_off(
+    fresh_cache_dir, monkeypatch, tmp_path
+):
+    from gdpo_jax.train import rollout
+    from gdpo_jax.train import sft as sft_lib
+    from tests.test_sft import _config
+
+    monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
+    seen = []
+    for owner, name, tag in (
+        (sft_lib, "load_task", "build"),
+        (sft_lib.SFT, "local_batch", "step"),
+        (rollout, "score_shared", "eval"),
+    ):
+        real = getattr(owner, name)
+
+        def spy(*a, _real=real, _tag=tag, **kw):
+            seen.append((_tag, jax.config.jax_enable_compilation_cache))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(owner, name, spy)
+    cfg = _config(tmp_path / "sft")
+    cfg.sft.num_steps = 1
+    cfg.mesh.num_devices = 2
+    sft = sft_lib.SFT(cfg)
+    assert jax.config.jax_enable_compilation_cache  # back on between calls
+    sft.step(0)
+    sft.evaluate()
+    assert seen[:2] == [("build", False), ("step", False)] and set(seen[2:]) == {("eval", False)}
+    assert jax.config.jax_enable_compilation_cache

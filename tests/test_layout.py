@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.backend",
             "gdpo_jax.compile_cache",
             "gdpo_jax.quiet_start",
+            "gdpo_jax.xla_cpu",
         ),
     ),
     ("core", ("gdpo_jax.core",)),

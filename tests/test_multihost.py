@@ -25,9 +25,10 @@ def _free_port() -> int:
 def _launch(nproc: int, tmp_path) -> list[dict]:
     wd = str(tmp_path / "workdir")
     port = _free_port()
-    # No persistent compilation cache: each worker runs XLA:CPU programs over 2 local
-    # devices, which can deadlock when loaded from it (gdpo_jax/compile_cache.py). Across
-    # processes nothing aborts: both workers waited in their collectives until the timeout.
+    # No persistent compilation cache, and each worker's own XLA_FLAGS: `import gdpo_jax`
+    # and `distributed.initialize` give them XLA:CPU's ordered scheduler. With the default
+    # one the workers' collectives deadlocked now and then (both waited until the timeout,
+    # or gloo aborted on a "collective mismatch"; gdpo_jax/xla_cpu.py).
     drop = ("XLA_FLAGS", "JAX_COMPILATION_CACHE_DIR", "JAX_COMPILATION_CACHE_MAX_SIZE")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PYTHONPATH"] = ROOT

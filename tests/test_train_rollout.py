@@ -562,3 +562,33 @@ def test_held_out_scoring_splits_the_records_over_the_processes(monkeypatch):
         whole = sample_and_score(part, sampler=FakeSampler(), group_size=G, **kw)
         np.testing.assert_array_equal(got["rewards"], whole["rewards"])
         np.testing.assert_array_equal(got["lengths"], whole["completion_mask"].sum(1))
+
+
+def test_the_logged_overlap_is_the_reduced_reward_time_less_the_reduced_wait():
+    # With several processes the times are the slowest host's, and the overlap was
+    # process 0's own: 0.4 s beside reward_s 1.0 and wait 0.9, so the logged
+    # reward_s = reward_wait_s + reward_overlap_s did not hold.
+    from gdpo_jax.train.distributed import combine_rows
+    from gdpo_jax.train.rollout import host_metrics
+
+    def info(reward_s, wait_s, failures):
+        return {
+            "sample_s": 2.0,
+            "reward_s": reward_s,
+            "reward_wait_s": wait_s,
+            "reward_info": {"reward_failures/r": failures, "reward_time/r": reward_s, "x": 9.0},
+        }
+
+    other = host_metrics(info(1.0, 0.9, 2.0))  # process 1's own values
+
+    def reduce(host):  # as `reduce_processes` over the two processes
+        keys = sorted(host)
+        table = np.asarray([[host[k] for k in keys], [other[k] for k in keys]])
+        return combine_rows(table, keys, max_prefixes=("time/", "reward_time/"))
+
+    one = host_metrics(info(0.5, 0.1, 1.0))
+    assert one["time/reward_overlap_s"] == pytest.approx(0.4) and "x" not in one
+    both = host_metrics(info(0.5, 0.1, 1.0), reduce)
+    assert both["time/reward_s"] == 1.0 and both["time/reward_wait_s"] == 0.9
+    assert both["time/reward_overlap_s"] == pytest.approx(1.0 - 0.9)
+    assert both["reward_failures/r"] == 3.0 and both["time/sample_s"] == 2.0

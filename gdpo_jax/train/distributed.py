@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from gdpo_jax import sharding as mesh_lib
+from gdpo_jax import xla_cpu
 from gdpo_jax.errors import ConfigError
 from gdpo_jax.multihost import allgather as allgather_host
 from gdpo_jax.multihost import cluster_env, cluster_hint, mpi_launch, undetected_launch_message
@@ -65,6 +66,10 @@ def initialize(
     # point, which the runs do not use (`train/preemption.py`): a run that checkpoints
     # nothing went on to its end instead of stopping.
     jax.config.update("jax_enable_preemption_service", False)
+    if (jax.config.jax_platforms or "").strip() == "cpu":
+        # Several processes' CPU devices share every collective (gloo): XLA:CPU's default
+        # scheduler can order them differently per process and deadlock (xla_cpu.py).
+        xla_cpu.use_ordered_scheduler(several_processes=True)
     try:
         jax.distributed.initialize(**kwargs)
     except ValueError as e:

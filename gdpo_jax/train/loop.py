@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from functools import partial
 from typing import Any
 
 import jax
@@ -73,6 +74,7 @@ class Trainer:
 
     _ran = False  # set by `run`: a second call raises before writing anything
 
+    @compile_cache.guarded
     def __init__(self, cfg, *, task: build.TaskData | None = None):
         validate_config(cfg)
         # Paths too, before the model is built (the CLI checks them; train() from Python
@@ -203,6 +205,7 @@ class Trainer:
             overlap_rewards=bool(cfg.rewards.get("overlap", True)),
         )
 
+    @compile_cache.guarded
     def train_step(self, step: int) -> dict[str, float]:
         """One RL iteration (step = number of steps done before it)."""
         t0 = time.perf_counter()
@@ -229,11 +232,6 @@ class Trainer:
         tokens = float(((rows["completion_len"] + rows["prompt_len"]) * rows["valid"]).sum())
         metrics.update(
             {
-                "time/sample_s": info["sample_s"],
-                "time/reward_s": info["reward_s"],
-                # Reward time not hidden behind the next chunk's decode (overlap).
-                "time/reward_wait_s": info["reward_wait_s"],
-                "time/reward_overlap_s": max(info["reward_s"] - info["reward_wait_s"], 0.0),
                 "data/sample_calls": info["sample_calls"],
                 # The bucketed prompt width of this batch, and step programs so far.
                 "data/prompt_width": arrays["prompt_ids"].shape[1],
@@ -252,24 +250,15 @@ class Trainer:
             metrics["data/kept_groups_frac"] = distributed.sum_processes(info["kept_groups"]) / max(
                 distributed.sum_processes(info["scored_groups"]), 1
             )
-        host = {
-            k: v
-            for k, v in info["reward_info"].items()
-            if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/"))
-        }
-        host.update(
-            {
-                "time/sample_s": info["sample_s"],
-                "time/reward_s": info["reward_s"],
-                "time/reward_wait_s": info["reward_wait_s"],
-            }
-        )
+        reduce = None
         if jax.process_count() > 1:
             # Failures anywhere are counted (summed); times are the slowest host's.
-            host = distributed.reduce_processes(host, max_prefixes=("time/", "reward_time/"))
+            reduce = partial(distributed.reduce_processes, max_prefixes=("time/", "reward_time/"))
+        host = rollout.host_metrics(info, reduce)
         metrics.update(host)
         return metrics
 
+    @compile_cache.guarded
     def evaluate(self) -> dict[str, float]:
         """Held-out split: the config's eval sampling, rewards and the task's own metrics.
 
@@ -321,6 +310,7 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------- run
+    @compile_cache.guarded
     def run(self) -> dict[str, float]:
         if self._ran:  # a notebook cell run again: nothing is written
             raise RanAlreadyError.of("Trainer")
@@ -399,6 +389,6 @@ def train(cfg, *, task: build.TaskData | None = None) -> dict[str, float]:
     """Builds a Trainer for `cfg` and runs it; returns the last step's metrics.
 
     On several CPU devices it compiles every program afresh unless XLA_FLAGS carries
-    the ordered scheduler (`compile_cache.cache_is_safe`)."""
-    with compile_cache.compiled_fresh_for_run(cfg):
-        return Trainer(cfg, task=task).run()
+    the ordered scheduler (`compile_cache.cache_is_safe`; Trainer's methods are
+    `compile_cache.guarded`)."""
+    return Trainer(cfg, task=task).run()

@@ -14,7 +14,7 @@ per prompt width, `sampling.prompt_buckets`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -274,6 +274,34 @@ def rollout_metrics(
     fin = np.asarray(finish)[valid] if len(finish) else np.asarray([])
     out["len/truncated_frac"] = float((fin == "length").mean()) if fin.size else nan
     return out
+
+
+def host_metrics(
+    info: dict[str, Any],
+    reduce: Callable[[dict[str, float]], dict[str, float]] | None = None,
+) -> dict[str, float]:
+    """A step's host-side metrics from `collect_batch`'s info: reward failures,
+    timeouts and times, and the sampling / reward times.
+
+    `reduce` combines them over processes (`distributed.reduce_processes`: counts
+    summed, times the slowest host's). `time/reward_overlap_s` is computed after it,
+    so `reward_s = reward_wait_s + reward_overlap_s` holds for the logged values with
+    several processes too (it was process 0's own overlap beside the slowest host's
+    reward_s and wait).
+    """
+    host = {
+        k: float(v)
+        for k, v in info["reward_info"].items()
+        if k.startswith(("reward_failures/", "reward_time/", "reward_timeouts/"))
+    }
+    host["time/sample_s"] = float(info["sample_s"])
+    host["time/reward_s"] = float(info["reward_s"])
+    # Reward time not hidden behind the next chunk's decode (overlap).
+    host["time/reward_wait_s"] = float(info["reward_wait_s"])
+    if reduce is not None:
+        host = reduce(host)
+    host["time/reward_overlap_s"] = max(host["time/reward_s"] - host["time/reward_wait_s"], 0.0)
+    return host
 
 
 def score_shared(

@@ -99,6 +99,7 @@ class SFT:
 
     _ran = False  # set by `run`: a second call raises before writing anything
 
+    @compile_cache.guarded
     def __init__(self, cfg: mlc.ConfigDict):
         _validate(cfg)
         self.cfg = cfg
@@ -225,6 +226,7 @@ class SFT:
         n = self.cfg.sft.batch_size // pc  # validation: batch_size divides over the mesh
         return {k: v[pi * n : (pi + 1) * n] for k, v in rows.items()}
 
+    @compile_cache.guarded
     def step(self, step: int) -> dict[str, float]:
         from gdpo_jax.train.distributed import to_global
 
@@ -233,6 +235,7 @@ class SFT:
             self.state, metrics = self._step(self.state, batch)
         return {k: float(v) for k, v in metrics.items()}
 
+    @compile_cache.guarded
     def evaluate(self) -> dict[str, float]:
         """Held-out: greedy (1 per prompt) and sampled (k per prompt at the rollouts'
         sampling: temperature, top_k, top_p)."""
@@ -295,6 +298,7 @@ class SFT:
             self.model, self.tokenizer, out_dir or os.path.join(self.cfg.workdir, "hf")
         )
 
+    @compile_cache.guarded
     def run(self) -> dict[str, Any]:
         """Trains, evaluates, exports.
 
@@ -393,6 +397,6 @@ _validate = validate_sft_config
 def run_sft(cfg: mlc.ConfigDict) -> dict[str, Any]:
     """Builds an `SFT` from the config and runs it (see `SFT.run`); on several CPU
     devices it compiles every program afresh unless XLA_FLAGS carries the ordered
-    scheduler (`compile_cache.cache_is_safe`)."""
-    with compile_cache.compiled_fresh_for_run(cfg):
-        return SFT(cfg).run()
+    scheduler (`compile_cache.cache_is_safe`; SFT's methods are
+    `compile_cache.guarded`)."""
+    return SFT(cfg).run()

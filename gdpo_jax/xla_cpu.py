@@ -1,0 +1,89 @@
+"""XLA:CPU collectives over several devices: the ordered scheduler, set before JAX starts.
+
+Why: in jaxlib 0.10.2, XLA:CPU's concurrency-optimized scheduler lets the
+devices' threads of one program reach its collectives in different orders. A
+program over several CPU devices (`--xla_force_host_platform_device_count`, or
+one device in each of several processes joined by gloo) then deadlocks sooner or
+later: the devices wait in different collectives' rendezvous and the process
+aborts after 40 s, or with gloo across processes one side receives another
+collective's bytes ("Is there a distributed collective mismatch in your code?")
+or both wait for ever. The fused RL step, freshly compiled on an idle machine,
+stopped so in 5 of 6 probe runs of 400 executions, after 43-333 of them; with
+`--xla_cpu_enable_concurrency_optimized_scheduler=false` all 6 finished
+(`python -m benchmarks.probe_cpu_collectives_repeat`, the counts in docs/limits.md).
+Programs loaded from the persistent cache are more exposed still (`compile_cache.py`).
+
+So `import gdpo_jax` adds that flag to XLA_FLAGS when the flags give the host
+platform several devices, and `train.distributed.initialize` adds it before a
+multi-process CPU run joins its cluster, both only while no JAX backend has
+started (XLA parses XLA_FLAGS once, when the first backend starts). A setting of
+the flag already in XLA_FLAGS, either way, is kept. GPU and TPU programs and a
+single CPU device are not affected; an accelerator's XLA ignores the CPU flag.
+
+A leaf: imports neither JAX nor anything from gdpo_jax, so the package's
+`__init__` can call it before JAX is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import MutableMapping
+
+__all__ = [
+    "ORDERED_SCHEDULER",
+    "SCHEDULER_FLAG",
+    "add_ordered_scheduler",
+    "host_device_count",
+    "use_ordered_scheduler",
+]
+
+SCHEDULER_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
+ORDERED_SCHEDULER = f"--{SCHEDULER_FLAG}=false"
+_COUNT = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
+
+
+def host_device_count(xla_flags: str, environ: MutableMapping[str, str] | None = None) -> int:
+    """How many CPU devices the flags (the last count wins, as XLA parses them) or
+    `JAX_NUM_CPU_DEVICES` give the host platform; 1 when neither sets it."""
+    env = os.environ if environ is None else environ
+    counts = [int(n) for n in _COUNT.findall(xla_flags)]
+    if counts:
+        return counts[-1]
+    try:
+        return int(env.get("JAX_NUM_CPU_DEVICES", "") or 1)
+    except ValueError:
+        return 1
+
+
+def add_ordered_scheduler(xla_flags: str) -> str:
+    """`xla_flags` with `ORDERED_SCHEDULER` appended, unless they already set the
+    scheduler flag (to either value: a choice made there is kept)."""
+    if f"--{SCHEDULER_FLAG}" in xla_flags:
+        return xla_flags
+    return f"{xla_flags} {ORDERED_SCHEDULER}".strip()
+
+
+def _backend_started() -> bool:
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(bridge is not None and getattr(bridge, "_backends", None))
+
+
+def use_ordered_scheduler(
+    *, several_processes: bool = False, environ: MutableMapping[str, str] | None = None
+) -> bool:
+    """Adds `ORDERED_SCHEDULER` to `environ["XLA_FLAGS"]` (default os.environ) when
+    CPU programs will span several devices: the flags give the host platform more
+    than one, or `several_processes` (a CPU run joining a cluster). Nothing when a
+    backend has started (XLA has read the flags) or the flags set the scheduler.
+    Returns whether it added the flag."""
+    env = os.environ if environ is None else environ
+    flags = env.get("XLA_FLAGS", "")
+    if _backend_started() or not (several_processes or host_device_count(flags, env) > 1):
+        return False
+    new = add_ordered_scheduler(flags)
+    if new == flags:
+        return False
+    env["XLA_FLAGS"] = new
+    return True

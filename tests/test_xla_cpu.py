@@ -1,0 +1,101 @@
+"""Programs over several CPU devices run under XLA:CPU's ordered scheduler, set before
+JAX starts (gdpo_jax/xla_cpu.py): with the default one the fused step deadlocked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gdpo_jax import xla_cpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ORDERED = xla_cpu.ORDERED_SCHEDULER
+DEFAULT = f"--{xla_cpu.SCHEDULER_FLAG}=true"
+
+
+@pytest.mark.parametrize(
+    "flags, env, count",
+    [
+        ("", {}, 1),
+        ("--xla_force_host_platform_device_count=8", {}, 8),
+        # XLA parses the flags in order: the last count wins.
+        (
+            "--xla_force_host_platform_device_count=8 --xla_force_host_platform_device_count=1",
+            {},
+            1,
+        ),
+        ("", {"JAX_NUM_CPU_DEVICES": "4"}, 4),
+        ("--xla_force_host_platform_device_count=2", {"JAX_NUM_CPU_DEVICES": "4"}, 2),
+        ("", {"JAX_NUM_CPU_DEVICES": "x"}, 1),
+    ],
+)
+def test_host_device_count_reads_the_flags_then_the_environment(flags, env, count):
+    assert xla_cpu.host_device_count(flags, env) == count
+
+
+@pytest.mark.parametrize(
+    "flags, several_processes, added",
+    [
+        ("--xla_force_host_platform_device_count=8", False, True),
+        ("--xla_force_host_platform_device_count=1", False, False),
+        ("", False, False),  # one CPU device: its programs have no collectives to order
+        ("", True, True),  # a CPU run joining a cluster
+        (f"--xla_force_host_platform_device_count=8 {DEFAULT}", False, False),  # chosen: kept
+        (f"--xla_force_host_platform_device_count=8 {ORDERED}", False, False),  # already there
+    ],
+)
+def test_the_ordered_scheduler_is_added_only_for_several_devices_and_never_over_a_choice(
+    monkeypatch, flags, several_processes, added
+):
+    monkeypatch.setattr(xla_cpu, "_backend_started", lambda: False)
+    env = {"XLA_FLAGS": flags}
+    assert xla_cpu.use_ordered_scheduler(several_processes=several_processes, environ=env) is added
+    assert env["XLA_FLAGS"] == (f"{flags} {ORDERED}".strip() if added else flags)
+    # Once a backend has started XLA has parsed the flags: nothing is changed.
+    monkeypatch.setattr(xla_cpu, "_backend_started", lambda: True)
+    env = {"XLA_FLAGS": flags}
+    assert not xla_cpu.use_ordered_scheduler(several_processes=True, environ=env)
+    assert env["XLA_FLAGS"] == flags
+
+
+def _python(args: list[str], xla_flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS=xla_flags)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, ordered",
+    [
+        ("--xla_force_host_platform_device_count=4", True),
+        (f"--xla_force_host_platform_device_count=4 {DEFAULT}", False),
+        ("", False),
+    ],
+)
+def test_xla_starts_with_the_ordered_scheduler_after_import_gdpo_jax(flags, ordered):
+    code = (
+        "import jax, gdpo_jax\n"  # jax imported first, as a notebook may: no backend yet
+        "from gdpo_jax import compile_cache\n"
+        "print(jax.device_count(), compile_cache.ordered_cpu_scheduler())"
+    )
+    out = _python(["-c", code], flags)
+    assert out.returncode == 0, out.stderr[-2000:]
+    count = 4 if flags else 1
+    assert out.stdout.split() == [str(count), str(ordered)]
+
+
+@pytest.mark.slow
+def test_the_fused_step_over_four_cpu_devices_runs_hundreds_of_times():
+    # With XLA's default scheduler this run aborted after 43, 85 and 333 executions in
+    # the probe's three runs (XLA's 40 s rendezvous wait ran out with the devices in
+    # different all-reduces; docs/benchmarks/cpu_collectives_repeat_*.json).
+    iters = 400
+    worker = ["-m", "benchmarks.probe_cpu_collectives_repeat", "--worker", "0", "1", "0"]
+    out = _python([*worker, str(iters)], "--xla_force_host_platform_device_count=4", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("step ") == iters
