@@ -15,7 +15,7 @@ Programs loaded from the persistent cache are more exposed still (`compile_cache
 
 So `import gdpo_jax` adds that flag to XLA_FLAGS when the flags give the host
 platform several devices, and `train.distributed.initialize` adds it before a
-multi-process CPU run joins its cluster, both only while no JAX backend has
+multi-process CPU run (`JAX_PLATFORMS=cpu`) joins its cluster, both only while no JAX backend has
 started (XLA parses XLA_FLAGS once, when the first backend starts). A setting of
 the flag already in XLA_FLAGS, either way, is kept. GPU and TPU programs and a
 single CPU device are not affected; an accelerator's XLA ignores the CPU flag.

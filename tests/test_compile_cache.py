@@ -265,6 +265,20 @@ def test_the_smollm2_demo_trains_with_the_cache_off_on_several_cpu_devices(
     assert (tmp_path / "eval0.json").exists()
 
 
+def _spy_on_the_cache(monkeypatch, seen: list, targets) -> None:
+    """Each (owner, name, tag) of `targets` appends (tag, whether the cache is on) to
+    `seen` when called. Spies go on what the guarded methods call: a spy on a guarded
+    method itself would run outside its guard."""
+    for owner, name, tag in targets:
+        real = getattr(owner, name)
+
+        def spy(*a, _real=real, _tag=tag, **kw):
+            seen.append((_tag, jax.config.jax_enable_compilation_cache))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(owner, name, spy)
+
+
 def test_a_trainer_used_directly_builds_steps_and_evaluates_with_the_cache_off(
     fresh_cache_dir, monkeypatch, tmp_path
 ):
@@ -283,15 +297,9 @@ def test_a_trainer_used_directly_builds_steps_and_evaluates_with_the_cache_off(
         return real_build(*a, **kw)
 
     monkeypatch.setattr(build, "build_model", build_model)
-    # Spies on what the guarded methods call (a spy on a guarded method runs outside it).
-    for owner, name, tag in ((loop.Trainer, "_collect", "step"), (rollout, "score_shared", "eval")):
-        real = getattr(owner, name)
-
-        def spy(*a, _real=real, _tag=tag, **kw):
-            seen.append((_tag, jax.config.jax_enable_compilation_cache))
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(owner, name, spy)
+    _spy_on_the_cache(
+        monkeypatch, seen, ((loop.Trainer, "_collect", "step"), (rollout, "score_shared", "eval"))
+    )
     cfg = tiny_config(str(tmp_path / "run"))
     cfg.mesh.num_devices = 2
     cfg.train.num_steps = 1
@@ -316,18 +324,15 @@ def test_an_sft_used_directly_builds_steps_and_evaluates_with_the_cache_off(
 
     monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
     seen = []
-    for owner, name, tag in (
-        (sft_lib, "load_task", "build"),
-        (sft_lib.SFT, "local_batch", "step"),
-        (rollout, "score_shared", "eval"),
-    ):
-        real = getattr(owner, name)
-
-        def spy(*a, _real=real, _tag=tag, **kw):
-            seen.append((_tag, jax.config.jax_enable_compilation_cache))
-            return _real(*a, **kw)
-
-        monkeypatch.setattr(owner, name, spy)
+    _spy_on_the_cache(
+        monkeypatch,
+        seen,
+        (
+            (sft_lib, "load_task", "build"),
+            (sft_lib.SFT, "local_batch", "step"),
+            (rollout, "score_shared", "eval"),
+        ),
+    )
     cfg = _config(tmp_path / "sft")
     cfg.sft.num_steps = 1
     cfg.mesh.num_devices = 2

@@ -1952,6 +1952,39 @@ def test_scale_prose_v5e_figures_are_the_committed_plan() -> None:
     _assert_quotes(doc, (figure,), "docs/scale.md")
 
 
+def test_the_avx2_kinds_rl_figures_are_its_machine_file() -> None:
+    """benchmarks.md's and limits.md's figures for the avx2 kind's RL iteration: its
+    machine file's bench_rl (ratios, seconds, the rounds' spread, other processes' CPU)."""
+    import json
+
+    run = json.loads((ROOT / "docs/benchmarks/machines/amd-epyc-avx2-2c.json").read_text())
+    rl = run["benchmarks"]["bench_rl"]
+    b0, b4 = rl["result"]["results"]["beta=0.0"], rl["result"]["results"]["beta=0.04"]
+
+    def spread(r):
+        lo, hi = min(r["round_speedup_iter"]), max(r["round_speedup_iter"])
+        return f"{lo:.2f}x-{hi:.2f}x"
+
+    pair = f"{b0['speedup_iter']:.2f}x / {b4['speedup_iter']:.2f}x"
+    step = f"its step {b0['speedup_step']:.2f}x / {b4['speedup_step']:.2f}x"
+    doc = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    figures = (
+        f"{100 * rl['host']['other_cpu_frac']:.1f} % other processes' CPU during bench_rl)"
+        f" gives {pair}, {step} (ours {b0['gdpo_jax']['iter_s']:.3f} s per beta-0 iteration,"
+        f" TRL's {b0['trl']['iter_s']:.3f} s); its rounds' own ratios span {spread(b0)} at"
+        f" beta 0 and {spread(b4)} at beta 0.04",
+    )
+    _assert_quotes(doc, figures, "docs/benchmarks.md (machines/amd-epyc-avx2-2c.json)")
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    peak = run["matmul_peak"]["gflops_per_s"]
+    figures = (
+        f"amd-epyc-avx2-2c {pair} ({step}; a full run of 2026-12-06, the same settings, matmul"
+        f" peak {peak:.0f} GFLOP/s; its rounds' own ratios span {spread(b0)} at beta 0 and"
+        f" {spread(b4)} at beta 0.04",
+    )
+    _assert_quotes(limits, figures, "docs/limits.md (machines/amd-epyc-avx2-2c.json)")
+
+
 def test_limits_cpu_speed_figures_are_each_kinds_latest_row() -> None:
     """limits.md's CPU-speed bullet quotes each machine kind's latest run_all row: the
     RL iteration at both betas ("<kind> a.bcx / d.efx") and the greedy sampler
