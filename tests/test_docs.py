@@ -1985,6 +1985,38 @@ def test_the_avx2_kinds_rl_figures_are_its_machine_file() -> None:
     _assert_quotes(limits, figures, "docs/limits.md (machines/amd-epyc-avx2-2c.json)")
 
 
+def test_the_guards_cost_is_the_committed_profile_guard_run() -> None:
+    """benchmarks.md's guard table renders the committed profile_guard run, and the
+    figures quoted after it and in training.md are that run's."""
+    import json
+
+    from benchmarks import profile_guard
+
+    res = json.loads((ROOT / "docs/benchmarks/profile_guard_amd-epyc-avx2-2c.json").read_text())
+    text = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert profile_guard.table_markdown(res) in text, (
+        "docs/benchmarks.md's guard table: python -m benchmarks.profile_guard "
+        "--out docs/benchmarks/profile_guard_amd-epyc-avx2-2c.json"
+    )
+    tiny, smol = (next(r for r in res["results"] if r["model"] == m) for m in ("tiny", "smollm2"))
+    costs = [100 * r["cost"] for r in res["results"]]
+    best = max(100 * r["cost_best"] for r in res["results"])
+    figures = (
+        f"measured from {-min(costs):.1f} % faster to {max(costs):.1f} % slower (by the best"
+        f" steps, up to {best:.1f} % slower)"
+        if min(costs) < 0 < max(costs)
+        else "the A/B's own figures (rewrite the sentence)",
+        f"{tiny['check_ms']:.2f} ms at {tiny['params'] / 1e6:.1f}M weights and "
+        f"{smol['check_ms']:.0f} ms at SmolLM2-135M's {smol['params'] / 1e6:.1f}M",
+        f"{100 * tiny['check_share']:.2f} % and {100 * smol['check_share']:.2f} % of the guarded"
+        " step",
+    )
+    _assert_quotes(" ".join(text.split()), figures, "docs/benchmarks.md (profile_guard)")
+    training = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
+    share = f"as a pass of its own it takes {100 * smol['check_share']:.2f} % of bench_rl's step"
+    _assert_quotes(training, (share,), "docs/training.md (profile_guard)")
+
+
 def test_limits_cpu_speed_figures_are_each_kinds_latest_row() -> None:
     """limits.md's CPU-speed bullet quotes each machine kind's latest run_all row: the
     RL iteration at both betas ("<kind> a.bcx / d.efx") and the greedy sampler
