@@ -27,8 +27,9 @@ GPU and TPU collectives are not affected, and neither is a single CPU device.
 A run on several CPU devices whose XLA started without the flag (JAX started
 before gdpo_jax was imported, or XLA_FLAGS chose the default scheduler) compiles
 its programs and neither reads nor writes the cache
-(`cpu_collectives_compiled_fresh`). The test suite keeps the cache for every
-program its flags make safe (tests/conftest.py).
+(`cpu_collectives_compiled_fresh`), and warns once a process that its collectives
+can deadlock, naming the flag (`warn_default_scheduler`). The test suite keeps its
+multi-device CPU programs out of the cache under either scheduler (tests/conftest.py).
 
 XLA parses XLA_FLAGS once, when the process's first backend starts; setting them
 later (a notebook's `os.environ[...]`) changes nothing for that process's XLA. So
@@ -60,10 +61,12 @@ __all__ = [
     "ordered_cpu_scheduler",
     "run_devices",
     "started_xla_flags",
+    "warn_default_scheduler",
 ]
 
 log = logging.getLogger(__name__)
 _told = False  # the cache-off line is logged once a process
+_warned = False  # so is the scheduler warning
 
 
 # XLA_FLAGS when this process's first backend started (None: not started yet).
@@ -125,7 +128,10 @@ def cpu_collectives_compiled_fresh(num_devices: int) -> Iterator[bool]:
     from jax.experimental.compilation_cache import compilation_cache
 
     on = bool(jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir)
-    off = on and not cache_is_safe(jax.default_backend(), num_devices)
+    unsafe = not cache_is_safe(jax.default_backend(), num_devices)
+    if unsafe:
+        warn_default_scheduler(num_devices)
+    off = on and unsafe
     if off:
         global _told
         if not _told:  # once a process: a notebook's train_step() in a loop enters here often
@@ -145,6 +151,25 @@ def cpu_collectives_compiled_fresh(num_devices: int) -> Iterator[bool]:
         if off:
             jax.config.update("jax_enable_compilation_cache", True)
             compilation_cache.reset_cache()
+
+
+def warn_default_scheduler(num_devices: int) -> None:
+    """Logs, once a process, that this process's XLA:CPU runs programs over
+    `num_devices` devices under its concurrency-optimized scheduler (JAX started
+    before gdpo_jax was imported, or XLA_FLAGS chose it), and the flag that avoids
+    the collectives' deadlock (xla_cpu.py). A warning, not an error: XLA has parsed
+    its flags already, and a choice made in XLA_FLAGS is the user's."""
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning(
+            "XLA:CPU runs these programs over %d devices under its concurrency-optimized "
+            "scheduler, whose collectives can deadlock (the fused step stopped after 43-333 "
+            "executions in 5 of 6 probe runs: docs/limits.md); start the process with %s in "
+            "XLA_FLAGS, or import gdpo_jax before JAX starts and it adds it",
+            num_devices,
+            ORDERED_SCHEDULER,
+        )
 
 
 def compiled_fresh_for_run(cfg) -> contextlib.AbstractContextManager[bool]:

@@ -4,6 +4,7 @@ and in this suite's processes (tests/conftest.py)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -115,6 +116,33 @@ def test_a_run_on_several_cpu_devices_turns_the_cache_off_and_back_on(fresh_cach
     monkeypatch.setattr(compile_cache, "_flags_at_start", f"{COUNT_8} {ORDERED}")
     with compile_cache.cpu_collectives_compiled_fresh(compile_cache.run_devices(0)) as off:
         assert not off and jax.config.jax_enable_compilation_cache
+
+
+def test_several_cpu_devices_under_the_default_scheduler_warn_once_naming_the_flag(
+    monkeypatch, caplog
+):
+    """XLA started without the ordered scheduler (JAX before gdpo_jax, or XLA_FLAGS'
+    choice): a run over several CPU devices says once that its collectives can
+    deadlock and names the flag; the ordered scheduler or one device says nothing."""
+
+    def warnings_of(num_devices: int, flags: str, times: int = 1) -> list[str]:
+        monkeypatch.setattr(compile_cache, "_flags_at_start", flags)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="gdpo_jax.compile_cache"):
+            for _ in range(times):
+                with compile_cache.cpu_collectives_compiled_fresh(num_devices):
+                    pass
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    monkeypatch.setattr(compile_cache, "_warned", False)
+    (line,) = warnings_of(8, f"{COUNT_8} {DEFAULT}", times=3)
+    assert "over 8 devices under its concurrency-optimized scheduler" in line
+    assert f"start the process with {ORDERED} in XLA_FLAGS" in line
+    for num_devices, flags in ((8, f"{COUNT_8} {ORDERED}"), (1, COUNT_8)):
+        monkeypatch.setattr(compile_cache, "_warned", False)
+        assert warnings_of(num_devices, flags) == []
+    monkeypatch.setattr(compile_cache, "_warned", False)
+    assert len(warnings_of(2, COUNT_8)) == 1  # no scheduler flag at all: XLA's default
 
 
 def test_the_sft_cli_builds_and_runs_with_the_cache_off_on_several_cpu_devices(
