@@ -32,6 +32,7 @@ EXTRAS = {
     "test": [
         "pytest==9.2.0",
         "pytest-xdist==3.8.0",
+        "filelock==4.3.2",  # tests/_once.py: a module fixture once a session across workers
         "hypothesis==6.170.15",
         "nbmake==1.5.5",
         "ipykernel==7.4.0",

@@ -13,6 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests._once import once_per_session
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -73,7 +75,8 @@ def _launch(nproc: int, tmp_path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
-    return _launch(2, tmp_path_factory.mktemp("two"))
+    # Launched once a session: both xdist workers ran it side by side before (tests/_once.py).
+    return once_per_session(tmp_path_factory, "multihost_two", lambda d: _launch(2, d))
 
 
 @pytest.mark.slow
