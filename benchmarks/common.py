@@ -478,3 +478,27 @@ def quick_out_main(
     result = run(quick=args.quick)
     print(render(result))
     print(f"wrote {write_json(args.out, result)}")
+
+
+def run_child(module: str, args: Sequence[str], *, hugetlb: bool = True) -> dict[str, Any]:
+    """The JSON that ``python -m <module> --_child <file> <args>`` writes to <file>, run
+    in a fresh process: glibc's huge-page malloc tunable on (`hugetlb`, as bench_rl
+    runs) or off, only ever from a process's start (gdpo_jax/hostenv.py), and
+    gdpo_jax's own relaunch for it off. A failed child raises with its stderr's tail."""
+    import subprocess
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env["GDPO_JAX_NO_RELAUNCH"] = "1"
+    if hugetlb:
+        from gdpo_jax.hostenv import cpu_tunables_env
+
+        env = cpu_tunables_env(env)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "r.json")
+        cmd = [sys.executable, "-m", module, "--_child", out, *args]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{module} process failed:\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)

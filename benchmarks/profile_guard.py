@@ -24,12 +24,7 @@ step (one per micro-batch loop: `algo.updates_per_step`, 1 here).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
 
@@ -92,20 +87,8 @@ def _child(model: str, steps: int) -> dict[str, Any]:
 
 def run_model(model: str, steps: int) -> dict[str, Any]:
     """One model's A/B in a fresh process with the huge-page tunable (as bench_rl)."""
-    from gdpo_jax.hostenv import cpu_tunables_env
-
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env["GDPO_JAX_NO_RELAUNCH"] = "1"
-    env = cpu_tunables_env(env)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", "benchmarks.profile_guard", "--_child", out]
-        cmd += ["--models", model, "--steps", str(steps)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"profile_guard process failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            return {"model": model, **json.load(f)}
+    args = ["--models", model, "--steps", str(steps)]
+    return {"model": model, **common.run_child("benchmarks.profile_guard", args)}
 
 
 def with_costs(row: dict[str, Any]) -> dict[str, Any]:

@@ -29,12 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 from typing import Any
 
 from benchmarks import common
@@ -97,20 +92,8 @@ def flop_share() -> float:
 
 def run_variant(microbatches: int) -> dict[str, Any]:
     """One micro-batch count in a fresh process, with the huge-page tunable."""
-    from gdpo_jax.hostenv import cpu_tunables_env
-
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env["GDPO_JAX_NO_RELAUNCH"] = "1"
-    env = cpu_tunables_env(env)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", "benchmarks.profile_ref", "--_child", out]
-        cmd += ["--microbatches", str(microbatches)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"profile_ref process failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            return {"microbatches": microbatches, "hugetlb": True, **json.load(f)}
+    res = common.run_child("benchmarks.profile_ref", ["--microbatches", str(microbatches)])
+    return {"microbatches": microbatches, "hugetlb": True, **res}
 
 
 def run(microbatches: tuple[int, ...] = (4,)) -> dict[str, Any]:

@@ -977,3 +977,32 @@ def test_the_helper_processes_a_benchmark_leaves_count_as_its_own_cpu(tmp_path):
     assert run("keep")[1] < 0.3  # the worker's and the helper's 0.5 s each, lost
     before, after, ended = run("stop")
     assert before < 0.3 and after >= 0.85 and ended == "True"
+
+
+@pytest.mark.parametrize("hugetlb", [True, False])
+def test_run_child_starts_a_fresh_process_and_reads_back_its_json(monkeypatch, hugetlb):
+    """common.run_child: `python -m <module> --_child <file> <args>`, the huge-page
+    tunable set or dropped from the environment, gdpo_jax's relaunch off; the JSON
+    the child wrote comes back, and a failed child raises with its stderr."""
+    import json
+    import subprocess
+
+    seen = {}
+
+    def fake_run(cmd, env, capture_output, text):
+        seen["cmd"], seen["env"] = cmd, env
+        with open(cmd[cmd.index("--_child") + 1], "w") as f:
+            json.dump({"median_s": 1.5}, f)
+        return subprocess.CompletedProcess(cmd, seen.get("rc", 0), "", "boom at the end")
+
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    got = common.run_child("benchmarks.profile_ref", ["--microbatches", "4"], hugetlb=hugetlb)
+    assert got == {"median_s": 1.5}
+    assert seen["cmd"][1:4] == ["-m", "benchmarks.profile_ref", "--_child"]
+    assert seen["cmd"][-2:] == ["--microbatches", "4"]
+    assert seen["env"]["GDPO_JAX_NO_RELAUNCH"] == "1"
+    assert ("glibc.malloc.hugetlb=1" in seen["env"].get("GLIBC_TUNABLES", "")) is hugetlb
+    seen["rc"] = 1
+    with pytest.raises(RuntimeError, match="benchmarks.profile_ref process failed:\nboom"):
+        common.run_child("benchmarks.profile_ref", [], hugetlb=hugetlb)
