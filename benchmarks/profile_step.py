@@ -42,8 +42,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -188,25 +186,13 @@ def run_variant(
     """One variant in a fresh process (the tunable only acts from process start);
     `ab`: an alternating comparison instead, "weight_grad" (_child_weight_grad_ab),
     or "scan_layers" (_child_scan_layers_ab, for bench_rl.SHAPES[model])."""
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env["GDPO_JAX_NO_RELAUNCH"] = "1"
-    if tunable:
-        from gdpo_jax.hostenv import cpu_tunables_env
-
-        env = cpu_tunables_env(env)
+    args = ["--microbatches", str(microbatches), "--beta", str(beta)]
+    if ab:
+        args += ["--_ab", ab, "--model", model]
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", "benchmarks.profile_step", "--_child", out]
-        cmd += ["--microbatches", str(microbatches), "--beta", str(beta)]
-        if ab:
-            cmd += ["--_ab", ab, "--model", model]
         if trace:
-            cmd += ["--_trace_dir", os.path.join(tmp, "trace")]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"variant failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            res = json.load(f)
+            args += ["--_trace_dir", os.path.join(tmp, "trace")]
+        res = common.run_child("benchmarks.profile_step", args, hugetlb=tunable)
     return {"microbatches": microbatches, "hugetlb": tunable, **res}
 
 
