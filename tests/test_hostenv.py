@@ -149,8 +149,12 @@ def test_tunable_cuts_xla_cpu_page_faults():
 
 def test_every_benchmark_and_profiler_main_relaunches_with_the_tunable():
     # docs/benchmarks.md: each bench_* / profile_* script's __main__ re-executes with the
-    # tunable (bench_sandbox, bench_math and bench_attention once did not); profile_step
-    # and profile_ref set it per variant's child process instead.
+    # tunable (bench_sandbox, bench_math and bench_attention once did not); profile_step,
+    # profile_ref and profile_guard set it per child process instead (common.run_child).
+    import inspect
+
+    from benchmarks import common
+
     scripts = sorted(pathlib.Path(ROOT, "benchmarks").glob("*.py"))
     mains = [
         p
@@ -158,13 +162,15 @@ def test_every_benchmark_and_profiler_main_relaunches_with_the_tunable():
         if p.name.startswith(("bench_", "profile_")) and '__name__ == "__main__"' in p.read_text()
     ]
     assert len(mains) >= 15
+    per_child = {p.name for p in mains if "common.run_child(" in p.read_text()}
+    assert {"profile_step.py", "profile_ref.py", "profile_guard.py"} <= per_child
     # In main() or under __main__ (a library import of the module never re-executes).
     missing = [
         p.name
         for p in mains
-        if p.name not in ("profile_step.py", "profile_ref.py")
-        and "relaunch_with_cpu_tunables()" not in p.read_text()
+        if p.name not in per_child and "relaunch_with_cpu_tunables()" not in p.read_text()
     ]
     assert not missing, missing
-    for name in ("profile_step.py", "profile_ref.py"):  # per child process, then
-        assert "cpu_tunables_env(" in pathlib.Path(ROOT, "benchmarks", name).read_text(), name
+    # A child process gets the tunable unless its caller turns it off.
+    assert inspect.signature(common.run_child).parameters["hugetlb"].default is True
+    assert "cpu_tunables_env(" in inspect.getsource(common.run_child)
