@@ -98,6 +98,43 @@ def test_a_tiny_top_p_keeps_the_most_likely_token(form, top_p):
     np.testing.assert_array_equal(np.asarray(tokens), lg.argmax(-1))
 
 
+@pytest.mark.parametrize("form", ["candidates", "bisected"])
+def test_the_most_likely_token_stays_when_fusions_round_z_differently(form, monkeypatch):
+    """XLA may recompute z in each fusion that reads it. At -O0 on 8 CPU devices two
+    fusions rounded it differently: top_k's values (the candidates' threshold) or the
+    max taken as 0 (the bisection's start) lay a bit above the z the mask compares,
+    the mask came out empty and rows sampled token 0. Both disagreements simulated:
+    the nucleus still holds the most likely token, and sampling picks it."""
+    from gdpo_jax.sampling import filters
+
+    lg = mixed_logits(rows=8, wide_every=10**6)  # peaked rows only
+    lg[:, 0] = -50.0  # token 0 is never likely: an empty mask would show as 0
+    z = jnp.asarray(lg) - jnp.max(jnp.asarray(lg), axis=-1, keepdims=True)
+    top_p = 1e-30  # the nucleus is the most likely token alone
+    if form == "candidates":
+        top_k = jax.lax.top_k
+
+        def top_k_rounded_up(x, k):  # the values another fusion rounded up one ulp
+            vals, idx = top_k(x, k)
+            return jnp.nextafter(vals, jnp.float32(jnp.inf)), idx
+
+        monkeypatch.setattr(jax.lax, "top_k", top_k_rounded_up)
+        z = z - 1.0  # an ulp above 0 is subnormal, flushed to 0 on XLA:CPU
+        fn = filters._nucleus_from_candidates
+    else:
+        # Its max a bit below the 0 the bisection starts at, and a target of 0 (a
+        # subnormal top_p, flushed): the bisection never lowers its start.
+        z, top_p = z - jnp.float32(1e-6), 1e-40
+        fn = filters._nucleus_bisected
+    p = jnp.exp(z)
+    got = np.asarray(jax.jit(fn)(z, p, jnp.float32(top_p) * jnp.sum(p, axis=-1)))
+    want = np.zeros_like(got)
+    want[np.arange(8), lg.argmax(-1)] = True
+    np.testing.assert_array_equal(got, want)
+    drawn = filters.inverse_cdf_sample(jax.random.key(0), jnp.where(got, p, 0.0))
+    np.testing.assert_array_equal(np.asarray(drawn), lg.argmax(-1))
+
+
 def _loops_and_their_reductions(jaxpr, depth: int = 0, out=None) -> list[tuple[int, tuple]]:
     """(loop depth, operand shape) of every reduce_sum in a jaxpr, nested ones too."""
     out = [] if out is None else out

@@ -98,7 +98,7 @@ def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array) -> j
     (top_p * sum p), from the `NUCLEUS_CANDIDATES` most likely tokens where they hold
     it; the other rows bisect `BISECT_ROWS` gathered rows at a time."""
     k = min(NUCLEUS_CANDIDATES, z.shape[-1])
-    vals, _ = jax.lax.top_k(z, k)  # reductions only: a slice of it lowers to a sort
+    vals, idx = jax.lax.top_k(z, k)  # reductions only: a slice of it lowers to a sort
     pv = jnp.exp(vals)
     # Mass of the tokens strictly more likely than each candidate: all of them are
     # candidates (any other token is at most as likely as the least likely one).
@@ -114,7 +114,22 @@ def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array) -> j
     # Invariant: mass(z > lo) >= target > mass(z > hi); the threshold token t
     # satisfies lo < key(t) <= hi, so hi = lo + 1 is the answer.
     lo = jnp.where(found, hi - 1, _below_all())
-    return _sortable_key(z) >= _bisect_rows(z, p, target, lo, hi)[:, None]
+    # top_k's first index, as a reduction over k: a slice of it lowers to a sort.
+    top = jnp.min(jnp.where(jnp.arange(k) == 0, idx, z.shape[-1]), axis=-1)
+    return _with_token(_sortable_key(z) >= _bisect_rows(z, p, target, lo, hi)[:, None], top)
+
+
+def _with_token(mask: jax.Array, token: jax.Array) -> jax.Array:
+    """mask bool[B, V] with each row's `token` i32[B] (its most likely) kept.
+
+    Why: the threshold compares z with values another fusion computed (top_k's, or
+    the max taken as 0). XLA may recompute z in each fusion that reads it, and two
+    fusions can round it differently (seen at `--xla_backend_optimization_level=0`
+    on 8 CPU devices): then even the most likely token fell a bit below the
+    threshold, the mask was empty and the row sampled token 0. An integer compare
+    cannot disagree so; with consistent roundings the token is in the mask already."""
+    iota = jax.lax.broadcasted_iota(jnp.int32, mask.shape, 1)
+    return mask | (iota == token[:, None])
 
 
 def _nucleus_bisected(z: jax.Array, p: jax.Array, target: jax.Array) -> jax.Array:
@@ -126,7 +141,7 @@ def _nucleus_bisected(z: jax.Array, p: jax.Array, target: jax.Array) -> jax.Arra
     lo = jnp.zeros_like(hi) + _below_all()
     body = functools.partial(_bisect_step, z, p, target)
     _, hi = jax.lax.fori_loop(0, 32, lambda _, c: body(c), (lo, hi))
-    return _sortable_key(z) >= hi[:, None]
+    return _with_token(_sortable_key(z) >= hi[:, None], first_argmax(z))
 
 
 def _bisect(
