@@ -10,15 +10,19 @@ import subprocess
 import sys
 from typing import Any
 
+from tests._quick_compile import without_quick_compile
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def run_quick(module: str, tmp_path: pathlib.Path) -> dict[str, Any]:
     """`python -m benchmarks.<module> --quick --out <tmp_path>/<module>.json` in a fresh
-    interpreter (XLA reads a dump flag a script sets only before its backend starts);
-    returns the JSON it wrote."""
+    interpreter (XLA reads a dump flag a script sets only before its backend starts),
+    compiled as a benchmark runs: under XLA's defaults, not the suite's quick compile
+    (its profiles' shares are the default build's); returns the JSON it wrote."""
     out = tmp_path / f"{module}.json"
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    env["XLA_FLAGS"] = without_quick_compile(env.get("XLA_FLAGS", ""))
     subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out)],
         cwd=tmp_path,
