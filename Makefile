@@ -63,6 +63,8 @@ lint: $(TEST_STAMP)
 # Two pytest-xdist workers: on 2 cores the suite takes about half its serial time
 # (many tests wait on subprocesses, file I/O or compiles). PYTEST_WORKERS=0: serial.
 # The 25 slowest tests close the log: the suite's budget is about 20 minutes on 2 cores.
+# Tests compile under XLA:CPU's quick settings (docs/testing.md#quick-compile);
+# GDPO_TEST_XLA_DEFAULTS=1 make test runs them under XLA's defaults.
 PYTEST_WORKERS ?= 2
 
 test: lint

@@ -4,8 +4,10 @@ from gdpo_jax import xla_cpu as _xla_cpu
 from gdpo_jax.quiet_start import import_jax as _import_jax
 
 # Before JAX starts: programs over several CPU devices run under XLA:CPU's ordered
-# scheduler, whose collectives do not deadlock (gdpo_jax/xla_cpu.py).
+# scheduler, with a thread pool their waiting collectives cannot fill
+# (gdpo_jax/xla_cpu.py): both deadlocked otherwise.
 _xla_cpu.use_ordered_scheduler()
+_xla_cpu.use_collective_pool()
 
 # First, before any submodule imports JAX: its start without the CUDA plugin's
 # driver-probe lines on a machine with no GPU (gdpo_jax/quiet_start.py).

@@ -20,6 +20,22 @@ started (XLA parses XLA_FLAGS once, when the first backend starts). A setting of
 the flag already in XLA_FLAGS, either way, is kept. GPU and TPU programs and a
 single CPU device are not affected; an accelerator's XLA ignores the CPU flag.
 
+The ordered scheduler orders one program's collectives; it does not stop a second
+way to deadlock. XLA:CPU runs the ready thunks of a process's CPU devices on one
+intra-op thread pool, and a collective blocks its thread until every device arrives.
+The pool has one thread per device (or per core, if more). When the devices have
+several collectives in flight (independent all-gathers of one program, or the next
+program's, dispatched while this one runs), the waiting threads can take the whole
+pool while one device's next thunk waits for a thread: seven devices wait in an
+all-gather for an eighth that never runs. Four Python threads each running an
+8-device program of 8 independent all-gathers aborted so in 3 of 3 runs on XLA's
+pool and finished on 16-64 threads (`python -m benchmarks.probe_cpu_collectives_pool`,
+docs/limits.md); the suite's 8-device sampler decode, which aborted in two clean-clone
+runs, had a pool thread waiting in an all-gather. So `import gdpo_jax` also sizes the
+pool at `POOL_THREADS_PER_DEVICE` threads per CPU device through `PJRT_NPROC` (read
+when the CPU client starts), under the same conditions, unless `PJRT_NPROC` or
+`NPROC` is set.
+
 A leaf: imports neither JAX nor anything from gdpo_jax, so the package's
 `__init__` can call it before JAX is imported.
 """
@@ -33,15 +49,23 @@ from collections.abc import MutableMapping
 
 __all__ = [
     "ORDERED_SCHEDULER",
+    "POOL_ENV",
+    "POOL_THREADS_PER_DEVICE",
     "SCHEDULER_FLAG",
     "add_ordered_scheduler",
     "host_device_count",
+    "pool_threads",
+    "use_collective_pool",
     "use_ordered_scheduler",
 ]
 
 SCHEDULER_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
 ORDERED_SCHEDULER = f"--{SCHEDULER_FLAG}=false"
 _COUNT = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
+# XLA:CPU's intra-op pool takes max(PJRT_NPROC, devices) threads; PJRT_NPROC, else
+# NPROC, else the cores. Idle threads cost nothing.
+POOL_ENV = "PJRT_NPROC"
+POOL_THREADS_PER_DEVICE = 8
 
 
 def host_device_count(xla_flags: str, environ: MutableMapping[str, str] | None = None) -> int:
@@ -86,4 +110,24 @@ def use_ordered_scheduler(
     if new == flags:
         return False
     env["XLA_FLAGS"] = new
+    return True
+
+
+def pool_threads(devices: int, cores: int) -> int:
+    """Threads for XLA:CPU's intra-op pool over `devices` CPU devices: enough that
+    collectives waiting on every thread need `POOL_THREADS_PER_DEVICE` of them in
+    flight per device, and never fewer than the cores."""
+    return max(cores, POOL_THREADS_PER_DEVICE * devices)
+
+
+def use_collective_pool(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Sets `environ[POOL_ENV]` (default os.environ) to `pool_threads` when the flags
+    give the host platform several devices. Nothing when a backend has started (the
+    CPU client has its pool), or `PJRT_NPROC` or `NPROC` is set (a choice made
+    there is kept). Returns whether it set it."""
+    env = os.environ if environ is None else environ
+    devices = host_device_count(env.get("XLA_FLAGS", ""), env)
+    if _backend_started() or devices < 2 or env.get(POOL_ENV) or env.get("NPROC"):
+        return False
+    env[POOL_ENV] = str(pool_threads(devices, os.cpu_count() or 1))
     return True

@@ -54,8 +54,10 @@ def _cache_safe_programs_only() -> None:
     under either XLA:CPU scheduler: with the default one a program loaded from it
     can deadlock (gdpo_jax/compile_cache.py), and with the ordered one (which
     `import gdpo_jax` above gives the suite) a clean-clone run of the suite that
-    cached them aborted once in the sampler's 8-device decode. Compiled fresh, as
-    before that run, they keep the suite's record.
+    cached them aborted once in the sampler's 8-device decode. A run that compiled
+    them fresh aborted there too: XLA:CPU's thread pool filled with waiting
+    collectives, which `import gdpo_jax` now sizes against (gdpo_jax/xla_cpu.py).
+    Until a run shows cached programs safe beside that, they stay out of the cache.
 
     JAX offers no per-program switch, so the (private, jax 0.10.2) cache-key
     function answers "no key" for them, as it does with the cache off: compiled,

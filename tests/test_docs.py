@@ -1783,6 +1783,42 @@ def test_cpu_collectives_cache_table_and_prose_are_the_committed_runs() -> None:
     assert "Longer collective timeouts only make the abort later" in " ".join(limits.split())
 
 
+def test_cpu_collectives_pool_table_and_prose_are_the_committed_run() -> None:
+    """docs/limits.md's table of XLA:CPU pool sizes renders the committed probe runs,
+    and what it concludes holds in them: XLA's pool (a thread per device) deadlocked,
+    every larger pool, gdpo_jax's among them, finished every run."""
+    import json
+
+    from benchmarks import probe_cpu_collectives_pool as probe
+    from gdpo_jax.xla_cpu import POOL_THREADS_PER_DEVICE
+
+    paths = sorted((ROOT / "docs" / "benchmarks").glob("cpu_collectives_pool_*.json"))
+    runs = [json.loads(p.read_text()) for p in paths]
+    rows = [r for run in runs for r in run["results"]]
+    limits = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
+    flat = "\n".join(line.strip() for line in limits.splitlines())
+    assert rows and probe.format_table(rows) in flat, (
+        "docs/limits.md's table: python -m benchmarks.probe_cpu_collectives_pool "
+        "--out docs/benchmarks/cpu_collectives_pool_<machine kind>.json"
+    )
+    for run in runs:
+        by = {r["setting"]: r for r in run["results"]}
+        xla = by["one thread per device (XLA's)"]
+        assert xla["pool_threads"] == run["devices"] and xla["finished"] < xla["runs"]
+        ours = by["gdpo_jax's pool"]
+        assert ours["pool_threads"] == POOL_THREADS_PER_DEVICE * run["devices"]
+        assert all(r["finished"] == r["runs"] for r in run["results"] if r is not xla)
+    text = " ".join(limits.split())
+    assert f"`PJRT_NPROC` to {POOL_THREADS_PER_DEVICE} threads per CPU device" in text
+    # "The 64-thread pool measured 9 % and 8 % slower than XLA's 8 threads, but the
+    # 16-thread row was slower than both": the committed run's figures.
+    by = {r["pool_threads"]: r for r in runs[0]["results"]}
+    cols = ("one_device_ms", "eight_devices_ms")
+    slower = [round(100 * (by[64][k] / by[8][k] - 1)) for k in cols]
+    assert f"measured {slower[0]} % and {slower[1]} % slower" in text
+    assert all(by[16][k] > max(by[8][k], by[64][k]) for k in cols)
+
+
 def test_committed_plans_flops_are_todays_count() -> None:
     # A plan's FLOPs are analytic (gdpo_jax/scale/flops.py): a change to the count
     # must regenerate every committed plan that has its step shape, or the docs

@@ -61,8 +61,37 @@ def test_the_ordered_scheduler_is_added_only_for_several_devices_and_never_over_
     assert env["XLA_FLAGS"] == flags
 
 
+@pytest.mark.parametrize(
+    "flags, env, pool",
+    [
+        ("--xla_force_host_platform_device_count=8", {}, "64"),
+        ("--xla_force_host_platform_device_count=1", {}, None),  # no collectives
+        ("", {}, None),
+        ("", {"JAX_NUM_CPU_DEVICES": "4"}, "32"),
+        ("--xla_force_host_platform_device_count=8", {"PJRT_NPROC": "3"}, "3"),  # chosen: kept
+        ("--xla_force_host_platform_device_count=8", {"NPROC": "3"}, None),  # XLA reads NPROC
+    ],
+)
+def test_the_pool_is_sized_only_for_several_devices_and_never_over_a_choice(
+    monkeypatch, flags, env, pool
+):
+    monkeypatch.setattr(xla_cpu, "_backend_started", lambda: False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    env = {"XLA_FLAGS": flags, **env}
+    chosen = "PJRT_NPROC" in env or "NPROC" in env
+    assert xla_cpu.use_collective_pool(environ=env) is (pool is not None and not chosen)
+    assert env.get("PJRT_NPROC") == pool
+    # Never fewer threads than cores.
+    assert xla_cpu.pool_threads(2, 2) == 16 and xla_cpu.pool_threads(2, 96) == 96
+    # Once a backend has started the CPU client has its pool: nothing is changed.
+    monkeypatch.setattr(xla_cpu, "_backend_started", lambda: True)
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    assert not xla_cpu.use_collective_pool(environ=env) and "PJRT_NPROC" not in env
+
+
 def _python(args: list[str], xla_flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    env = {k: v for k, v in env.items() if k not in ("PJRT_NPROC", "NPROC")}
     env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS=xla_flags)
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
@@ -78,15 +107,20 @@ def _python(args: list[str], xla_flags: str, timeout: float = 120) -> subprocess
     ],
 )
 def test_xla_starts_with_the_ordered_scheduler_after_import_gdpo_jax(flags, ordered):
+    """And with the pool sized for the devices' collectives: XLA's pool threads are
+    named tf_XLAEigen (one per device, or per core if more, when left to XLA)."""
     code = (
-        "import jax, gdpo_jax\n"  # jax imported first, as a notebook may: no backend yet
+        "import os, jax, gdpo_jax\n"  # jax imported first, as a notebook may: no backend yet
         "from gdpo_jax import compile_cache\n"
-        "print(jax.device_count(), compile_cache.ordered_cpu_scheduler())"
+        "from benchmarks.probe_cpu_collectives_pool import _pool_size\n"
+        "print(jax.device_count(), compile_cache.ordered_cpu_scheduler(), _pool_size())"
     )
     out = _python(["-c", code], flags)
     assert out.returncode == 0, out.stderr[-2000:]
     count = 4 if flags else 1
-    assert out.stdout.split() == [str(count), str(ordered)]
+    cores = os.cpu_count() or 1
+    pool = xla_cpu.pool_threads(4, cores) if flags else max(cores, 1)
+    assert out.stdout.split() == [str(count), str(ordered), str(pool)]
 
 
 @pytest.mark.slow
@@ -99,3 +133,19 @@ def test_the_fused_step_over_four_cpu_devices_runs_hundreds_of_times():
     out = _python([*worker, str(iters)], "--xla_force_host_platform_device_count=4", timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.count("step ") == iters
+
+
+@pytest.mark.slow
+def test_many_collectives_in_flight_do_not_starve_the_pool():
+    """Four Python threads each run a program over 8 CPU devices whose 8 weights are
+    all-gathered independently: on XLA's pool (a thread per device) the waiting
+    all-gathers took every thread and the process aborted (docs/benchmarks/
+    cpu_collectives_pool_*.json); on the pool `import gdpo_jax` sizes, it finishes."""
+    worker = ["-m", "benchmarks.probe_cpu_collectives_pool", "--worker", "4", "40"]
+    flags = (
+        "--xla_force_host_platform_device_count=8 "
+        "--xla_cpu_collective_call_terminate_timeout_seconds=20"
+    )
+    out = _python(worker, flags, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == '{"done": [40, 40, 40, 40]}'
