@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import common
@@ -43,7 +44,7 @@ SETTINGS = {
 }
 
 
-def _pool_size() -> int:
+def pool_size() -> int:
     """Threads of XLA:CPU's intra-op pool in this process (named tf_XLAEigen)."""
     names = []
     for tid in os.listdir("/proc/self/task"):
@@ -52,8 +53,10 @@ def _pool_size() -> int:
     return sum(n == "tf_XLAEigen" for n in names)
 
 
-def _programs():
-    """(gathers, one_device, eight_devices, inputs): jitted programs and their inputs."""
+def _programs() -> tuple[Callable, Callable, Callable, tuple]:
+    """(gathers, one_device, eight_devices, inputs): jitted programs and their inputs
+    (x f32[512, 1024] and 8 weights f32[1024, 1024], rows over the 8 devices; x1
+    f32[256, 1024] and w1 f32[1024, 1024] on one)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -127,7 +130,7 @@ def timing_worker() -> None:
 
     _, one_device, eight_devices, (x, ws, x1, w1) = _programs()
 
-    def median_ms(fn, *args, n: int = 20) -> float:
+    def median_ms(fn: Callable, *args: Any, n: int = 20) -> float:
         jax.block_until_ready(fn(*args))
         ts = []
         for _ in range(n):
@@ -139,7 +142,7 @@ def timing_worker() -> None:
     out = {
         "one_device_ms": median_ms(one_device, x1, w1),
         "eight_devices_ms": median_ms(eight_devices, x, ws),
-        "pool_threads": _pool_size(),
+        "pool_threads": pool_size(),
     }
     print(json.dumps(out), flush=True)
 

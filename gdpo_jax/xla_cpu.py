@@ -62,8 +62,9 @@ __all__ = [
 SCHEDULER_FLAG = "xla_cpu_enable_concurrency_optimized_scheduler"
 ORDERED_SCHEDULER = f"--{SCHEDULER_FLAG}=false"
 _COUNT = re.compile(r"--xla_force_host_platform_device_count=(\d+)")
-# XLA:CPU's intra-op pool takes max(PJRT_NPROC, devices) threads; PJRT_NPROC, else
-# NPROC, else the cores. Idle threads cost nothing.
+# XLA:CPU's intra-op pool takes max(PJRT_NPROC, devices) threads (PJRT_NPROC, else
+# NPROC, else the cores). Idle ones sleep; a larger pool's cost on busy devices did
+# not resolve from the spread between runs (docs/limits.md).
 POOL_ENV = "PJRT_NPROC"
 POOL_THREADS_PER_DEVICE = 8
 

@@ -112,8 +112,8 @@ def test_xla_starts_with_the_ordered_scheduler_after_import_gdpo_jax(flags, orde
     code = (
         "import os, jax, gdpo_jax\n"  # jax imported first, as a notebook may: no backend yet
         "from gdpo_jax import compile_cache\n"
-        "from benchmarks.probe_cpu_collectives_pool import _pool_size\n"
-        "print(jax.device_count(), compile_cache.ordered_cpu_scheduler(), _pool_size())"
+        "from benchmarks.probe_cpu_collectives_pool import pool_size\n"
+        "print(jax.device_count(), compile_cache.ordered_cpu_scheduler(), pool_size())"
     )
     out = _python(["-c", code], flags)
     assert out.returncode == 0, out.stderr[-2000:]
