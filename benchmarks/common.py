@@ -438,6 +438,12 @@ def result_to_markdown(result: Mapping[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+def other_ends(ends: Sequence[str]) -> str:
+    """How the runs of a probe's row ended, besides "finished": the distinct ends,
+    sorted and comma-joined, or "-" when every run finished."""
+    return ", ".join(sorted({e for e in ends if e != "finished"}) or ["-"])
+
+
 def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

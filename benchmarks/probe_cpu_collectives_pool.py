@@ -238,10 +238,10 @@ def format_table(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        others = sorted({e for e in r["ends"] if e != "finished"}) or ["-"]
         lines.append(
             f"| {r['setting']} | {r['pool_threads']} | {r['runs']} ({r['threads']} x "
-            f"{r['iters']}) | {r['finished']} | {', '.join(others)} | {r['one_device_ms']} | "
+            f"{r['iters']}) | {r['finished']} | {common.other_ends(r['ends'])} | "
+            f"{r['one_device_ms']} | "
             f"{r['eight_devices_ms']} |"
         )
     return "\n".join(lines)

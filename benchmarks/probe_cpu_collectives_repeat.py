@@ -185,10 +185,10 @@ def format_table(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        others = sorted({e for e in r["ends"] if e != "finished"}) or ["-"]
         lines.append(
             f"| `{r['xla_flags']}` | {r['layout']} | {r['runs']} | {r['finished']} | "
-            f"{', '.join(map(str, r['executions']))} (of {r['iters']}) | {', '.join(others)} |"
+            f"{', '.join(map(str, r['executions']))} (of {r['iters']}) | "
+            f"{common.other_ends(r['ends'])} |"
         )
     return "\n".join(lines)
 

@@ -29,6 +29,12 @@ def test_markdown_table_hand_written():
     assert common.markdown_table([]) == "_(no rows)_"
 
 
+def test_other_ends_names_each_end_but_finished_once():
+    assert common.other_ends(["finished", "aborted", "hung", "aborted"]) == "aborted, hung"
+    assert common.other_ends(["finished", "finished"]) == "-"
+    assert common.other_ends([]) == "-"
+
+
 def test_text_table_aligns_columns():
     out = common.text_table([{"x": 1, "long name": "v"}, {"x": 100}]).splitlines()
     assert len({len(line) for line in out}) == 1, out  # every line the same width
