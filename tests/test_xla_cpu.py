@@ -110,7 +110,7 @@ def test_xla_starts_with_the_ordered_scheduler_after_import_gdpo_jax(flags, orde
     """And with the pool sized for the devices' collectives: XLA's pool threads are
     named tf_XLAEigen (one per device, or per core if more, when left to XLA)."""
     code = (
-        "import os, jax, gdpo_jax\n"  # jax imported first, as a notebook may: no backend yet
+        "import jax, gdpo_jax\n"  # jax imported first, as a notebook may: no backend yet
         "from gdpo_jax import compile_cache\n"
         "from benchmarks.probe_cpu_collectives_pool import pool_size\n"
         "print(jax.device_count(), compile_cache.ordered_cpu_scheduler(), pool_size())"
