@@ -16,12 +16,18 @@ import json
 import os
 import sys
 
+from tests._quick_compile import quick_compile_flags
+
 
 def main() -> None:
     pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     workdir = sys.argv[5]
     os.environ["JAX_PLATFORMS"] = "cpu"
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // nproc}"
+    # The suite's quick-compile flags (tests/_quick_compile.py), as the test's own process
+    # has them: the workers compile every program themselves, with no cache.
+    os.environ["XLA_FLAGS"] = (
+        f"--xla_force_host_platform_device_count={4 // nproc} {quick_compile_flags()}"
+    )
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
