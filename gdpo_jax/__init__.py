@@ -7,10 +7,12 @@ from gdpo_jax.quiet_start import import_jax as _import_jax
 # scheduler, with a thread pool their waiting collectives cannot fill
 # (gdpo_jax/xla_cpu.py): both deadlocked otherwise.
 _xla_cpu.use_ordered_scheduler()
-_xla_cpu.use_collective_pool()
+_pool_set = _xla_cpu.use_collective_pool()
 
 # First, before any submodule imports JAX: its start without the CUDA plugin's
 # driver-probe lines on a machine with no GPU (gdpo_jax/quiet_start.py).
 _import_jax()
+if _pool_set:  # the pool's size is this process's, not its children's
+    _xla_cpu.pool_setting_for_this_process_only()
 
 __version__ = "0.1.0"

@@ -34,10 +34,12 @@ docs/limits.md); the suite's 8-device sampler decode, which aborted in two clean
 runs, had a pool thread waiting in an all-gather. So `import gdpo_jax` also sizes the
 pool at `POOL_THREADS_PER_DEVICE` threads per CPU device through `PJRT_NPROC` (read
 when the CPU client starts), under the same conditions, unless `PJRT_NPROC` or
-`NPROC` is set.
+`NPROC` is set. Once the CPU client has started, the setting leaves os.environ
+again (`pool_setting_for_this_process_only`): the processes a run starts size
+their own pools.
 
-A leaf: imports neither JAX nor anything from gdpo_jax, so the package's
-`__init__` can call it before JAX is imported.
+A leaf: imports neither JAX nor anything from gdpo_jax at import, so the
+package's `__init__` can call it before JAX is imported.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "SCHEDULER_FLAG",
     "add_ordered_scheduler",
     "host_device_count",
+    "pool_setting_for_this_process_only",
     "pool_threads",
     "use_collective_pool",
     "use_ordered_scheduler",
@@ -132,3 +135,23 @@ def use_collective_pool(environ: MutableMapping[str, str] | None = None) -> bool
         return False
     env[POOL_ENV] = str(pool_threads(devices, os.cpu_count() or 1))
     return True
+
+
+def pool_setting_for_this_process_only() -> None:
+    """Takes the `PJRT_NPROC` that `use_collective_pool` set out of os.environ once
+    this process's CPU client has started (it read it then), so the processes this
+    one starts choose for their own devices: a one-device child (a sandboxed
+    program, a benchmark's measuring process) would otherwise get this process's
+    pool, and a child that names its own setting is not overridden by ours. Needs
+    JAX imported; registers a backend-initialization hook (private, jax 0.10.2).
+    A value changed since (someone else's choice) is kept."""
+    ours = os.environ.get(POOL_ENV)
+    if ours is None:
+        return
+    from jax._src import xla_bridge
+
+    def forget(backend: object) -> None:
+        if getattr(backend, "platform", None) == "cpu" and os.environ.get(POOL_ENV) == ours:
+            del os.environ[POOL_ENV]
+
+    xla_bridge.register_backend_initialization_hook(forget)

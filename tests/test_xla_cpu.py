@@ -123,6 +123,50 @@ def test_xla_starts_with_the_ordered_scheduler_after_import_gdpo_jax(flags, orde
     assert out.stdout.split() == [str(count), str(ordered), str(pool)]
 
 
+def test_the_pool_setting_stays_in_its_process():
+    """`import gdpo_jax` sets PJRT_NPROC for its own 4 devices; once the CPU client has
+    read it, it leaves os.environ, and a one-device process started then gets XLA's
+    own pool (one thread per core), not 32 threads. Before, every child inherited it."""
+    child = (
+        "from benchmarks.probe_cpu_collectives_pool import pool_size\n"
+        "import jax\n"
+        "print(jax.device_count(), pool_size())"
+    )
+    code = (
+        "import os, subprocess, sys\n"
+        "import gdpo_jax, jax\n"
+        "before = os.environ.get('PJRT_NPROC')\n"
+        "jax.devices()\n"
+        "env = {**os.environ, 'XLA_FLAGS': ''}\n"
+        f"out = subprocess.run([sys.executable, '-c', {child!r}], env=env, capture_output=True,"
+        " text=True, check=True)\n"
+        "print(before, os.environ.get('PJRT_NPROC'), out.stdout.strip())"
+    )
+    out = _python(["-c", code], "--xla_force_host_platform_device_count=4")
+    assert out.returncode == 0, out.stderr[-2000:]
+    cores = os.cpu_count() or 1
+    assert out.stdout.split() == [str(xla_cpu.pool_threads(4, cores)), "None", "1", str(cores)]
+    # A setting the user made is theirs: kept in os.environ after the start.
+    code = "import os, gdpo_jax, jax\njax.devices()\nprint(os.environ.get('PJRT_NPROC'))"
+    env_flags = "--xla_force_host_platform_device_count=4"
+    chosen = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": ROOT,
+            "XLA_FLAGS": env_flags,
+            "PJRT_NPROC": "5",
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert chosen.returncode == 0, chosen.stderr[-2000:]
+    assert chosen.stdout.split() == ["5"]
+
+
 @pytest.mark.slow
 def test_the_fused_step_over_four_cpu_devices_runs_hundreds_of_times():
     # With XLA's default scheduler this run aborted after 43, 85 and 333 executions in
