@@ -2326,6 +2326,62 @@ def test_decode_ops_section_is_the_committed_run() -> None:
     assert len(decode_rates) == 4  # q/k/v, o and down, gate/up, the unembedding
 
 
+def test_decode_threads_section_is_the_committed_runs() -> None:
+    """benchmarks.md's avx2 decode profile and probe_decode_threads tables render the
+    committed runs, and the prose (there and in limits.md) quotes what they give: the
+    products' rates in the step, the one-thread o projection and the estimate of what
+    two cores on the o and down projections would save."""
+    import json
+
+    from benchmarks import bench_sampler, probe_decode_threads, profile_decode_ops
+
+    bench = ROOT / "docs" / "benchmarks"
+    ops = json.loads((bench / "decode_ops_amd-epyc-avx2-2c.json").read_text())
+    thr = json.loads((bench / "decode_threads_amd-epyc-avx2-2c.json").read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert profile_decode_ops.table_markdown(ops) in doc, "decode_ops_amd-epyc-avx2-2c.json"
+    assert probe_decode_threads.table_markdown(thr) in doc, "decode_threads_amd-epyc-avx2-2c.json"
+    names = {*profile_decode_ops.weight_widths(bench_sampler.HF_CONFIG).values()}
+    in_step = [ops["gflops"][k] for k in names]
+    by = {r["product"]: r for r in thr["rows"]}
+    best = max(r["gflops_all_cores"] for r in thr["rows"])
+    wider = [r["second_core_speedup"] for k, r in by.items() if k != "o projection"]
+    layers = bench_sampler.HF_CONFIG["num_hidden_layers"]
+    saved = 0.0
+    for name in ("o projection", "down projection"):
+        m, k, n = by[name]["m_k_n"]
+        saved += layers * (by[name]["ms_all_cores"] - 2 * m * k * n / (best * 1e9) * 1e3)
+    step = ops["wall_best_ms_per_step"]
+    share = ops["ms_per_step"]["o and down projections"] / ops["traced_ms_per_step"]
+    assert by["o projection"]["second_core_speedup"] < 1.1  # what the prose says
+    ind = thr["independent"]
+    assert ind["chained_ms"] / ind["side_by_side_ms"] < 1.1
+    rates = f"{min(in_step):.0f}-{max(in_step):.0f} GFLOP/s"
+    flat = " ".join(doc.split())
+    _assert_quotes(
+        flat,
+        (
+            f"Here the weight products run at {rates} inside the step",
+            f"(up to {best:.0f} GFLOP/s: the next table)",
+            f"projections take {share:.0%} of the step".replace("%", " %"),
+            f"run {min(wider):.1f}-{max(wider):.1f}x faster with it",
+            f"the best two-core rate of the table ({best:.0f} GFLOP/s)",
+            f"about {saved:.2f} ms shorter ({layers} layers), some "
+            f"{saved / step:.0%} of its {step:.2f} ms".replace("%", " %"),
+        ),
+        "docs/benchmarks.md (decode_ops / decode_threads amd-epyc-avx2-2c.json)",
+    )
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        limits,
+        (
+            f"they run at {rates}",
+            f"about {saved:.2f} ms ({saved / step:.0%}) shorter".replace("%", " %"),
+        ),
+        "docs/limits.md (decode_ops / decode_threads amd-epyc-avx2-2c.json)",
+    )
+
+
 # The replicas' summary tables in docs/results.md: (results dir, column metrics, decimals).
 _REPLICA_TABLES = {
     "toolcall": (
