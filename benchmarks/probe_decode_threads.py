@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,15 +55,11 @@ def decode_products(hf_config: dict[str, Any], rows: int = ROWS) -> list[tuple[s
 
 
 def _best_ms(fn: Callable, args: tuple, repeats: int) -> float:
+    """Best of `repeats` calls of `fn(*args)` after one (compiling) call, in ms."""
     import jax
 
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
+    timed = common.time_fn(lambda: jax.block_until_ready(fn(*args)), repeats=repeats)
+    return timed["best_s"] * 1e3
 
 
 def _rel_diff(got: Any, want: np.ndarray) -> float:
