@@ -1685,6 +1685,45 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
     assert f"save ({top_p(None, False)} on CPU" in limits
 
 
+def test_top_k_blocks_section_is_the_committed_run() -> None:
+    """benchmarks.md's "Top-k through blocks" tables render the committed run, and every
+    range its prose quotes is that run's (the threshold's too)."""
+    import json
+
+    from benchmarks import bench_top_k
+    from gdpo_jax.sampling import topk
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / "top_k_amd-epyc-avx2-2c.json").read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = doc.split("### Top-k through blocks", 1)[1].split("\n#", 1)[0]
+    assert bench_top_k.format_table(res).split("\n\n", 1)[1] in section, (
+        "python -m benchmarks.bench_top_k --out docs/benchmarks/top_k_amd-epyc-avx2-2c.json"
+    )
+
+    def span(rows: list[dict], pred) -> str:
+        x = [r["speedup"] for r in rows if pred(r)]
+        return f"{min(x):.2f}x-{max(x):.2f}x"
+
+    sel, smp = res["results"], res["sampling"]
+    big = topk.BLOCKS_MIN_VOCAB
+    _assert_quotes(
+        " ".join(section.split()),
+        (
+            f"from {big:,} tokens up the blocks were {span(sel, lambda r: r['vocab'] >= big)}",
+            f"below {big:,} the library keeps one TopK",
+            f"at 2,048 tokens {span(sel, lambda r: r['vocab'] == 2048)}",
+            f"at 4,096 {span(sel, lambda r: r['vocab'] == 4096)}",
+            f"top-k 50 {span(smp, lambda r: r['mode'] == 'top-k 50')}",
+            f"({span(smp, lambda r: r['mode'] == 'top-k 50' and r['vocab'] >= 49152)} at 49,152",
+            f"top-p 0.95 {span(smp, lambda r: r['mode'] == 'top-p 0.95')}",
+        ),
+        "docs/benchmarks.md's top-k blocks prose",
+    )
+    assert all(r["same"] for r in sel) and all(r["same_tokens"] == 1 for r in smp)
+    assert {r["chosen"] for r in sel if r["vocab"] >= big} == {"blocks"}
+    assert res["machine"]["glibc_tunables"] == HUGETLB_TUNABLE
+
+
 def test_science_quotes_the_studies_format_shares() -> None:
     # science.md's "Reading it" quotes GRPO's and GDPO's mean format share in two
     # studies; they are the committed results' `share:` rows (columns: grpo,

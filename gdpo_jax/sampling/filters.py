@@ -24,6 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from gdpo_jax.sampling import topk
 from gdpo_jax.sharding import is_explicit
 
 
@@ -60,7 +61,7 @@ def nucleus_mask(z: jax.Array, top_p: jax.Array | float) -> jax.Array:
     """bool[B, V]: tokens whose strictly-more-likely mass is < top_p.
 
     Exact without sorting the vocabulary. A row whose nucleus lies among its
-    `NUCLEUS_CANDIDATES` most likely tokens (`jax.lax.top_k`, a partial selection)
+    `NUCLEUS_CANDIDATES` most likely tokens (`topk.top_k`, a partial selection)
     takes its threshold from them. Other rows, `BISECT_ROWS` at a time, bisect over
     the 2^32 ordered f32 values of the threshold (up to 32 masked sums over the
     vocabulary). On a GPU every row bisects, 32 halvings at once. Either way a row's
@@ -98,7 +99,7 @@ def _nucleus_from_candidates(z: jax.Array, p: jax.Array, target: jax.Array) -> j
     (top_p * sum p), from the `NUCLEUS_CANDIDATES` most likely tokens where they hold
     it; the other rows bisect `BISECT_ROWS` gathered rows at a time."""
     k = min(NUCLEUS_CANDIDATES, z.shape[-1])
-    vals, idx = jax.lax.top_k(z, k)  # reductions only: a slice of it lowers to a sort
+    vals, idx = topk.top_k(z, k)  # reductions only: a slice of it lowers to a sort
     pv = jnp.exp(vals)
     # Mass of the tokens strictly more likely than each candidate: all of them are
     # candidates (any other token is at most as likely as the least likely one).
@@ -204,7 +205,7 @@ def top_k_candidates(
        ids i32[B, K]) with K = min(top_k, V), most likely first.
     """
     k = min(int(top_k), z.shape[-1])
-    vals, ids = jax.lax.top_k(z, k)  # sorted descending
+    vals, ids = topk.top_k(z, k)  # sorted descending (blocks on CPU: topk.py)
     # Shift by max(z), which equals vals[:, 0]: slicing top_k's output makes
     # XLA:CPU lower top_k to a full-vocabulary sort (20x slower on [64, 2048]).
     w = jnp.exp(vals - jnp.max(z, axis=-1, keepdims=True))
