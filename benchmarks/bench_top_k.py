@@ -77,16 +77,10 @@ def _sampling(form: str, quick: bool) -> list[dict[str, Any]]:
 
     if form == "one TopK":
         topk.BLOCKS_MIN_VOCAB = sys.maxsize  # before anything is traced
-    vocabs, shapes, steps, repeats = (
-        ((16384,), ("peaked",), 2, 1)
-        if quick
-        else (
-            SAMPLE_VOCABS,
-            SHAPES,
-            8,
-            3,
-        )
-    )
+    if quick:
+        vocabs, shapes, steps, repeats = (16384,), ("peaked",), 2, 1
+    else:
+        vocabs, shapes, steps, repeats = SAMPLE_VOCABS, SHAPES, 8, 3
     key = jax.random.key(0)
     out = []
     for v in vocabs:

@@ -54,7 +54,7 @@ def top_k(z: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
     equal ones by ascending id. On CPU through blocks where `block_width` gives one."""
     w = block_width(z.shape[-1], k)
     if not w:
-        return jax.lax.top_k(z, k)
+        return tuple(jax.lax.top_k(z, k))
     return jax.lax.platform_dependent(
         z,
         cpu=functools.partial(top_k_by_blocks, k=k, width=w),
