@@ -1724,6 +1724,46 @@ def test_top_k_blocks_section_is_the_committed_run() -> None:
     assert res["machine"]["glibc_tunables"] == HUGETLB_TUNABLE
 
 
+def test_bisect_chunks_section_is_the_committed_run() -> None:
+    """benchmarks.md's "Bisecting one or two wide rows" table renders the committed run,
+    and its prose's ranges are that run's."""
+    import json
+
+    from benchmarks import probe_bisect_chunks
+    from gdpo_jax.sampling import filters
+
+    res = json.loads(
+        (ROOT / "docs" / "benchmarks" / "bisect_chunks_amd-epyc-avx2-2c.json").read_text()
+    )
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = doc.split("### Bisecting one or two wide rows", 1)[1].split("\n#", 1)[0]
+    assert probe_bisect_chunks.format_table(res).split("\n\n", 1)[1] in section, (
+        "python -m benchmarks.probe_bisect_chunks "
+        "--out docs/benchmarks/bisect_chunks_amd-epyc-avx2-2c.json"
+    )
+    rows = res["results"]
+
+    def span(pred) -> str:
+        x = [r["speedup"] for r in rows if pred(r)]
+        return f"{min(x):.2f}x-{max(x):.2f}x"
+
+    def wide(r: dict) -> bool:  # mixed logits at the large vocabularies
+        return r["logits"] == "mixed" and r["vocab"] > 2048
+
+    _assert_quotes(
+        " ".join(section.split()),
+        (
+            f"smaller chunks were {span(wide)} faster",
+            f"either no row or most rows bisect, {span(lambda r: not wide(r))}",
+            f"`BISECT_CHUNKS` = ({', '.join(map(str, filters.BISECT_CHUNKS))})",
+        ),
+        "docs/benchmarks.md's bisection-chunks prose",
+    )
+    assert res["chunks"] == list(filters.BISECT_CHUNKS)
+    assert all(r["same_tokens"] == 1 for r in rows)
+    assert res["machine"]["glibc_tunables"] == HUGETLB_TUNABLE
+
+
 def test_science_quotes_the_studies_format_shares() -> None:
     # science.md's "Reading it" quotes GRPO's and GDPO's mean format share in two
     # studies; they are the committed results' `share:` rows (columns: grpo,

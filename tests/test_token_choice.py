@@ -17,8 +17,10 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from gdpo_jax.sampling.filters import (
+    BISECT_CHUNKS,
     BISECT_ROWS,
     NUCLEUS_CANDIDATES,
+    bisect_chunk,
     nucleus_mask,
     row_keys,
     sample_tokens,
@@ -59,6 +61,25 @@ def test_rows_beyond_the_candidates_bisect_a_few_at_a_time():
     for r in range(ROWS):
         alone = np.asarray(nucleus_mask(jnp.asarray(lg[r : r + 1]), TOP_P))[0]
         np.testing.assert_array_equal(alone, got[r])
+
+
+def test_the_chunk_is_the_fewest_rows_that_hold_the_unsettled():
+    got = [int(bisect_chunk(jnp.int32(n))) for n in (1, 2, 3, 4, 5, 8, 9, 20)]
+    assert [BISECT_CHUNKS[i] for i in got] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+@pytest.mark.parametrize("n_wide", [1, 2, 3, 5])
+def test_a_few_wide_rows_bisect_in_the_fewest_rows_that_hold_them(n_wide):
+    """1, 2, 3 or 5 wide rows among 40 peaked ones: they bisect as a chunk of 1, 2, 4
+    or 8 rows (`BISECT_CHUNKS`), padded with settled rows; every row's mask is the
+    sorting reference's."""
+    rng = np.random.default_rng(n_wide)
+    lg = (rng.normal(size=(ROWS, VOCAB)) * 8.0).astype(np.float32)
+    lg[rng.choice(ROWS, n_wide, replace=False)] /= 16.0
+    want, unsure = reference_nucleus(lg, TOP_P)
+    assert (want.sum(-1) > NUCLEUS_CANDIDATES).sum() == n_wide
+    got = np.asarray(jax.jit(nucleus_mask, static_argnums=1)(jnp.asarray(lg), TOP_P))
+    np.testing.assert_array_equal(got[~unsure], want[~unsure])
 
 
 @pytest.mark.parametrize("form", ["candidates", "bisected"])
@@ -166,6 +187,8 @@ def test_bisection_sums_over_the_gathered_rows_only():
 
     cpu = loops(ROWS)
     assert (BISECT_ROWS, VOCAB) in cpu and (ROWS, VOCAB) not in cpu, cpu
+    # A chunk is as few of BISECT_CHUNKS rows as hold the unsettled ones: one loop each.
+    assert {(n, VOCAB) for n in BISECT_CHUNKS} <= cpu, cpu
     # A batch no larger than BISECT_ROWS bisects as it is (nothing to gather).
     assert loops(BISECT_ROWS)
     # The CPU's compiled program takes this form: its argsort of the rows' unsettled

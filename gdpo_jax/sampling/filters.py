@@ -20,6 +20,7 @@ tokens at the boundary the later-listed may be dropped).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -47,8 +48,11 @@ def _sortable_key(x: jax.Array) -> jax.Array:
 NUCLEUS_CANDIDATES = 64
 # Rows the bisection works on at a time, off GPUs. The rows whose nucleus lies beyond
 # their candidates are gathered first (a few per batch at T 0.6), so that one such row
-# does not make the whole batch bisect: a CPU's time grows with the rows it sums.
+# does not make the whole batch bisect: a CPU's time grows with the rows it sums. A
+# chunk is as few of BISECT_CHUNKS rows as hold the unsettled ones (one or two wide rows
+# in a batch, the common case, bisect alone or as a pair, not padded to eight).
 BISECT_ROWS = 8
+BISECT_CHUNKS = (1, 2, 4, BISECT_ROWS)
 # A GPU's time at these sizes is the loop's steps instead (kernel launches, and a
 # while loop's predicate read back at each), and XLA:GPU's TopK kernel takes k <= 16
 # (a larger k sorts the whole [B, V]). There the candidates (16) and the gathered
@@ -166,11 +170,19 @@ def _bisect_step(
     return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
 
 
+def bisect_chunk(unsettled: jax.Array) -> jax.Array:
+    """i32[]: which of `BISECT_CHUNKS` the next gather takes for `unsettled` i32[] rows
+    still to bisect: the fewest rows that hold them all, or the largest chunk."""
+    sizes = jnp.asarray(BISECT_CHUNKS)
+    return jnp.minimum(jnp.searchsorted(sizes, unsettled), sizes.size - 1).astype(jnp.int32)
+
+
 def _bisect_rows(
     z: jax.Array, p: jax.Array, target: jax.Array, lo: jax.Array, hi: jax.Array
 ) -> jax.Array:
-    """The settled hi i32[B] of `_bisect`, which runs on `BISECT_ROWS` gathered rows
-    at a time: the first unsettled ones, padded with settled rows (fixed points)."""
+    """The settled hi i32[B] of `_bisect`, which runs on gathered rows: the first
+    unsettled ones, as few of `BISECT_CHUNKS` as hold them (at most `BISECT_ROWS`),
+    padded with settled rows (fixed points)."""
     if z.shape[0] <= BISECT_ROWS:
         return _bisect(z, p, target, lo, hi)[1]
 
@@ -179,9 +191,19 @@ def _bisect_rows(
     ) -> jax.Array:
         def chunk(c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
             lo, hi = c
-            rows = jnp.argsort(hi - lo <= 1, stable=True)[:BISECT_ROWS]  # unsettled first
-            lo_r, hi_r = _bisect(z[rows], p[rows], target[rows], lo[rows], hi[rows])
-            return lo.at[rows].set(lo_r), hi.at[rows].set(hi_r)
+            unsettled = hi - lo > 1
+            order = jnp.argsort(~unsettled, stable=True)  # unsettled first
+
+            def first(n: int) -> Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+                def bisect(lo: jax.Array, hi: jax.Array) -> tuple[jax.Array, jax.Array]:
+                    rows = order[:n]
+                    lo_r, hi_r = _bisect(z[rows], p[rows], target[rows], lo[rows], hi[rows])
+                    return lo.at[rows].set(lo_r), hi.at[rows].set(hi_r)
+
+                return bisect
+
+            which = bisect_chunk(jnp.sum(unsettled))
+            return jax.lax.switch(which, [first(n) for n in BISECT_CHUNKS], lo, hi)
 
         return jax.lax.while_loop(lambda c: jnp.any(c[1] - c[0] > 1), chunk, (lo, hi))[1]
 
