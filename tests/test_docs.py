@@ -1636,6 +1636,12 @@ def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
     assert f"W = 4-8 ran at {g_range} the copies' speed" in sampling
 
 
+def _speedup_span(rows: list[dict], pred) -> str:
+    """ "{min}x-{max}x" of the `speedup` of the rows `pred` keeps, as the docs quote it."""
+    x = [r["speedup"] for r in rows if pred(r)]
+    return f"{min(x):.2f}x-{max(x):.2f}x"
+
+
 def test_token_choice_table_and_prose_are_the_committed_run() -> None:
     """docs/benchmarks.md's token-choice table renders the committed run, and the
     ranges its prose quotes are that table's."""
@@ -1655,8 +1661,7 @@ def test_token_choice_table_and_prose_are_the_committed_run() -> None:
     rows = res["results"]
 
     def span(pred) -> str:
-        x = [r["speedup"] for r in rows if pred(r)]
-        return f"{min(x):.2f}x-{max(x):.2f}x"
+        return _speedup_span(rows, pred)
 
     def top_p(logits: str | None, big: bool) -> str:
         return span(
@@ -1700,22 +1705,20 @@ def test_top_k_blocks_section_is_the_committed_run() -> None:
         "python -m benchmarks.bench_top_k --out docs/benchmarks/top_k_amd-epyc-avx2-2c.json"
     )
 
-    def span(rows: list[dict], pred) -> str:
-        x = [r["speedup"] for r in rows if pred(r)]
-        return f"{min(x):.2f}x-{max(x):.2f}x"
-
     sel, smp = res["results"], res["sampling"]
     big = topk.BLOCKS_MIN_VOCAB
     _assert_quotes(
         " ".join(section.split()),
         (
-            f"from {big:,} tokens up the blocks were {span(sel, lambda r: r['vocab'] >= big)}",
+            f"from {big:,} tokens up the blocks were "
+            f"{_speedup_span(sel, lambda r: r['vocab'] >= big)}",
             f"below {big:,} the library keeps one TopK",
-            f"at 2,048 tokens {span(sel, lambda r: r['vocab'] == 2048)}",
-            f"at 4,096 {span(sel, lambda r: r['vocab'] == 4096)}",
-            f"top-k 50 {span(smp, lambda r: r['mode'] == 'top-k 50')}",
-            f"({span(smp, lambda r: r['mode'] == 'top-k 50' and r['vocab'] >= 49152)} at 49,152",
-            f"top-p 0.95 {span(smp, lambda r: r['mode'] == 'top-p 0.95')}",
+            f"at 2,048 tokens {_speedup_span(sel, lambda r: r['vocab'] == 2048)}",
+            f"at 4,096 {_speedup_span(sel, lambda r: r['vocab'] == 4096)}",
+            f"top-k 50 {_speedup_span(smp, lambda r: r['mode'] == 'top-k 50')}",
+            f"({_speedup_span(smp, lambda r: r['mode'] == 'top-k 50' and r['vocab'] >= 49152)}"
+            " at 49,152",
+            f"top-p 0.95 {_speedup_span(smp, lambda r: r['mode'] == 'top-p 0.95')}",
         ),
         "docs/benchmarks.md's top-k blocks prose",
     )
@@ -1744,8 +1747,7 @@ def test_bisect_chunks_section_is_the_committed_run() -> None:
     rows = res["results"]
 
     def span(pred) -> str:
-        x = [r["speedup"] for r in rows if pred(r)]
-        return f"{min(x):.2f}x-{max(x):.2f}x"
+        return _speedup_span(rows, pred)
 
     def wide(r: dict) -> bool:  # mixed logits at the large vocabularies
         return r["logits"] == "mixed" and r["vocab"] > 2048
