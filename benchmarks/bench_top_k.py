@@ -10,11 +10,12 @@ it), timed interleaved; ms per selection, best of the repeats. `same` says wheth
 returned the same values and ids, ties and their order included.
 
 Then the token choice it serves: `sample_tokens` in top-k 50 and top-p 0.95 modes at
-8,192, 49,152 and 151,936 tokens, on bench_token_choice's synthetic logits ("flat", "peaked",
-"mixed"), timed in two fresh processes: one as the library runs, and one with
-`topk.BLOCKS_MIN_VOCAB` above every vocabulary (one TopK, the form before the blocks).
-Both processes run with glibc's huge-page tunable, as the library's CLIs do.
-`same_tokens` is the fraction of rows where both chose the same token at the first step.
+8,192, 49,152 and 151,936 tokens, on bench_token_choice's synthetic logits ("flat",
+"peaked", "mixed"), in both forms: each compiled ahead of time, the one-TopK form (before
+the blocks) with `topk.BLOCKS_MIN_VOCAB` above every vocabulary while it is traced
+(`common.compiled_with`), then the two executables timed in turn in this process.
+`same_tokens` is the fraction of rows where both chose the same token at the first
+step; `top_k_calls` the TopK custom calls in each compiled program.
 
     python -m benchmarks.bench_top_k [--quick] [--out runs/bench/top_k.json]
 """
@@ -22,7 +23,6 @@ Both processes run with glibc's huge-page tunable, as the library's CLIs do.
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -39,10 +39,8 @@ ROWS = 64
 VOCABS = (2048, 4096, 8192, 16384, 32000, 49152, 128256, 151936)
 KS = (50, NUCLEUS_CANDIDATES)
 DEFAULT_OUT = "runs/bench/top_k.json"
-MODULE = "benchmarks.bench_top_k"
 SAMPLE_VOCABS = (8192, 49152, 151936)
 SAMPLE_MODES = {"top-k 50": (50, None), "top-p 0.95": (0, 0.95)}
-FORMS = ("blocks", "one TopK")
 
 
 def _loop(select: Callable, k: int, steps: int) -> Callable:
@@ -68,21 +66,18 @@ def _loop(select: Callable, k: int, steps: int) -> Callable:
     return jax.jit(run)
 
 
-def _sampling(form: str, quick: bool) -> list[dict[str, Any]]:
-    """In this process: ms per `sample_tokens` choice for each vocabulary, logits and
-    mode, and the first step's tokens; `form` "one TopK" turns the blocks off first."""
+def _sampling(quick: bool) -> list[dict[str, Any]]:
+    """`sample_tokens` through blocks and with one TopK, per vocabulary, logits and mode."""
     from benchmarks.bench_token_choice import SHAPES, synthetic_logits
     from benchmarks.bench_token_choice import _loop as choice_loop
     from gdpo_jax.sampling.filters import sample_tokens
 
-    if form == "one TopK":
-        topk.BLOCKS_MIN_VOCAB = sys.maxsize  # before anything is traced
     if quick:
         vocabs, shapes, steps, repeats = (16384,), ("peaked",), 2, 1
     else:
         vocabs, shapes, steps, repeats = SAMPLE_VOCABS, SHAPES, 8, 3
     key = jax.random.key(0)
-    out = []
+    rows = []
     for v in vocabs:
         for shape in shapes:
             z = synthetic_logits(shape, ROWS, v)
@@ -90,48 +85,29 @@ def _sampling(form: str, quick: bool) -> list[dict[str, Any]]:
                 f = choice_loop(
                     lambda z, k, tk=top_k, tp=top_p: sample_tokens(z, k, 1.0, tp, top_k=tk), steps
                 )
-                tokens = jax.block_until_ready(f(z, key))[0]
-                program = f.lower(z, key).compile().as_text()
-                t = common.time_fn(
-                    lambda f=f, z=z: jax.block_until_ready(f(z, key)), repeats=repeats
+                (blocks, _), (one, _) = (
+                    common.compiled_with(topk, "BLOCKS_MIN_VOCAB", least, f, z, key)
+                    for least in (topk.BLOCKS_MIN_VOCAB, sys.maxsize)
                 )
-                out.append(
+                a, b = (jax.block_until_ready(c(z, key))[0] for c in (blocks, one))
+                t_blocks, t_one = common.time_interleaved(
+                    [lambda c=c, z=z: jax.block_until_ready(c(z, key)) for c in (blocks, one)],
+                    repeats=repeats,
+                )
+                rows.append(
                     {
                         "vocab": v,
                         "logits": shape,
                         "mode": mode,
-                        "ms": round(1e3 * t["best_s"] / steps, 3),
-                        "tokens": np.asarray(tokens).tolist(),
-                        "top_k_calls": program.count('custom_call_target="TopK"'),
+                        "blocks_ms": round(1e3 * t_blocks["best_s"] / steps, 3),
+                        "one_top_k_ms": round(1e3 * t_one["best_s"] / steps, 3),
+                        "speedup": round(t_one["best_s"] / t_blocks["best_s"], 2),
+                        "same_tokens": float(np.mean(np.asarray(a) == np.asarray(b))),
+                        "top_k_calls": [
+                            c.as_text().count('custom_call_target="TopK"') for c in (blocks, one)
+                        ],
                     }
                 )
-    return out
-
-
-def _child(out: str, form: str, quick: bool) -> None:
-    with open(out, "w") as f:
-        json.dump({"form": form, "results": _sampling(form, quick)}, f)
-
-
-def sampling_rows(blocks: list[dict], one: list[dict]) -> list[dict[str, Any]]:
-    """The two processes' results side by side (same order of cases)."""
-    rows = []
-    for a, b in zip(blocks, one, strict=True):
-        assert (a["vocab"], a["logits"], a["mode"]) == (b["vocab"], b["logits"], b["mode"])
-        same = np.mean(np.asarray(a["tokens"]) == np.asarray(b["tokens"]))
-        rows.append(
-            {
-                "vocab": a["vocab"],
-                "logits": a["logits"],
-                "mode": a["mode"],
-                "blocks_ms": a["ms"],
-                "one_top_k_ms": b["ms"],
-                "speedup": round(b["ms"] / a["ms"], 2),
-                "same_tokens": float(same),
-                # TopK custom calls in each form's compiled choice: 2 (blocks) and 1.
-                "top_k_calls": [a["top_k_calls"], b["top_k_calls"]],
-            }
-        )
     return rows
 
 
@@ -172,9 +148,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "command": common.command_line(),
         "date": common.now_iso(),
         "results": out,
-        "sampling": sampling_rows(
-            *(common.run_child(MODULE, [form, str(int(quick))])["results"] for form in FORMS)
-        ),
+        "sampling": _sampling(quick),
     }
 
 
@@ -190,15 +164,12 @@ def format_table(result: dict) -> str:
         head
         + "\n\n"
         + common.markdown_table(result["results"], cols)
-        + "\n\nsample_tokens, each form in its own process, ms per choice:\n\n"
+        + "\n\nsample_tokens, both forms timed in turn, ms per choice:\n\n"
         + common.markdown_table(result["sampling"], cols_s)
     )
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["--_child"]:
-        _child(sys.argv[2], sys.argv[3], sys.argv[4] == "1")
-        return
     common.quick_out_main(
         __doc__, run, format_table, DEFAULT_OUT, "Two small vocabularies, 2 steps, 1 repeat."
     )

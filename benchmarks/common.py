@@ -486,6 +486,25 @@ def quick_out_main(
     print(f"wrote {write_json(args.out, result)}")
 
 
+def compiled_with(module: Any, name: str, value: Any, fn: Any, *args: Any) -> tuple[Any, str]:
+    """(`fn.lower(*args).compile()`, the lowered program's text) with `module.<name>` set
+    to `value` while `fn` (jitted) is traced, then restored: two forms of one program,
+    compiled in one process and timed in turn, for a library constant read at trace
+    time. JAX's caches are cleared before and after, so that no trace cached under the
+    other setting (a `lax.cond` branch's, say) serves this one."""
+    import jax
+
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    jax.clear_caches()
+    try:
+        lowered = fn.lower(*args)
+        return lowered.compile(), lowered.as_text()
+    finally:
+        setattr(module, name, saved)
+        jax.clear_caches()
+
+
 def run_child(module: str, args: Sequence[str], *, hugetlb: bool = True) -> dict[str, Any]:
     """The JSON that ``python -m <module> --_child <file> <args>`` writes to <file>, run
     in a fresh process: glibc's huge-page malloc tunable on (`hugetlb`, as bench_rl

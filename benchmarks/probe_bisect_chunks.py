@@ -6,12 +6,11 @@ candidates, gathered from the batch (`filters._bisect_rows`). A gather takes as 
 `BISECT_ROWS` (8), so one wide row paid for eight. This probe times top-p 0.95 choices
 (64 rows, T 1) on bench_token_choice's synthetic logits at 2,048, 49,152 and 151,936
 tokens in both forms: each compiled ahead of time, the form before with
-`BISECT_CHUNKS` set to `(BISECT_ROWS,)` while it is traced (JAX's caches cleared
-around it, so nothing traced in one form serves the other), then the two executables
-timed in turn in this process. Each runs `steps` choices in one compiled loop, best of
-the repeats, ms per choice; `same_tokens` is the fraction of rows that chose the same
-token at the first step, and `loops` the while loops in each lowered program (one
-bisection loop per chunk size, and the loops around them).
+`BISECT_CHUNKS` set to `(BISECT_ROWS,)` while it is traced (`common.compiled_with`),
+then the two executables timed in turn in this process. Each runs `steps` choices in
+one compiled loop, best of the repeats, ms per choice; `same_tokens` is the fraction
+of rows that chose the same token at the first step, and `loops` the while loops in
+each lowered program (one bisection loop per chunk size, and the loops around them).
 
     python -m benchmarks.probe_bisect_chunks [--quick] [--out runs/bench/bisect_chunks.json]
 """
@@ -29,30 +28,10 @@ VOCABS = (2048, 49152, 151936)
 TOP_P = 0.95
 
 
-def _compiled(chunks: tuple[int, ...], z: Any, key: Any, steps: int) -> tuple[Any, int]:
-    """`steps` top-p choices compiled with `filters.BISECT_CHUNKS` = `chunks`, and the
-    while loops of the lowered program."""
-    import jax
-
-    from benchmarks.bench_token_choice import _loop
-    from gdpo_jax.sampling import filters
-
-    saved = filters.BISECT_CHUNKS
-    filters.BISECT_CHUNKS = chunks
-    jax.clear_caches()  # a cached trace of the other form would be reused
-    try:
-        f = _loop(lambda z, k: filters.sample_tokens(z, k, 1.0, TOP_P), steps)
-        lowered = f.lower(z, key)
-        return lowered.compile(), lowered.as_text().count("stablehlo.while")
-    finally:
-        filters.BISECT_CHUNKS = saved
-        jax.clear_caches()
-
-
 def run(quick: bool = False) -> dict[str, Any]:
     import jax
 
-    from benchmarks.bench_token_choice import ROWS, SHAPES, synthetic_logits
+    from benchmarks.bench_token_choice import ROWS, SHAPES, _loop, synthetic_logits
     from gdpo_jax.sampling import filters
 
     if quick:
@@ -64,8 +43,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     for v in vocabs:
         for shape in shapes:
             z = synthetic_logits(shape, ROWS, v)
-            (now, loops_now), (before, loops_before) = (
-                _compiled(chunks, z, key, steps)
+            f = _loop(lambda z, k: filters.sample_tokens(z, k, 1.0, TOP_P), steps)
+            (now, text_now), (before, text_before) = (
+                common.compiled_with(filters, "BISECT_CHUNKS", chunks, f, z, key)
                 for chunks in (filters.BISECT_CHUNKS, (filters.BISECT_ROWS,))
             )
             a, b = (jax.block_until_ready(c(z, key))[0] for c in (now, before))
@@ -81,7 +61,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "chunks_8_ms": round(1e3 * t_before["best_s"] / steps, 3),
                     "speedup": round(t_before["best_s"] / t_now["best_s"], 2),
                     "same_tokens": float(np.mean(np.asarray(a) == np.asarray(b))),
-                    "loops": [loops_now, loops_before],
+                    "loops": [t.count("stablehlo.while") for t in (text_now, text_before)],
                 }
             )
     return {

@@ -1012,3 +1012,25 @@ def test_run_child_starts_a_fresh_process_and_reads_back_its_json(monkeypatch, h
     seen["rc"] = 1
     with pytest.raises(RuntimeError, match="benchmarks.profile_ref process failed:\nboom"):
         common.run_child("benchmarks.profile_ref", [], hugetlb=hugetlb)
+
+
+def test_compiled_with_traces_under_the_setting_and_restores_it():
+    """Each compile sees the module constant it was given, even inside a `lax.cond`
+    branch whose trace JAX caches (the cache is cleared around it); the constant is
+    restored after."""
+    import types
+
+    import jax
+    import jax.numpy as jnp
+
+    knob = types.SimpleNamespace(SCALE=2.0)
+
+    def branch(x):
+        return x * knob.SCALE
+
+    f = jax.jit(lambda x: jax.lax.cond(x.sum() > 0, branch, lambda x: x, x))
+    x = jnp.ones(3)
+    two, _ = common.compiled_with(knob, "SCALE", 2.0, f, x)
+    five, text = common.compiled_with(knob, "SCALE", 5.0, f, x)
+    assert float(two(x)[0]) == 2.0 and float(five(x)[0]) == 5.0
+    assert "stablehlo" in text and knob.SCALE == 2.0

@@ -1637,9 +1637,10 @@ def test_prompt_slots_table_and_prose_are_the_committed_run() -> None:
 
 
 def _speedup_span(rows: list[dict], pred) -> str:
-    """ "{min}x-{max}x" of the `speedup` of the rows `pred` keeps, as the docs quote it."""
+    """The `speedup` range of the rows `pred` keeps as the docs quote it: "{min}x-{max}x",
+    or "{x}x" when they are one figure."""
     x = [r["speedup"] for r in rows if pred(r)]
-    return f"{min(x):.2f}x-{max(x):.2f}x"
+    return f"{min(x):.2f}x" if min(x) == max(x) else f"{min(x):.2f}x-{max(x):.2f}x"
 
 
 def test_token_choice_table_and_prose_are_the_committed_run() -> None:
