@@ -136,7 +136,7 @@ def bench_ours(
     for fn in REWARDS:
         register_reward(f"bench_{fn.__name__}")(fn)
     c = base_config()
-    c.workdir = tempfile.mkdtemp(prefix="bench_rl_")
+    c.workdir = common.scratch_dir("bench_rl_")
     c.model.name = ckpt
     c.task.name = "toolcall"  # not loaded: the task data is passed in
     c.task.chat_template = False

@@ -505,6 +505,19 @@ def compiled_with(module: Any, name: str, value: Any, fn: Any, *args: Any) -> tu
         jax.clear_caches()
 
 
+def scratch_dir(prefix: str) -> str:
+    """A fresh temporary directory, removed when this process exits: for a trainer's
+    workdir or a checkpoint a benchmark builds and hands on (a `with` block cannot hold
+    them), so that no run leaves directories behind in the system's temp folder."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def run_child(module: str, args: Sequence[str], *, hugetlb: bool = True) -> dict[str, Any]:
     """The JSON that ``python -m <module> --_child <file> <args>`` writes to <file>, run
     in a fresh process: glibc's huge-page malloc tunable on (`hugetlb`, as bench_rl

@@ -75,9 +75,9 @@ def _trainer(
     for fn in B.REWARDS:
         register_reward(f"bench_{fn.__name__}")(fn)
     c = base_config()
-    c.workdir = tempfile.mkdtemp(prefix="profile_step_")
+    c.workdir = common.scratch_dir("profile_step_")
     shape = B.SHAPES[model]
-    c.model.name = B.make_checkpoint(tempfile.mkdtemp(prefix="profile_ckpt_"), shape)
+    c.model.name = B.make_checkpoint(common.scratch_dir("profile_ckpt_"), shape)
     c.model.scan_layers = scan_layers
     c.task.name, c.task.chat_template = "toolcall", False
     c.rewards.names = tuple(f"bench_{fn.__name__}" for fn in B.REWARDS)

@@ -15,6 +15,7 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks import common
 from benchmarks.rl_setup import REWARDS, SHAPES, TINY, Shape, prompts
 
 
@@ -65,7 +66,7 @@ def bench_trl(
         [{"prompt": p} for p in prompts(shape.prompts * steps, vocab=shape.vocab)]
     )
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_trl_"), **trl_args(shape, beta, steps, device)
+        output_dir=common.scratch_dir("bench_trl_"), **trl_args(shape, beta, steps, device)
     )
     trainer = GRPOTrainer(
         model=ckpt,

@@ -1034,3 +1034,24 @@ def test_compiled_with_traces_under_the_setting_and_restores_it():
     five, text = common.compiled_with(knob, "SCALE", 5.0, f, x)
     assert float(two(x)[0]) == 2.0 and float(five(x)[0]) == 5.0
     assert "stablehlo" in text and knob.SCALE == 2.0
+
+
+def test_scratch_dir_is_removed_when_the_process_exits(tmp_path):
+    """common.scratch_dir: a fresh folder under the temp folder, still there while the
+    process runs, gone once it exits (with what was written into it)."""
+    import subprocess
+
+    code = (
+        "import os\n"
+        "from benchmarks import common\n"
+        "d = common.scratch_dir('bench_x_')\n"
+        "open(os.path.join(d, 'f'), 'w').write('x')\n"
+        "os.makedirs(os.path.join(d, 'sub', 'deep'))\n"
+        "print(d, sorted(os.listdir(d)), flush=True)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert out[0].startswith(str(tmp_path / "bench_x_")) and out[1:] == ["['f',", "'sub']"]
+    assert not os.path.exists(out[0]) and list(tmp_path.iterdir()) == []
