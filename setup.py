@@ -14,6 +14,11 @@ INSTALL_REQUIRES = [
     "ml_collections==1.1.0",
     "absl-py==2.5.1",
     "numpy==2.4.6",
+    # jax's dtype extension (jax allows >=0.5.0), pinned below its newest: 0.7.0's
+    # import took about a second beside numpy 2.4.6 (registering its ufunc loops), which
+    # every process importing jax paid (each CLI start, each test subprocess); 0.6.0's
+    # is a fraction of it (benchmarks/profile_import.py, docs/benchmarks.md).
+    "ml_dtypes==0.6.0",
     "transformers==5.23.0",
     "tokenizers==0.23.3",
     "safetensors==0.8.0",

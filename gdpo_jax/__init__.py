@@ -1,7 +1,14 @@
 """gdpo_jax: multi-reward RL (GDPO, GRPO and variants) for language models in JAX."""
 
-from gdpo_jax import xla_cpu as _xla_cpu
-from gdpo_jax.quiet_start import import_jax as _import_jax
+from gdpo_jax import hostenv as _hostenv
+
+# A CLI or benchmark whose main re-executes with the malloc tunable does so here,
+# before anything below: the process it replaces would otherwise import JAX for
+# nothing (gdpo_jax/hostenv.py). Nothing else has run yet, so nothing is lost.
+_hostenv.relaunch_entry_point()
+
+from gdpo_jax import xla_cpu as _xla_cpu  # noqa: E402
+from gdpo_jax.quiet_start import import_jax as _import_jax  # noqa: E402
 
 # Before JAX starts: programs over several CPU devices run under XLA:CPU's ordered
 # scheduler, with a thread pool their waiting collectives cannot fill

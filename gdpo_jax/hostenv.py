@@ -17,6 +17,12 @@ standard streams) with the tunable added to ``GLIBC_TUNABLES``. The CLIs
 first thing; a notebook or script sets the variable itself before starting
 Python: ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python ...``.
 
+Those command lines re-execute earlier still: ``import gdpo_jax`` (which the
+``experiments`` and ``benchmarks`` packages run first) calls
+:func:`relaunch_entry_point` before it imports JAX, so the process that is about
+to be replaced does not first pay for JAX's import (about a second of each CLI's
+start). Their own call later finds the tunable set and returns.
+
 Nothing happens (and nothing is re-executed) when the tunable is already set,
 when ``GDPO_JAX_NO_RELAUNCH=1``, off Linux, inside a pytest run or an IPython
 shell (a re-exec would restart the whole session), or when JAX has already started a
@@ -29,10 +35,59 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["HUGETLB_TUNABLE", "NO_RELAUNCH_ENV", "cpu_tunables_env", "relaunch_with_cpu_tunables"]
+__all__ = [
+    "ENTRY_MODULES",
+    "ENTRY_SCRIPTS",
+    "HUGETLB_TUNABLE",
+    "NO_RELAUNCH_ENV",
+    "cpu_tunables_env",
+    "entry_point",
+    "relaunch_entry_point",
+    "relaunch_with_cpu_tunables",
+]
 
 HUGETLB_TUNABLE = "glibc.malloc.hugetlb=1"
 NO_RELAUNCH_ENV = "GDPO_JAX_NO_RELAUNCH"
+
+# The command lines whose main calls relaunch_with_cpu_tunables (itself or through
+# gdpo_jax.train.cli.run_config_main): `python -m <module>`, and the console scripts
+# (setup.py), which run experiments.train / sft / compare_estimators.
+# tests/test_hostenv.py keeps the list equal to the modules that call it.
+ENTRY_MODULES = frozenset(
+    {
+        "experiments.check_plan",
+        "experiments.compare_estimators",
+        "experiments.sft",
+        "experiments.smollm2_demo",
+        "experiments.train",
+        "experiments.tune_microbatches",
+        "benchmarks.bench_advantages",
+        "benchmarks.bench_attention",
+        "benchmarks.bench_decode_growth",
+        "benchmarks.bench_longtail",
+        "benchmarks.bench_math",
+        "benchmarks.bench_matmul",
+        "benchmarks.bench_model",
+        "benchmarks.bench_prompt_sharing",
+        "benchmarks.bench_prompt_slots",
+        "benchmarks.bench_rl",
+        "benchmarks.bench_sampler",
+        "benchmarks.bench_sandbox",
+        "benchmarks.bench_token_choice",
+        "benchmarks.bench_top_k",
+        "benchmarks.probe_bisect_chunks",
+        "benchmarks.profile_decode",
+        "benchmarks.profile_decode_ops",
+        "benchmarks.profile_host",
+        "benchmarks.profile_import",
+        "benchmarks.profile_kernels",
+        "benchmarks.profile_step_ops",
+        "benchmarks.run_all",
+    }
+)
+ENTRY_SCRIPTS = frozenset({"gdpo-train", "gdpo-sft", "gdpo-compare"})
+# Interpreter options that take the next argument as their value.
+_OPTIONS_WITH_VALUE = frozenset({"-X", "-W", "--check-hash-based-pycs"})
 
 
 def cpu_tunables_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -73,6 +128,36 @@ def _in_pytest_run() -> bool:
     keep every CLI and benchmark from relaunching (as IPython had, via flax.nnx)."""
     in_session = "PYTEST_VERSION" in os.environ or "PYTEST_CURRENT_TEST" in os.environ
     return "pytest" in sys.modules and in_session
+
+
+def entry_point(argv: list[str]) -> bool:
+    """Whether the interpreter command line `argv` (`sys.orig_argv`) runs one of
+    ENTRY_MODULES (`python [options] -m <module> ...`) or ENTRY_SCRIPTS (a console
+    script's path). A form this does not read (`python -um x`) answers False: that
+    process relaunches later, from its main, as before."""
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return i + 1 < len(argv) and argv[i + 1] in ENTRY_MODULES
+        if arg in _OPTIONS_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            if arg in ("-c", "-"):
+                return False
+            i += 1
+            continue
+        return os.path.basename(arg) in ENTRY_SCRIPTS
+    return False
+
+
+def relaunch_entry_point() -> None:
+    """`relaunch_with_cpu_tunables()` now when this process runs one of the command
+    lines whose main would call it (:func:`entry_point`), with the same conditions.
+    `import gdpo_jax` calls it before importing JAX."""
+    if entry_point(list(getattr(sys, "orig_argv", []))):
+        relaunch_with_cpu_tunables()
 
 
 def relaunch_with_cpu_tunables() -> None:

@@ -1728,6 +1728,47 @@ def test_top_k_blocks_section_is_the_committed_run() -> None:
     assert res["machine"]["glibc_tunables"] == HUGETLB_TUNABLE
 
 
+def test_import_section_is_the_committed_runs() -> None:
+    """benchmarks.md's "Starting a process" tables render the two committed runs (before
+    and after), and every figure its prose quotes is theirs."""
+    import json
+
+    from benchmarks import profile_import
+
+    runs = {}
+    for name in ("before", "after"):
+        suffix = "_before" if name == "before" else ""
+        path = ROOT / "docs" / "benchmarks" / f"import_amd-epyc-avx2-2c{suffix}.json"
+        runs[name] = json.loads(path.read_text())
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    section = doc.split("## Starting a process", 1)[1].split("\n## ", 1)[0]
+    for res in runs.values():
+        assert profile_import.format_table(res).split("\n\n", 1)[1] in section, (
+            "python -m benchmarks.profile_import --out docs/benchmarks/import_<kind>.json"
+        )
+    b, a = runs["before"], runs["after"]
+    assert (b["ml_dtypes"], a["ml_dtypes"]) == ("0.7.0", "0.6.0")
+    row = {name: {r["target"]: r["median_s"] for r in res["rows"]} for name, res in runs.items()}
+    cli = "train CLI's refusal, re-executed"
+    _assert_quotes(
+        " ".join(section.split()),
+        (
+            f"spent {b['top_self_ms'][0]['self_ms']:.0f} ms of its own",
+            f"`import ml_dtypes` went from {row['before']['ml_dtypes']} to "
+            f"{row['after']['ml_dtypes']} s",
+            f"`import jax` from {row['before']['jax']} to {row['after']['jax']} s",
+            f"went from {b['relaunch_cost_s']} s to {a['relaunch_cost_s']} s",
+            f"took {row['before'][cli]} s and takes {row['after'][cli]} s",
+            f"the trainer's import {row['before']['trainer']} and {row['after']['trainer']} s",
+        ),
+        "docs/benchmarks.md's import prose",
+    )
+    assert b["top_self_ms"][0]["module"] == "ml_dtypes._ml_dtypes_ext"
+    assert "ml_dtypes._ml_dtypes_ext" not in {r["module"] for r in a["top_self_ms"]}
+    # The early re-exec: within noise of none after, more than a second before.
+    assert b["relaunch_cost_s"] > 1.0 and abs(a["relaunch_cost_s"]) < 0.25
+
+
 def test_bisect_chunks_section_is_the_committed_run() -> None:
     """benchmarks.md's "Bisecting one or two wide rows" table renders the committed run,
     and its prose's ranges are that run's."""

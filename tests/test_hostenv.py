@@ -174,3 +174,83 @@ def test_every_benchmark_and_profiler_main_relaunches_with_the_tunable():
     # A child process gets the tunable unless its caller turns it off.
     assert inspect.signature(common.run_child).parameters["hugetlb"].default is True
     assert "cpu_tunables_env(" in inspect.getsource(common.run_child)
+
+
+def _modules_imported(cmd: list[str], tmp_path: pathlib.Path) -> list[str]:
+    """The modules `python -X importtime <cmd>` imported, once per import, across the
+    re-exec (both process images write to the same stderr file)."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GDPO_JAX_NO_RELAUNCH")
+    }
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    with open(tmp_path / "stderr.txt", "w") as err:
+        subprocess.run(
+            [sys.executable, "-X", "importtime", *cmd],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            timeout=300,
+        )
+    lines = (tmp_path / "stderr.txt").read_text().splitlines()
+    return [ln.rsplit("|", 1)[1].strip() for ln in lines if ln.startswith("import time:")]
+
+
+def test_a_cli_relaunches_before_it_imports_jax(tmp_path):
+    """`python -m experiments.train` re-executes from `import gdpo_jax`, before JAX's
+    import: the process image it replaces imported gdpo_jax.hostenv and not JAX, so
+    JAX is imported once in all (it was twice, about a second of each CLI's start)."""
+    cmd = ["-m", "experiments.train", "--config=configs/tiny_cpu.py"]
+    mods = _modules_imported([*cmd, "--config.algo.group_size=-1"], tmp_path)
+    assert mods.count("gdpo_jax.hostenv") == 2, "no re-exec"
+    assert mods.count("jax._src.core") == 1
+    # A command line that is not an entry point imports all in one process image.
+    mods = _modules_imported(["-c", "import gdpo_jax"], tmp_path)
+    assert mods.count("gdpo_jax.hostenv") == 1 and mods.count("jax._src.core") == 1
+
+
+@pytest.mark.parametrize(
+    "argv, want",
+    [
+        (["python", "-m", "experiments.train", "--config=x.py"], True),
+        (["python", "-u", "-X", "importtime", "-m", "benchmarks.bench_rl"], True),
+        (["python", "-W", "ignore", "-m", "benchmarks.run_all", "--quick"], True),
+        (["/v/bin/python", "/v/bin/gdpo-train", "--config=x.py"], True),
+        (["python", "/v/bin/gdpo-compare"], True),
+        (["python", "-m", "experiments.plan"], False),  # its main does not relaunch
+        (["python", "-m", "benchmarks.profile_step"], False),  # per child process
+        (["python", "-c", "import gdpo_jax", "-m", "experiments.train"], False),
+        (["python", "train.py"], False),
+        (["python", "-m"], False),
+        (["python"], False),
+        ([], False),
+    ],
+)
+def test_entry_points_read_from_the_command_line(argv, want):
+    from gdpo_jax import hostenv
+
+    assert hostenv.entry_point(argv) is want
+
+
+def test_the_entry_points_are_the_mains_that_relaunch():
+    """hostenv.ENTRY_MODULES is every experiments/benchmarks module whose code calls
+    relaunch_with_cpu_tunables() or runs through cli.run_config_main (which calls it),
+    and ENTRY_SCRIPTS the console scripts, whose targets all relaunch."""
+    from gdpo_jax import hostenv
+
+    calls = {
+        f"{p.parent.name}.{p.stem}"
+        for top in ("experiments", "benchmarks")
+        for p in pathlib.Path(ROOT, top).glob("*.py")
+        if "relaunch_with_cpu_tunables()" in p.read_text()
+        or "cli.run_config_main(main" in p.read_text()
+    }
+    assert hostenv.ENTRY_MODULES == calls
+    setup = pathlib.Path(ROOT, "setup.py").read_text()
+    scripts = {
+        line.split('"')[1].split("=")[0]: line.split("=")[1].split(":")[0]
+        for line in setup.splitlines()
+        if line.strip().startswith('"gdpo-')
+    }
+    assert set(scripts) == hostenv.ENTRY_SCRIPTS
+    assert set(scripts.values()) <= hostenv.ENTRY_MODULES

@@ -83,3 +83,38 @@ def test_wheel_ships_every_file_and_its_data_loads(tmp_path):
     package_dir, n_samples = ran.stdout.split()[-2:]
     assert os.path.realpath(package_dir) == os.path.realpath(site / "gdpo_jax")
     assert int(n_samples) == len(os.listdir(src / "gdpo_jax" / "data" / "samples"))
+
+
+def _pins() -> dict[str, str]:
+    """setup.py's exact pins, {distribution name: version}, from the install set and
+    every extra (`jax[tpu]==0.10.2` pins jax)."""
+    import ast
+    import re
+
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("INSTALL_REQUIRES", "EXTRAS"):
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+    reqs = list(found["INSTALL_REQUIRES"]) + [r for v in found["EXTRAS"].values() for r in v]
+    pins = {}
+    for req in reqs:
+        name, version = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?==(\S+)", req).groups()
+        pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_the_environment_has_the_pinned_versions():
+    """Every exact pin of setup.py (install set and extras: `make test` installs them
+    all) is the version installed: a resolver that picked another version of a pinned
+    dependency (ml_dtypes 0.7.0's import took 1 s, 0.6.0's a fraction of that) fails
+    here, not as a slower suite. A local label (torch's `2.13.0+cpu`) matches its
+    pin, as pip's `==` does."""
+    import importlib.metadata
+
+    pins = _pins()
+    assert pins["ml-dtypes"] == "0.6.0" and pins["jax"] == "0.10.2" and len(pins) > 30
+    have = {name: importlib.metadata.version(name) for name in pins}
+    wrong = {n: (want, have[n]) for n, want in pins.items() if have[n].split("+")[0] != want}
+    assert wrong == {}, wrong
