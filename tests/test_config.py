@@ -18,6 +18,7 @@ from gdpo_jax.train.config import (
     reward_specs,
     validate_config,
 )
+from tests._importtime import modules_imported
 from tests._train_fixtures import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -399,6 +400,23 @@ def test_cli_rejects_bad_config_with_message(tmp_path):
         timeout=300,
     )
     assert out.returncode != 0 and "estimater" in out.stderr
+
+
+def test_cli_refuses_a_bad_config_before_importing_the_trainers_libraries(tmp_path):
+    """A refused config costs little more than the CLI's start: the train CLI imports
+    neither the checkpointer nor orbax or grain before its checks (the resume check
+    imported the checkpointer at its top, and with it orbax and the train state: about
+    half a second per refusal). flax (and optax, which flax.nnx imports) come with
+    `gdpo_jax.models`, whose model config the checks read."""
+    cmd = ["-m", "experiments.train", "--config=configs/tiny_cpu.py"]
+    mods = modules_imported(
+        [*cmd, "--config.algo.group_size=1", f"--config.workdir={tmp_path}/w"], tmp_path
+    )
+    assert "gdpo_jax.train.resume_checks" in mods and "jax._src.core" in mods
+    heavy = [m for m in mods if m.split(".")[0] in ("orbax", "grain")]
+    ours = {"gdpo_jax.train.checkpoint", "gdpo_jax.train.state", "gdpo_jax.train.loop"}
+    assert heavy == [] and ours.isdisjoint(mods)
+    assert not os.path.exists(tmp_path / "w")  # and nothing written
 
 
 def test_kl_in_reward_is_valid_for_every_estimator(caplog):

@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from tests._importtime import modules_imported
+
 ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 PROBE = (
     "import json, os, sys\n"
@@ -176,36 +178,16 @@ def test_every_benchmark_and_profiler_main_relaunches_with_the_tunable():
     assert "cpu_tunables_env(" in inspect.getsource(common.run_child)
 
 
-def _modules_imported(cmd: list[str], tmp_path: pathlib.Path) -> list[str]:
-    """The modules `python -X importtime <cmd>` imported, once per import, across the
-    re-exec (both process images write to the same stderr file)."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GDPO_JAX_NO_RELAUNCH")
-    }
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    with open(tmp_path / "stderr.txt", "w") as err:
-        subprocess.run(
-            [sys.executable, "-X", "importtime", *cmd],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-            timeout=300,
-        )
-    lines = (tmp_path / "stderr.txt").read_text().splitlines()
-    return [ln.rsplit("|", 1)[1].strip() for ln in lines if ln.startswith("import time:")]
-
-
 def test_a_cli_relaunches_before_it_imports_jax(tmp_path):
     """`python -m experiments.train` re-executes from `import gdpo_jax`, before JAX's
     import: the process image it replaces imported gdpo_jax.hostenv and not JAX, so
     JAX is imported once in all (it was twice, about a second of each CLI's start)."""
     cmd = ["-m", "experiments.train", "--config=configs/tiny_cpu.py"]
-    mods = _modules_imported([*cmd, "--config.algo.group_size=-1"], tmp_path)
+    mods = modules_imported([*cmd, "--config.algo.group_size=-1"], tmp_path)
     assert mods.count("gdpo_jax.hostenv") == 2, "no re-exec"
     assert mods.count("jax._src.core") == 1
     # A command line that is not an entry point imports all in one process image.
-    mods = _modules_imported(["-c", "import gdpo_jax"], tmp_path)
+    mods = modules_imported(["-c", "import gdpo_jax"], tmp_path)
     assert mods.count("gdpo_jax.hostenv") == 1 and mods.count("jax._src.core") == 1
 
 

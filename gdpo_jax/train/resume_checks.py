@@ -9,18 +9,21 @@ config.json, `Trainer` and `SFT` call `check_resume_data` before the model build
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import ml_collections as mlc
 
 from gdpo_jax.train import config as config_lib
 from gdpo_jax.train import paths
-from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.checkpoint_errors import (
     CheckpointUnavailableError,
     IncompatibleCheckpointError,
     short_error,
     unreadable_now,
 )
+
+if TYPE_CHECKING:
+    from gdpo_jax.train.checkpoint import Checkpointer
 
 __all__ = ["check_resume_config", "check_resume_data"]
 
@@ -32,6 +35,11 @@ def _existing_checkpointer(cfg: mlc.ConfigDict) -> Checkpointer | None:
     (None otherwise: nothing is created, and nothing removed)."""
     if not paths.exists(paths.join(cfg.workdir.rstrip("/"), "checkpoints")):
         return None
+    # Here, not at the top: the CLIs import this module before their config checks, and
+    # orbax and flax (the checkpoint's imports) would add about half a second to every
+    # refusal of a bad config (benchmarks/profile_import.py times it).
+    from gdpo_jax.train.checkpoint import Checkpointer
+
     return Checkpointer.from_config(cfg, read_only=True)
 
 
