@@ -15,7 +15,7 @@ metrics), <workdir>/metrics.jsonl. `get_config("runlocal")` is a seconds-long
 smoke version (a tiny model, a few steps).
 """
 
-from gdpo_jax.train.sft import sft_config
+from gdpo_jax.train.schema import sft_config
 
 POLICY = dict(
     hidden_size=256,

@@ -41,6 +41,14 @@ def _build_and_run(cfg) -> dict:
     from gdpo_jax.errors import NonFiniteUpdateError, PreemptedError
     from gdpo_jax.train import distributed, logs
     from gdpo_jax.train.config import ConfigError, check_distributed
+    from gdpo_jax.train.sft_checks import validate_sft_config
+
+    try:
+        # The config's own checks (SFT repeats them), before the trainer's libraries
+        # are imported: a refusal costs the CLI's start and little more.
+        validate_sft_config(cfg)
+    except ConfigError as e:
+        cli.fail(e)
     from gdpo_jax.train.sft import SFT
 
     try:

@@ -402,20 +402,35 @@ def test_cli_rejects_bad_config_with_message(tmp_path):
     assert out.returncode != 0 and "estimater" in out.stderr
 
 
-def test_cli_refuses_a_bad_config_before_importing_the_trainers_libraries(tmp_path):
-    """A refused config costs little more than the CLI's start: the train CLI imports
-    neither the checkpointer nor orbax or grain before its checks (the resume check
-    imported the checkpointer at its top, and with it orbax and the train state: about
-    half a second per refusal). flax (and optax, which flax.nnx imports) come with
-    `gdpo_jax.models`, whose model config the checks read."""
-    cmd = ["-m", "experiments.train", "--config=configs/tiny_cpu.py"]
-    mods = modules_imported(
-        [*cmd, "--config.algo.group_size=1", f"--config.workdir={tmp_path}/w"], tmp_path
-    )
-    assert "gdpo_jax.train.resume_checks" in mods and "jax._src.core" in mods
+@pytest.mark.parametrize(
+    "cmd, bad, checks",
+    [
+        (
+            ["experiments.train", "--config=configs/tiny_cpu.py"],
+            "--config.algo.group_size=1",
+            "gdpo_jax.train.resume_checks",
+        ),
+        (
+            ["experiments.sft", "--config=configs/sft_toolcall.py"],
+            "--config.sft.batch_size=0",
+            "gdpo_jax.train.sft_checks",
+        ),
+    ],
+)
+def test_cli_refuses_a_bad_config_before_importing_the_trainers_libraries(
+    cmd, bad, checks, tmp_path
+):
+    """A refused config costs little more than the CLI's start: neither CLI imports
+    its trainer, the checkpointer, orbax or grain before its checks. The train CLI's
+    resume check imported the checkpointer at its top (and with it orbax and the train
+    state); the SFT config file imported `sft_config` from the SFT trainer, and the CLI
+    checked the config only in the trainer's constructor. flax (and optax, which
+    flax.nnx imports) come with `gdpo_jax.models`, whose model config the checks read."""
+    mods = modules_imported(["-m", *cmd, bad, f"--config.workdir={tmp_path}/w"], tmp_path)
+    assert checks in mods and "jax._src.core" in mods
     heavy = [m for m in mods if m.split(".")[0] in ("orbax", "grain")]
-    ours = {"gdpo_jax.train.checkpoint", "gdpo_jax.train.state", "gdpo_jax.train.loop"}
-    assert heavy == [] and ours.isdisjoint(mods)
+    trainers = {"gdpo_jax.train.checkpoint", "gdpo_jax.train.state", "gdpo_jax.train.loop"}
+    assert heavy == [] and trainers.isdisjoint(mods) and "gdpo_jax.train.sft" not in mods
     assert not os.path.exists(tmp_path / "w")  # and nothing written
 
 

@@ -1,4 +1,5 @@
-"""The run configuration's schema (`base_config`) and identity (fingerprint, diff).
+"""The run configuration's schema (`base_config`, and `sft_config` for SFT) and its
+identity (fingerprint, diff).
 
 Every experiment config (configs/*.py) starts from `base_config()` and
 overrides fields, so the command line can override any of them with
@@ -235,6 +236,28 @@ def base_config() -> mlc.ConfigDict:
     c.distributed.coordinator_address = ""
     c.distributed.num_processes = 0
     c.distributed.process_id = -1
+    return c
+
+
+def sft_config() -> mlc.ConfigDict:
+    """`base_config()` (model, task, rewards, sampling, optim, mesh, checkpoint) + `sft`.
+
+    Here, beside the RL schema, rather than with the SFT trainer: the SFT configs
+    import it, and a config file is read before the CLI's checks, so it must not
+    import the trainer's libraries."""
+    c = base_config()
+    c.sft = mlc.ConfigDict()
+    c.sft.num_steps = 200
+    c.sft.batch_size = 32
+    c.sft.num_examples = 0  # train on the first n training records; 0 = all
+    c.sft.format_noise = 0.0  # toolcall: share of targets with a broken tag structure
+    c.sft.value_noise = 0.0  # share of targets with a wrong argument value / answer
+    c.sft.verbose_prob = 0.0  # math: share of targets that restate the problem first
+    c.sft.log_every = 10
+    c.sft.evaluate = True  # held-out eval at the end (greedy and sampled)
+    c.sft.eval_every = 0  # > 0: also every n steps
+    c.sft.eval_num_examples = 64
+    c.sft.eval_samples = 4  # sampled eval: k per prompt as config.sampling samples
     return c
 
 

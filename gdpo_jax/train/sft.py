@@ -48,7 +48,6 @@ from gdpo_jax.train import state as state_lib
 from gdpo_jax.train.checkpoint import Checkpointer
 from gdpo_jax.train.config import (
     ConfigError,
-    base_config,
     reward_runner,
     reward_specs,
     task_eval_kwargs,
@@ -58,6 +57,7 @@ from gdpo_jax.train.metrics import MetricsWriter, read_jsonl
 from gdpo_jax.train.preemption import PreemptionWatch
 from gdpo_jax.train.records import held_out_records
 from gdpo_jax.train.resume_checks import check_resume_config, check_resume_data
+from gdpo_jax.train.schema import sft_config  # noqa: F401 - public name, re-exported
 from gdpo_jax.train.sft_checks import sft_targets, training_records, validate_sft_config
 from gdpo_jax.train.sft_step import encode_batch, sft_loss, sft_step
 
@@ -72,24 +72,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("gdpo_jax.sft")
-
-
-def sft_config() -> mlc.ConfigDict:
-    """`base_config()` (model, task, rewards, sampling, optim, mesh, checkpoint) + `sft`."""
-    c = base_config()
-    c.sft = mlc.ConfigDict()
-    c.sft.num_steps = 200
-    c.sft.batch_size = 32
-    c.sft.num_examples = 0  # train on the first n training records; 0 = all
-    c.sft.format_noise = 0.0  # toolcall: share of targets with a broken tag structure
-    c.sft.value_noise = 0.0  # share of targets with a wrong argument value / answer
-    c.sft.verbose_prob = 0.0  # math: share of targets that restate the problem first
-    c.sft.log_every = 10
-    c.sft.evaluate = True  # held-out eval at the end (greedy and sampled)
-    c.sft.eval_every = 0  # > 0: also every n steps
-    c.sft.eval_num_examples = 64
-    c.sft.eval_samples = 4  # sampled eval: k per prompt as config.sampling samples
-    return c
 
 
 # -------------------------------------------------------------------- run
