@@ -44,20 +44,21 @@ def _build_and_run(cfg) -> dict:
     from gdpo_jax.train.sft_checks import validate_sft_config
 
     try:
-        # The config's own checks (SFT repeats them), before the trainer's libraries
-        # are imported: a refusal costs the CLI's start and little more.
-        validate_sft_config(cfg)
-    except ConfigError as e:
-        cli.fail(e)
-    from gdpo_jax.train.sft import SFT
-
-    try:
         check_distributed(cfg)
         # Before anything touches a device, as experiments.train does: without it each
         # process of a multi-host SFT ran alone (SFT.local_batch splits over processes).
         distributed.initialize_from_config(cfg)
     except ConfigError as e:
         cli.fail(e)
+    try:
+        # The config's own checks (SFT repeats them; they count the devices, so after
+        # the multi-host set-up), before the trainer's libraries are imported: a
+        # refusal costs the CLI's start and little more.
+        validate_sft_config(cfg)
+    except ConfigError as e:
+        cli.fail(e)
+    from gdpo_jax.train.sft import SFT
+
     with compile_cache.compiled_fresh_for_run(cfg):
         try:
             trainer = SFT(cfg)  # validates first
