@@ -11,7 +11,9 @@ import sys
 ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 
 
-def modules_imported(args: list[str], tmp_path: pathlib.Path, env_extra=None) -> list[str]:
+def modules_imported(
+    args: list[str], tmp_path: pathlib.Path, env_extra: dict[str, str] | None = None
+) -> list[str]:
     """Each module `python -X importtime <args>` imported, once per import, across a
     re-exec (both process images write to the same stderr file); started as on a
     user's first run: no malloc tunable, the re-exec allowed, JAX on the CPU."""

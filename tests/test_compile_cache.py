@@ -152,6 +152,7 @@ def test_the_sft_cli_builds_and_runs_with_the_cache_off_on_several_cpu_devices(
     # CPU devices its programs were loaded from the persistent cache.
     from experiments import sft as sft_cli
     from gdpo_jax.train import sft as sft_lib
+    from gdpo_jax.train import sft_checks
     from gdpo_jax.train.schema import base_config
 
     monkeypatch.setattr(compile_cache, "_flags_at_start", COUNT_8)
@@ -166,6 +167,8 @@ def test_the_sft_cli_builds_and_runs_with_the_cache_off_on_several_cpu_devices(
             return {"steps": 0}
 
     monkeypatch.setattr(sft_lib, "SFT", FakeSFT)
+    # The CLI's early config check (SFT's own, which FakeSFT stands in for) passes.
+    monkeypatch.setattr(sft_checks, "validate_sft_config", lambda cfg: None)
     cfg = base_config()
     cfg.workdir = str(tmp_path)
     assert sft_cli._build_and_run(cfg) == {"steps": 0}

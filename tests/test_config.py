@@ -434,40 +434,6 @@ def test_cli_refuses_a_bad_config_before_importing_the_trainers_libraries(
     assert not os.path.exists(tmp_path / "w")  # and nothing written
 
 
-def test_the_sft_cli_sets_up_multi_host_before_anything_counts_devices(tmp_path):
-    """JAX's multi-host set-up must come before its backend starts: the SFT CLI's early
-    config check counts the devices, so it runs after `distributed.initialize_from_config`
-    (called here with no backend started yet; it stops the CLI)."""
-    probe = (
-        "import sys\n"
-        "from gdpo_jax import hostenv\n"
-        "from gdpo_jax.train import distributed\n"
-        "from configs.sft_toolcall import get_config\n"
-        "seen = []\n"
-        "def stop(cfg):\n"
-        "    seen.append(hostenv._backend_started())\n"
-        "    raise SystemExit(7)\n"
-        "distributed.initialize_from_config = stop\n"
-        "from experiments import sft\n"
-        "cfg = get_config()\n"
-        "cfg.workdir = sys.argv[1]\n"
-        "try:\n"
-        "    sft._build_and_run(cfg)\n"
-        "except SystemExit as e:\n"
-        "    print(seen, e.code)\n"
-    )
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
-    out = subprocess.run(
-        [sys.executable, "-c", probe, str(tmp_path / "w")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.stdout.strip().splitlines()[-1:] == ["[False] 7"], out.stdout + out.stderr[-2000:]
-
-
 def test_kl_in_reward_is_valid_for_every_estimator(caplog):
     # The penalty no longer becomes a GDPO reward column (it is added after the
     # per-reward normalization), so no estimator is warned about any more.

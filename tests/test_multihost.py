@@ -448,11 +448,13 @@ def test_the_sft_cli_joins_the_cluster_before_building(monkeypatch, tmp_path):
     # `gdpo-sft` never called distributed.initialize: under srun each process trained
     # alone on what it took for its share of a global batch.
     from experiments import sft as sft_cli
-    from gdpo_jax.train import distributed
+    from gdpo_jax.train import distributed, sft_checks
     from gdpo_jax.train import sft as sft_lib
 
     order = []
     monkeypatch.setattr(distributed, "initialize_from_config", lambda cfg: order.append("init"))
+    # The CLI's early config check counts the devices: it must come after the join too.
+    monkeypatch.setattr(sft_checks, "validate_sft_config", lambda cfg: order.append("check"))
 
     class FakeSFT:
         def __init__(self, cfg):
@@ -465,4 +467,4 @@ def test_the_sft_cli_joins_the_cluster_before_building(monkeypatch, tmp_path):
     cfg = sft_lib.sft_config()
     cfg.workdir = str(tmp_path)
     sft_cli._build_and_run(cfg)
-    assert order == ["init", "build"]
+    assert order == ["init", "check", "build"]

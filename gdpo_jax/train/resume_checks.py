@@ -35,9 +35,10 @@ def _existing_checkpointer(cfg: mlc.ConfigDict) -> Checkpointer | None:
     (None otherwise: nothing is created, and nothing removed)."""
     if not paths.exists(paths.join(cfg.workdir.rstrip("/"), "checkpoints")):
         return None
-    # Here, not at the top: the CLIs import this module before their config checks, and
-    # orbax and flax (the checkpoint's imports) would add about half a second to every
-    # refusal of a bad config (benchmarks/profile_import.py times it).
+    # Here, not at the top: the train CLI imports this module before its config checks,
+    # and the checkpointer's imports (orbax, the train state) would slow every refusal
+    # of a bad config (benchmarks/profile_import.py times one; tests/test_config.py
+    # checks what a refusal imports).
     from gdpo_jax.train.checkpoint import Checkpointer
 
     return Checkpointer.from_config(cfg, read_only=True)
