@@ -45,8 +45,10 @@ def test_quick_run_times_each_target_in_turn_and_names_the_slow_module(monkeypat
         res["rows"][2]["median_s"] - res["rows"][3]["median_s"], 3
     )
     python, slow = res["rows"][:2]
-    assert 0 < python["best_s"] <= python["median_s"] and python["best_s"] + 0.3 < slow["best_s"]
-    assert slow["best_s"] <= slow["median_s"] < 30
+    # Wall times hold the child's whole run: the 0.3 s sleep at least (no comparison
+    # between two targets' times, which machine load can reorder).
+    assert 0 < python["best_s"] <= python["median_s"]
+    assert 0.3 <= slow["best_s"] <= slow["median_s"] < 30
     first = res["top_self_ms"][0]
     assert first["module"] == "slow_to_import" and 300 <= first["self_ms"] < 3000
     assert len(res["top_self_ms"]) == P.TOP and res["trainer_import_ms"] >= first["self_ms"]
