@@ -52,7 +52,11 @@ NO_RELAUNCH_ENV = "GDPO_JAX_NO_RELAUNCH"
 # The command lines whose main calls relaunch_with_cpu_tunables (itself or through
 # gdpo_jax.train.cli.run_config_main): `python -m <module>`, and the console scripts
 # (setup.py), which run experiments.train / sft / compare_estimators.
-# tests/test_hostenv.py keeps the list equal to the modules that call it.
+# tests/test_hostenv.py keeps the list equal to the modules that call it. A list, not
+# a rule such as "every experiments.* / benchmarks.* module": 23 of them do not
+# relaunch (the planner, which never allocates a model's memory; the reports; the
+# probes that start a child per setting), and the package cannot read their source
+# at import (an installed gdpo_jax ships neither folder).
 ENTRY_MODULES = frozenset(
     {
         "experiments.check_plan",

@@ -11,8 +11,7 @@ import sys
 from typing import Any
 
 from tests._quick_compile import without_quick_compile
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from tests._subprocess import child_env
 
 
 def run_quick(module: str, tmp_path: pathlib.Path) -> dict[str, Any]:
@@ -28,8 +27,8 @@ def run_quick(module: str, tmp_path: pathlib.Path) -> dict[str, Any]:
     out = tmp_path / f"{module}.json"
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT), "TMPDIR": str(scratch)}
-    env["XLA_FLAGS"] = without_quick_compile(env.get("XLA_FLAGS", ""))
+    flags = without_quick_compile(os.environ.get("XLA_FLAGS", ""))
+    env = child_env(TMPDIR=str(scratch), XLA_FLAGS=flags)
     subprocess.run(
         [sys.executable, "-m", f"benchmarks.{module}", "--quick", "--out", str(out)],
         cwd=tmp_path,

@@ -3,12 +3,11 @@ start pays for, checked without timing it."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
 
-ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
+from tests._subprocess import ROOT, child_env
 
 
 def modules_imported(
@@ -17,10 +16,7 @@ def modules_imported(
     """Each module `python -X importtime <args>` imported, once per import, across a
     re-exec (both process images write to the same stderr file); started as on a
     user's first run: no malloc tunable, the re-exec allowed, JAX on the CPU."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GDPO_JAX_NO_RELAUNCH")
-    }
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **(env_extra or {}))
+    env = child_env(first_run=True, **(env_extra or {}))
     path = tmp_path / "importtime.txt"
     with open(path, "w") as err:
         subprocess.run(

@@ -21,6 +21,7 @@ from gdpo_jax.scale.plan import config_digest
 from gdpo_jax.train import mesh as mesh_lib
 from gdpo_jax.train.config import base_config
 from tests._quick_compile import quick_compile_flags
+from tests._subprocess import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2**30
@@ -128,7 +129,7 @@ def test_check_matches_refuses_another_platform_mesh_or_config() -> None:
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = child_env()
     # One CPU device, as the made-up plan's 1xh100; the suite's quick compile.
     env["XLA_FLAGS"] = quick_compile_flags()
     cmd = [sys.executable, "-m", "experiments.check_plan", "--config=configs/tiny_cpu.py", *args]

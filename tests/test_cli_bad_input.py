@@ -15,12 +15,14 @@ import sys
 
 import pytest
 
+from tests._subprocess import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(module: str, *args: str, cwd: str = ROOT) -> subprocess.CompletedProcess:
     """`python -m module args` (or `python script args` for a path ending in .py)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    env = child_env(GDPO_JAX_NO_RELAUNCH="1")
     head = [module] if module.endswith(".py") else ["-m", module]
     return subprocess.run(
         [sys.executable, *head, *args],
@@ -322,7 +324,7 @@ def test_every_experiment_module_imports_into_one_process():
     code = "import importlib\n" + "".join(
         f"importlib.import_module('experiments.{n}')\n" for n in names
     )
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    env = child_env(GDPO_JAX_NO_RELAUNCH="1")
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )

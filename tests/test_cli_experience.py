@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from tests._subprocess import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -42,7 +44,7 @@ TINY = [
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    return child_env()
 
 
 def _run(tool: str, args: list[str], cwd: str, timeout: int = 300) -> subprocess.CompletedProcess:

@@ -8,7 +8,6 @@ faults (the reason it exists).
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import sys
 import pytest
 
 from tests._importtime import modules_imported
+from tests._subprocess import child_env
 
 ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 PROBE = (
@@ -29,8 +29,7 @@ PROBE = (
 
 
 def _probe(env_extra: dict[str, str], before: str = "", drop=("GLIBC_TUNABLES",)) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in drop and k != "GDPO_JAX_NO_RELAUNCH"}
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, **env_extra)
+    env = child_env(drop=(*drop, "GDPO_JAX_NO_RELAUNCH"), **env_extra)
     out = subprocess.run(
         [sys.executable, "-c", PROBE.format(before=before), "--flag=1", "two words"],
         env=env,
@@ -94,11 +93,7 @@ def test_relaunch_after_importing_pytest_but_not_inside_a_pytest_run():
 def test_no_relaunch_for_a_script_from_stdin():
     # `python - < script`: the re-exec found stdin consumed, ran nothing and exited 0, so
     # the script's work after the relaunch never happened and the caller saw success.
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "GDPO_JAX_NO_RELAUNCH")
-    }
-    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-    env = {k: v for k, v in env.items() if not k.startswith("PYTEST_")}
+    env = {k: v for k, v in child_env(first_run=True).items() if not k.startswith("PYTEST_")}
     for argv in ([sys.executable, "-"], [sys.executable]):
         out = subprocess.run(
             argv,
@@ -134,8 +129,7 @@ def _thp_available() -> bool:
 @pytest.mark.skipif(not _thp_available(), reason="transparent huge pages are off here")
 def test_tunable_cuts_xla_cpu_page_faults():
     def faults(tunables: str | None) -> float:
-        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-        env.update(JAX_PLATFORMS="cpu", GDPO_JAX_NO_RELAUNCH="1")
+        env = child_env(drop=("GLIBC_TUNABLES",), GDPO_JAX_NO_RELAUNCH="1")
         if tunables:
             env["GLIBC_TUNABLES"] = tunables
         out = subprocess.run(

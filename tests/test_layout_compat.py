@@ -3,17 +3,16 @@ and config validation no longer reaches into the trainer's builders."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests._subprocess import child_env
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = child_env()
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
 
 

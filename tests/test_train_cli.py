@@ -12,6 +12,8 @@ import warnings
 
 import pytest
 
+from tests._subprocess import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -47,7 +49,7 @@ def _complete_steps(ckpt_dir: str) -> list[int]:
 def test_sigkill_then_resume(tmp_path):
     wd = str(tmp_path / "run")
     ckpt = os.path.join(wd, "checkpoints")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = child_env()
     proc = subprocess.Popen(
         _cmd(wd, 10_000),
         cwd=ROOT,
@@ -142,7 +144,7 @@ def test_sigkill_during_async_save_on_8_devices_resumes_exactly(tmp_path):
     non-timing metric equal to the full run's is also three fresh processes agreeing (no
     dependence on thread scheduling, dict order or process-level state)."""
     n = 6
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = child_env()
     full = str(tmp_path / "full")
     out = subprocess.run(
         _cmd_async8(full, n), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
@@ -210,7 +212,7 @@ def test_a_sigterm_stops_the_cli_with_the_step_saved_one_line_and_status_143(tmp
     cmd = _cmd(wd, 10_000)
     cmd[cmd.index("--config.checkpoint.every=1")] = "--config.checkpoint.every=1000"
     cmd[cmd.index("--config.mesh.num_devices=2")] = "--config.mesh.num_devices=1"
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = child_env()
     proc = subprocess.Popen(
         cmd + ["--config.train.tensorboard=False", "--config.train.log_every=1"],
         cwd=ROOT,

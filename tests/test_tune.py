@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import tests._train_fixtures  # noqa: F401 - registers the tiny task, tokenizer and rewards
+from tests._subprocess import child_env
 from tests._train_fixtures import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,7 +96,7 @@ def test_time_microbatches_rejects_empty_counts_and_zero_steps(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, GDPO_JAX_NO_RELAUNCH="1")
+    env = child_env(GDPO_JAX_NO_RELAUNCH="1")
     return subprocess.run(
         [sys.executable, "-m", "experiments.tune_microbatches", *args],
         cwd=ROOT,
