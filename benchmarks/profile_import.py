@@ -9,7 +9,10 @@ TARGETS: Python alone, numpy, ml_dtypes (jax's dtype extension), jax, gdpo_jax, 
 trainer (`gdpo_jax.train.loop`), and `python -m experiments.train` refusing a config
 without a workdir (its one-line error, status 2) twice: as users run it, re-executed
 with the malloc tunable (gdpo_jax/hostenv.py), and in one process image
-(GDPO_JAX_NO_RELAUNCH=1). The difference is what the re-exec costs. Then one
+(GDPO_JAX_NO_RELAUNCH=1). The difference is what the re-exec costs. A third
+refusal, of a model field, runs the config checks that read the model's and the
+sampler's host-side modules (`gdpo_jax.models.config`, `gdpo_jax.sampling.params`).
+Then one
 `python -X importtime` run of the trainer's import lists the modules with the
 largest time of their own (`self_ms`, without what they import).
 
@@ -27,26 +30,47 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks import common
 
 DEFAULT_OUT = "runs/bench/import.json"
-# (name, the interpreter's arguments, re-executed with the tunable as a CLI is).
-TARGETS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
-    ("python", ("-c", "pass"), False),
-    ("numpy", ("-c", "import numpy"), False),
-    ("ml_dtypes", ("-c", "import ml_dtypes"), False),
-    ("jax", ("-c", "import jax"), False),
-    ("gdpo_jax", ("-c", "import gdpo_jax"), False),
-    ("trainer", ("-c", "import gdpo_jax.train.loop"), False),
-)
+
+
+class Target(NamedTuple):
+    """One timed command: `python <args>`, which must exit with `status`; `relaunch`:
+    started as a user's first CLI run is (re-executed with the malloc tunable)."""
+
+    name: str
+    args: tuple[str, ...]
+    relaunch: bool = False
+    status: int = 0
+
+
+# The refusals' workdir, never made: the config is refused before anything is written.
+_REFUSED_WORKDIR = os.path.join(tempfile.gettempdir(), "gdpo_jax_profile_import_refused")
 CLI = ("-m", "experiments.train", "--config=configs/tiny_cpu.py")
-CLI_TARGETS: tuple[tuple[str, tuple[str, ...], bool], ...] = (
-    ("train CLI's refusal, re-executed", CLI, True),
-    ("train CLI's refusal, one process", CLI, False),
+# A field the model's checks refuse: the config checks read the model's and the
+# sampler's host-side modules, which imported flax (about 0.5 s) until their packages'
+# names loaded on first use.
+CLI_MODEL_FIELD = (*CLI, f"--config.workdir={_REFUSED_WORKDIR}", "--config.model.dtype=float33")
+REEXEC = "train CLI's refusal, re-executed"
+ONE_IMAGE = "train CLI's refusal, one process"
+TARGETS: tuple[Target, ...] = (
+    Target("python", ("-c", "pass")),
+    Target("numpy", ("-c", "import numpy")),
+    Target("ml_dtypes", ("-c", "import ml_dtypes")),
+    Target("jax", ("-c", "import jax")),
+    Target("gdpo_jax", ("-c", "import gdpo_jax")),
+    Target("trainer", ("-c", "import gdpo_jax.train.loop")),
+    # Refusing a config without a workdir (its one-line error, status 2).
+    Target(REEXEC, CLI, relaunch=True, status=2),
+    Target(ONE_IMAGE, CLI, status=2),
+    Target("train CLI's refusal of a model field, re-executed", CLI_MODEL_FIELD, True, 2),
 )
+TRACED = "trainer"  # the target whose import `python -X importtime` lists
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOP = 12  # modules listed by their own import time
 
@@ -62,17 +86,18 @@ def _env(relaunch: bool = False) -> dict[str, str]:
     return env
 
 
-def _wall_s(args: tuple[str, ...], relaunch: bool = False) -> float:
-    """Seconds for `python <args>` in a fresh interpreter (from the repository root),
-    from start to exit; it must exit 0, or 2 for the CLI's refusal."""
+def _wall_s(target: Target) -> float:
+    """Seconds for the target's `python <args>` in a fresh interpreter (from the
+    repository root), from start to exit; a RuntimeError if its status is not the
+    target's."""
     t0 = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, *args], env=_env(relaunch), cwd=ROOT, capture_output=True
+        [sys.executable, *target.args], env=_env(target.relaunch), cwd=ROOT, capture_output=True
     )
     seconds = time.perf_counter() - t0
-    if done.returncode != (2 if args == CLI else 0):
+    if done.returncode != target.status:
         raise RuntimeError(
-            f"python {' '.join(args)}: status {done.returncode}\n{done.stderr[-2000:]}"
+            f"python {' '.join(target.args)}: status {done.returncode}\n{done.stderr[-2000:]}"
         )
     return seconds
 
@@ -106,25 +131,26 @@ def run(quick: bool = False) -> dict[str, Any]:
     """{rows: [{target, command, relaunch, median_s, best_s}], relaunch_cost_s,
     top_self_ms, ml_dtypes, ...}."""
     repeats = 3 if quick else 9
-    targets = TARGETS + CLI_TARGETS
-    for _, args, relaunch in targets[-1:] + TARGETS[-1:]:
-        _wall_s(args, relaunch)  # the files into the page cache before any round
-    times: dict[str, list[float]] = {name: [] for name, _, _ in targets}
+    for target in TARGETS:
+        _wall_s(target)  # each target's files into the page cache before any round
+    times: dict[str, list[float]] = {t.name: [] for t in TARGETS}
     for _ in range(repeats):
-        for name, args, relaunch in targets:
-            times[name].append(_wall_s(args, relaunch))
+        for target in TARGETS:
+            times[target.name].append(_wall_s(target))
     rows = [
         {
-            "target": name,
-            "command": " ".join(["python", *args]),
-            "relaunch": relaunch,
-            "median_s": round(statistics.median(times[name]), 3),
-            "best_s": round(min(times[name]), 3),
+            "target": t.name,
+            "command": " ".join(["python", *t.args]),
+            "relaunch": t.relaunch,
+            "median_s": round(statistics.median(times[t.name]), 3),
+            "best_s": round(min(times[t.name]), 3),
         }
-        for name, args, relaunch in targets
+        for t in TARGETS
     ]
+    median = {r["target"]: r["median_s"] for r in rows}
+    (traced_target,) = [t for t in TARGETS if t.name == TRACED]
     traced = subprocess.run(
-        [sys.executable, "-X", "importtime", *TARGETS[-1][1]],
+        [sys.executable, "-X", "importtime", *traced_target.args],
         env=_env(),
         check=True,
         capture_output=True,
@@ -138,9 +164,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         "ml_dtypes": _child_ml_dtypes(),
         "rows": rows,
         # The CLI's start re-executed minus in one process image, by median.
-        "relaunch_cost_s": round(rows[-2]["median_s"] - rows[-1]["median_s"], 3)
-        if CLI_TARGETS
-        else None,
+        "relaunch_cost_s": round(median[REEXEC] - median[ONE_IMAGE], 3),
         "trainer_import_ms": round(max(r["cumulative_ms"] for r in modules), 1),
         "top_self_ms": [
             {"module": r["module"], "self_ms": round(r["self_ms"], 1)} for r in modules[:TOP]

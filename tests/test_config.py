@@ -19,6 +19,7 @@ from gdpo_jax.train.config import (
     validate_config,
 )
 from tests._importtime import modules_imported
+from tests._subprocess import child_env
 from tests._train_fixtures import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -412,7 +413,7 @@ def test_cli_rejects_bad_config_with_message(tmp_path):
         ),
         (
             ["experiments.sft", "--config=configs/sft_toolcall.py"],
-            "--config.sft.batch_size=0",
+            "--config.model.dtype=float33",
             "gdpo_jax.train.sft_checks",
         ),
     ],
@@ -424,11 +425,12 @@ def test_cli_refuses_a_bad_config_before_importing_the_trainers_libraries(
     its trainer, the checkpointer, orbax or grain before its checks. The train CLI's
     resume check imported the checkpointer at its top (and with it orbax and the train
     state); the SFT config file imported `sft_config` from the SFT trainer, and the CLI
-    checked the config only in the trainer's constructor. flax (and optax, which
-    flax.nnx imports) come with `gdpo_jax.models`, whose model config the checks read."""
+    checked the config only in the trainer's constructor. The checks read the model's
+    config, and `gdpo_jax.models` imported its transformer, and with it flax and optax,
+    on the way (about 0.5 s): its names now load on first use."""
     mods = modules_imported(["-m", *cmd, bad, f"--config.workdir={tmp_path}/w"], tmp_path)
-    assert checks in mods and "jax._src.core" in mods
-    heavy = [m for m in mods if m.split(".")[0] in ("orbax", "grain")]
+    assert checks in mods and "jax._src.core" in mods and "gdpo_jax.models.config" in mods
+    heavy = [m for m in mods if m.split(".")[0] in ("orbax", "grain", "flax", "optax")]
     trainers = {"gdpo_jax.train.checkpoint", "gdpo_jax.train.state", "gdpo_jax.train.loop"}
     assert heavy == [] and trainers.isdisjoint(mods) and "gdpo_jax.train.sft" not in mods
     assert not os.path.exists(tmp_path / "w")  # and nothing written
@@ -735,7 +737,7 @@ def test_tokenizer_fails_at_its_cause(monkeypatch):
         "assert tokenizer_registry.tokenizer_known('synthetic_bpe')\n"
         "assert 'gdpo_jax.data.tokenizer' not in sys.modules\n"
     )
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+    env = child_env()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     c = _cfg()

@@ -1730,7 +1730,7 @@ def test_top_k_blocks_section_is_the_committed_run() -> None:
 
 def test_import_section_is_the_committed_runs() -> None:
     """benchmarks.md's "Starting a process" tables render the two committed runs (before
-    and after), and every figure its prose quotes is theirs."""
+    and after), and every figure its prose quotes is theirs or the eager-models run's."""
     import json
 
     from benchmarks import profile_import
@@ -1767,6 +1767,22 @@ def test_import_section_is_the_committed_runs() -> None:
     assert "ml_dtypes._ml_dtypes_ext" not in {r["module"] for r in a["top_self_ms"]}
     # The early re-exec: within noise of none after, more than a second before.
     assert b["relaunch_cost_s"] > 1.0 and abs(a["relaunch_cost_s"]) < 0.25
+    # The model field's refusal, with the model's and sampler's packages imported eagerly
+    # (commit 03d2644) and on first use: flax and optax were about half a second of it.
+    eager_path = ROOT / "docs" / "benchmarks" / "import_amd-epyc-avx2-2c_eager_models.json"
+    row["eager"] = {r["target"]: r["median_s"] for r in json.loads(eager_path.read_text())["rows"]}
+    late = "train CLI's refusal of a model field, re-executed"
+    _assert_quotes(
+        " ".join(section.split()),
+        (
+            f"timed the model field's refusal at {row['eager'][late]} s against "
+            f"{row['eager'][cli]} s for the refusal without a workdir; after, "
+            f"{row['after'][late]} s against {row['after'][cli]} s",
+        ),
+        "docs/benchmarks.md's import prose",
+    )
+    assert row["eager"][late] - row["eager"][cli] > 0.3
+    assert row["after"][late] - row["after"][cli] < 0.2
 
 
 def test_bisect_chunks_section_is_the_committed_run() -> None:

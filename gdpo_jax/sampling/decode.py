@@ -76,6 +76,13 @@ from gdpo_jax.backend import effective_backend
 from gdpo_jax.core.logprobs import unembed_logits
 from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.sampling.filters import row_keys, sample_tokens, stop_sequence_hit
+from gdpo_jax.sampling.params import (
+    DECODE_GROWTH,
+    DECODE_LAYERS,
+    FINISH_EOS,
+    FINISH_LENGTH,
+    FINISH_STOP,
+)
 from gdpo_jax.sharding import BATCH_AXES, batch_axes, constrain, is_explicit
 from gdpo_jax.sharding import batch_axis_size as batch_shards
 
@@ -98,8 +105,6 @@ __all__ = [
     "shared_prompt_group",
 ]
 
-FINISH_LENGTH, FINISH_EOS, FINISH_STOP = 0, 1, 2
-
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
@@ -119,10 +124,6 @@ class DecodeSpec:
     # How a phase gets its slots: "prefix" (one cache of all slots, phase j
     # reads its first ones) or "copy" (a longer cache per phase); docstring.
     growth: str = "prefix"
-
-
-DECODE_LAYERS = ("scan", "unrolled", "fused")
-DECODE_GROWTH = ("prefix", "copy")
 
 
 def decode_chunks(max_new_tokens: int, phases: int | None = None) -> tuple[int, ...]:

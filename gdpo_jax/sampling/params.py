@@ -1,7 +1,10 @@
 """What a generate call takes and returns, host side: `SamplingParams` (validated,
-hashable), `Rollouts` (the NumPy result), finish-reason names, and the prompt
-length buckets (`bucket_length`, `default_prompt_buckets`) that bound how many
-prefill / decode programs compile.
+hashable), `Rollouts` (the NumPy result), the finish codes and their names, the
+decode program's layer / growth choices, and the prompt length buckets
+(`bucket_length`, `default_prompt_buckets`) that bound how many prefill / decode
+programs compile.
+
+NumPy only, no flax: a config check reads these without importing the model.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from gdpo_jax.sampling import decode
-
-FINISH_NAMES = {
-    decode.FINISH_LENGTH: "length",
-    decode.FINISH_EOS: "eos",
-    decode.FINISH_STOP: "stop",
-}
+# A row's finish code, as the decode program writes it.
+FINISH_LENGTH, FINISH_EOS, FINISH_STOP = 0, 1, 2
+FINISH_NAMES = {FINISH_LENGTH: "length", FINISH_EOS: "eos", FINISH_STOP: "stop"}
+# How the decode program runs the layers, and how a phase gets its cache slots
+# (sampling.decode's docstring).
+DECODE_LAYERS = ("scan", "unrolled", "fused")
+DECODE_GROWTH = ("prefix", "copy")
 DEFAULT_BUCKETS = (32, 64, 128, 256, 512, 1024, 2048)
 
 

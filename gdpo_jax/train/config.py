@@ -78,7 +78,7 @@ def prompt_buckets(cfg: mlc.ConfigDict) -> tuple[int, ...]:
 
     Raises ConfigError unless they ascend strictly and end at max_prompt_len.
     """
-    from gdpo_jax.sampling.sampler import default_prompt_buckets
+    from gdpo_jax.sampling.params import default_prompt_buckets
 
     s = cfg.sampling
     raw = tuple(s.get("prompt_buckets", ()))
@@ -254,7 +254,7 @@ def validate_config(
             f"batching's lanes: it needs sampling.continuous_slots >= 1 (is {slots}) and "
             "sampling.share_prompt_cache=True; set --config.sampling.continuous_prompt_slots=0."
         )
-    from gdpo_jax.sampling.decode import DECODE_LAYERS
+    from gdpo_jax.sampling.params import DECODE_LAYERS
 
     layers = cfg.sampling.get("decode_layers", "auto")
     if layers not in ("auto", *DECODE_LAYERS):
@@ -262,7 +262,7 @@ def validate_config(
             f"config.sampling.decode_layers={layers!r} must be one of "
             f"{('auto', *DECODE_LAYERS)}; e.g. --config.sampling.decode_layers=auto."
         )
-    from gdpo_jax.sampling.decode import DECODE_GROWTH
+    from gdpo_jax.sampling.params import DECODE_GROWTH
 
     growth = cfg.sampling.get("decode_growth", "auto")
     if growth not in ("auto", *DECODE_GROWTH):

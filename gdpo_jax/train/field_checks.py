@@ -194,7 +194,7 @@ def check_tiny_model(cfg: mlc.ConfigDict) -> None:
 
 def sampling_params(cfg) -> Any:
     """The rollouts' SamplingParams from config.sampling (ValueError on a bad field)."""
-    from gdpo_jax.sampling import SamplingParams
+    from gdpo_jax.sampling.params import SamplingParams
 
     s = cfg.sampling
     return SamplingParams(
@@ -209,7 +209,7 @@ def sampling_params(cfg) -> Any:
 def eval_params(cfg) -> Any:
     """The held-out eval's SamplingParams: config.eval's temperature, top_p and greedy,
     the rollouts' width and stop strings."""
-    from gdpo_jax.sampling import SamplingParams
+    from gdpo_jax.sampling.params import SamplingParams
 
     s, e = cfg.sampling, cfg.eval
     return SamplingParams(
