@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "gdpo_jax.compile_cache",
             "gdpo_jax.quiet_start",
             "gdpo_jax.xla_cpu",
+            "gdpo_jax.lazy_exports",
         ),
     ),
     ("core", ("gdpo_jax.core",)),

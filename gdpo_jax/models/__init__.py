@@ -8,8 +8,9 @@ refusal), and `load_pretrained` imports transformers / gguf only when called.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gdpo_jax.lazy_exports import lazy_exports
 
 _LAZY = {
     "ModelConfig": "gdpo_jax.models.config",
@@ -35,16 +36,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see (`as`: a re-export)
     from gdpo_jax.models.transformer import Transformer as Transformer
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'gdpo_jax.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = list(_LAZY)

@@ -7,8 +7,9 @@ neither the sampler's programs nor flax.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gdpo_jax.lazy_exports import lazy_exports
 
 _LAZY = {
     "Rollouts": "gdpo_jax.sampling.params",
@@ -30,16 +31,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see (`as`: a re-export)
     from gdpo_jax.sampling.sampler import Sampler as Sampler
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'gdpo_jax.sampling' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value  # later lookups skip this hook
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = list(_LAZY)

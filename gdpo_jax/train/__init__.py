@@ -6,6 +6,7 @@
 Heavy pieces (the loop pulls in the sampler, rewards and orbax) load lazily.
 """
 
+from gdpo_jax.lazy_exports import lazy_exports
 from gdpo_jax.train.config import ConfigError, base_config, validate_config
 from gdpo_jax.train.mesh import make_mesh
 
@@ -26,12 +27,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = ["ConfigError", "base_config", "validate_config", "make_mesh", *_LAZY]
