@@ -50,40 +50,33 @@ only in call mode, where the return value travels as JSON.
 
 Design: the source is compiled once here; every test case runs in a child
 forked from this (already warmed-up) interpreter, so a case costs a fork, not
-an interpreter start. The child lowers its rlimits, drops to an unprivileged
-uid (when given) and only then executes the program. The expected outputs
+an interpreter start. The child (`_sandbox_child.run_test_process`) lowers its
+rlimits, drops to an unprivileged uid (when given) and only then executes the
+program. The expected outputs
 never enter the sandbox: comparison happens in the trusted parent process.
 """
 
 import _signal as signal  # the C module: `signal` imports enum
-import builtins
-import ctypes
-import fcntl
-import io
 import marshal
 import os
-import resource
 import select
 import sys
 import time
 
-# The clean-up after each case is the sibling module's. -I leaves this directory off
-# the path: it goes on for this import and comes off again (the program's path).
+# The test process's side and the clean-up after each case are the sibling modules'.
+# -I leaves this directory off the path: it goes on for these imports and comes off
+# again (the program's path).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _sandbox_child  # noqa: E402
 import _sandbox_reap  # noqa: E402
 
 del sys.path[0]
 
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 4, 36, 38
-_EXIT_RUNTIME, _EXIT_MEMORY, _EXIT_SETUP = 1, 3, 97
-_OK_FD = 100  # the test process's "set-up done" pipe, out of the way of 0..3
 # A return value nested deeper than this is refused (runtime_error): the parent
 # decodes it with json (C recursion) and compares it recursively in a reward
 # thread whose stack is already deep; 100 levels leave a wide margin under the
 # interpreter's recursion limit (1000) there, and no test expects more.
 _MAX_VALUE_DEPTH = 100
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _count_uid_tasks(uid):
@@ -99,164 +92,6 @@ def _count_uid_tasks(uid):
             except OSError:
                 pass
     return n
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [(f, ctypes.c_uint32) for f in ("effective", "permitted", "inheritable")]
-
-
-def _drop_capabilities():
-    """Empty capability sets (a test process still uid 0: root of its user namespace in userns).
-
-    Without CAP_SYS_PTRACE the program cannot open the (non-dumpable) driver's
-    /proc fds; with no_new_privs set, an execve cannot give them back.
-    """
-    data = (_CapData * 2)()
-    if _libc.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset")
-
-
-def _child(code, job, case, fds, ok_fd):
-    """Runs in the forked test process. Never returns.
-
-    fds: the case's stdin, stdout, stderr and return-value files (open in the
-    driver, see `_anon_file`), to become fds 0..3.
-    ok_fd: write end of the set-up pipe; one byte on it says the set-up
-    finished, and it is closed before the program runs.
-    """
-    lim = job["limits"]
-    try:
-        driver = os.getppid()
-        ok_fd = fcntl.fcntl(ok_fd, fcntl.F_DUPFD, _OK_FD)  # clear of the dup2s below
-        os.setpgid(0, 0)
-        # Moved above 3 first, so that no dup2 onto 0..3 overwrites a source still to come.
-        for dst, src in enumerate([fcntl.fcntl(fd, fcntl.F_DUPFD, 4) for fd in fds]):
-            os.dup2(src, dst)
-        os.closerange(4, ok_fd)  # nothing of the driver's stays open
-        os.closerange(ok_fd + 1, 65536)
-        cpu = max(1, int(lim["cpu_s"] + 0.999))
-        mem = int(lim["memory_mb"]) << 20
-        fsize = int(lim["fsize_mb"]) << 20
-        nproc = int(job["nproc_base"]) + int(lim["nproc"])
-        for res, val in (
-            (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-            (resource.RLIMIT_AS, (mem, mem)),
-            (resource.RLIMIT_FSIZE, (fsize, fsize)),
-            (resource.RLIMIT_CORE, (0, 0)),
-            (resource.RLIMIT_NOFILE, (lim["nofile"], lim["nofile"])),
-            (resource.RLIMIT_NPROC, (nproc, nproc)),
-        ):
-            resource.setrlimit(res, val)
-        _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        if job["uid"] is not None:
-            os.setgroups([])
-            os.setgid(job["gid"])
-            os.setuid(job["uid"])
-            # Never run untrusted code with the starting privileges.
-            if os.getuid() != job["uid"] or os.geteuid() != job["uid"]:
-                os._exit(_EXIT_SETUP)
-        elif os.geteuid() == 0:
-            _drop_capabilities()
-        # Dies with the driver (set after the uid change, which clears it): where no
-        # pid namespace ends everything, a killed driver leaves no test process running.
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != driver:  # the driver died before that
-            os._exit(_EXIT_SETUP)
-        # The uid change left it non-dumpable (/proc/<pid> owned by root), which
-        # would hide its processes from _kill_uid; the driver stays non-dumpable.
-        _libc.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
-        sys.stdin = sys.__stdin__ = _std_stream(0, "r", "<stdin>")
-        sys.stdout = sys.__stdout__ = _std_stream(1, "w", "<stdout>")
-        sys.stderr = sys.__stderr__ = _std_stream(2, "w", "<stderr>")
-        sys.argv = ["solution.py"]
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-        os.write(ok_fd, b"\x01")
-        os.close(ok_fd)
-    except BaseException:
-        os._exit(_EXIT_SETUP)
-    status = 0
-    try:
-        g = {
-            "__name__": "__main__" if job["mode"] == "stdin" else "__solution__",
-            "__builtins__": builtins,
-        }
-        exec(code, g)
-        if job["mode"] == "call":
-            fn = g.get(job["fn_name"])
-            if fn is None and isinstance(g.get("Solution"), type):
-                fn = getattr(g["Solution"](), job["fn_name"])
-            if not callable(fn):
-                raise NameError(f"function {job['fn_name']!r} is not defined")
-            args = case if isinstance(case, list) else [case]
-            value = fn(*args)
-            import json  # imported by main() before the fork, in call mode
-
-            enc = json.dumps(
-                value, default=lambda o: sorted(o) if isinstance(o, (set, frozenset)) else repr(o)
-            ).encode()
-            while enc:  # a large value: one write() may take only part of it
-                enc = enc[os.write(3, enc) :]
-    except SystemExit as e:
-        # As CPython's exit code: only None and the int 0 (False too) are success.
-        # `in (None, 0)` compared with ==, so SystemExit(0.0) passed.
-        ok = e.code is None or (isinstance(e.code, int) and e.code == 0)
-        status = 0 if ok else _EXIT_RUNTIME
-    except MemoryError:
-        status = _EXIT_MEMORY
-    except BaseException:
-        status = _EXIT_RUNTIME
-        try:
-            # The interpreter's own display (C, as for an uncaught exception): the
-            # `traceback` module would cost every program its import (~4 ms).
-            sys.__excepthook__(*sys.exc_info())
-        except BaseException:
-            pass
-    _finalize()
-    # As CPython's shutdown: sys.stdout / sys.stderr unless None or closed (a closed
-    # one was scored a runtime error), then the original streams (output printed
-    # before the program replaced sys.stdout was lost).
-    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if f is not None and not getattr(f, "closed", False):
-                f.flush()
-        except BaseException:
-            status = status or _EXIT_RUNTIME
-    os._exit(status)
-
-
-def _std_stream(fd: int, mode: str, name: str) -> io.TextIOWrapper:
-    """sys.stdin / stdout / stderr over `fd`, with CPython's `mode` and `name` (FastIO
-    templates read `sys.stdout.mode`; without it they failed)."""
-    raw = io.FileIO(fd, mode, closefd=False)
-    raw.name = name
-    buf = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
-    text = io.TextIOWrapper(buf, encoding="utf-8", errors="replace" if mode == "r" else None)
-    text.mode = mode
-    return text
-
-
-def _finalize() -> None:
-    """What CPython does at exit before flushing: wait for the program's non-daemon
-    threads (`threading.Thread(target=main).start()` without a join), then run its
-    atexit handlers. os._exit skipped both: their output was lost. A thread that
-    never ends runs into the wall-time limit, as under CPython."""
-    threading = sys.modules.get("threading")
-    shutdown = getattr(threading, "_shutdown", None)
-    try:
-        if shutdown is not None:
-            shutdown()
-    except BaseException:
-        pass
-    try:
-        import atexit  # built in: no file is read
-
-        atexit._run_exitfuncs()
-    except BaseException:
-        pass
 
 
 def _anon_file(iodir):
@@ -326,7 +161,7 @@ def _run_case_files(code, job, case, fds, ran, watch):
     pid = os.fork()
     if pid == 0:
         os.close(ok_r)
-        _child(code, job, case, fds, ok_w)
+        _sandbox_child.run_test_process(code, job, case, fds, ok_w)
     os.close(ok_w)
     deadline, delay, killed, status, ru = t0 + lim["wall_s"], 0.001, False, None, None
     while True:
@@ -375,7 +210,9 @@ def _run_case_files(code, job, case, fds, ran, watch):
     elif os.WIFEXITED(status):
         # Whatever the code, the program chose it (97 included): only ok_fd
         # tells a set-up failure.
-        st = {0: "ok", _EXIT_MEMORY: "memory_error"}.get(os.WEXITSTATUS(status), "runtime_error")
+        st = {0: "ok", _sandbox_child.EXIT_MEMORY: "memory_error"}.get(
+            os.WEXITSTATUS(status), "runtime_error"
+        )
         if cpu_used > lim["cpu_s"]:
             # RLIMIT_CPU has whole seconds (1.5 became 2) and SIGXCPU can be ignored:
             # a program that exits on its own over its CPU time is a timeout too.
@@ -429,11 +266,11 @@ def _emit(obj):
 def main():
     # Before anything else: same-uid processes (the program, in the weaker
     # modes) can then neither open /proc/<driver>/fd/1 nor ptrace the driver.
-    _libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _sandbox_child.libc.prctl(_sandbox_child.PR_SET_DUMPABLE, 0, 0, 0, 0)
     with open(sys.argv[1], "rb") as f:
         job = marshal.load(f)
     try:
-        _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _sandbox_child.libc.prctl(_sandbox_child.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # Imported before the minimal root: trusted standard-library code, whose
         # shared libraries may lie outside the trees that root holds.
         sys.path.extend(p for p in job.get("sys_path", ()) if p not in sys.path)

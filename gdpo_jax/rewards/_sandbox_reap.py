@@ -1,8 +1,8 @@
 """What a sandbox case leaves behind, killed: the driver's clean-up after each case.
 
 Standard library only, imported by `_sandbox_driver.py` before any untrusted code
-runs (as its sibling `_sandbox_root.py` is). How far the clean-up reaches depends on
-the isolation mode:
+runs (as its siblings `_sandbox_child.py` and `_sandbox_root.py` are). How far the
+clean-up reaches depends on the isolation mode:
 
 - pid namespace modes (`namespaces`, `userns`): the driver is pid 1 there and kills
   every other process in the namespace (`kill(-1)`), whatever its session;
