@@ -16,6 +16,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 import time
 
 import pytest
@@ -136,14 +137,34 @@ def test_results_notebook_labels_a_run_by_its_innermost_estimator_folder(tmp_pat
         load(tmp_path / "empty")
 
 
+def _install_kernel_spec(prefix: pathlib.Path, staging: pathlib.Path) -> dict:
+    """Installs the kernel spec for this interpreter under `prefix`; returns its kernel.json.
+    ipykernel's `install` stages the spec in `tempfile.mkdtemp(suffix="_kernels")` and
+    removes only the spec inside it, so every run left an empty `tmp*_kernels` folder in
+    the machine's temp folder: it stages in `staging` instead."""
+    from ipykernel.kernelspec import install
+
+    staging.mkdir(parents=True, exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tempfile, "tempdir", str(staging))
+        install(kernel_name=KERNEL, prefix=str(prefix), display_name="gdpo_jax test")
+    return json.loads((prefix / "share/jupyter/kernels" / KERNEL / "kernel.json").read_text())
+
+
+def test_the_kernel_spec_leaves_nothing_in_the_temp_folder(tmp_path):
+    def left() -> set[str]:
+        return {p.name for p in pathlib.Path(tempfile.gettempdir()).glob("tmp*_kernels")}
+
+    before = left()
+    spec = _install_kernel_spec(tmp_path / "jupyter", tmp_path / "staging")
+    assert spec["argv"][0] == sys.executable and left() == before
+
+
 @pytest.fixture(scope="module")
 def kernel_env(tmp_path_factory):
     """JUPYTER_PATH with a kernel spec for this interpreter; the env the kernel inherits."""
-    from ipykernel.kernelspec import install
-
     prefix = tmp_path_factory.mktemp("jupyter")
-    install(kernel_name=KERNEL, prefix=str(prefix), display_name="gdpo_jax test")
-    spec = json.loads((prefix / "share/jupyter/kernels" / KERNEL / "kernel.json").read_text())
+    spec = _install_kernel_spec(prefix, tmp_path_factory.mktemp("kernel_staging"))
     assert spec["argv"][0] == sys.executable, spec["argv"]
     env = {
         "JUPYTER_PATH": str(prefix / "share/jupyter"),
