@@ -64,3 +64,22 @@ def test_a_name_is_imported_once_then_read_from_the_package(tmp_path, monkeypatc
         pkg.g  # noqa: B018
     with pytest.raises(ImportError):
         from lazy_pkg import g  # noqa: F401
+
+
+@pytest.mark.parametrize("package", ("gdpo_jax.models", "gdpo_jax.sampling"))
+def test_the_type_checkers_imports_are_the_lazy_table(package):
+    """The `if TYPE_CHECKING:` imports (what IDEs and type checkers see) name the same
+    modules and names as `_LAZY` (what runs): the two are written side by side, and
+    nothing else keeps them equal."""
+    import ast
+
+    pkg = importlib.import_module(package)
+    tree = ast.parse(open(pkg.__file__).read())
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.dump(n)]
+    seen = {
+        alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert seen == pkg._LAZY
