@@ -30,7 +30,8 @@ rows, 64 new tokens), AB_STEPS_LARGE steps of each per beta.
         [--out runs/bench/profile_step.json]
     python -m benchmarks.profile_step --model smollm2 --microbatches 4 --out r.json
 
-What the reference pass costs (beta > 0), and in which program: profile_ref.py.
+What the reference pass (beta > 0) and the recomputed old log-probs cost, and in which
+program: profile_ref.py.
 Every timed step is the RL loop's: at beta > 0 it includes the reference
 log-probs, whichever program computes them (the runs committed before 2026-12-03
 timed the step with them precomputed).
@@ -61,10 +62,12 @@ def _trainer(
     scan_layers: bool = True,
     model: str = "tiny",
     share_prompt: bool = False,
+    old_logprobs: str = "sampler",
 ) -> tuple[Any, dict]:
     """bench_rl's trainer (1 device) and one collected batch, ready for `trainer.step`;
     model: a bench_rl.SHAPES key (the Llama and the batch); share_prompt: bench_rl's
-    prompt sharing (off: the per-row forward of the committed profiles)."""
+    prompt sharing (off: the per-row forward of the committed profiles); old_logprobs:
+    config.algo.old_logprobs (bench_rl's "sampler", or "recompute")."""
     from benchmarks import bench_rl as B
     from gdpo_jax.rewards import register_reward
     from gdpo_jax.tasks import TaskData
@@ -85,6 +88,7 @@ def _trainer(
     c.algo.estimator, c.algo.beta, c.algo.kl_estimator = "gdpo", beta, "k3"
     c.algo.group_size, c.algo.num_prompts = shape.generations, shape.prompts
     c.algo.aggregation, c.algo.num_microbatches = "grpo", microbatches
+    c.algo.old_logprobs = old_logprobs
     # By default the per-row forward, as in the committed profiles: prompt sharing
     # (bench_rl's default since) changes the row layout per micro-batch count;
     # bench_prompt_sharing times it against this form.
@@ -94,20 +98,28 @@ def _trainer(
     records = [{"prompt": p} for p in B.prompts(64, vocab=shape.vocab)]
     trainer = Trainer(c, task=TaskData(train=records, eval=[]))
     arrays, _ = trainer._collect(0)
-    batch = distributed.to_global(arrays, trainer.mesh)
+    return trainer, _with_passes(trainer, distributed.to_global(arrays, trainer.mesh))
+
+
+def _with_passes(trainer: Any, batch: dict) -> dict:
+    """The batch with the log-prob passes the RL loop runs before the step
+    (`Trainer.train_step`): the recomputed old log-probs and, with beta > 0, the
+    reference's, each a separate program unless the step computes it itself."""
+    batch = dict(batch)
+    if trainer.cfg.algo.old_logprobs == "recompute" and not trainer.step_cfg.old_logp_in_step:
+        batch["old_logp"] = trainer.step.logprobs(trainer.state.params, batch)
     if trainer.ref_params is not None and not trainer.step_cfg.ref_logp_in_step:
         batch["ref_logp"] = trainer.step.logprobs(trainer.ref_params, batch)
-    return trainer, batch
+    return batch
 
 
 def _step_seconds(trainer: Any, batch: dict) -> float:
-    """One step as the RL loop runs it: with beta > 0, the reference log-probs too
-    (a separate program before the step unless the step computes them itself)."""
+    """One step as the RL loop runs it, with the log-prob passes it runs before
+    (`_with_passes`)."""
     import jax
 
     t0 = time.perf_counter()
-    if trainer.ref_params is not None and not trainer.step_cfg.ref_logp_in_step:
-        batch = dict(batch, ref_logp=trainer.step.logprobs(trainer.ref_params, batch))
+    batch = _with_passes(trainer, batch)
     trainer.state, m = trainer.step(trainer.state, batch, trainer.ref_params)
     jax.block_until_ready(m)
     return time.perf_counter() - t0

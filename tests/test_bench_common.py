@@ -509,7 +509,7 @@ def test_profile_ref_rows_table_and_flop_share(monkeypatch):
 
     calls = []
 
-    def fake(mb):
+    def fake(mb, which="ref"):
         calls.append(mb)
         k = len(calls)
         return {
@@ -549,6 +549,72 @@ def test_profile_ref_rows_table_and_flop_share(monkeypatch):
     old = {"ref_ab": [{k: v for k, v in fake(4).items() if not k.startswith("none")}]}
     old["ref_ab"][0]["beta"] = 0.04
     assert "| RL iteration | 4 | 0.04 | 3.000 | 2.400 | 1.25x |" in profile_ref.table_markdown(old)
+
+
+def test_profile_ref_old_logprob_pass_builds_its_forms_and_table(monkeypatch):
+    """`--pass old` times the recomputed old log-probs: its child is asked for that
+    pass, its rows are beta 0 under their own key, and the table names the old
+    log-prob forms (not the reference pass's) beside a forward's FLOP share."""
+    from benchmarks import profile_ref
+
+    seen = []
+
+    def fake_child(module, args):
+        seen.append(list(args))
+        return {
+            f"{f}_{k}": v
+            for f, v in (("none", 1.0), ("separate", 1.5), ("in_step", 1.2))
+            for k in ("iter_median_s", "iter_step_median_s", "median_s")
+        }
+
+    monkeypatch.setattr(profile_ref.common, "run_child", fake_child)
+    res = profile_ref.run((4,), "old")
+    assert seen == [["--microbatches", "4", "--pass", "old"]]
+    assert res["pass"] == "old" and "ref_ab" not in res and "reference_flop_share" not in res
+    assert [(r["beta"], r["speedup"]) for r in res["old_ab"]] == [(0.0, 1.5 / 1.2)]
+    assert res["forward_flop_share"] == profile_ref.flop_share()
+    res["machine"] = {"cpu_model": "AMD EPYC", "cpu_isa": "avx512", "cpu_usable": 2}
+    table = profile_ref.table_markdown(res)
+    head = (
+        "| timed | micro-batches | beta | sampler's log-probs, no pass: s (median) | old "
+        "log-prob pass, then the step: s (median) | old log-probs from the step's forward: "
+        "s (median) | speed-up | from the step: added over no pass |"
+    )
+    assert head in table and "reference" not in table
+    assert "| RL iteration | 4 | 0 | 1.000 | 1.500 | 1.200 | 1.25x | +20% |" in table
+    assert f"(a forward) of the step's model FLOPs: +{res['forward_flop_share']:.0%}." in table
+
+
+def test_profile_ref_old_form_recomputes_before_each_step(monkeypatch):
+    """The separate form's timed step recomputes the old log-probs with the
+    current policy (as `Trainer.train_step` does); the in-step form and the
+    sampler's log-probs run no pass, and a reference pass runs only at beta > 0."""
+    from types import SimpleNamespace
+
+    from benchmarks import profile_step
+
+    calls = []
+    step = SimpleNamespace(logprobs=lambda params, batch: calls.append(params) or params)
+
+    def trainer(old, in_step, ref=None, ref_in_step=False):
+        return SimpleNamespace(
+            cfg=SimpleNamespace(algo=SimpleNamespace(old_logprobs=old)),
+            step_cfg=SimpleNamespace(old_logp_in_step=in_step, ref_logp_in_step=ref_in_step),
+            state=SimpleNamespace(params="policy"),
+            ref_params=ref,
+            step=step,
+        )
+
+    batch = {"old_logp": "sampler's"}
+    got = profile_step._with_passes(trainer("recompute", False), batch)
+    assert got["old_logp"] == "policy" and batch["old_logp"] == "sampler's"
+    assert calls == ["policy"]
+    for t in (trainer("recompute", True), trainer("sampler", False)):
+        assert profile_step._with_passes(t, batch) == batch
+    assert calls == ["policy"]
+    got = profile_step._with_passes(trainer("sampler", False, ref="reference"), batch)
+    assert got == {"old_logp": "sampler's", "ref_logp": "reference"}
+    assert profile_step._with_passes(trainer("sampler", False, "reference", True), batch) == batch
 
 
 def test_bench_rl_trl_child_parses_the_command_its_parent_builds(monkeypatch, tmp_path):

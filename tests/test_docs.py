@@ -2384,6 +2384,61 @@ def test_reference_forward_section_is_the_committed_run() -> None:
     )
 
 
+def test_old_logprob_pass_section_is_the_committed_run() -> None:
+    """benchmarks.md's old log-prob table renders the committed `profile_ref --pass
+    old` run, and benchmarks.md, training.md and limits.md quote its ranges."""
+    import json
+
+    from benchmarks import profile_ref
+
+    name = "profile_old_logp_amd-epyc-avx512-2c.json"
+    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
+    assert res["pass"] == "old" and len(res["old_ab"]) == 3
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert " ".join(profile_ref.table_markdown(res).split()) in flat, (
+        f"docs/benchmarks.md's old log-prob table differs from docs/benchmarks/{name} "
+        "(python -m benchmarks.profile_ref --pass old --microbatches 4,4,4 --out <it>)"
+    )
+
+    def span(key: str, num: str = "separate", den: str = "in_step") -> list[float]:
+        return sorted(r[f"{num}_{key}"] / r[f"{den}_{key}"] for r in res["old_ab"])
+
+    def x(v: list[float]) -> str:
+        lo, hi = f"{v[0]:.2f}", f"{v[-1]:.2f}"
+        return f"{lo}x" if lo == hi else f"{lo}x-{hi}x"
+
+    def pct(v: list[float]) -> str:
+        return f"{v[0] - 1:+.0%} to {v[-1] - 1:+.0%}"
+
+    added = sorted(r["separate_median_s"] - r["none_median_s"] for r in res["old_ab"])
+    alone, inside, it = span("median_s"), span("iter_step_median_s"), span("iter_median_s")
+    _assert_quotes(
+        flat,
+        (
+            f"({pct(span('median_s', 'in_step', 'none'))} on the step alone, "
+            f"{pct(span('iter_median_s', 'in_step', 'none'))} per iteration)",
+            f"adds {pct(span('median_s', 'separate', 'none'))} to the step alone "
+            f"({added[0]:.3f} s to {added[-1]:.3f} s)",
+            f"a forward's model-FLOP share, +{res['forward_flop_share']:.0%}",
+            f"step {x(alone)} faster alone",
+            f"and {x(inside)} faster inside the RL iteration, and the iteration {x(it)} faster",
+        ),
+        "docs/benchmarks.md (docs/benchmarks/" + name + ")",
+    )
+    training = " ".join((ROOT / "docs" / "training.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        training,
+        (f"the step ran {x(alone)} faster alone and the RL iteration {x(it)} faster",),
+        "docs/training.md (docs/benchmarks/" + name + ")",
+    )
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        limits,
+        (f"avx512 AMD: the step {x(alone)}, the RL iteration {x(it)} faster",),
+        "docs/limits.md (docs/benchmarks/" + name + ")",
+    )
+
+
 def test_step_ops_section_is_the_committed_run() -> None:
     """benchmarks.md's step-by-product table renders the committed profile_step_ops
     run, and its prose quotes that run's shares and rates."""
