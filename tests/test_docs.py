@@ -871,6 +871,7 @@ def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
     who = {
         (): "none",
         ("amd-epyc-avx512-2c",): "the avx512 kind",
+        ("amd-epyc-avx2-2c",): "the avx2 kind",
         ("amd-epyc-avx2-2c", "amd-epyc-avx512-2c"): "both AMD EPYC kinds",
     }.get(tuple(met), ", ".join(met))
     sampled = summary.ratio_range(rows, "sampler_sampled")
@@ -886,6 +887,23 @@ def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
             " or more on the avx512 kind only",
         ),
         "docs/benchmarks.md (summary.md)",
+    )
+    # The latest row's ratios, step ratios and rounds' spans, as benchmarks.md and
+    # limits.md quote them.
+    b0, b4 = res["results"]["beta=0.0"], res["results"]["beta=0.04"]
+
+    def rounds(r: dict) -> str:
+        return f"{min(r['round_speedup_iter']):.2f}x-{max(r['round_speedup_iter']):.2f}x"
+
+    pair = f"{b0['speedup_iter']:.2f}x / {b4['speedup_iter']:.2f}x, its step "
+    pair += f"{b0['speedup_step']:.2f}x / {b4['speedup_step']:.2f}x"
+    spans = f"span {rounds(b0)} at beta 0 and {rounds(b4)} at beta 0.04"
+    _assert_quotes(flat, (pair, spans), "docs/benchmarks.md (machines/amd-epyc-avx512-2c.json)")
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        limits,
+        (pair.replace(", its step", " (its step"), spans),
+        "docs/limits.md (machines/amd-epyc-avx512-2c.json)",
     )
     # The token-choice section's top-k on the Sampler: this machine file's bench_sampler.
     run = json.loads(path.read_text())["benchmarks"]["bench_sampler"]["result"]["results"]
@@ -2219,6 +2237,7 @@ def test_sampler_first_call_figures_are_the_avx512_kinds_run() -> None:
     ours = [r["ours_first_s"] - r["ours_s"] for r in rows.values()]
     hf = [r["hf_first_s"] - r["hf_s"] for r in rows.values()]
     g, k, p = rows["greedy"], rows["top-k 50"], rows["sampled"]
+    medians = g["hf_median_s"] / g["ours_median_s"]
     flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
 
     def sec(x: float) -> str:  # no "-0.00" for a difference that rounds to nothing
@@ -2227,8 +2246,8 @@ def test_sampler_first_call_figures_are_the_avx512_kinds_run() -> None:
     figures = (
         f"ours {sec(min(ours))}-{sec(max(ours))} s more and transformers' {sec(min(hf))}-"
         f"{sec(max(hf))} s",
-        f"greedy is {g['speedup']:.2f}x in the latest run (2026-12-05, two calls a turn, the"
-        f" second timed; by the calls' medians {g['hf_median_s'] / g['ours_median_s']:.2f}x)",
+        f"greedy is {g['speedup']:.2f}x in the latest run ({run['created'][:10]}, two calls a"
+        f" turn, the second timed; by the calls' medians {medians:.2f}x)",
         f"Our greedy took {g['ours_s']:.3f} s there and its first call of a turn "
         f"{g['ours_first_s']:.3f} s; transformers' {g['hf_s']:.3f} s and {g['hf_first_s']:.3f} s",
         f"took {k['ours_s']:.3f} s in the avx512 kind's machine file, against {p['ours_s']:.3f}"
