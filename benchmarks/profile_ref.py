@@ -52,7 +52,6 @@ FORMS = ("none", "separate", "in_step")
 class Pass:
     """One log-prob pass: how its forms are built and what the table calls them."""
 
-    key: str  # the result's list of rows: f"{key}_ab"
     beta: float  # of the separate and in-step forms (the baseline runs beta 0)
     old_logprobs: str  # config.algo.old_logprobs of those two forms
     step_field: str  # the StepConfig switch between them
@@ -64,7 +63,6 @@ class Pass:
 
 PASSES = {
     "ref": Pass(
-        "ref",
         BETA,
         "sampler",
         "ref_logp_in_step",
@@ -74,7 +72,6 @@ PASSES = {
         "in the step: added over beta 0",
     ),
     "old": Pass(
-        "old",
         0.0,
         "recompute",
         "old_logp_in_step",
@@ -179,9 +176,10 @@ def table_markdown(res: dict) -> str:
     (`none_*`: beta 0, or the sampler's log-probs; the reference pass's since
     2026-12-05) add its column and the in-step form's measured cost over it,
     beside a forward's FLOP share."""
-    ps = PASSES[res.get("pass", "ref")]
+    which = res.get("pass", "ref")  # runs before --pass were the reference pass's
+    ps = PASSES[which]
     rows = []
-    for r in res.get(f"{ps.key}_ab", []):
+    for r in res.get(f"{which}_ab", []):
         for what, key in _TIMINGS:
             row = {
                 "timed": what,
