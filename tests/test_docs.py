@@ -2403,6 +2403,31 @@ def test_reference_forward_section_is_the_committed_run() -> None:
     )
 
 
+def test_ab_commits_section_is_the_committed_run() -> None:
+    """benchmarks.md's same-session A/B of two commits renders the committed
+    `ab_commits` run, and its prose quotes the run's base, ratios and ranges."""
+    import json
+
+    from benchmarks import ab_commits
+
+    name = "ab_commits_amd-epyc-avx512-2c.json"
+    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert " ".join(ab_commits.table_markdown(res).split()) in flat, (
+        f"docs/benchmarks.md's A/B table differs from docs/benchmarks/{name} "
+        "(python -m benchmarks.ab_commits --base <commit> --out <it>)"
+    )
+    it = res["summary"]["iter_s"]
+    _assert_quotes(
+        flat,
+        (
+            f"--base {res['base'][:7]} --pairs {res['pairs']}",
+            f"the working tree's median RL iteration {it['head_over_base']:.2f}x the base's",
+        ),
+        "docs/benchmarks.md (docs/benchmarks/" + name + ")",
+    )
+
+
 def test_old_logprob_pass_section_is_the_committed_run() -> None:
     """benchmarks.md's old log-prob table renders the committed `profile_ref --pass
     old` run, and benchmarks.md, training.md and limits.md quote its ranges."""

@@ -1,0 +1,188 @@
+r"""Did a change make our RL iteration slower? Two commits, timed in turn, in one session.
+
+A machine kind's `run_all` rows are of different sessions, and on the 2-core CPUs
+seen one session's RL iteration can be 10 % slower than another's with the same
+code (docs/benchmarks.md, "RL iteration"): two rows cannot tell a slower commit
+from a slower session. This times bench_rl's iteration (our side only: its
+trainer, batch and layout, `bench_rl.bench_ours`) for a base commit and the
+working tree alternately, each run in a fresh process with the huge-page malloc
+tunable, `--pairs` times each, and compares the runs' medians.
+
+The base is checked out into a temporary git worktree (removed after); each run
+imports `benchmarks.bench_rl` and `gdpo_jax` from its own tree, so the base must
+have `bench_rl.bench_ours` and `bench_rl.make_checkpoint` (2026-11-26 on). Both
+sides run with this checkout's virtual environment.
+
+    python -m benchmarks.ab_commits --base 4338de7 [--pairs 7] [--beta 0] \
+        [--out runs/bench/ab_commits.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERIES = ("iter_s", "sample_s", "step_s")  # bench_ours' series compared
+WARMUP, ITERS = 2, 12  # per run: untimed, then timed iterations
+
+
+def resolve(commit: str, repo: str = ROOT) -> str:
+    """The full hash of `commit` in `repo`; ValueError naming the flag when it is none."""
+    out = subprocess.run(
+        ["git", "-C", repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise ValueError(f"--base={commit!r} is not a commit of {repo}; give a hash or a ref.")
+    return out.stdout.strip()
+
+
+def _child(beta: float) -> dict[str, float]:
+    """One run (in the tree on PYTHONPATH): bench_rl's trainer, the medians of its series."""
+    from benchmarks import bench_rl as B
+
+    with tempfile.TemporaryDirectory(prefix="ab_ckpt_") as tmp:
+        ckpt = B.make_checkpoint(tmp, B.TINY)
+        series = B.bench_ours(ckpt, beta, warmup=WARMUP, iters=ITERS)
+    return {k: statistics.median(series[k]) for k in SERIES}
+
+
+def run_tree(tree: str, beta: float) -> dict[str, float]:
+    """One run of `_child` in a fresh process that imports from `tree`."""
+    from gdpo_jax.hostenv import cpu_tunables_env
+
+    env = cpu_tunables_env({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
+    env |= {"PYTHONPATH": tree, "GDPO_JAX_NO_RELAUNCH": "1", "JAX_PLATFORMS": "cpu"}
+    with tempfile.TemporaryDirectory(prefix="ab_run_") as tmp:
+        out = os.path.join(tmp, "r.json")
+        me = os.path.abspath(__file__)
+        cmd = [sys.executable, me, "--_child", out, "--beta", str(beta)]
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the run in {tree} failed:\n{proc.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def alternate(
+    trees: dict[str, str], pairs: int, beta: float, runner: Callable[[str, float], dict] = run_tree
+) -> dict[str, list[dict[str, float]]]:
+    """`pairs` runs per side, in turn; the side that goes first swaps every pair."""
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in trees}
+    sides = list(trees)
+    for i in range(pairs):
+        for side in sides if i % 2 == 0 else sides[::-1]:
+            runs[side].append(runner(trees[side], beta))
+    return runs
+
+
+def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Per series: each side's median over its runs, and head / base (above 1: head slower)."""
+    out = {}
+    for key in SERIES:
+        base = statistics.median(r[key] for r in runs["base"])
+        head = statistics.median(r[key] for r in runs["head"])
+        out[key] = {"base_s": base, "head_s": head, "head_over_base": head / base}
+    return out
+
+
+_NAMES = {"iter_s": "RL iteration", "sample_s": "sampling", "step_s": "step"}
+
+
+def table_markdown(res: dict[str, Any]) -> str:
+    """The comparison's markdown table, with its runs and machine under it."""
+    from benchmarks import common
+
+    rows = []
+    for key, s in res["summary"].items():
+        spread = {
+            side: f"{min(r[key] for r in res['runs'][side]):.3f}-"
+            f"{max(r[key] for r in res['runs'][side]):.3f}"
+            for side in ("base", "head")
+        }
+        rows.append(
+            {
+                "timed": _NAMES[key],
+                f"base {res['base'][:7]}: s (median)": f"{s['base_s']:.3f}",
+                "head: s (median)": f"{s['head_s']:.3f}",
+                "head / base": f"{s['head_over_base']:.3f}",
+                "base's runs": spread["base"],
+                "head's runs": spread["head"],
+            }
+        )
+    m = res.get("machine", {})
+    return (
+        common.markdown_table(rows)
+        + f"\n\nbench_rl's trainer (ours), beta {res['beta']}, {m.get('cpu_model')} "
+        f"({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; huge pages on; "
+        f"{res['pairs']} fresh processes per side in turn, each the median of {ITERS} "
+        f"iterations after {WARMUP}."
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    # The child runs this file as a script inside another tree, importing only that
+    # tree's bench_rl: benchmarks.common (this tree's) is the parent's alone.
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base", default="", help="the commit to compare the working tree with")
+    ap.add_argument("--pairs", type=int, default=5, help="runs per side")
+    ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--out", default="runs/bench/ab_commits.json")
+    ap.add_argument("--_child", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a._child:  # run as a script in a tree: its imports are that tree's (PYTHONPATH)
+        with open(a._child, "w") as f:
+            json.dump(_child(a.beta), f)
+        return
+    from benchmarks import common
+
+    if not a.base:
+        ap.error("--base is required: the commit to compare the working tree with.")
+    if a.pairs < 1:
+        ap.error(f"--pairs={a.pairs}: give 1 or more runs per side.")
+    try:
+        base = resolve(a.base)
+    except ValueError as e:
+        ap.error(str(e))
+    common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
+    with tempfile.TemporaryDirectory(prefix="ab_base_") as tmp:
+        tree = os.path.join(tmp, "base")
+        subprocess.run(
+            ["git", "-C", ROOT, "worktree", "add", "--detach", "-q", tree, base], check=True
+        )
+        try:
+            runs = alternate({"base": tree, "head": ROOT}, a.pairs, a.beta)
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tree], check=False)
+    res = {
+        "benchmark": "ab_commits",
+        "base": base,
+        "head": resolve("HEAD"),
+        "head_dirty": bool(
+            subprocess.run(
+                ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        ),
+        "beta": a.beta,
+        "pairs": a.pairs,
+        "runs": runs,
+        "summary": summarize(runs),
+        "machine": common.machine_info(),
+    }
+    print(table_markdown(res))
+    print(f"wrote {common.write_json(a.out, res)}")
+
+
+if __name__ == "__main__":
+    main()

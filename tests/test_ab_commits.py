@@ -1,0 +1,98 @@
+"""benchmarks.ab_commits: the order of its runs, its medians and table, its refusals,
+and one real run of its child in a tree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import ab_commits
+from tests._subprocess import child_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_runs_alternate_and_swap_the_first_side_every_pair():
+    """Each side runs `pairs` times in turn, and the side that goes first swaps every
+    pair, so a slow spell of the machine falls on both sides."""
+    order = []
+
+    def runner(tree: str, beta: float) -> dict[str, float]:
+        order.append((tree, beta))
+        return {k: 1.0 for k in ab_commits.SERIES}
+
+    runs = ab_commits.alternate({"base": "/b", "head": "/h"}, 3, 0.04, runner)
+    assert order == [
+        ("/b", 0.04),
+        ("/h", 0.04),
+        ("/h", 0.04),
+        ("/b", 0.04),
+        ("/b", 0.04),
+        ("/h", 0.04),
+    ]
+    assert [len(runs["base"]), len(runs["head"])] == [3, 3]
+
+
+def test_summary_is_each_sides_median_and_the_ratio_and_the_table_shows_them():
+    runs = {
+        "base": [{"iter_s": v, "sample_s": 0.3, "step_s": 0.5} for v in (0.80, 0.90, 0.84)],
+        "head": [{"iter_s": v, "sample_s": 0.3, "step_s": 0.6} for v in (0.83, 0.70, 0.99)],
+    }
+    s = ab_commits.summarize(runs)
+    assert s["iter_s"] == {"base_s": 0.84, "head_s": 0.83, "head_over_base": 0.83 / 0.84}
+    assert s["step_s"]["head_over_base"] == pytest.approx(1.2)
+    res = {"base": "4338de7abc", "beta": 0.0, "pairs": 3, "runs": runs, "summary": s}
+    res["machine"] = {"cpu_model": "AMD EPYC", "cpu_isa": "avx512", "cpu_usable": 2}
+    table = ab_commits.table_markdown(res)
+    assert "| RL iteration | 0.840 | 0.830 | 0.988 | 0.800-0.900 | 0.700-0.990 |" in table
+    assert "| step | 0.500 | 0.600 | 1.200 |" in table
+    assert "base 4338de7: s (median)" in table and "3 fresh processes per side" in table
+
+
+def test_refusals_name_the_flag_before_any_run(monkeypatch, capsys):
+    """An unknown commit and a pair count under 1 are one line each, before a worktree
+    or a run exists."""
+    monkeypatch.setattr(ab_commits, "alternate", lambda *a, **k: pytest.fail("ran"))
+    for argv, says in (
+        ([], "--base is required"),
+        (["--base", "no-such-ref-x"], "--base='no-such-ref-x' is not a commit"),
+        (["--base", "HEAD", "--pairs", "0"], "--pairs=0: give 1 or more"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            ab_commits.main(argv)
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(ValueError, match="give a hash or a ref"):
+        ab_commits.resolve("no-such-ref-x")
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert ab_commits.resolve("HEAD") == head.stdout.strip()
+
+
+def test_the_child_times_the_tree_on_its_path(tmp_path, monkeypatch):
+    """The child, run as the parent runs it (a script, the tree as cwd and PYTHONPATH),
+    writes the medians of bench_rl's series; bench_ours is shortened to 1 + 1 iterations
+    through a stand-in bench_rl placed first in the tree."""
+    tree = tmp_path / "tree"
+    (tree / "benchmarks").mkdir(parents=True)
+    (tree / "benchmarks" / "__init__.py").write_text("")
+    (tree / "benchmarks" / "bench_rl.py").write_text(
+        "TINY = 'tiny'\n"
+        "def make_checkpoint(d, shape):\n"
+        "    return d\n"
+        "def bench_ours(ckpt, beta, *, warmup, iters):\n"
+        "    assert (warmup, iters) == (2, 12)\n"
+        "    return {'iter_s': [1.0, 3.0, beta], 'sample_s': [0.1], 'step_s': [0.2, 0.4],\n"
+        "            'compiles': 1}\n"
+    )
+    out = tmp_path / "r.json"
+    env = child_env(PYTHONPATH=str(tree))
+    cmd = [sys.executable, ab_commits.__file__, "--_child", str(out), "--beta", "2.0"]
+    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True)
+    assert json.loads(out.read_text()) == {
+        "iter_s": 2.0,
+        "sample_s": 0.1,
+        "step_s": pytest.approx(0.3),
+    }
