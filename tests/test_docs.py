@@ -16,6 +16,7 @@ import re
 import shlex
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -382,6 +383,22 @@ def _assert_quotes(text: str, figures: tuple[str, ...], where: str) -> None:
     """Every figure (computed by the test from committed data) stands in `text`."""
     for figure in figures:
         assert figure in text, f"{where} should say {figure!r}"
+
+
+def _committed_run_in_benchmarks(
+    name: str, render: Callable[[dict], str], command: str
+) -> tuple[dict, str]:
+    """The committed run docs/benchmarks/<name> and benchmarks.md's text (whitespace
+    folded), after checking that `render(run)` (its table) stands in that text;
+    `command` is what writes the run, named when the two differ."""
+    import json
+
+    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    assert " ".join(render(res).split()) in flat, (
+        f"docs/benchmarks.md's table differs from docs/benchmarks/{name} ({command} --out <it>)"
+    )
+    return res, flat
 
 
 def _committed_table_in(
@@ -2316,12 +2333,10 @@ def test_host_section_is_the_committed_run() -> None:
 
     from benchmarks import profile_host
 
-    res = json.loads((ROOT / "docs" / "benchmarks" / "host_intel-xeon-avx512-2c.json").read_text())
-    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
-    assert " ".join(profile_host.table_markdown(res).split()) in flat, (
-        "docs/benchmarks.md's host-work table differs from "
-        "docs/benchmarks/host_intel-xeon-avx512-2c.json (python -m "
-        "benchmarks.profile_host --out <it>)"
+    res, flat = _committed_run_in_benchmarks(
+        "host_intel-xeon-avx512-2c.json",
+        profile_host.table_markdown,
+        "python -m benchmarks.profile_host",
     )
     rl = json.loads(
         (ROOT / "docs" / "benchmarks" / "machines" / "intel-xeon-avx512-2c.json").read_text()
@@ -2406,16 +2421,11 @@ def test_reference_forward_section_is_the_committed_run() -> None:
 def test_ab_commits_section_is_the_committed_run() -> None:
     """benchmarks.md's same-session A/B of two commits renders the committed
     `ab_commits` run, and its prose quotes the run's base, ratios and ranges."""
-    import json
-
     from benchmarks import ab_commits
 
     name = "ab_commits_amd-epyc-avx512-2c.json"
-    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
-    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
-    assert " ".join(ab_commits.table_markdown(res).split()) in flat, (
-        f"docs/benchmarks.md's A/B table differs from docs/benchmarks/{name} "
-        "(python -m benchmarks.ab_commits --base <commit> --out <it>)"
+    res, flat = _committed_run_in_benchmarks(
+        name, ab_commits.table_markdown, "python -m benchmarks.ab_commits --base <commit>"
     )
     it = res["summary"]["iter_s"]
     _assert_quotes(
@@ -2431,18 +2441,15 @@ def test_ab_commits_section_is_the_committed_run() -> None:
 def test_old_logprob_pass_section_is_the_committed_run() -> None:
     """benchmarks.md's old log-prob table renders the committed `profile_ref --pass
     old` run, and benchmarks.md, training.md and limits.md quote its ranges."""
-    import json
-
     from benchmarks import profile_ref
 
     name = "profile_old_logp_amd-epyc-avx512-2c.json"
-    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
-    assert res["pass"] == "old" and len(res["old_ab"]) == 3
-    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
-    assert " ".join(profile_ref.table_markdown(res).split()) in flat, (
-        f"docs/benchmarks.md's old log-prob table differs from docs/benchmarks/{name} "
-        "(python -m benchmarks.profile_ref --pass old --microbatches 4,4,4 --out <it>)"
+    res, flat = _committed_run_in_benchmarks(
+        name,
+        profile_ref.table_markdown,
+        "python -m benchmarks.profile_ref --pass old --microbatches 4,4,4",
     )
+    assert res["pass"] == "old" and len(res["old_ab"]) == 3
 
     def span(key: str, num: str = "separate", den: str = "in_step") -> list[float]:
         return sorted(r[f"{num}_{key}"] / r[f"{den}_{key}"] for r in res["old_ab"])
@@ -2486,16 +2493,11 @@ def test_old_logprob_pass_section_is_the_committed_run() -> None:
 def test_step_ops_section_is_the_committed_run() -> None:
     """benchmarks.md's step-by-product table renders the committed profile_step_ops
     run, and its prose quotes that run's shares and rates."""
-    import json
-
     from benchmarks import profile_step_ops as S
 
     name = "step_ops_intel-xeon-avx512-2c.json"
-    res = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
-    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
-    assert " ".join(S.table_markdown(res).split()) in flat, (
-        f"docs/benchmarks.md's step-by-product table differs from docs/benchmarks/{name} "
-        "(python -m benchmarks.profile_step_ops --out <it>)"
+    res, flat = _committed_run_in_benchmarks(
+        name, S.table_markdown, "python -m benchmarks.profile_step_ops"
     )
     ms, total, rates = res["ms_per_step"], res["traced_ms_per_step"], res["gflops"].values()
 
