@@ -61,7 +61,7 @@ def run_tree(tree: str, beta: float) -> dict[str, float]:
     from gdpo_jax.hostenv import cpu_tunables_env
 
     env = cpu_tunables_env({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
-    env |= {"PYTHONPATH": tree, "GDPO_JAX_NO_RELAUNCH": "1", "JAX_PLATFORMS": "cpu"}
+    env |= {"PYTHONPATH": tree, "GDPO_JAX_NO_RELAUNCH": "1"}  # JAX_PLATFORMS: the parent's
     with tempfile.TemporaryDirectory(prefix="ab_run_") as tmp:
         out = os.path.join(tmp, "r.json")
         me = os.path.abspath(__file__)
