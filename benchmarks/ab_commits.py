@@ -24,7 +24,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,20 +56,11 @@ def _child(beta: float) -> dict[str, float]:
 
 
 def run_tree(tree: str, beta: float) -> dict[str, float]:
-    """One run of `_child` in a fresh process that imports from `tree`."""
-    from gdpo_jax.hostenv import cpu_tunables_env
+    """One run of `_child` in a fresh process that imports from `tree` (JAX_PLATFORMS:
+    the parent's)."""
+    from benchmarks import common
 
-    env = cpu_tunables_env({k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"})
-    env |= {"PYTHONPATH": tree, "GDPO_JAX_NO_RELAUNCH": "1"}  # JAX_PLATFORMS: the parent's
-    with tempfile.TemporaryDirectory(prefix="ab_run_") as tmp:
-        out = os.path.join(tmp, "r.json")
-        me = os.path.abspath(__file__)
-        cmd = [sys.executable, me, "--_child", out, "--beta", str(beta)]
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the run in {tree} failed:\n{proc.stderr[-3000:]}")
-        with open(out) as f:
-            return json.load(f)
+    return common.run_child("benchmarks.ab_commits", ["--beta", str(beta)], tree=tree)
 
 
 def alternate(

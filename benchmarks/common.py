@@ -518,11 +518,16 @@ def scratch_dir(prefix: str) -> str:
     return path
 
 
-def run_child(module: str, args: Sequence[str], *, hugetlb: bool = True) -> dict[str, Any]:
+def run_child(
+    module: str, args: Sequence[str], *, hugetlb: bool = True, tree: str | None = None
+) -> dict[str, Any]:
     """The JSON that ``python -m <module> --_child <file> <args>`` writes to <file>, run
     in a fresh process: glibc's huge-page malloc tunable on (`hugetlb`, as bench_rl
     runs) or off, only ever from a process's start (gdpo_jax/hostenv.py), and
-    gdpo_jax's own relaunch for it off. A failed child raises with its stderr's tail."""
+    gdpo_jax's own relaunch for it off. With `tree` (another checkout), this
+    repository's file of `module` runs as a script there (cwd and PYTHONPATH), so
+    its imports are that tree's. A failed child raises with its stderr's tail."""
+    import importlib.util
     import subprocess
     import tempfile
 
@@ -532,10 +537,14 @@ def run_child(module: str, args: Sequence[str], *, hugetlb: bool = True) -> dict
         from gdpo_jax.hostenv import cpu_tunables_env
 
         env = cpu_tunables_env(env)
+    run = ["-m", module]
+    if tree is not None:
+        env["PYTHONPATH"] = tree
+        run = [importlib.util.find_spec(module).origin]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
-        cmd = [sys.executable, "-m", module, "--_child", out, *args]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        cmd = [sys.executable, *run, "--_child", out, *args]
+        proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{module} process failed:\n{proc.stderr[-3000:]}")
         with open(out) as f:

@@ -3,15 +3,12 @@ and one real run of its child in a tree."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 from benchmarks import ab_commits
-from tests._subprocess import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,8 +68,8 @@ def test_refusals_name_the_flag_before_any_run(monkeypatch, capsys):
     assert ab_commits.resolve("HEAD") == head.stdout.strip()
 
 
-def test_the_child_times_the_tree_on_its_path(tmp_path, monkeypatch):
-    """The child, run as the parent runs it (a script, the tree as cwd and PYTHONPATH),
+def test_the_child_times_the_tree_on_its_path(tmp_path):
+    """The child, run as the parent runs it (`run_tree`: a script, the tree as cwd and PYTHONPATH),
     writes the medians of bench_rl's series; bench_ours is shortened to 1 + 1 iterations
     through a stand-in bench_rl placed first in the tree."""
     tree = tmp_path / "tree"
@@ -87,12 +84,5 @@ def test_the_child_times_the_tree_on_its_path(tmp_path, monkeypatch):
         "    return {'iter_s': [1.0, 3.0, beta], 'sample_s': [0.1], 'step_s': [0.2, 0.4],\n"
         "            'compiles': 1}\n"
     )
-    out = tmp_path / "r.json"
-    env = child_env(PYTHONPATH=str(tree))
-    cmd = [sys.executable, ab_commits.__file__, "--_child", str(out), "--beta", "2.0"]
-    subprocess.run(cmd, cwd=tree, env=env, check=True, capture_output=True)
-    assert json.loads(out.read_text()) == {
-        "iter_s": 2.0,
-        "sample_s": 0.1,
-        "step_s": pytest.approx(0.3),
-    }
+    got = ab_commits.run_tree(str(tree), 2.0)
+    assert got == {"iter_s": 2.0, "sample_s": 0.1, "step_s": pytest.approx(0.3)}

@@ -1061,8 +1061,8 @@ def test_run_child_starts_a_fresh_process_and_reads_back_its_json(monkeypatch, h
 
     seen = {}
 
-    def fake_run(cmd, env, capture_output, text):
-        seen["cmd"], seen["env"] = cmd, env
+    def fake_run(cmd, env, capture_output, text, cwd=None):
+        seen["cmd"], seen["env"], seen["cwd"] = cmd, env, cwd
         with open(cmd[cmd.index("--_child") + 1], "w") as f:
             json.dump({"median_s": 1.5}, f)
         return subprocess.CompletedProcess(cmd, seen.get("rc", 0), "", "boom at the end")
@@ -1073,7 +1073,7 @@ def test_run_child_starts_a_fresh_process_and_reads_back_its_json(monkeypatch, h
     assert got == {"median_s": 1.5}
     assert seen["cmd"][1:4] == ["-m", "benchmarks.profile_ref", "--_child"]
     assert seen["cmd"][-2:] == ["--microbatches", "4"]
-    assert seen["env"]["GDPO_JAX_NO_RELAUNCH"] == "1"
+    assert seen["env"]["GDPO_JAX_NO_RELAUNCH"] == "1" and seen["cwd"] is None
     assert ("glibc.malloc.hugetlb=1" in seen["env"].get("GLIBC_TUNABLES", "")) is hugetlb
     seen["rc"] = 1
     with pytest.raises(RuntimeError, match="benchmarks.profile_ref process failed:\nboom"):
