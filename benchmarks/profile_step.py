@@ -98,28 +98,16 @@ def _trainer(
     records = [{"prompt": p} for p in B.prompts(64, vocab=shape.vocab)]
     trainer = Trainer(c, task=TaskData(train=records, eval=[]))
     arrays, _ = trainer._collect(0)
-    return trainer, _with_passes(trainer, distributed.to_global(arrays, trainer.mesh))
-
-
-def _with_passes(trainer: Any, batch: dict) -> dict:
-    """The batch with the log-prob passes the RL loop runs before the step
-    (`Trainer.train_step`): the recomputed old log-probs and, with beta > 0, the
-    reference's, each a separate program unless the step computes it itself."""
-    batch = dict(batch)
-    if trainer.cfg.algo.old_logprobs == "recompute" and not trainer.step_cfg.old_logp_in_step:
-        batch["old_logp"] = trainer.step.logprobs(trainer.state.params, batch)
-    if trainer.ref_params is not None and not trainer.step_cfg.ref_logp_in_step:
-        batch["ref_logp"] = trainer.step.logprobs(trainer.ref_params, batch)
-    return batch
+    return trainer, trainer.logprob_passes(distributed.to_global(arrays, trainer.mesh))
 
 
 def _step_seconds(trainer: Any, batch: dict) -> float:
     """One step as the RL loop runs it, with the log-prob passes it runs before
-    (`_with_passes`)."""
+    (`Trainer.logprob_passes`)."""
     import jax
 
     t0 = time.perf_counter()
-    batch = _with_passes(trainer, batch)
+    batch = trainer.logprob_passes(batch)
     trainer.state, m = trainer.step(trainer.state, batch, trainer.ref_params)
     jax.block_until_ready(m)
     return time.perf_counter() - t0

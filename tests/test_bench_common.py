@@ -585,38 +585,6 @@ def test_profile_ref_old_logprob_pass_builds_its_forms_and_table(monkeypatch):
     assert f"(a forward) of the step's model FLOPs: +{res['forward_flop_share']:.0%}." in table
 
 
-def test_profile_ref_old_form_recomputes_before_each_step(monkeypatch):
-    """The separate form's timed step recomputes the old log-probs with the
-    current policy (as `Trainer.train_step` does); the in-step form and the
-    sampler's log-probs run no pass, and a reference pass runs only at beta > 0."""
-    from types import SimpleNamespace
-
-    from benchmarks import profile_step
-
-    calls = []
-    step = SimpleNamespace(logprobs=lambda params, batch: calls.append(params) or params)
-
-    def trainer(old, in_step, ref=None, ref_in_step=False):
-        return SimpleNamespace(
-            cfg=SimpleNamespace(algo=SimpleNamespace(old_logprobs=old)),
-            step_cfg=SimpleNamespace(old_logp_in_step=in_step, ref_logp_in_step=ref_in_step),
-            state=SimpleNamespace(params="policy"),
-            ref_params=ref,
-            step=step,
-        )
-
-    batch = {"old_logp": "sampler's"}
-    got = profile_step._with_passes(trainer("recompute", False), batch)
-    assert got["old_logp"] == "policy" and batch["old_logp"] == "sampler's"
-    assert calls == ["policy"]
-    for t in (trainer("recompute", True), trainer("sampler", False)):
-        assert profile_step._with_passes(t, batch) == batch
-    assert calls == ["policy"]
-    got = profile_step._with_passes(trainer("sampler", False, ref="reference"), batch)
-    assert got == {"old_logp": "sampler's", "ref_logp": "reference"}
-    assert profile_step._with_passes(trainer("sampler", False, "reference", True), batch) == batch
-
-
 def test_bench_rl_trl_child_parses_the_command_its_parent_builds(monkeypatch, tmp_path):
     """bench_trl_clean_env's child (`python -m benchmarks.rl_trl`) reads back every
     argument its parent passes, and runs bench_trl with them (the child is a separate

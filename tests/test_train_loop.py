@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -242,6 +243,36 @@ def test_continuous_batching_prompt_buckets_and_fused_old_logp_in_a_run(tmp_path
     assert math.isfinite(last["loss"]) and last["data/prompt_width"] == 8
     assert last["perf/step_compiles"] == 1
     assert "time/reward_wait_s" in last and "time/reward_overlap_s" in last
+
+
+def test_logprob_passes_run_the_separate_programs_only():
+    """Trainer.logprob_passes (run by train_step and by profile_step's timed steps)
+    recomputes the old log-probs with the current params only when the step does
+    not take them from its own forward; the sampler's log-probs run no pass; the
+    reference pass runs only with a reference model outside the step. The caller's
+    batch is left as it was."""
+    calls = []
+    step = SimpleNamespace(logprobs=lambda params, batch: calls.append(params) or params)
+
+    def trainer(old, in_step, ref=None, ref_in_step=False):
+        return SimpleNamespace(
+            cfg=SimpleNamespace(algo=SimpleNamespace(old_logprobs=old)),
+            step_cfg=SimpleNamespace(old_logp_in_step=in_step, ref_logp_in_step=ref_in_step),
+            state=SimpleNamespace(params="policy"),
+            ref_params=ref,
+            step=step,
+        )
+
+    batch = {"old_logp": "sampler's"}
+    got = Trainer.logprob_passes(trainer("recompute", False), batch)
+    assert got["old_logp"] == "policy" and batch["old_logp"] == "sampler's"
+    assert calls == ["policy"]
+    for t in (trainer("recompute", True), trainer("sampler", False)):
+        assert Trainer.logprob_passes(t, batch) == batch
+    assert calls == ["policy"]
+    got = Trainer.logprob_passes(trainer("sampler", False, ref="reference"), batch)
+    assert got == {"old_logp": "sampler's", "ref_logp": "reference"}
+    assert Trainer.logprob_passes(trainer("sampler", False, "reference", True), batch) == batch
 
 
 def test_continuous_batching_on_a_mesh_in_a_run(tmp_path):

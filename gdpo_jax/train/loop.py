@@ -205,6 +205,19 @@ class Trainer:
             overlap_rewards=bool(cfg.rewards.get("overlap", True)),
         )
 
+    def logprob_passes(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """The batch with the log-prob passes run before the step, each a separate
+        program unless the step takes it from its own forward: the old log-probs
+        recomputed with the current params (`algo.old_logprobs="recompute"`,
+        `"old_logp"` [N, C]) and, with a reference model, the reference's
+        (`"ref_logp"` [N, C]). The caller's dict is left as it is."""
+        batch = dict(batch)
+        if self.cfg.algo.old_logprobs == "recompute" and not self.step_cfg.old_logp_in_step:
+            batch["old_logp"] = self.step.logprobs(self.state.params, batch)
+        if self.ref_params is not None and not self.step_cfg.ref_logp_in_step:
+            batch["ref_logp"] = self.step.logprobs(self.ref_params, batch)
+        return batch
+
     @compile_cache.guarded
     def train_step(self, step: int) -> dict[str, float]:
         """One RL iteration (step = number of steps done before it)."""
@@ -215,11 +228,7 @@ class Trainer:
             check_group_prompts(
                 arrays["prompt_ids"], arrays["prompt_mask"], self.cfg.algo.group_size
             )
-        batch = distributed.to_global(arrays, self.mesh)
-        if self.cfg.algo.old_logprobs == "recompute" and not self.step_cfg.old_logp_in_step:
-            batch["old_logp"] = self.step.logprobs(self.state.params, batch)
-        if self.ref_params is not None and not self.step_cfg.ref_logp_in_step:
-            batch["ref_logp"] = self.step.logprobs(self.ref_params, batch)
+        batch = self.logprob_passes(distributed.to_global(arrays, self.mesh))
         self.state, dev_metrics = self.step(self.state, batch, self.ref_params)
         nnx.update(self.model, self.state.params)  # the sampler reads the new weights
         metrics = {k: _host_float(v) for k, v in dev_metrics.items()}
