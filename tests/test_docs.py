@@ -2421,6 +2421,8 @@ def test_reference_forward_section_is_the_committed_run() -> None:
 def test_ab_commits_section_is_the_committed_run() -> None:
     """benchmarks.md's same-session A/B of two commits renders the committed
     `ab_commits` run, and its prose quotes the run's base, ratios and ranges."""
+    import json
+
     from benchmarks import ab_commits
 
     name = "ab_commits_amd-epyc-avx512-2c.json"
@@ -2435,6 +2437,21 @@ def test_ab_commits_section_is_the_committed_run() -> None:
             f"the working tree's median RL iteration {it['head_over_base']:.2f}x the base's",
         ),
         "docs/benchmarks.md (docs/benchmarks/" + name + ")",
+    )
+    # The earlier, smaller run of the same two commits, quoted beside it.
+    earlier = name.replace(".json", "_8pairs.json")
+    old = json.loads((ROOT / "docs" / "benchmarks" / earlier).read_text())
+    o = old["summary"]["iter_s"]
+    assert old["base"] == res["base"] and old["pairs"] == 8
+    _assert_quotes(
+        flat,
+        (
+            f"The same pair of commits with {old['pairs']} pairs",
+            f"working tree at {old['head'][:7]}",
+            f"]({'benchmarks/' + earlier})",
+            f"gave {o['head_over_base']:.2f}x (base {o['base_s']:.3f} s, head {o['head_s']:.3f} s)",
+        ),
+        "docs/benchmarks.md (docs/benchmarks/" + earlier + ")",
     )
 
 
