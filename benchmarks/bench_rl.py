@@ -185,6 +185,10 @@ def summarize(rounds: list[dict[str, Any]], shape: Shape = TINY) -> dict[str, An
         "round_step_s": [statistics.median(r["step_s"]) for r in rounds],
         # Other processes' share of the cores' time during each round (None: unknown).
         "round_other_cpu_frac": [r.get("host", {}).get("other_cpu_frac") for r in rounds],
+        # The kernel's huge-page fallbacks and compaction stalls during each round (None:
+        # unknown): the huge-page malloc tunable's pages not all granted, or waited for.
+        "round_huge_page_fallbacks": [r.get("host", {}).get("huge_page_fallbacks") for r in rounds],
+        "round_compaction_stalls": [r.get("host", {}).get("compaction_stalls") for r in rounds],
     }
 
 
@@ -322,6 +326,24 @@ def table(res: dict) -> str:
     if loaded:
         lines.append(
             "rounds beside other work (other processes' share of the cores): " + "; ".join(loaded)
+        )
+    short = [
+        f"beta {key[5:]} {fw} round {i + 1}: {f or 0} fallbacks, {c or 0} stalls"
+        for key, r in res["results"].items()
+        for fw in ("gdpo_jax", "trl")
+        for i, (f, c) in enumerate(
+            zip(
+                r[fw].get("round_huge_page_fallbacks", []),
+                r[fw].get("round_compaction_stalls", []),
+                strict=True,
+            )
+        )
+        if (f or 0) + (c or 0) > 0
+    ]
+    if short:
+        lines.append(
+            "rounds whose huge pages fell back to small ones or waited for compaction: "
+            + "; ".join(short)
         )
     peak = res["matmul_peak_gflops"]
     # Runs before matmul_peak_n was recorded timed one 1024^3 product per round.

@@ -21,13 +21,19 @@ import math
 import os
 import platform
 import re
-import resource
 import shlex
 import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+# Whether other work or the kernel's memory shared a benchmark's run (benchmarks/host.py),
+# re-exported: the benchmarks call them through this module.
+from benchmarks.host import LOADED_FRAC as LOADED_FRAC
+from benchmarks.host import VMSTAT_KEYS as VMSTAT_KEYS
+from benchmarks.host import host_activity as host_activity
+from benchmarks.host import host_counters as host_counters
 
 # Versions worth recording next to a number (torch/trl are benchmark baselines).
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "transformers", "torch", "trl")
@@ -97,58 +103,6 @@ def _memory_gib() -> float | None:
         return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
         return None
-
-
-# Above this share of the cores' time used by other processes while a benchmark ran,
-# its figures count as measured on a loaded machine (run_all's summary marks them ‡).
-LOADED_FRAC = 0.05
-
-
-def host_counters(stat: str = "/proc/stat") -> dict[str, Any]:
-    """What `host_activity` compares: the machine's busy and stolen CPU seconds since
-    boot (`stat`'s first line; None off Linux), this process's CPU seconds with its
-    waited-for descendants', the load average and a monotonic clock."""
-    busy = steal = None
-    try:
-        with open(stat) as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        tick = os.sysconf("SC_CLK_TCK")
-        # user nice system idle iowait irq softirq steal ...: guest time is in user's.
-        busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick
-        steal = fields[7] / tick if len(fields) > 7 else 0.0
-    except (OSError, ValueError, IndexError):
-        pass
-    own = 0.0
-    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-        r = resource.getrusage(who)
-        own += r.ru_utime + r.ru_stime
-    try:
-        load = list(os.getloadavg())
-    except OSError:
-        load = None
-    return {"t": time.monotonic(), "busy_s": busy, "steal_s": steal, "own_s": own, "load": load}
-
-
-def host_activity(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
-    """Whether the machine was shared while a benchmark ran, from two `host_counters`
-    taken around it in the process that waited for it: CPU seconds other processes
-    used (the machine's busy time minus ours and our descendants'), as a fraction of
-    the cores' time, CPU seconds the hypervisor stole, and the load average at the
-    start. A benchmark whose `other_cpu_frac` is more than a few percent ran beside
-    other work: its ratios are not comparable with a quiet run's."""
-    wall = after["t"] - before["t"]
-    out: dict[str, Any] = {"wall_s": wall, "load_avg_start": before["load"]}
-    if before["busy_s"] is None or after["busy_s"] is None:
-        return out | {"other_cpu_s": None, "other_cpu_frac": None, "steal_s": None}
-    other = max((after["busy_s"] - before["busy_s"]) - (after["own_s"] - before["own_s"]), 0.0)
-    cores = os.cpu_count() or 1
-    return out | {
-        "other_cpu_s": other,
-        # At most all the cores: /proc/stat counts 10 ms jiffies, so a window of a few
-        # milliseconds could read as many times the machine.
-        "other_cpu_frac": min(other / (wall * cores), 1.0) if wall > 0 else None,
-        "steal_s": after["steal_s"] - before["steal_s"],
-    }
 
 
 def _version(name: str) -> str | None:

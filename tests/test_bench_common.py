@@ -704,6 +704,16 @@ def test_bench_rl_alternates_rounds_and_pools_iterations(monkeypatch):
         "beside other work (other processes' share of the cores): beta 0.04 trl round 2: 40%"
         in (bench_rl.table(res))
     )
+    # The kernel's huge-page fallbacks and compaction stalls per round: unknown here (the
+    # fake counters read no /proc/vmstat), and named in the table only where any happened.
+    assert r["gdpo_jax"]["round_huge_page_fallbacks"] == [None, None]
+    assert "fell back" not in bench_rl.table(res)
+    r["gdpo_jax"]["round_huge_page_fallbacks"] = [0, 3]
+    r["gdpo_jax"]["round_compaction_stalls"] = [0, 1]
+    assert (
+        "rounds whose huge pages fell back to small ones or waited for compaction: "
+        "beta 0.0 gdpo_jax round 2: 3 fallbacks, 1 stalls"
+    ) in bench_rl.table(res)
     # On the CPU backend TRL runs on the CPU too (on a GPU backend: CUDA, common.torch_device).
     assert res["trl_device"] == "cpu" and set(devices) == {"cpu"}
     calls.clear()
@@ -895,9 +905,27 @@ def test_host_activity_counts_other_processes_cpu_not_ours(tmp_path):
     )
     c = common.host_counters(str(stat))
     assert c["busy_s"] == pytest.approx(8.0) and c["steal_s"] == pytest.approx(4.0)
-    unreadable = common.host_counters(str(tmp_path / "missing"))
-    assert unreadable["busy_s"] is None
-    assert common.host_activity(unreadable, unreadable)["other_cpu_frac"] is None
+    unreadable = common.host_counters(str(tmp_path / "missing"), str(tmp_path / "missing"))
+    assert unreadable["busy_s"] is None and unreadable["vm"] is None
+    act = common.host_activity(unreadable, unreadable)
+    assert act["other_cpu_frac"] is None and act["huge_page_fallbacks"] is None
+    # /proc/vmstat's lines ("name count"): the huge-page faults, fallbacks and compaction
+    # stalls between two readings (the other lines ignored); a missing key reads None.
+    vm = tmp_path / "vmstat"
+    vm.write_text("nr_free_pages 5\nthp_fault_alloc 100\nthp_fault_fallback 2\ncompact_stall 0\n")
+    first = common.host_counters(str(stat), str(vm))
+    assert first["vm"] == {"thp_fault_alloc": 100, "thp_fault_fallback": 2, "compact_stall": 0}
+    vm.write_text("thp_fault_alloc 140\nthp_fault_fallback 5\ncompact_stall 1\nnr_free_pages 9\n")
+    act = common.host_activity(first, common.host_counters(str(stat), str(vm)))
+    assert (act["huge_page_faults"], act["huge_page_fallbacks"], act["compaction_stalls"]) == (
+        40,
+        3,
+        1,
+    )
+    vm.write_text("thp_fault_alloc 140\n")
+    assert common.host_counters(str(stat), str(vm))["vm"] is None
+    # Readings without the kernel's counts (older records) give None, not an error.
+    assert common.host_activity(before, after)["compaction_stalls"] is None
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc/stat")
@@ -927,6 +955,8 @@ def test_host_activity_sees_a_busy_process_that_is_not_ours():
     act = common.host_activity(before, after)
     assert act["other_cpu_s"] >= 0.8, act
     assert act["other_cpu_frac"] > 0, act
+    if os.path.exists("/proc/vmstat"):  # the kernel's counts read, and only ever grow
+        assert min(act[n] for n in common.VMSTAT_KEYS.values()) >= 0, act
 
 
 def test_summary_marks_ratios_of_a_benchmark_run_beside_other_work(tmp_path):
