@@ -932,6 +932,53 @@ def test_rl_iteration_table_is_the_committed_avx512_run() -> None:
     )
 
 
+def test_rl_rerun_figures_are_the_committed_run() -> None:
+    """The avx512 kind's second bench_rl run of 2026-12-07 (beside its machine file's
+    row): benchmarks.md and limits.md quote its ratios, rounds and iteration times,
+    and the per-cent moves from the row, computed here from both files."""
+    import json
+
+    res = json.loads(
+        (ROOT / "docs" / "benchmarks" / "rl_rerun_amd-epyc-avx512-2c.json").read_text()
+    )
+    row = json.loads(
+        (ROOT / "docs" / "benchmarks" / "machines" / "amd-epyc-avx512-2c.json").read_text()
+    )["benchmarks"]["bench_rl"]["result"]["results"]["beta=0.0"]
+    b0, b4 = res["results"]["beta=0.0"], res["results"]["beta=0.04"]
+
+    def span(r: dict) -> str:
+        return f"{min(r['round_speedup_iter']):.2f}x-{max(r['round_speedup_iter']):.2f}x"
+
+    # No round of either side had a huge-page fallback or a compaction stall (as quoted).
+    for r in (b0, b4):
+        for fw in ("gdpo_jax", "trl"):
+            assert not any(r[fw]["round_huge_page_fallbacks"] + r[fw]["round_compaction_stalls"])
+    ours, trl = b0["gdpo_jax"]["iter_s"], b0["trl"]["iter_s"]
+    less = (1 - ours / row["gdpo_jax"]["iter_s"], 1 - trl / row["trl"]["iter_s"])
+    flat = " ".join((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        flat,
+        (
+            "](benchmarks/rl_rerun_amd-epyc-avx512-2c.json): "
+            f"{b0['speedup_iter']:.2f}x / {b4['speedup_iter']:.2f}x, its step "
+            f"{b0['speedup_step']:.2f}x / {b4['speedup_step']:.2f}x (ours {ours:.3f} s per "
+            f"beta-0 iteration, TRL's {trl:.3f} s; rounds {span(b0)} and {span(b4)})",
+            f"our side taking {100 * less[0]:.0f} % less time per iteration than in the row and "
+            f"TRL's {100 * less[1]:.0f} % less",
+        ),
+        "docs/benchmarks.md (docs/benchmarks/rl_rerun_amd-epyc-avx512-2c.json)",
+    )
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        limits,
+        (
+            f"gave {b0['speedup_iter']:.2f}x / {b4['speedup_iter']:.2f}x, ours {ours:.3f} s per"
+            f" beta-0 iteration against the row's {row['gdpo_jax']['iter_s']:.3f} s",
+        ),
+        "docs/limits.md (docs/benchmarks/rl_rerun_amd-epyc-avx512-2c.json)",
+    )
+
+
 def test_unrolled_layers_smollm2_figures_are_the_committed_run() -> None:
     """benchmarks.md's scan-vs-unrolled figures at SmolLM2-135M's 30 layers are bench_model's
     rows in the avx512 kind's machine file."""
