@@ -327,7 +327,7 @@ def table(res: dict) -> str:
         lines.append(
             "rounds beside other work (other processes' share of the cores): " + "; ".join(loaded)
         )
-    short = [
+    small_pages = [
         f"beta {key[5:]} {fw} round {i + 1}: {f or 0} fallbacks, {c or 0} stalls"
         for key, r in res["results"].items()
         for fw in ("gdpo_jax", "trl")
@@ -340,10 +340,10 @@ def table(res: dict) -> str:
         )
         if (f or 0) + (c or 0) > 0
     ]
-    if short:
+    if small_pages:
         lines.append(
             "rounds whose huge pages fell back to small ones or waited for compaction: "
-            + "; ".join(short)
+            + "; ".join(small_pages)
         )
     peak = res["matmul_peak_gflops"]
     # Runs before matmul_peak_n was recorded timed one 1024^3 product per round.
