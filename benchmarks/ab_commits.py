@@ -6,7 +6,9 @@ code (docs/benchmarks.md, "RL iteration"): two rows cannot tell a slower commit
 from a slower session. This times bench_rl's iteration (our side only: its
 trainer, batch and layout, `bench_rl.bench_ours`) for a base commit and the
 working tree alternately, each run in a fresh process with the huge-page malloc
-tunable, `--pairs` times each, and compares the runs' medians.
+tunable, `--pairs` times each, and compares the runs' medians. Each run's record keeps
+the machine's activity around it (benchmarks/host.py), and the table names the runs
+that shared the machine or whose huge pages fell back.
 
 The base is checked out into a temporary git worktree (removed after); each run
 imports `benchmarks.bench_rl` and `gdpo_jax` from its own tree, so the base must
@@ -65,17 +67,44 @@ def run_tree(tree: str, beta: float) -> dict[str, float]:
 
 def alternate(
     trees: dict[str, str], pairs: int, beta: float, runner: Callable[[str, float], dict] = run_tree
-) -> dict[str, list[dict[str, float]]]:
-    """`pairs` runs per side, in turn; the side that goes first swaps every pair."""
-    runs: dict[str, list[dict[str, float]]] = {side: [] for side in trees}
+) -> dict[str, list[dict[str, Any]]]:
+    """`pairs` runs per side, in turn; the side that goes first swaps every pair. Each
+    run's record also holds the machine's activity around it (`"host"`:
+    `common.host_activity`: other processes' CPU, huge-page fallbacks)."""
+    from benchmarks import common
+
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in trees}
     sides = list(trees)
     for i in range(pairs):
         for side in sides if i % 2 == 0 else sides[::-1]:
-            runs[side].append(runner(trees[side], beta))
+            before = common.host_counters()
+            run = runner(trees[side], beta)
+            runs[side].append(run | {"host": common.host_activity(before, common.host_counters())})
     return runs
 
 
-def summarize(runs: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+def disturbed(res: dict[str, Any]) -> list[str]:
+    """The runs that did not have the machine to themselves: other processes used more
+    than `common.LOADED_FRAC` of the cores, or huge pages fell back or waited for
+    compaction ("base run 3: 12 % other CPU"); none for runs recorded without it."""
+    from benchmarks import common
+
+    out = []
+    for side in ("base", "head"):
+        for i, run in enumerate(res["runs"][side]):
+            host = run.get("host", {})
+            why = []
+            if (host.get("other_cpu_frac") or 0.0) > common.LOADED_FRAC:
+                why.append(f"{host['other_cpu_frac']:.0%} other CPU")
+            for key in ("huge_page_fallbacks", "compaction_stalls"):
+                if host.get(key):
+                    why.append(f"{host[key]} {key.replace('_', ' ')}")
+            if why:
+                out.append(f"{side} run {i + 1}: {', '.join(why)}")
+    return out
+
+
+def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
     """Per series: each side's median over its runs, and head / base (above 1: head slower)."""
     out = {}
     for key in SERIES:
@@ -110,12 +139,14 @@ def table_markdown(res: dict[str, Any]) -> str:
             }
         )
     m = res.get("machine", {})
+    flagged = disturbed(res)
     return (
         common.markdown_table(rows)
         + f"\n\nbench_rl's trainer (ours), beta {res['beta']}, {m.get('cpu_model')} "
         f"({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; huge pages on; "
         f"{res['pairs']} fresh processes per side in turn, each the median of {ITERS} "
         f"iterations after {WARMUP}."
+        + (f" Runs without the machine to themselves: {'; '.join(flagged)}." if flagged else "")
     )
 
 

@@ -32,6 +32,11 @@ def test_runs_alternate_and_swap_the_first_side_every_pair():
         ("/h", 0.04),
     ]
     assert [len(runs["base"]), len(runs["head"])] == [3, 3]
+    # Each run keeps the machine's activity around it (common.host_activity's record).
+    for run in runs["base"] + runs["head"]:
+        assert run["iter_s"] == 1.0 and {"other_cpu_frac", "huge_page_fallbacks"} <= set(
+            run["host"]
+        )
 
 
 def test_summary_is_each_sides_median_and_the_ratio_and_the_table_shows_them():
@@ -48,6 +53,20 @@ def test_summary_is_each_sides_median_and_the_ratio_and_the_table_shows_them():
     assert "| RL iteration | 0.840 | 0.830 | 0.988 | 0.800-0.900 | 0.700-0.990 |" in table
     assert "| step | 0.500 | 0.600 | 1.200 |" in table
     assert "base 4338de7: s (median)" in table and "3 fresh processes per side" in table
+    # Runs recorded without host activity (the committed 8-pair run), or on a quiet
+    # machine, add nothing under the table; a loaded run or huge pages that fell back do.
+    assert "without the machine" not in table and ab_commits.disturbed(res) == []
+    quiet = {"other_cpu_frac": 0.01, "huge_page_fallbacks": 0, "compaction_stalls": 0}
+    for side in ("base", "head"):
+        for run in runs[side]:
+            run["host"] = dict(quiet)
+    assert "without the machine" not in ab_commits.table_markdown(res)
+    runs["base"][1]["host"].update(other_cpu_frac=0.12, huge_page_fallbacks=3)
+    runs["head"][2]["host"]["compaction_stalls"] = 1
+    assert ab_commits.table_markdown(res).endswith(
+        "Runs without the machine to themselves: base run 2: 12% other CPU, "
+        "3 huge page fallbacks; head run 3: 1 compaction stalls."
+    )
 
 
 def test_refusals_name_the_flag_before_any_run(monkeypatch, capsys):
