@@ -86,7 +86,7 @@ def alternate(
 def disturbed(res: dict[str, Any]) -> list[str]:
     """The runs that did not have the machine to themselves: other processes used more
     than `common.LOADED_FRAC` of the cores, or huge pages fell back or waited for
-    compaction ("base run 3: 12 % other CPU"); none for runs recorded without it."""
+    compaction ("base run 3: 12% other CPU"); none for runs recorded without it."""
     from benchmarks import common
 
     out = []

@@ -5,7 +5,7 @@ huge-page faults, fallbacks to small pages and compaction stalls in between.
 `host_counters()` reads them (Linux's /proc; None elsewhere) and
 `host_activity(before, after)` compares two readings taken around a run, in the
 process that waited for it. bench_rl records one per round and side, run_all one per
-benchmark. `benchmarks.common` re-exports both.
+benchmark. `benchmarks.common` re-exports them, with LOADED_FRAC and VMSTAT_KEYS.
 """
 
 from __future__ import annotations
