@@ -2742,3 +2742,40 @@ def test_replica_tables_are_the_committed_runs(name: str) -> None:
             f"format {pair['eval/format']})"
         )
         assert want in prose, want
+
+
+def test_the_shared_prompt_loop_figures_are_the_committed_run() -> None:
+    """benchmarks.md's one-loop table renders the committed profile_shared_loop run, and
+    the speed-ups quoted after it and in training.md and limits.md are that run's."""
+    from benchmarks import profile_shared_loop
+
+    name = "shared_loop_amd-epyc-avx512-2c.json"
+    res, text = _committed_run_in_benchmarks(
+        name,
+        profile_shared_loop.table_markdown,
+        f"python -m benchmarks.profile_shared_loop --out docs/benchmarks/{name}",
+    )
+    r = {row["width"]: row for row in res["results"]}
+    long, short = r[240], r[16]
+    _assert_quotes(
+        text,
+        (
+            f"The one loop is {long['speedup']:.2f}x as fast at the config's 240-token prompts"
+            f" and {short['speedup']:.2f}x at 16-token ones (medians; by the best steps "
+            f"{long['speedup_best']:.2f}x and {short['speedup_best']:.2f}x)",
+        ),
+        "docs/benchmarks.md (profile_shared_loop)",
+    )
+    same = all(
+        row["first"]["one_loop"][k] == row["first"]["two_calls"][k]
+        for row in res["results"]
+        for k in ("loss", "grad_norm")
+    )
+    claim = "Both forms took the same first update to the last bit here"
+    assert (claim in text) == same, f"docs/benchmarks.md: {claim!r} only where the run shows it"
+    quote = f"step {long['speedup']:.2f}x as fast at its 240-token prompts"
+    for doc in ("training.md", "limits.md"):
+        folded = " ".join((ROOT / "docs" / doc).read_text(encoding="utf-8").split())
+        _assert_quotes(folded, (quote,), f"docs/{doc} (profile_shared_loop)")
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(limits, (f"and {short['speedup']:.2f}x at 16-token ones",), "docs/limits.md")

@@ -626,7 +626,7 @@ def test_create_model_unsharded_init():
 
 # ------------------------------------------------------- attention kernels
 def test_attention_kind_by_backend_and_config():
-    from gdpo_jax.models.transformer import attention_kind
+    from gdpo_jax.models.attention import attention_kind
 
     f32, bf16 = ModelConfig.tiny(), ModelConfig.tiny(dtype="bfloat16")
     assert attention_kind(f32, "cpu") == "xla" and attention_kind(bf16, "tpu") == "splash"
@@ -671,7 +671,7 @@ def test_target_backend_picks_the_kernels_of_the_platform_being_planned():
 def test_dot_product_attention_equals_einsum_path():
     """jax.nn.dot_product_attention (XLA kernel) == the grouped einsum path:
     GQA, causal + left padding, fully masked (padding) query rows included."""
-    from gdpo_jax.models.transformer import _attention, _dpa_attention
+    from gdpo_jax.models.attention import _attention, _dpa_attention
 
     cfg = ModelConfig.tiny(num_heads=4, num_kv_heads=2, head_dim=16)
     rs = np.random.RandomState(0)
@@ -706,7 +706,7 @@ def test_cudnn_attention_pads_odd_lengths_to_even(monkeypatch, T, S):
     lengths as cuDNN does and computes with XLA's, and the valid rows and gradients equal
     the unpadded einsum path's."""
     from gdpo_jax.models import attention as attn
-    from gdpo_jax.models.transformer import _attention
+    from gdpo_jax.models.attention import _attention
 
     real = jax.nn.dot_product_attention
     calls = []

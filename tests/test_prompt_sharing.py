@@ -117,6 +117,56 @@ def test_shared_prompt_hidden_equals_per_row_forward_and_its_gradient(scan, extr
     )
 
 
+def _scans(jaxpr) -> int:
+    """Outermost `scan`s in a closed jaxpr (the layer loops): those inside jit, remat or
+    custom VJPs count, scans nested in a scan or in a Pallas kernel (splash) do not."""
+    n = 0
+    for eqn in jaxpr.jaxpr.eqns if hasattr(jaxpr, "jaxpr") else jaxpr.eqns:
+        if eqn.primitive.name == "scan":
+            n += 1
+        elif "pallas" not in eqn.primitive.name:
+            n += sum(_scans(sub) for sub in jax.core.jaxprs_in_params(eqn.params))
+    return n
+
+
+@pytest.mark.parametrize("extra", [{}, {"remat": True}, {"attention": "splash"}])
+def test_one_loop_equals_the_two_calls_and_reads_the_stacked_weights_in_one_scan(extra):
+    """The prompts' and the rows' passes in one scan over the stacked layers
+    (`Transformer.forward_shared_prompt`, the default under the scan): the
+    two calls' hidden states and gradients, from one `scan` where the two
+    calls run two (a prefill into a cache, the rows over it)."""
+    cfg = _small(**extra)
+    graphdef, params = nnx.split(create_model(cfg, seed=4))
+    U, R, P, C = 3, 2, 7, 4
+    b = {k: jnp.asarray(v) for k, v in _rows(U, R, P, C, 64, seed=5).items()}
+    valid = b["completion_mask"][..., None].astype(jnp.float32)
+    probe = jax.random.normal(jax.random.key(2), (U * R, C, 32)) * valid
+
+    def hidden(p, one_loop):
+        m = nnx.merge(graphdef, p)
+        return shared_prompt_hidden(m, *(b[k] for k in b), group=R, one_loop=one_loop)
+
+    def loss(p, one_loop):
+        return jnp.sum(hidden(p, one_loop) * probe)
+
+    got, want = (jax.jit(hidden, static_argnums=1)(params, o) for o in (True, False))
+    np.testing.assert_allclose(np.asarray(got * valid), np.asarray(want * valid), atol=1e-6)
+    g_got, g_want = (jax.jit(jax.grad(loss), static_argnums=1)(params, o) for o in (True, False))
+    for x, y in zip(jax.tree.leaves(g_want), jax.tree.leaves(g_got)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert np.abs(x - y).max() <= 1e-5 * np.abs(x).max() + 1e-7
+    # The default under the scan is the one loop.
+    default = jax.jit(lambda p: hidden(p, None))(params)
+    np.testing.assert_array_equal(np.asarray(default), np.asarray(got))
+    assert [_scans(jax.make_jaxpr(hidden, static_argnums=1)(params, o)) for o in (True, False)] == [
+        1,
+        2,
+    ]
+    with pytest.raises(ValueError, match="drop layer_params"):
+        m = nnx.merge(graphdef, params)
+        shared_prompt_hidden(m, *(b[k] for k in b), group=R, one_loop=True, layer_params=())
+
+
 @pytest.mark.parametrize("axis_types", ["explicit", "auto"])
 def test_shared_prompt_splash_under_a_mesh_equals_unsharded(axis_types):
     """The prompt-prefixed splash call per shard (shard_map with the keys' own

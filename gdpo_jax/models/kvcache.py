@@ -1,7 +1,7 @@
 """The decoder's KV cache (a pytree): its buffers, their layouts, and a shared prompt.
 
 Split out of transformer.py, which re-exports it; the forward that reads and
-writes it lives there.
+writes it is `models/forward.py`'s.
 """
 
 from __future__ import annotations

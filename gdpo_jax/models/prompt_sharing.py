@@ -8,7 +8,11 @@ then the B = U * G rows (each its prompt's last token and its completion) run
 over them as a KVCache's shared prefix: every completion query reads its
 prompt's keys and then its own, under one softmax (`_attention_shared_prefix`,
 the decode's shared-prompt path). Autodiff sums the G rows' gradients into
-their prompt's single forward.
+their prompt's single forward. Under the layer scan both passes run in one
+loop over the layers (`Transformer.forward_shared_prompt`: each layer runs the
+prompts, then the rows over that layer's prompt K/V), so the stacked weights
+are sliced once and no stacked prompt cache is written and read back; unrolled
+layers keep the two calls (a prefill into per-layer buffers, the rows over them).
 
 The maths is the per-row forward's; only the order of f32 sums differs (the
 attention output is prompt part + own part; the prompt's weight gradients are
@@ -48,6 +52,7 @@ def shared_prompt_hidden(
     *,
     group: int,
     layer_params: tuple[dict[str, jax.Array], ...] | None = None,
+    one_loop: bool | None = None,
 ) -> jax.Array:
     """Final-normed hidden states f[B, C, D] at the C positions that predict the
     completion's tokens (the last prompt position, then completion positions
@@ -59,6 +64,12 @@ def shared_prompt_hidden(
     read; ``step_config.check_group_prompts`` checks a host batch). B must be a
     multiple of `group`. layer_params: per-layer weights replacing the stacked
     ones in both passes (``Transformer.__call__``).
+
+    one_loop: run the prompts' pass and the rows' in one loop over the layers
+    (``Transformer.forward_shared_prompt``) rather than a prefill into a cache
+    and a call over it; the same maths. Default: where the layers are a scan
+    (stacked weights, no layer_params), whose weight slices the loop then reads
+    once; unrolled layers keep the two calls.
     """
     (B, P), C = prompt_ids.shape, completion_ids.shape[1]
     if group < 1 or B % group:
@@ -81,6 +92,20 @@ def shared_prompt_hidden(
         pad = block_ceil(P) - P
         pid, pmask = (jnp.pad(x, ((0, 0), (pad, 0))) for x in (pid, pmask))
     pid, pmask = (_constrain(x, (BATCH_AXES, None)) for x in (pid, pmask))
+    ids = jnp.concatenate([prompt_ids[:, -1:], completion_ids[:, :-1]], axis=1)
+    mask = jnp.concatenate([prompt_mask[:, -1:], completion_mask[:, :-1]], axis=1)
+    mask = mask.astype(jnp.int32)
+    # Positions as in the per-row forward: the prefix's valid tokens come first.
+    prefix_len = jnp.sum(prompt_mask[:, :-1].astype(jnp.int32), axis=1, keepdims=True)
+    positions = jnp.maximum(prefix_len + jnp.cumsum(mask, axis=1) - 1, 0)
+    if one_loop is None:
+        one_loop = model.cfg.scan_layers and layer_params is None
+    elif one_loop and layer_params is not None:
+        raise ValueError(
+            "shared_prompt_hidden: one_loop runs the stacked weights; drop layer_params."
+        )
+    if one_loop:  # both passes in one scan over the stacked layers
+        return model.forward_shared_prompt(pid, pmask, ids, mask, positions)
     # init_cache places the buffers by the context mesh (batch-sharded).
     prefix = model.init_cache(U, pid.shape[1])
     if not model.cfg.scan_layers:
@@ -102,12 +127,6 @@ def shared_prompt_hidden(
         prefix_v=prefix.v,
         prefix_mask=prefix.mask,
     )
-    ids = jnp.concatenate([prompt_ids[:, -1:], completion_ids[:, :-1]], axis=1)
-    mask = jnp.concatenate([prompt_mask[:, -1:], completion_mask[:, :-1]], axis=1)
-    mask = mask.astype(jnp.int32)
-    # Positions as in the per-row forward: the prefix's valid tokens come first.
-    prefix_len = jnp.sum(prompt_mask[:, :-1].astype(jnp.int32), axis=1, keepdims=True)
-    positions = jnp.maximum(prefix_len + jnp.cumsum(mask, axis=1) - 1, 0)
     hidden, _ = model(
         ids,
         mask,

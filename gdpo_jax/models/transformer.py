@@ -8,13 +8,14 @@ Kernels are stored [in, out] (the transpose of torch's Linear).
 
 Sharding: every Param carries `out_sharding` metadata (mesh axis names from
 PARAM_AXES); `sharding.create_model` places params by it. The forward is a pure
-function of the param arrays. Under a mesh with Explicit axes it runs inside
+function of the param arrays (`models/forward.py`). Under a mesh with Explicit axes it runs inside
 `jax.sharding.auto_axes` (GSPMD propagation) so any param/batch layout works,
 and the outputs come back sharded over the batch axes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,22 +23,11 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from gdpo_jax.core.dense import dense
-from gdpo_jax.core.logprobs import unembed_logits
-from gdpo_jax.models.attention import (
-    _attention,
-    _attention_prefix_kernel,
-    _attention_shared_prefix,
-    _dpa_attention,
-    attention_kind,
-    attention_masks,
-)
 from gdpo_jax.models.config import ModelConfig
+from gdpo_jax.models.forward import _constrain, forward, forward_shared_prompt
 from gdpo_jax.models.kvcache import KVCache
 from gdpo_jax.models.layer_weights import fuse_layer, split_layers
-from gdpo_jax.models.rope import apply_rope, rope_cos_sin
-from gdpo_jax.models.splash import splash_attention
-from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, is_explicit, sanitize_spec
+from gdpo_jax.sharding import BATCH_AXES, is_explicit, sanitize_spec
 
 # Mesh axes per param dim. Column-parallel kernels (q/k/v, gate/up, lm_head):
 # input dim over "fsdp" (ZeRO-3 style gather before use), output dim over
@@ -230,9 +220,52 @@ class Transformer(nnx.Module):
         if layer_params is not None:
             params["layers"] = tuple(layer_params)
         args = (params, input_ids, mask, positions.astype(jnp.int32), cache)
-        fn = lambda *a: _forward(  # noqa: E731
+        fn = lambda *a: forward(  # noqa: E731
             *a, cfg=cfg, return_hidden=return_hidden, fresh_cache=fresh_cache
         )
+
+        def out_sharding(mesh: jax.sharding.AbstractMesh) -> Any:
+            out_dim = cfg.hidden_size if return_hidden else cfg.vocab_size
+            out_spec = sanitize_spec((BATCH_AXES, None, None), (B, T, out_dim), mesh)
+            if cache is None:
+                return out_spec
+            return (out_spec, jax.tree.map(lambda a: jax.typeof(a).sharding.spec, cache))
+
+        return self._run(fn, args, out_sharding)
+
+    def forward_shared_prompt(
+        self,
+        prompt_ids: jax.Array,
+        prompt_mask: jax.Array,
+        input_ids: jax.Array,
+        mask: jax.Array,
+        positions: jax.Array,
+    ) -> jax.Array:
+        """The rows' final-normed hidden f[B,T,D] over their U prompts, the
+        prompts' pass and the rows' in one loop over the stacked layers
+        (`forward.forward_shared_prompt`; `models.prompt_sharing` calls it).
+
+        prompt_ids, prompt_mask {0,1}[U,P] (a fresh prefill, left padded);
+        input_ids, mask {0,1}[B,T], positions i32[B,T]: the rows, prompt-major.
+        """
+        cfg = self.cfg
+        pmask, mask = prompt_mask.astype(jnp.int32), mask.astype(jnp.int32)
+        ppos = jnp.maximum(jnp.cumsum(pmask, axis=1) - 1, 0)
+        args = (self.param_arrays(), prompt_ids, pmask, ppos, input_ids, mask)
+        args = (*args, positions.astype(jnp.int32))
+        fn = lambda *a: forward_shared_prompt(*a, cfg=cfg)  # noqa: E731
+        shape = (*input_ids.shape, cfg.hidden_size)
+        return self._run(
+            fn, args, lambda mesh: sanitize_spec((BATCH_AXES, None, None), shape, mesh)
+        )
+
+    def _run(self, fn: Callable, args: tuple, out_sharding: Callable) -> Any:
+        """fn(*args) (args[0]: the param arrays) under the mesh they live on.
+
+        Under a mesh with Explicit axes, which would demand an out_sharding for
+        every ambiguous matmul, fn runs with GSPMD propagation instead
+        (`auto_axes`), its outputs laid out by `out_sharding(mesh)`.
+        """
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:
             # No mesh in context, but params may still be typed on an Explicit
@@ -240,26 +273,10 @@ class Transformer(nnx.Module):
             mesh = jax.typeof(args[0]["embed"]).sharding.mesh
             if not mesh.empty and is_explicit(mesh):
                 with jax.sharding.use_abstract_mesh(mesh):
-                    return self(
-                        input_ids,
-                        mask,  # made here: a default built under the abstract mesh failed
-                        positions=positions,
-                        cache=cache,
-                        return_hidden=return_hidden,
-                        layer_params=layer_params,
-                        fresh_cache=fresh_cache,
-                    )
+                    return self._run(fn, args, out_sharding)
         if not mesh.empty and is_explicit(mesh):
-            # Explicit axes would demand an out_sharding for every ambiguous
-            # matmul; run the model with GSPMD propagation instead.
-            out_dim = cfg.hidden_size if return_hidden else cfg.vocab_size
-            out_spec = sanitize_spec((BATCH_AXES, None, None), (B, T, out_dim), mesh)
-            out_sh: Any = out_spec
-            if cache is not None:
-                out_sh = (out_spec, jax.tree.map(lambda a: jax.typeof(a).sharding.spec, cache))
-            fn = jax.sharding.auto_axes(fn, out_sharding=out_sh)
-        out = fn(*args)
-        return out
+            fn = jax.sharding.auto_axes(fn, out_sharding=out_sharding(mesh))
+        return fn(*args)
 
 
 def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:
@@ -271,158 +288,3 @@ def _concrete_mesh(x: Any) -> jax.sharding.Mesh | None:
     if isinstance(sh, jax.NamedSharding) and sh.mesh.size > 1:
         return sh.mesh
     return None
-
-
-def _rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """HF RMSNorm: statistics in f32, weight applied after casting back."""
-    xf = x.astype(jnp.float32)
-    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return w.astype(x.dtype) * xf.astype(x.dtype)
-
-
-def _constrain(x: jax.Array, axes: tuple) -> jax.Array:
-    """Pins x to the legal part of `axes` when a mesh is in context (else a no-op)."""
-    mesh = context_mesh()
-    if mesh is None:
-        return x
-    return constrain(x, mesh, sanitize_spec(axes, x.shape, mesh))
-
-
-def _batch_constraint(x: jax.Array) -> jax.Array:
-    """Pin activations' batch dim to (data, fsdp)."""
-    return _constrain(x, (BATCH_AXES,))
-
-
-def _forward(
-    params: dict,
-    input_ids: jax.Array,
-    mask: jax.Array,
-    positions: jax.Array,
-    cache: KVCache | None,
-    *,
-    cfg: ModelConfig,
-    return_hidden: bool,
-    fresh_cache: bool = False,
-):
-    dt = jnp.dtype(cfg.dtype)
-    B, T = input_ids.shape
-    Hq, Hkv, Dh, eps = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps
-    # Padded slots may hold any id (e.g. -1): map them to 0 so an out-of-range
-    # gather (NaN fill) cannot leak into real rows through 0 * NaN in attention.
-    ids = jnp.where(mask > 0, input_ids, 0)
-    x = _batch_constraint(
-        jnp.take(_constrain(params["embed"], ("tensor", None)), ids, axis=0).astype(dt)
-    )
-    cos, sin = rope_cos_sin(positions, cfg)
-    key_mask, allowed, self_attend, per_row = attention_masks(mask, cache, fresh_cache)
-    if cache is not None and cache.read_slots and not self_attend:
-        allowed = allowed[..., : cache.read_slots]
-    # Multi-token calls (training, prefill) may use a fused kernel; decode steps (T=1)
-    # read the cache in its stored layout with the einsum path. Splash's causal
-    # mask is static, so it takes self-attending calls only (not a write at a
-    # traced cache index into a longer cache).
-    kind = attention_kind(cfg) if T > 1 else "xla"
-    if kind == "splash" and not self_attend:
-        kind = "xla"
-
-    def proj(h, w, b=None):
-        y = dense(h, w.astype(dt))
-        return y if b is None else y + b.astype(dt)
-
-    def layer(carry, xs):
-        x, kc, vc = carry
-        lp, i, prefix = xs  # prefix: this layer's shared prompt (pk, pv), or None
-        h = _rms_norm(x, lp["attn_norm"], eps)
-        if "qkv_proj" in lp:  # fused (Transformer.layer_params(fuse=True))
-            qkv = proj(h, lp["qkv_proj"], lp.get("qkv_bias"))
-            q, k, v = jnp.split(qkv, [Hq * Dh, (Hq + Hkv) * Dh], axis=-1)
-        else:
-            q = proj(h, lp["q_proj"], lp.get("q_bias"))
-            k = proj(h, lp["k_proj"], lp.get("k_bias"))
-            v = proj(h, lp["v_proj"], lp.get("v_bias"))
-        q, k, v = q.reshape(B, T, Hq, Dh), k.reshape(B, T, Hkv, Dh), v.reshape(B, T, Hkv, Dh)
-        if cfg.qk_norm:
-            q, k = _rms_norm(q, lp["q_norm"], eps), _rms_norm(k, lp["k_norm"], eps)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        # The cache's layouts (see KVCache): k [B,Hkv,Dh,T], v [B,Hkv,T,Dh].
-        k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-        if kc is not None:
-            # Write only the T new slots of layer i into the carried stacked
-            # cache (in place: the carry is donated loop state), then read the
-            # layer's slices in their stored layouts.
-            if per_row:  # scatter row b's token into slot index[b] (in place)
-                rows = jnp.arange(B)
-                kc = kc.at[i, rows, :, :, cache.index].set(k[..., 0].astype(kc.dtype))
-                vc = vc.at[i, rows, :, cache.index].set(v[:, :, 0].astype(vc.dtype))
-            else:
-                kc = jax.lax.dynamic_update_slice(
-                    kc, k[None].astype(kc.dtype), (i, 0, 0, 0, cache.index)
-                )
-                vc = jax.lax.dynamic_update_slice(
-                    vc, v[None].astype(vc.dtype), (i, 0, 0, cache.index, 0)
-                )
-            if not self_attend:  # else attend to the new k, v themselves
-                # The phase's prefix (KVCache.read_slots, static; the slots past
-                # it are empty), sliced with the layer: one read of r slots.
-                r = cache.read_slots or None
-                k, v = kc[i, ..., :r], vc[i, :, :, :r]
-        if prefix is not None and self_attend and kind != "xla":  # training's own pass
-            a = _attention_prefix_kernel(q, *prefix, cache.prefix_mask, k, v, mask, kind)
-        elif prefix is not None:  # over a shared prompt (see KVCache)
-            cells = dict(cell=cache.prefix_cell, group=cache.prefix_group)  # continuous.py's
-            a = _attention_shared_prefix(q, *prefix, cache.prefix_mask, k, v, allowed, cfg, **cells)
-        elif kind == "xla":
-            a = _attention(q, k, v, allowed, cfg)
-        elif kind == "splash":
-            a = splash_attention(q, k, v, mask)
-        else:
-            a = _dpa_attention(q, k, v, allowed, "cudnn" if kind == "cudnn" else "xla")
-        a = a.reshape(B, T, Hq * Dh)
-        x = _batch_constraint(x + proj(a, lp["o_proj"]))
-        h = _rms_norm(x, lp["mlp_norm"], eps)
-        if "gate_up_proj" in lp:
-            gate, up = jnp.split(proj(h, lp["gate_up_proj"]), 2, axis=-1)
-        else:
-            gate, up = proj(h, lp["gate_proj"]), proj(h, lp["up_proj"])
-        f = jax.nn.silu(gate) * up
-        x = _batch_constraint(x + proj(f, lp["down_proj"]))
-        return (x, kc, vc), None
-
-    if cfg.remat:
-        layer = jax.checkpoint(layer, prevent_cse=False)
-    kc, vc = (None, None) if cache is None else (cache.k, cache.v)
-    pk, pv = (None, None) if cache is None else (cache.prefix_k, cache.prefix_v)
-    layers = params["layers"]
-    if not cfg.scan_layers and isinstance(layers, dict):
-        layers = split_layers(layers, cfg.num_layers)  # static slices, unrolled below
-    if isinstance(kc, tuple) or isinstance(layers, tuple):
-        # Unrolled (an unstacked cache, or weights given per layer): each layer
-        # reads its own buffers. A per-layer cache enters `layer` as a [1, ...]
-        # stack at index 0 (a bitcast, no copy).
-        if isinstance(layers, dict):
-            layers = split_layers(layers, cfg.num_layers)
-        per_layer_cache = isinstance(kc, tuple)
-        ks, vs = [], []
-        for i, lp in enumerate(layers):
-            prefix = None if pk is None else (pk[i], pv[i])
-            if per_layer_cache:
-                (x, ki, vi), _ = layer((x, kc[i][None], vc[i][None]), (lp, 0, prefix))
-                ks.append(ki[0])
-                vs.append(vi[0])
-            else:
-                (x, kc, vc), _ = layer((x, kc, vc), (lp, i, prefix))
-        if per_layer_cache:
-            kc, vc = tuple(ks), tuple(vs)
-    else:
-        prefix = None if pk is None else (pk, pv)
-        xs = (layers, jnp.arange(cfg.num_layers), prefix)
-        (x, kc, vc), _ = jax.lax.scan(layer, (x, kc, vc), xs)
-    x = _rms_norm(x, params["final_norm"], eps)
-    if return_hidden:
-        out = x
-    else:
-        unembed = params["lm_head"] if "lm_head" in params else params["embed"].T
-        out = unembed_logits(x, unembed)  # shared with the sampler and the trainer
-    if cache is None:
-        return out
-    return out, cache.replace(k=kc, v=vc, mask=key_mask, index=cache.index + T)
