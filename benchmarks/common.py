@@ -409,6 +409,15 @@ def command_line() -> str:
     return shlex.join(["python", *argv[1:]])
 
 
+def publish(res: dict[str, Any], out: str, render: Callable[[dict], str]) -> None:
+    """Stamps a finished comparison with the machine, the command and the time, prints
+    `render(res)` (its table) and writes the JSON to `out`, naming the file."""
+    res["machine"] = machine_info()
+    res["command"], res["measured_at"] = command_line(), now_iso()
+    print(render(res))
+    print(f"wrote {write_json(out, res)}")
+
+
 def check_out(parser: argparse.ArgumentParser, path: str, flag: str, *, is_dir: bool) -> None:
     """`parser.error` (one line, exit 2) when the output `path` cannot be written, before
     the benchmark runs (`gdpo_jax.train.paths.check_output`)."""

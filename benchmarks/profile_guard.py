@@ -153,10 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
     res = run(models, a.steps or None)
-    res["machine"] = common.machine_info()
-    res["command"], res["measured_at"] = common.command_line(), common.now_iso()
-    print(table_markdown(res))
-    print(f"wrote {common.write_json(a.out, res)}")
+    common.publish(res, a.out, table_markdown)
 
 
 if __name__ == "__main__":

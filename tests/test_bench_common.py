@@ -1119,3 +1119,14 @@ def test_scratch_dir_is_removed_when_the_process_exits(tmp_path):
     ).stdout.split()
     assert out[0].startswith(str(tmp_path / "bench_x_")) and out[1:] == ["['f',", "'sub']"]
     assert not os.path.exists(out[0]) and list(tmp_path.iterdir()) == []
+
+
+def test_publish_stamps_prints_and_writes(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    res = {"benchmark": "x", "results": [1, 2]}
+    common.publish(res, str(out), lambda r: f"| table of {len(r['results'])} |")
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["| table of 2 |", f"wrote {out}"]
+    saved = json.loads(out.read_text())
+    assert saved["results"] == [1, 2] and saved["machine"]["cpu_usable"] >= 1
+    assert saved["command"].startswith("python ") and saved["measured_at"].endswith("Z")
