@@ -18,7 +18,7 @@ two forms alternately, so machine noise between processes does not enter:
 - ``two_calls``: the same step traced with ``shared_prompt_hidden(one_loop=False)``.
 
 Both take the same update from the same state: the first steps' losses and
-gradient norms are compared (they differ only in the order of f32 sums).
+gradient norms are compared (they may differ in the order of f32 sums, no more).
 
     python -m benchmarks.profile_shared_loop [--config smollm2_toolcall] \
         [--widths 240,16] [--steps 6] [--out docs/benchmarks/shared_loop_<kind>.json]

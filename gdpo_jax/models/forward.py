@@ -66,10 +66,11 @@ def _batch_constraint(x: jax.Array) -> jax.Array:
 class _Stream:
     """One call's constants for `_layer` (closed over by the layer loop, not carried).
 
-    mask i32[B,T] (the new tokens' validity); cos, sin f[B,T,Dh/2] (rotary
-    angles); allowed bool[B,T,S] (`attention_masks`); cache: the call's cache
-    (index, read_slots and the shared prompt's mask / cells), or None; kind: the
-    attention kernel ("xla", "splash", "cudnn", "dpa").
+    mask i32[B,T] (the new tokens' validity); cos, sin f32[B,T,Dh] (rotary
+    angles, `rope_cos_sin`); allowed bool[B,T,S], self_attend, per_row: as
+    `attention_masks` gives them; kind: the attention kernel ("xla", "splash",
+    "cudnn", "dpa"); cache: the call's cache (index, read_slots and the shared
+    prompt's mask / cells), or None.
     """
 
     mask: jax.Array
