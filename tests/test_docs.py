@@ -2779,3 +2779,7 @@ def test_the_shared_prompt_loop_figures_are_the_committed_run() -> None:
         _assert_quotes(folded, (quote,), f"docs/{doc} (profile_shared_loop)")
     limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
     _assert_quotes(limits, (f"and {short['speedup']:.2f}x at 16-token ones",), "docs/limits.md")
+    ups = sorted(row["speedup"] for row in res["results"])
+    speed = " ".join((ROOT / "docs" / "speed.md").read_text(encoding="utf-8").split())
+    span = f"({ups[0]:.2f}-{ups[-1]:.2f}x faster than the two scans before it"
+    _assert_quotes(speed, (span,), "docs/speed.md (profile_shared_loop)")
