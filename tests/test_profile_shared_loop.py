@@ -1,7 +1,7 @@
-"""benchmarks/profile_shared_loop: its speed-ups are the two calls' step over the one
-loop's, its "two_calls" form patches the name the step's forward calls, a real run
-of a tiny config builds both forms and they take the same first update, and bad
-arguments stop the CLI before any run."""
+"""benchmarks/profile_shared_loop: each form's step is compared with the one loop's,
+its "two_calls" form patches the name the step's forward calls, a real run of a tiny
+config builds all four forms and they take the same first update, and bad arguments
+stop the CLI before any run."""
 
 from __future__ import annotations
 
@@ -13,15 +13,24 @@ from benchmarks import profile_shared_loop as S
 
 
 def _fake_row(width: int) -> dict:
-    first = {"loss": 0.5, "grad_norm": 2.0, "compile_s": 9.0}
+    def form(median: float, best: float, loss: float = 0.5, first: float = 9.0) -> dict:
+        return {
+            "loss": loss,
+            "grad_norm": 2.0,
+            "first_call_s": first,
+            "median_s": median,
+            "best_s": best,
+        }
+
     return {
         "width": width,
         "steps_timed": 6,
-        "first": {"one_loop": first, "two_calls": {**first, "loss": 0.5 + 3e-7}},
-        "one_loop_median_s": 15.0,
-        "one_loop_best_s": 14.0,
-        "two_calls_median_s": 16.5,
-        "two_calls_best_s": 14.7,
+        "forms": {
+            "one_loop": form(15.0, 14.0),
+            "two_calls": form(16.5, 14.7, loss=0.5 + 3e-7),
+            "per_row": form(30.0, 28.0),
+            "unrolled": form(13.5, 13.3, first=12.0),
+        },
         "rows": 16,
         "new_tokens": 96,
         "microbatches": 2,
@@ -29,7 +38,7 @@ def _fake_row(width: int) -> dict:
     }
 
 
-def test_speedups_and_table(monkeypatch):
+def test_ratios_and_table(monkeypatch):
     calls = []
 
     def fake(module, args, **kw):
@@ -39,16 +48,27 @@ def test_speedups_and_table(monkeypatch):
     monkeypatch.setattr(S.common, "run_child", fake)
     res = S.run("smollm2_toolcall", (240, 16), 6)
     assert [a[a.index("--widths") + 1] for a in calls] == ["240", "16"]  # one process each
-    row = res["results"][0]
-    # By hand: 16.5 / 15.0 = 1.10; best 14.7 / 14.0 = 1.05.
-    assert row["speedup"] == pytest.approx(1.1)
-    assert row["speedup_best"] == pytest.approx(1.05)
+    assert all(a[a.index("--forms") + 1] == ",".join(S.FORMS) for a in calls)
+    f = res["results"][0]["forms"]
+    # By hand: 16.5 / 15.0 = 1.10, best 14.7 / 14.0 = 1.05; 13.5 / 15.0 = 0.90.
+    assert f["two_calls"]["vs_shipped"] == pytest.approx(1.1)
+    assert f["two_calls"]["vs_shipped_best"] == pytest.approx(1.05)
+    assert f["per_row"]["vs_shipped"] == pytest.approx(2.0)
+    assert f["unrolled"]["vs_shipped"] == pytest.approx(0.9)
+    assert f["one_loop"]["vs_shipped"] == 1.0
+    # Starts 3.0 s slower, steps 1.5 s faster: repaid after 2 steps; the others do not
+    # both start slower and step faster.
+    assert f["unrolled"]["repaid_after_steps"] == pytest.approx(2.0)
+    assert [f[k]["repaid_after_steps"] for k in ("one_loop", "two_calls", "per_row")] == [None] * 3
     res["machine"] = {"cpu_model": "AMD EPYC", "cpu_isa": "avx512", "cpu_usable": 2}
     table = S.table_markdown(res)
-    assert "| 240 | 16.50 | 15.00 | 1.10x / 1.05x | 3.0e-07 | 0.0e+00 |" in table
-    assert "AMD EPYC (avx512), 2 cores; `smollm2_toolcall`'s step (30 layers as a scan" in table
+    assert (
+        "| 240 | two calls | 16.50 | 14.70 | 1.10x / 1.05x | 9.0 | - | 3.0e-07 | 0.0e+00 |" in table
+    )
+    assert "| 16 | unrolled layers, sharing | 13.50 | 13.30 | 0.90x / 0.95x | 12.0 | 2 |" in table
+    assert "AMD EPYC (avx512), 2 cores; `smollm2_toolcall`'s step (30 layers, 16 rows" in table
     lines = [line for line in table.splitlines() if line.startswith("|")]
-    assert len(lines) == 4  # header, rule, one row per width
+    assert len(lines) == 2 + 2 * 4  # header, rule, one row per width and form
     assert len({line.count("|") for line in lines}) == 1  # no stray pipe in a cell
 
 
@@ -63,15 +83,26 @@ def test_the_two_calls_form_patches_the_name_the_steps_forward_calls():
     assert "completion_mod.shared_prompt_hidden = functools.partial(" in inspect.getsource(S._steps)
 
 
-def test_a_tiny_config_runs_both_forms_to_the_same_first_update():
-    """The real child on configs/tiny_cpu.py (4 layers as a scan, prompt sharing): both
-    steps run and, from one state, take the same first update up to f32 sums."""
+def test_a_tiny_config_runs_every_form_to_the_same_first_update():
+    """The real child on configs/tiny_cpu.py (4 layers as a scan, prompt sharing): the
+    four steps run and, from the same weights, take the same first update up to f32
+    sums; the forms are what they say (the per-row step shares no prompt, the unrolled
+    one runs the model rebuilt without the scan)."""
     out = S._child("tiny_cpu", 8, 1)
-    a, b = out["first"]["one_loop"], out["first"]["two_calls"]
-    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-6)
-    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-    assert a["grad_norm"] > 0
-    assert out["one_loop_median_s"] > 0 and out["two_calls_median_s"] > 0
+    base = out["forms"]["one_loop"]
+    assert set(out["forms"]) == set(S.FORMS)
+    ran = {form: (f["scan_layers"], f["share_prompt"]) for form, f in out["forms"].items()}
+    assert ran == {
+        "one_loop": (True, True),
+        "two_calls": (True, True),
+        "per_row": (True, False),
+        "unrolled": (False, True),
+    }
+    for form, f in out["forms"].items():
+        assert f["loss"] == pytest.approx(base["loss"], rel=1e-5, abs=1e-6), form
+        assert f["grad_norm"] == pytest.approx(base["grad_norm"], rel=1e-5), form
+        assert f["median_s"] > 0 and f["first_call_s"] >= f["best_s"], form
+    assert base["grad_norm"] > 0
     assert out["layers"] == 4 and out["width"] == 8
 
 
@@ -83,6 +114,8 @@ def test_a_tiny_config_runs_both_forms_to_the_same_first_update():
         (["--steps", "0"], "--steps=0: time at least 1 step"),
         (["--config", "no_such_config"], "--config='no_such_config': not a configs/ file"),
         (["--widths", "4096"], "4096 is wider than the config's sampling.max_prompt_len=240"),
+        (["--forms", "two_calls"], "--forms='two_calls': name one_loop (the baseline)"),
+        (["--forms", "one_loop,fast"], "--forms='one_loop,fast': name one_loop (the baseline)"),
     ],
 )
 def test_bad_arguments_stop_before_any_run(monkeypatch, capsys, argv, message):
@@ -106,4 +139,4 @@ def test_an_unrolled_config_is_refused(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         S.main(["--config", "tiny_cpu", "--widths", "8"])
     assert e.value.code == 2
-    assert "runs its layers unrolled: both forms would be two calls" in capsys.readouterr().err
+    assert "runs its layers unrolled: the scan forms would be two calls" in capsys.readouterr().err
