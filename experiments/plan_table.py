@@ -175,6 +175,28 @@ def attention_table(directory: str = "docs/scale/attention") -> str:
     return "\n".join(rows)
 
 
+def remat_table(directory: str = "docs/scale/remat") -> str:
+    """Remat and its policy, for docs/scale.md: one row per committed plan in `directory`
+    (`python -m experiments.plan ... [--config.model.remat=False |
+    --config.model.remat_policy=dots] --nosearch --json=<directory>/<config>_<target>_
+    <none|full|dots>.json`), the step's GiB per device and the training phase's roofline."""
+    rows = [
+        "| plan | target | remat | step temporaries GiB | step total of usable GiB | fits | "
+        "peak program | training FLOPs per RL step | training roofline s | roofline s / step |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    label = {"none": "off", "full": "full", "dots": "dots"}
+    for (name, _target, variant), p in _committed(directory):
+        st = p["programs"]["step"]
+        rows.append(
+            f"| {name} | {p['target']} | {label[variant]} | {st['temp_gib']:.2f} | "
+            f"{st['total_gib']:.2f} of {p['usable_gib']:.2f} | "
+            f"{'yes' if st['fits'] else '**no**'} | {p['peak_program']} | "
+            f"{p['flops']['train']:.2e} | {p['roofline']['train']:.0f} | {p['est_step_s']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
 def sampler_table(directory: str = "docs/scale/sampler") -> str:
     """The sampler's forms and knobs, for docs/scale.md: one row per committed plan in
     `directory` (`python -m experiments.plan ... --config.sampling.<knob>=<value>

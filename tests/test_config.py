@@ -145,6 +145,15 @@ def test_smoke_configs_warm_up_for_fewer_steps_than_they_run():
             lambda c: setattr(c.model, "attention", "flash"),
             r"model\.attention='flash' is not one of .*splash.*Set --config\.model\.attention=",
         ),
+        (
+            lambda c: setattr(c.model, "remat_policy", "dot"),
+            r"model\.remat_policy='dot' is not one of \('full', 'dots'\).*remat_policy=",
+        ),
+        (  # a policy without remat changes nothing: say so before the run
+            lambda c: setattr(c.model, "remat_policy", "dots"),
+            r"model\.remat_policy='dots' is read only with model\.remat=True; set "
+            r"--config\.model\.remat=True",
+        ),
         (  # checked up front (it failed in the model build, after the work had started)
             lambda c: setattr(c.model, "dtype", "bf16"),
             r"config\.model\.dtype='bf16' is not a supported dtype.*Set --config\.model\.dtype=",
@@ -797,6 +806,21 @@ def test_model_scan_layers_reaches_the_model_and_the_planner():
     c.model.scan_layers = False
     assert build.build_model(c, None)[0].cfg.scan_layers is False
     assert model_config(c).scan_layers is False
+
+
+def test_model_remat_policy_reaches_the_model_and_the_planner():
+    """config.model.remat_policy builds a model that keeps what it names
+    (build.build_model) and plans one (scale.arch.model_config)."""
+    from gdpo_jax.scale.arch import model_config
+    from gdpo_jax.train import build
+
+    c = _cfg()
+    c.model.tokenizer = "test_tiny"
+    assert build.build_model(c, None)[0].cfg.remat_policy == "full"
+    c.model.remat, c.model.remat_policy = True, "dots"
+    validate_config(c, num_devices=8)
+    assert build.build_model(c, None)[0].cfg.remat_policy == "dots"
+    assert model_config(c).remat_policy == "dots"
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

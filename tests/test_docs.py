@@ -2085,6 +2085,7 @@ def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
         ("sampler", "*.json"),
         ("attention", "*.json"),
         ("sharing", "*.json"),
+        ("remat", "*.json"),
         ("check", "plan_*.json"),  # beside them: the measured runs
     ):
         for path in sorted((scale / sub).glob(pattern)):
@@ -2822,3 +2823,45 @@ def test_the_shared_prompt_loop_figures_are_the_committed_run() -> None:
         ),
         "docs/speed.md (profile_shared_loop)",
     )
+
+
+def test_remat_policy_table_is_the_committed_plans(monkeypatch) -> None:
+    """scale.md's remat table renders docs/scale/remat/*.json, and the figures its
+    bullets quote are those plans'."""
+    import json
+
+    doc = _committed_table_in(monkeypatch, "remat_table", "remat", "scale.md", rows=6)
+    flat = " ".join(doc.split())
+    p = {
+        path.stem: json.loads(path.read_text(encoding="utf-8"))
+        for path in (ROOT / "docs" / "scale" / "remat").glob("*.json")
+    }
+    h, v = "math-7b_8xh100_", "math-7b_v5p-32_"
+
+    def step(key: str) -> float:
+        return p[key]["programs"]["step"]["total_gib"]
+
+    def train(key: str) -> float:
+        return p[key]["roofline"]["train"]
+
+    assert not p[h + "none"]["fits"] and p[v + "none"]["fits"] and p[h + "dots"]["fits"]
+    ratio = {train(t + "dots") / train(t + "full") for t in (h, v)}
+    assert len({f"{r:.2f}" for r in ratio}) == 1, ratio  # the one figure quoted for both
+    _assert_quotes(
+        flat,
+        (
+            f"Without remat the step needs {step(h + 'none'):.1f} GiB per H100 (it does not fit) "
+            f"and {step(v + 'none'):.1f} of the v5p-32's {p[v + 'none']['usable_gib']:.1f} usable",
+            f"(53.3 and 45.2 GiB; on the H100s the step becomes the binding program, above the "
+            f"sampler's {p[h + 'dots']['programs']['generate']['total_gib']:.1f})".replace(
+                "53.3 and 45.2", f"{step(h + 'dots'):.1f} and {step(v + 'dots'):.1f}"
+            ),
+            f"roofline from {train(h + 'full'):.0f} to {train(h + 'dots'):.0f} s per RL step on "
+            f"8xH100 and from {train(v + 'full'):.0f} to {train(v + 'dots'):.0f} on the v5p-32: "
+            f"{ratio.pop():.2f}x",
+            f"({p[h + 'full']['est_step_s']:.0f} to {p[h + 'dots']['est_step_s']:.0f} s, "
+            f"{p[v + 'full']['est_step_s']:.0f} to {p[v + 'dots']['est_step_s']:.0f})",
+        ),
+        "docs/scale.md (remat)",
+    )
+    assert p[h + "dots"]["peak_program"] == "step"

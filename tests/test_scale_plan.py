@@ -349,6 +349,18 @@ def test_flops_against_a_token_by_token_count():
     want = U * G * sum(per_tok + 2 * D * V + attn(c) for c in ctx)
     assert flops_lib.step_flops(mc, phased)["decode"] == pytest.approx(want, rel=1e-12)
     assert want > decode  # more than the filled slots' count
+    # remat_policy="dots" keeps the weight products: the backward re-runs only the
+    # attention dots, per row and position the attn() terms of `layers`; the roofline's
+    # training passes read the weights 3 times, not 4.
+    dots = dataclasses.replace(s, remat_policy="dots")
+    attention = U * G * sum(attn(t) for t in range(1, P_ + C_ + 1))
+    got = flops_lib.step_flops(mc, dots)
+    assert got["train"] == pytest.approx(3 * fwd + attention, rel=1e-12)
+    chip = dict(num_devices=1, peak_flops=1e30, hbm_bw=1.0)  # memory bound: weight reads
+    big = dict(param_bytes=1000)
+    t_full = flops_lib.roofline(mc, dataclasses.replace(s, **big), **chip)["train"]
+    t_dots = flops_lib.roofline(mc, dataclasses.replace(dots, **big), **chip)["train"]
+    assert (t_full, t_dots) == (4000.0, 3000.0)
 
 
 def test_flops_count_the_chunked_unembeddings_recompute_and_padding():
@@ -1208,6 +1220,25 @@ def test_search_orders_the_static_decode_knobs_by_their_roofline():
     c1.sampling.decode_phases = 1
     extra = 128 * rows * 10**3 * (128 - 80) / chip.hbm_bw
     assert estimate(c1, p, target) - roof(shape) == pytest.approx(extra, rel=1e-9)
+
+
+def test_search_offers_remat_keeping_the_products_before_whole_layers():
+    """Without remat the step's knobs start with remat keeping the weight products
+    (cheaper in time), then re-running whole layers; with "dots" on, "full" is the
+    step further; with "full" on, no remat knob is left."""
+    from gdpo_jax.scale.search import candidates
+
+    c = tiny_config()
+    assert candidates(c, "step", 8)[:2] == [
+        {"model.remat": True, "model.remat_policy": "dots"},
+        {"model.remat": True, "model.remat_policy": "full"},
+    ]
+    c.model.remat, c.model.remat_policy = True, "dots"
+    assert candidates(c, "step", 8)[0] == {"model.remat_policy": "full"}
+    c.model.remat_policy = "full"
+    assert not any(
+        "model.remat" in k or "model.remat_policy" in k for k in candidates(c, "step", 8)
+    )
 
 
 def test_search_offers_prompt_sharing_off_last_for_the_step():

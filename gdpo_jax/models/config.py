@@ -51,6 +51,8 @@ def hf_max_positions(config: Mapping[str, Any]) -> int:
 
 
 ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn", "splash")
+# What a rematerialized layer keeps for its backward (ModelConfig.remat_policy).
+REMAT_POLICIES = ("full", "dots")
 # The sizes that must be >= 1.
 _SIZES = (
     "vocab_size",
@@ -146,6 +148,13 @@ class ModelConfig:
     param_dtype: storage dtype of the parameters; dtype: compute dtype of
       activations. Logits are always float32.
     remat: rematerialize each layer in the backward pass (jax.checkpoint).
+    remat_policy: what a rematerialized layer keeps for its backward (read only
+      with remat): "full" its input alone, so the backward re-runs the whole
+      layer (one more forward of the layers' FLOPs); "dots" also the outputs of
+      its weight products (q/k/v, o, gate/up, down), so the backward re-runs
+      only the norms, RoPE, the attention and the MLP's gating: more memory
+      than "full", less than no remat, which keeps every intermediate (on the
+      einsum attention path, the [T, S] probabilities of every head).
     scan_layers: run the layers as one `jax.lax.scan` (True: one layer
       compiled, whatever L) or unrolled (False: L layers compiled, and no
       stacking of per-layer activations into [L, ...] buffers, which slows
@@ -185,6 +194,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     dtype: str = "float32"
     remat: bool = False
+    remat_policy: str = "full"
     attention: str = "auto"
     scan_layers: bool = True
     # generation_config.json's sampling defaults, ((name, value), ...): written back on
@@ -196,6 +206,11 @@ class ModelConfig:
             raise ValueError(
                 f"attention={self.attention!r} is not one of {ATTENTION_KINDS}; "
                 "set config.model.attention to one of them."
+            )
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(
+                f"remat_policy={self.remat_policy!r} is not one of {REMAT_POLICIES}; "
+                "set config.model.remat_policy to one of them."
             )
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(

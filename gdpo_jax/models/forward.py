@@ -12,7 +12,9 @@ prompt cache is written and read back: on CPU, where XLA copies those slices
 copies twice.
 
 Both run `_layer`, one decoder layer over one stream (`_Stream`: the call's
-constants: its rows, masks, rotary angles and attention kernel).
+constants: its rows, masks, rotary angles and attention kernel), under
+`jax.checkpoint` with `ModelConfig.remat` (`_remat`: the policy names what the
+backward keeps).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from gdpo_jax.core.dense import dense
 from gdpo_jax.core.logprobs import unembed_logits
@@ -40,6 +43,9 @@ from gdpo_jax.models.splash import splash_attention
 from gdpo_jax.sharding import BATCH_AXES, constrain, context_mesh, sanitize_spec
 
 __all__ = ["forward", "forward_shared_prompt"]
+
+# The name a weight product's output carries, which remat_policy="dots" keeps.
+PRODUCT = "weight_product"
 
 
 def _rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -140,7 +146,7 @@ def _layer(
     cache = st.cache
 
     def proj(h, w, b=None):
-        y = dense(h, w.astype(dt))
+        y = checkpoint_name(dense(h, w.astype(dt)), PRODUCT)  # a no-op without remat
         return y if b is None else y + b.astype(dt)
 
     h = _rms_norm(x, lp["attn_norm"], eps)
@@ -201,6 +207,16 @@ def _layer(
     return x, kc, vc, k, v
 
 
+def _remat(layer, cfg: ModelConfig):
+    """`layer` under jax.checkpoint, keeping what `cfg.remat_policy` names: nothing
+    but its inputs ("full"), or also its weight products' outputs ("dots"; named
+    PRODUCT in `_layer`, which also reaches through core.dense's custom VJP)."""
+    policy = None
+    if cfg.remat_policy == "dots":
+        policy = jax.checkpoint_policies.save_only_these_names(PRODUCT)
+    return jax.checkpoint(layer, prevent_cse=False, policy=policy)
+
+
 def _head(params: dict, x: jax.Array, cfg: ModelConfig, return_hidden: bool) -> jax.Array:
     """The final norm, then the logits f32[B,T,V] (or the hidden f[B,T,D])."""
     x = _rms_norm(x, params["final_norm"], cfg.rms_norm_eps)
@@ -237,7 +253,7 @@ def forward(
         return (x, kc, vc), None
 
     if cfg.remat:
-        layer = jax.checkpoint(layer, prevent_cse=False)
+        layer = _remat(layer, cfg)
     kc, vc = (None, None) if cache is None else (cache.k, cache.v)
     pk, pv = (None, None) if cache is None else (cache.prefix_k, cache.prefix_v)
     layers = params["layers"]
@@ -314,6 +330,6 @@ def forward_shared_prompt(
         return (xp, xr), None
 
     if cfg.remat:
-        layer = jax.checkpoint(layer, prevent_cse=False)
+        layer = _remat(layer, cfg)
     (_, xr), _ = jax.lax.scan(layer, (xp, xr), params["layers"])
     return _head(params, xr, cfg, return_hidden=True)

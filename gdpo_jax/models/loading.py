@@ -278,6 +278,7 @@ def load_hf_dir(
     tokenizer: bool = True,
     attention: str = "auto",
     scan_layers: bool = True,
+    remat_policy: str = "full",
 ) -> tuple[Transformer, Any]:
     """Load a local HF checkpoint dir (config.json + safetensors [+ tokenizer])."""
     if not os.path.exists(os.path.join(path, "config.json")):
@@ -289,6 +290,7 @@ def load_hf_dir(
         dtype=dtype,
         param_dtype=param_dtype,
         remat=remat,
+        remat_policy=remat_policy,
         attention=attention,
         scan_layers=scan_layers,
     )
@@ -330,6 +332,7 @@ def load_pretrained(
     remat: bool = False,
     attention: str = "auto",
     scan_layers: bool = True,
+    remat_policy: str = "full",
 ) -> tuple[Transformer, Any]:
     """(model, tokenizer) from a local HF dir, a .gguf file, or a known offline name.
 
@@ -344,6 +347,7 @@ def load_pretrained(
         param_dtype=param_dtype,
         mesh=mesh,
         remat=remat,
+        remat_policy=remat_policy,
         attention=attention,
         scan_layers=scan_layers,
     )

@@ -36,6 +36,7 @@ def model_config(cfg: mlc.ConfigDict) -> ModelConfig:
         dtype=m.dtype,
         param_dtype=m.param_dtype,
         remat=bool(m.remat),
+        remat_policy=str(m.get("remat_policy", "full")),
         attention=str(m.get("attention", "auto")),
         scan_layers=bool(m.get("scan_layers", True)),
     )

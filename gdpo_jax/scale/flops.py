@@ -23,11 +23,14 @@ the rows a call decodes (the sampler pads them to the shards), N / B calls.
   log-prob pass:        N * (T m + C' u + a(T) * (T + 1) / 2)       (causal attention)
   ... prompts shared:   N / G * (P m + a(P) (P + 1) / 2)             (algo.share_prompt: each
                         + N * (C m + C' u + 4 L q (C P + C (C + 1) / 2))   prompt once per G rows)
-  training:             E * (3 pass + remat * layers + chunked * N C' u)
-                        (forward + 2x backward; model.remat re-runs the layers' forward,
-                        `layers` = the pass less its unembedding N C' u; a chunked log-prob,
-                        algo.logprob_chunk_size = c > 0, re-runs each chunk's unembedding
-                        in the backward, whether or not the layers are rematerialized)
+  training:             E * (3 pass + recompute + chunked * N C' u)
+                        (forward + 2x backward; model.remat re-runs in the backward the
+                        layers' forward with remat_policy "full" (recompute = `layers`, the
+                        pass less its unembedding N C' u), their attention dots alone with
+                        "dots" (recompute = the pass's a(.) terms: the weight products'
+                        outputs are kept); a chunked log-prob, algo.logprob_chunk_size =
+                        c > 0, re-runs each chunk's unembedding in the backward, whether or
+                        not the layers are rematerialized)
   C' = C, or the c-position chunks' ceil(C / c) c (the last chunk padded).
 
 The roofline time of a phase is max(FLOPs / (n * peak), bytes / HBM bw), bytes
@@ -97,6 +100,9 @@ class StepShape:
     # (each kv head too) once per call, so the sampler reads them whole.
     sampler_weights_whole: bool = False
     logprob_chunk_size: int = 0  # algo.logprob_chunk_size (0: the whole completion at once)
+    # model.remat_policy (read with remat): "full" re-runs the layers in the backward,
+    # "dots" only their attention dots (ModelConfig.remat_policy).
+    remat_policy: str = "full"
     # Continuous batching's lanes per batch shard (sampling.continuous_slots, at most a
     # call's rows per shard); 0: the static decode, every row of a call at once.
     decode_lanes: int = 0
@@ -176,17 +182,19 @@ def step_flops(mc: ModelConfig, s: StepShape) -> dict[str, float]:
     decode = s.calls * s.decode_rows * (r * C * (m + u) + a * attend)
     if s.train_prompt_share > 1:  # each prompt once, its rows' completions over it
         prompts = s.rows / s.train_prompt_share
-        layers = prompts * (P * m + a * P * (P + 1) / 2) + s.rows * (
-            C * m + a * (C * P + C * (C + 1) / 2)
-        )
+        products = (prompts * P + s.rows * C) * m
+        attention = a * (prompts * P * (P + 1) / 2 + s.rows * (C * P + C * (C + 1) / 2))
     else:
-        layers = s.rows * (T * m + a * T * (T + 1) / 2)
+        products, attention = s.rows * T * m, s.rows * a * T * (T + 1) / 2
+    layers = products + attention
     unembed = s.rows * Cu * u
     one_pass = layers + unembed
     logprob = s.logprob_passes * one_pass
-    # Forward + backward (2x); remat re-runs the layers' forward, a chunked log-prob
-    # each chunk's unembedding (jax.checkpoint of its body).
-    recompute = int(s.remat) * layers + int(s.logprob_chunk_size > 0) * unembed
+    # Forward + backward (2x); remat re-runs the layers' forward (with the "dots" policy
+    # only their attention dots), a chunked log-prob each chunk's unembedding
+    # (jax.checkpoint of its body).
+    rerun = layers if s.remat_policy == "full" else attention
+    recompute = int(s.remat) * rerun + int(s.logprob_chunk_size > 0) * unembed
     train = s.epochs * (3 * one_pass + recompute)
     out = dict(prefill=prefill, decode=decode, logprob=logprob, train=train)
     out["total"] = float(sum(out.values()))
@@ -217,7 +225,8 @@ def roofline(
     # the weights again, and all P + C slots (the last phase runs until the work is done).
     later = (s.decode_rounds - 1) * s.new_tokens * (read + kv_row * (prompt + s.new_tokens))
     decode_bytes = calls * (copy + s.new_tokens * (read + kv_step) + later)
-    passes = s.micro_batches * (3 + int(s.remat))  # weight reads of the training passes
+    # Weight reads of the training passes: a "dots" remat re-runs no weight product.
+    passes = s.micro_batches * (3 + int(s.remat and s.remat_policy == "full"))
     mem = {
         "prefill": calls * read / hbm_bw,
         "decode": decode_bytes / hbm_bw,

@@ -97,6 +97,7 @@ _ADDED_FIELDS = {
     "algo.nan_rewards": "omit",
     "algo.kl_in_reward_estimator": "k1",
     "optim.decay_mask": "all",
+    "model.remat_policy": "full",
 }
 
 
@@ -352,6 +353,7 @@ def _make_plan(cfg: mlc.ConfigDict, target: Target, *, devices: list | None = No
         logprob_passes=n_fwd,
         epochs=cfg.algo.num_epochs,
         remat=bool(mc.remat),
+        remat_policy=mc.remat_policy,
         micro_batches=sc.num_epochs * sc.num_minibatches * sc.num_microbatches,
         param_bytes=int(full_b),
         kv_bytes_per_token=kv_tok,

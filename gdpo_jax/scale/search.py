@@ -15,7 +15,8 @@ phase reads more KV slots per step; which costs less depends on the shapes):
             one before; every step then reads the empty slots too, which for
             long completions costs more than more calls; "prefix" growth
             already holds one cache)
-  step      model.remat on; algo.logprob_chunk_size on / halved;
+  step      model.remat on keeping the weight products (remat_policy=dots),
+            then re-running whole layers (full); algo.logprob_chunk_size on / halved;
             algo.num_microbatches doubled (fewer rows per device at a time);
             algo.share_prompt off (per-row rows hold no repeated prompt K/V,
             and on the einsum path no [T, P + C] scores; it saves the most time)
@@ -136,8 +137,13 @@ def candidates(
         {"sampling.continuous_slots": slots // d} for d in (2, 4, 8) if slots // d >= 1
     ] + sampler
     train: list[dict[str, Any]] = []
+    # Remat keeping the weight products ("dots": re-runs the attention) costs less step
+    # time than re-running whole layers ("full"), and saves less memory.
     if not cfg.model.remat:
-        train.append({"model.remat": True})
+        train.append({"model.remat": True, "model.remat_policy": "dots"})
+        train.append({"model.remat": True, "model.remat_policy": "full"})
+    elif cfg.model.get("remat_policy", "full") != "full":
+        train.append({"model.remat_policy": "full"})
     chunk = int(a.logprob_chunk_size)
     train += [
         {"algo.logprob_chunk_size": c}

@@ -53,6 +53,7 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
             param_dtype=m.param_dtype,
             mesh=mesh,
             remat=m.remat,
+            remat_policy=m.get("remat_policy", "full"),
             attention=m.get("attention", "auto"),
             scan_layers=bool(m.get("scan_layers", True)),
         )
@@ -80,6 +81,7 @@ def build_model(cfg, mesh: Mesh | None) -> tuple[Any, Any]:
             overrides.setdefault(field, int(getattr(tokenizer, attr)))
     overrides.setdefault("attention", m.get("attention", "auto"))
     overrides.setdefault("scan_layers", bool(m.get("scan_layers", True)))
+    overrides.setdefault("remat_policy", m.get("remat_policy", "full"))
     mc = ModelConfig.tiny(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, **overrides)
     if mc.vocab_size < len(tokenizer):
         raise ValueError(

@@ -241,7 +241,7 @@ def check_sampling(cfg: mlc.ConfigDict) -> None:
 def check_model_fields(cfg: mlc.ConfigDict) -> None:
     """config.model's dtypes and attention kernel (for the backend the programs are built
     for), checked before the model build (RL and SFT)."""
-    from gdpo_jax.models.config import ATTENTION_KINDS, canonical_dtype
+    from gdpo_jax.models.config import ATTENTION_KINDS, REMAT_POLICIES, canonical_dtype
 
     names = {}
     for field in ("dtype", "param_dtype"):  # else the model build fails, after the work
@@ -259,6 +259,12 @@ def check_model_fields(cfg: mlc.ConfigDict) -> None:
             "--config.model.param_dtype=bfloat16 (the same memory) or float32."
         )
     _choice(cfg, "model.attention", ATTENTION_KINDS)
+    _choice(cfg, "model.remat_policy", REMAT_POLICIES)
+    if cfg.model.remat_policy != "full" and not cfg.model.remat:
+        raise ConfigError(
+            f"config.model.remat_policy={cfg.model.remat_policy!r} is read only with "
+            "model.remat=True; set --config.model.remat=True, or leave the policy 'full'."
+        )
     if cfg.model.attention in ("cudnn", "splash"):
         # The backend the programs are built for (the planner's target, else JAX's).
         from gdpo_jax.backend import effective_backend

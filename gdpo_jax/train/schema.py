@@ -69,7 +69,10 @@ def base_config() -> mlc.ConfigDict:
     c.model.tokenizer = ""  # tokenizer for a random-init model (gdpo_jax.data.tokenizer_registry)
     c.model.dtype = "float32"  # compute dtype
     c.model.param_dtype = "float32"
-    c.model.remat = False
+    c.model.remat = False  # rematerialize each layer in the backward (jax.checkpoint)
+    # What a rematerialized layer keeps: full (its input: the backward re-runs the
+    # layer) | dots (also its weight products' outputs: re-runs norms, RoPE, attention).
+    c.model.remat_policy = "full"
     # Multi-token attention kernel: auto (cuDNN flash on GPU in bf16/f16, splash on
     # TPU, else xla) | xla (einsum path) | dpa (jax.nn.dot_product_attention, XLA) |
     # cudnn | splash (Pallas TPU kernel).
