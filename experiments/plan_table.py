@@ -377,6 +377,10 @@ def main(argv: list[str]) -> None:
         if not os.path.isfile(os.path.join(_OUT.value, "plans.json")):  # was a traceback
             cli.fail(f"--recount: --out={_OUT.value} holds no plans.json to recount.")
         _recount_all(_OUT.value)
+        # The table renders the recounted roofline (it went stale when only the JSON moved).
+        with open(os.path.join(_OUT.value, "plans.json")) as f:
+            plans = {k: rederive(v) for k, v in json.load(f).items()}
+        write_doc(plans, os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md"))
         return
     from benchmarks.common import machine_info, machine_kind
     from experiments.plan_command import table_command

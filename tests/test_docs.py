@@ -2068,6 +2068,38 @@ def test_committed_plans_flops_are_todays_count() -> None:
     assert checked >= 27, checked  # plans.json 14, sampler/ 8, attention/ 5
 
 
+def test_recount_rewrites_the_table_beside_the_plans(monkeypatch, tmp_path) -> None:
+    # `plan_table --recount` rewrote the plans' figures and left scale.md's table with the
+    # old ones, which test_scale_table_is_the_committed_plans then failed on.
+    import json
+    import subprocess
+
+    from tests._subprocess import child_env
+
+    plan_table = _plan_table(monkeypatch)
+    plans = json.loads((ROOT / "docs" / "scale" / "plans.json").read_text(encoding="utf-8"))
+    key = next(k for k, p in plans.items() if "step_shape" in p)
+    plans[key]["est_step_s"] = 1.0  # stale: the recount restores it
+    (tmp_path / "scale").mkdir()
+    (tmp_path / "scale" / "plans.json").write_text(json.dumps(plans), encoding="utf-8")
+    marks = f"{plan_table.TABLE_START}\nstale\n{plan_table.TABLE_END}"
+    (tmp_path / "scale.md").write_text(f"before\n{marks}\nafter\n", encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.plan_table", "--recount", f"--out={tmp_path}/scale"],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"recounted ['{key}']" in out.stdout
+    doc = (tmp_path / "scale.md").read_text(encoding="utf-8")
+    table, _ = _committed_plan_table(monkeypatch)
+    assert table in doc and "stale" not in doc
+    assert doc.startswith("before\n") and doc.endswith("after\n")
+
+
 def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
     # Every committed plan names the experiments.plan command that reproduces it; the
     # config that command builds today must be the one planned (equal config_digest),
