@@ -149,9 +149,10 @@ class ModelConfig:
       activations. Logits are always float32.
     remat: rematerialize each layer in the backward pass (jax.checkpoint).
     remat_policy: what a rematerialized layer keeps for its backward (read only
-      with remat): "full" its input alone, so the backward re-runs the whole
-      layer (one more forward of the layers' FLOPs); "dots" also the outputs of
-      its weight products (q/k/v, o, gate/up, down), so the backward re-runs
+      with remat): "full" its input alone, so the backward re-runs the layer's
+      forward (all of it that the backward reads: not the down projection,
+      whose output only a residual add takes); "dots" also the outputs of the
+      weight products the backward reads (q/k/v, o, gate/up), so it re-runs
       only the norms, RoPE, the attention and the MLP's gating: more memory
       than "full", less than no remat, which keeps every intermediate (on the
       einsum attention path, the [T, S] probabilities of every head).

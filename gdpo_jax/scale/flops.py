@@ -25,12 +25,15 @@ the rows a call decodes (the sampler pads them to the shards), N / B calls.
                         + N * (C m + C' u + 4 L q (C P + C (C + 1) / 2))   prompt once per G rows)
   training:             E * (3 pass + recompute + chunked * N C' u)
                         (forward + 2x backward; model.remat re-runs in the backward the
-                        layers' forward with remat_policy "full" (recompute = `layers`, the
-                        pass less its unembedding N C' u), their attention dots alone with
+                        layers' forward with remat_policy "full" (`layers`: the pass less
+                        its unembedding N C' u), their attention dots alone with
                         "dots" (recompute = the pass's a(.) terms: the weight products'
-                        outputs are kept); a chunked log-prob, algo.logprob_chunk_size =
-                        c > 0, re-runs each chunk's unembedding in the backward, whether or
-                        not the layers are rematerialized)
+                        outputs are kept); "full" re-runs every weight product but the
+                        down projection, whose output nothing in the backward reads
+                        (recompute = `layers` less 2 L d f per token); a chunked
+                        log-prob, algo.logprob_chunk_size = c > 0, re-runs each chunk's
+                        unembedding in the backward, whether or not the layers are
+                        rematerialized)
   C' = C, or the c-position chunks' ceil(C / c) c (the last chunk padded).
 
 The roofline time of a phase is max(FLOPs / (n * peak), bytes / HBM bw), bytes
@@ -182,18 +185,19 @@ def step_flops(mc: ModelConfig, s: StepShape) -> dict[str, float]:
     decode = s.calls * s.decode_rows * (r * C * (m + u) + a * attend)
     if s.train_prompt_share > 1:  # each prompt once, its rows' completions over it
         prompts = s.rows / s.train_prompt_share
-        products = (prompts * P + s.rows * C) * m
+        tokens = prompts * P + s.rows * C
         attention = a * (prompts * P * (P + 1) / 2 + s.rows * (C * P + C * (C + 1) / 2))
     else:
-        products, attention = s.rows * T * m, s.rows * a * T * (T + 1) / 2
-    layers = products + attention
+        tokens, attention = s.rows * T, s.rows * a * T * (T + 1) / 2
+    layers = tokens * m + attention
     unembed = s.rows * Cu * u
     one_pass = layers + unembed
     logprob = s.logprob_passes * one_pass
-    # Forward + backward (2x); remat re-runs the layers' forward (with the "dots" policy
-    # only their attention dots), a chunked log-prob each chunk's unembedding
-    # (jax.checkpoint of its body).
-    rerun = layers if s.remat_policy == "full" else attention
+    # Forward + backward (2x); remat re-runs the layers' forward but the down projection,
+    # whose output no backward rule reads (with the "dots" policy only their attention
+    # dots); a chunked log-prob each chunk's unembedding (jax.checkpoint of its body).
+    down = tokens * 2.0 * mc.num_layers * mc.hidden_size * mc.intermediate_size
+    rerun = layers - down if s.remat_policy == "full" else attention
     recompute = int(s.remat) * rerun + int(s.logprob_chunk_size > 0) * unembed
     train = s.epochs * (3 * one_pass + recompute)
     out = dict(prefill=prefill, decode=decode, logprob=logprob, train=train)
