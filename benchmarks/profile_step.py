@@ -63,11 +63,13 @@ def _trainer(
     model: str = "tiny",
     share_prompt: bool = False,
     old_logprobs: str = "sampler",
+    remat: str = "off",
 ) -> tuple[Any, dict]:
     """bench_rl's trainer (1 device) and one collected batch, ready for `trainer.step`;
     model: a bench_rl.SHAPES key (the Llama and the batch); share_prompt: bench_rl's
     prompt sharing (off: the per-row forward of the committed profiles); old_logprobs:
-    config.algo.old_logprobs (bench_rl's "sampler", or "recompute")."""
+    config.algo.old_logprobs (bench_rl's "sampler", or "recompute"); remat: "off", or
+    the config.model.remat_policy to rematerialize the layers with ("full", "dots")."""
     from benchmarks import bench_rl as B
     from gdpo_jax.rewards import register_reward
     from gdpo_jax.tasks import TaskData
@@ -82,6 +84,8 @@ def _trainer(
     shape = B.SHAPES[model]
     c.model.name = B.make_checkpoint(common.scratch_dir("profile_ckpt_"), shape)
     c.model.scan_layers = scan_layers
+    if remat != "off":
+        c.model.remat, c.model.remat_policy = True, remat
     c.task.name, c.task.chat_template = "toolcall", False
     c.rewards.names = tuple(f"bench_{fn.__name__}" for fn in B.REWARDS)
     c.rewards.num_workers = 1

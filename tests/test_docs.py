@@ -2897,3 +2897,35 @@ def test_remat_policy_table_is_the_committed_plans(monkeypatch) -> None:
         "docs/scale.md (remat)",
     )
     assert p[h + "dots"]["peak_program"] == "step"
+
+
+def test_remat_policy_cpu_figures_are_the_committed_run() -> None:
+    """benchmarks.md's remat table renders the committed profile_remat run, and every
+    ratio its bullets quote is that run's."""
+    from benchmarks import profile_remat
+
+    name = "remat_amd-epyc-avx512-2c.json"
+    res, text = _committed_run_in_benchmarks(
+        name,
+        profile_remat.table_markdown,
+        f"python -m benchmarks.profile_remat --out docs/benchmarks/{name}",
+    )
+    r = {(x["microbatches"], x["layers"]): x for x in res["results"]}
+    scan, unrolled = (r[4, "scan"], r[1, "scan"]), (r[4, "unrolled"], r[1, "unrolled"])
+    assert all(x["dots_vs_off"] < 1 for x in scan)  # the bullet's claim
+    assert all(x["full_vs_off"] > 1 for x in unrolled)
+    _assert_quotes(
+        text,
+        (
+            f"{scan[0]['dots_vs_off']:.2f}x its step time at 4 micro-batches and "
+            f"{scan[1]['dots_vs_off']:.2f}x at 1",
+            f"re-runs the products too: {scan[0]['full_vs_off']:.2f}x and "
+            f"{scan[1]['full_vs_off']:.2f}x",
+            f"`full` {unrolled[0]['full_vs_off']:.2f}x and {unrolled[1]['full_vs_off']:.2f}x, "
+            f"`dots` {unrolled[0]['dots_vs_off']:.2f}x and {unrolled[1]['dots_vs_off']:.2f}x",
+            f"({unrolled[0]['off_median_s']:.3f} s) stays bench_rl's fastest form",
+        ),
+        "docs/benchmarks.md (profile_remat)",
+    )
+    fastest = min((x[f"{f}_median_s"], k, f) for k, x in r.items() for f in ("off", "full", "dots"))
+    assert fastest[1:] == ((4, "unrolled"), "off"), fastest
