@@ -51,8 +51,7 @@ def hf_max_positions(config: Mapping[str, Any]) -> int:
 
 
 ATTENTION_KINDS = ("auto", "xla", "dpa", "cudnn", "splash")
-# What a rematerialized layer keeps for its backward (ModelConfig.remat_policy).
-REMAT_POLICIES = ("full", "dots")
+REMAT_POLICIES = ("full", "dots")  # ModelConfig.remat_policy
 # The sizes that must be >= 1.
 _SIZES = (
     "vocab_size",
@@ -148,14 +147,11 @@ class ModelConfig:
     param_dtype: storage dtype of the parameters; dtype: compute dtype of
       activations. Logits are always float32.
     remat: rematerialize each layer in the backward pass (jax.checkpoint).
-    remat_policy: what a rematerialized layer keeps for its backward (read only
-      with remat): "full" its input alone, so the backward re-runs the layer's
-      forward (all of it that the backward reads: not the down projection,
-      whose output only a residual add takes); "dots" also the outputs of the
-      weight products the backward reads (q/k/v, o, gate/up), so it re-runs
-      only the norms, RoPE, the attention and the MLP's gating: more memory
-      than "full", less than no remat, which keeps every intermediate (on the
-      einsum attention path, the [T, S] probabilities of every head).
+    remat_policy: what a rematerialized layer keeps for its backward (read with
+      remat): "full" its input alone (the backward re-runs the layer's forward,
+      but the down projection, which it never reads); "dots" also its weight
+      products' outputs (it re-runs norms, RoPE, attention and gating): memory
+      between "full" and no remat (which keeps every intermediate).
     scan_layers: run the layers as one `jax.lax.scan` (True: one layer
       compiled, whatever L) or unrolled (False: L layers compiled, and no
       stacking of per-layer activations into [L, ...] buffers, which slows
