@@ -8,10 +8,11 @@ row builds bench_rl's trainer (profile_step's: its model and batch, GDPO, beta 0
 prompts shared as bench_rl runs them) three times, without remat and with each
 policy, and times their steps alternately (the step as the RL loop runs it);
 rows: the layers as one scan (the model default) and unrolled (bench_rl's), at
-bench_rl's 4 micro-batches and at 1.
+bench_rl's 4 micro-batches and at 1. ``--model smollm2`` runs bench_rl's
+SmolLM2-135M-sized trainer instead (4 x 4 rows; micro-batches of one group).
 
-    python -m benchmarks.profile_remat [--microbatches 4,1] [--steps 12] \
-        [--out docs/benchmarks/remat_<kind>.json]
+    python -m benchmarks.profile_remat [--model tiny|smollm2] [--microbatches 4,1] \
+        [--steps 12] [--out docs/benchmarks/remat_<kind>.json]
 """
 
 from __future__ import annotations
@@ -26,31 +27,32 @@ FORMS = ("off", "full", "dots")  # no remat, then each config.model.remat_policy
 LAYERS = ("scan", "unrolled")
 
 
-def _child(microbatches: int, layers: str, steps: int) -> dict[str, Any]:
+def _child(microbatches: int, layers: str, steps: int, model: str = "tiny") -> dict[str, Any]:
     """One process: the three forms' trainers, their steps timed alternately."""
     from benchmarks import profile_step as P
 
     scan = layers == "scan"
     pairs = [
-        P._trainer(microbatches, 0.0, scan_layers=scan, share_prompt=True, remat=form)
+        P._trainer(microbatches, 0.0, scan_layers=scan, model=model, share_prompt=True, remat=form)
         for form in FORMS
     ]
     return P._alternate(pairs, FORMS, steps)
 
 
-def run(microbatches: tuple[int, ...], steps: int) -> dict[str, Any]:
+def run(microbatches: tuple[int, ...], steps: int, model: str = "tiny") -> dict[str, Any]:
     """Each (micro-batches, layers) row in a fresh process with the huge-page tunable;
     each policy's median step over no remat's (above 1: remat is slower)."""
     rows = []
     for m in microbatches:
         for layers in LAYERS:
             args = ["--microbatches", str(m), "--steps", str(steps), "--_layers", layers]
+            args += ["--model", model]
             r = common.run_child("benchmarks.profile_remat", args)
             r |= {"microbatches": m, "layers": layers}
             for form in FORMS[1:]:
                 r[f"{form}_vs_off"] = r[f"{form}_median_s"] / r["off_median_s"]
             rows.append(r)
-    return {"benchmark": "profile_remat", "steps_timed": steps, "results": rows}
+    return {"benchmark": "profile_remat", "model": model, "steps_timed": steps, "results": rows}
 
 
 def table_markdown(res: dict[str, Any]) -> str:
@@ -71,13 +73,15 @@ def table_markdown(res: dict[str, Any]) -> str:
     return (
         common.markdown_table(rows)
         + f"\n\n{m.get('cpu_model')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; "
-        f"bench_rl's step (prompts shared, beta 0), huge pages on; {res['steps_timed']} steps "
+        f"bench_rl's `{res.get('model', 'tiny')}` step (prompts shared, beta 0), huge pages on; "
+        f"{res['steps_timed']} steps "
         "of each form, alternating, one process per row; above 1x remat is slower."
     )
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny", choices=("tiny", "smollm2"))
     ap.add_argument("--microbatches", default="4,1", help="comma-separated counts")
     ap.add_argument("--steps", type=int, default=12, help="timed steps per form")
     ap.add_argument("--out", default=DEFAULT_OUT)
@@ -88,15 +92,21 @@ def main(argv: list[str] | None = None) -> None:
         counts = tuple(int(m) for m in a.microbatches.split(","))
     except ValueError:
         ap.error(f"--microbatches={a.microbatches!r}: give comma-separated counts, e.g. 4,1.")
-    if not counts or min(counts) < 1 or any(64 % m for m in counts):
-        ap.error(f"--microbatches={a.microbatches!r}: each count must divide bench_rl's 64 rows.")
+    from benchmarks.rl_setup import SHAPES
+
+    prompts = SHAPES[a.model].prompts  # shared prompts: whole groups per micro-batch
+    if not counts or min(counts) < 1 or any(prompts % m for m in counts):
+        ap.error(
+            f"--microbatches={a.microbatches!r}: each count must divide the "
+            f"{a.model} shape's {prompts} prompts (whole groups per micro-batch)."
+        )
     if a.steps < 1:
         ap.error(f"--steps={a.steps}: time at least 1 step per form.")
     if a._child:
-        common.write_json(a._child, _child(counts[0], a._layers, a.steps))
+        common.write_json(a._child, _child(counts[0], a._layers, a.steps, a.model))
         return
     common.check_out(ap, a.out, "--out", is_dir=False)  # before the run
-    common.publish(run(counts, a.steps), a.out, table_markdown)
+    common.publish(run(counts, a.steps, a.model), a.out, table_markdown)
 
 
 if __name__ == "__main__":

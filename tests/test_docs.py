@@ -2929,3 +2929,50 @@ def test_remat_policy_cpu_figures_are_the_committed_run() -> None:
     )
     fastest = min((x[f"{f}_median_s"], k, f) for k, x in r.items() for f in ("off", "full", "dots"))
     assert fastest[1:] == ((4, "unrolled"), "off"), fastest
+
+
+def test_remat_policy_smollm2_figures_are_the_committed_run() -> None:
+    """The SmolLM2-size remat table renders its committed run, and the ratios quoted after
+    it and in limits.md and speed.md are that run's."""
+    from benchmarks import profile_remat
+
+    name = "remat_smollm2_amd-epyc-avx512-2c.json"
+    res, text = _committed_run_in_benchmarks(
+        name,
+        profile_remat.table_markdown,
+        f"python -m benchmarks.profile_remat --model smollm2 --out docs/benchmarks/{name}",
+    )
+    assert res["model"] == "smollm2"
+    r = {x["layers"]: x for x in res["results"]}
+    scan, unrolled = r["scan"], r["unrolled"]
+    _assert_quotes(
+        text,
+        (
+            f"(`--model smollm2 --microbatches {scan['microbatches']} --steps "
+            f"{res['steps_timed']}`",
+            f"costs about what no remat does ({scan['dots_vs_off']:.2f}x under the scan, "
+            f"{unrolled['dots_vs_off']:.2f}x unrolled) and `full` {scan['full_vs_off']:.2f}x "
+            f"and {unrolled['full_vs_off']:.2f}x",
+        ),
+        "docs/benchmarks.md (profile_remat --model smollm2)",
+    )
+    limits = " ".join((ROOT / "docs" / "limits.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        limits,
+        (
+            f"it takes {scan['dots_vs_off']:.2f}x no remat's step time under the scan and "
+            f"`full` {scan['full_vs_off']:.2f}x",
+        ),
+        "docs/limits.md (profile_remat)",
+    )
+    dots = sorted(x["dots_vs_off"] for x in res["results"])
+    full = sorted(x["full_vs_off"] for x in res["results"])
+    speed = " ".join((ROOT / "docs" / "speed.md").read_text(encoding="utf-8").split())
+    _assert_quotes(
+        speed,
+        (
+            f"`dots` takes {dots[0]:.2f}-{dots[1]:.2f}x no remat's step time and `full` "
+            f"{full[0]:.2f}-{full[1]:.2f}x",
+        ),
+        "docs/speed.md (profile_remat)",
+    )

@@ -18,6 +18,7 @@ def test_ratios_rows_and_table(monkeypatch):
 
     monkeypatch.setattr(R.common, "run_child", fake)
     res = R.run((4, 1), 12)
+    assert all(a[a.index("--model") + 1] == "tiny" for a in calls) and res["model"] == "tiny"
     # One process per (micro-batches, layers): 4 then 1, scan then unrolled.
     got = [(a[a.index("--microbatches") + 1], a[a.index("--_layers") + 1]) for a in calls]
     assert got == [("4", "scan"), ("4", "unrolled"), ("1", "scan"), ("1", "unrolled")]
@@ -27,6 +28,7 @@ def test_ratios_rows_and_table(monkeypatch):
     res["machine"] = {"cpu_model": "AMD EPYC", "cpu_isa": "avx512", "cpu_usable": 2}
     table = R.table_markdown(res)
     assert "| 4 | scan | 0.600 | 0.660 | 0.570 | 1.10x | 0.95x |" in table
+    assert "bench_rl's `tiny` step (prompts shared, beta 0)" in table
     lines = [line for line in table.splitlines() if line.startswith("|")]
     assert len(lines) == 2 + 4 and len({line.count("|") for line in lines}) == 1
 
@@ -58,8 +60,9 @@ def test_each_form_reaches_the_trainers_config(monkeypatch):
     ("argv", "message"),
     [
         (["--microbatches", "4,x"], "--microbatches='4,x': give comma-separated counts"),
-        (["--microbatches", "3"], "each count must divide bench_rl's 64 rows"),
-        (["--microbatches", "0"], "each count must divide bench_rl's 64 rows"),
+        (["--microbatches", "3"], "each count must divide the tiny shape's 8 prompts"),
+        (["--microbatches", "0"], "each count must divide the tiny shape's 8 prompts"),
+        (["--model", "smollm2", "--microbatches", "8"], "the smollm2 shape's 4 prompts"),
         (["--steps", "0"], "--steps=0: time at least 1 step"),
     ],
 )
