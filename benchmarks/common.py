@@ -481,6 +481,13 @@ def scratch_dir(prefix: str) -> str:
     return path
 
 
+def cpu_label(machine: dict[str, Any]) -> str:
+    """How a table's footer names the machine that ran it, from `machine_info()`'s
+    fields: "<CPU model> (<vector ISA>), <usable> cores" ("?" for a missing one)."""
+    model, usable = machine.get("cpu_model", "?"), machine.get("cpu_usable", "?")
+    return f"{model} ({machine.get('cpu_isa', '')}), {usable} cores"
+
+
 def run_child(
     module: str, args: Sequence[str], *, hugetlb: bool = True, tree: str | None = None
 ) -> dict[str, Any]:

@@ -181,7 +181,7 @@ def table_markdown(res: dict) -> str:
     lines = [common.markdown_table(rows)]
     m = res.get("machine", {})
     lines.append(
-        f"\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} cores; "
+        f"\n{common.cpu_label(m)}; "
         f"greedy, interleaved calls ({res['repeats']} per form on the first model, "
         f"{res['repeats'] // 2} on the second); first call includes compilation."
     )

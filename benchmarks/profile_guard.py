@@ -126,8 +126,7 @@ def table_markdown(res: dict) -> str:
     m = res.get("machine", {})
     steps = ", ".join(f"{r['model']} {r['steps_timed']}" for r in res["results"])
     return (
-        common.markdown_table(rows)
-        + f"\n\n{m.get('cpu_model')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; "
+        common.markdown_table(rows) + f"\n\n{common.cpu_label(m)}; "
         f"bench_rl's step at beta 0 (layers unrolled, prompt sharing), huge pages on; "
         f"steps of each form, alternating, one process per model: {steps}."
     )

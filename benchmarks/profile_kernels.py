@@ -182,7 +182,7 @@ def table_markdown(res: dict) -> str:
     lines = [common.markdown_table(rows)]
     m = res.get("machine", {})
     lines.append(
-        f"\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} cores; "
+        f"\n{common.cpu_label(m)}; "
         f"best of {res['repeats']}; the forward x @ W of the same weight: "
         f"{res['forward_same_weight_ms']:.3f} ms."
     )

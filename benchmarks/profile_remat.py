@@ -71,8 +71,7 @@ def table_markdown(res: dict[str, Any]) -> str:
     ]
     m = res.get("machine", {})
     return (
-        common.markdown_table(rows)
-        + f"\n\n{m.get('cpu_model')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; "
+        common.markdown_table(rows) + f"\n\n{common.cpu_label(m)}; "
         f"bench_rl's `{res.get('model', 'tiny')}` step (prompts shared, beta 0), huge pages on; "
         f"{res['steps_timed']} steps "
         "of each form, alternating, one process per row; above 1x remat is slower."

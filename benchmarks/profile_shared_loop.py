@@ -222,8 +222,7 @@ def table_markdown(res: dict[str, Any]) -> str:
             )
     r0, m = res["results"][0], res.get("machine", {})
     return (
-        common.markdown_table(rows)
-        + f"\n\n{m.get('cpu_model')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; "
+        common.markdown_table(rows) + f"\n\n{common.cpu_label(m)}; "
         f"`{res['config']}`'s step ({r0['layers']} layers, {r0['rows']} rows, "
         f"{r0['new_tokens']} new tokens, micro-batches: {r0['microbatches']}), huge pages on; "
         f"{r0['steps_timed']} steps of each form, alternating, one process per width; "

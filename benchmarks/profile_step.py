@@ -260,7 +260,7 @@ def table_markdown(res: dict) -> str:
     m = res.get("machine", {})
     if m:
         lines.append(
-            f"\n{m.get('cpu_model')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; "
+            f"\n{common.cpu_label(m)}; "
             f"{res['steps_timed']} timed steps per variant; operation columns: the largest "
             "kinds, ms per step from the trace (the trace slows a step a little)."
         )

@@ -1130,3 +1130,11 @@ def test_publish_stamps_prints_and_writes(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["results"] == [1, 2] and saved["machine"]["cpu_usable"] >= 1
     assert saved["command"].startswith("python ") and saved["measured_at"].endswith("Z")
+
+
+def test_cpu_label_names_the_machine_as_the_table_footers_do():
+    from benchmarks import common
+
+    m = {"cpu_model": "AMD EPYC", "cpu_isa": "avx512", "cpu_usable": 2}
+    assert common.cpu_label(m) == "AMD EPYC (avx512), 2 cores"
+    assert common.cpu_label({}) == "? (), ? cores"  # a run that recorded no machine
