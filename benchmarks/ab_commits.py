@@ -142,8 +142,8 @@ def table_markdown(res: dict[str, Any]) -> str:
     flagged = disturbed(res)
     return (
         common.markdown_table(rows)
-        + f"\n\nbench_rl's trainer (ours), beta {res['beta']}, {m.get('cpu_model')} "
-        f"({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; huge pages on; "
+        + f"\n\nbench_rl's trainer (ours), beta {res['beta']}, {common.cpu_label(m)}; "
+        "huge pages on; "
         f"{res['pairs']} fresh processes per side in turn, each the median of {ITERS} "
         f"iterations after {WARMUP}."
         + (f" Runs without the machine to themselves: {'; '.join(flagged)}." if flagged else "")

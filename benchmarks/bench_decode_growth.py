@@ -123,8 +123,8 @@ def table_markdown(res: dict) -> str:
             )
     m = res.get("machine", {})
     return common.markdown_table(rows) + (
-        f"\n\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} "
-        f"cores; {res['rows']} rows x {res['new_tokens']} new tokens in {res['phases']} phases, "
+        f"\n\n{common.cpu_label(m)}; {res['rows']} rows x {res['new_tokens']} new tokens in "
+        f"{res['phases']} phases, "
         f"greedy, interleaved calls ({res['repeats']} per form); first call includes compilation."
     )
 

@@ -344,12 +344,12 @@ def table_markdown(runs: list[dict], labels: list[str] | None = None) -> str:
     first column naming each run (e.g. its file, when the runs differ in a
     setting the JSON does not record)."""
     rows = []
-    cpus = {_cpu(r.get("machine", {})) for r in runs}
+    cpus = {common.cpu_label(r.get("machine", {})) for r in runs}
     for i, r in enumerate(runs):
         c, m = r["counts"], r["measured"]
         rows.append(
             ({"run": labels[i]} if labels else {})
-            | ({"CPU": _cpu(r.get("machine", {}))} if len(cpus) > 1 else {})
+            | ({"CPU": common.cpu_label(r.get("machine", {}))} if len(cpus) > 1 else {})
             | {
                 "size": "quick" if r["quick"] else "full",
                 "rows x slots, cap": f"{c['rows']} x {c['slots']}, {r['lengths']['cap']}",
@@ -372,16 +372,8 @@ def table_markdown(runs: list[dict], labels: list[str] | None = None) -> str:
     elif len(cpus) > 1:
         lines.append("\nBest of the interleaved repeats; each run's CPU in its row.")
     elif mach:
-        lines.append(f"\n{_cpu(mach)}; best of the interleaved repeats.")
+        lines.append(f"\n{common.cpu_label(mach)}; best of the interleaved repeats.")
     return "\n".join(lines)
-
-
-def _cpu(machine: dict) -> str:
-    """A run's CPU as the tables label it: model (vector ISA), cores."""
-    return (
-        f"{machine.get('cpu_model')} ({machine.get('cpu_isa', '')}), "
-        f"{machine.get('cpu_usable')} cores"
-    )
 
 
 def main() -> None:

@@ -319,8 +319,8 @@ def format_table(res: dict[str, Any]) -> str:
     fams = ", ".join(f"{k} {v:.2f}x" for k, v in res["families"].items())
     return (
         common.markdown_table(rows)
-        + f"\n\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')}"
-        f" cores; PyTorch {res['torch_threads']} threads; f32, best of {ROUNDS} blocks of"
+        + f"\n\n{common.cpu_label(m)}; PyTorch {res['torch_threads']} threads; f32, best of "
+        f"{ROUNDS} blocks of"
         f" calls each, in turn; summed per family: {fams}."
     )
 

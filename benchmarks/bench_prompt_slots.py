@@ -143,8 +143,8 @@ def table_markdown(result: dict) -> str:
     return common.markdown_table(rows) + (
         f"\n\n{result['rows']} rows x {result['lanes']} lanes, cap {result['cap']}, "
         f"{result['prompt_len']}-token prompts x {result['group']} rows; every row's budget at 1 "
-        f"token (prefill and refills only): {result['fixed_s']:.2f} s. {m.get('cpu_model')} "
-        f"({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; best of the interleaved repeats."
+        f"token (prefill and refills only): {result['fixed_s']:.2f} s. {common.cpu_label(m)}; "
+        "best of the interleaved repeats."
     )
 
 

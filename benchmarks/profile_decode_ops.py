@@ -172,8 +172,8 @@ def table_markdown(res: dict[str, Any]) -> str:
     m = res.get("machine", {})
     return (
         common.markdown_table(rows)
-        + f"\n\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} "
-        f"cores; bench_sampler's model, greedy, fused form, {res['rows']} rows x "
+        + f"\n\n{common.cpu_label(m)}; bench_sampler's model, greedy, fused form, "
+        f"{res['rows']} rows x "
         f"{res['new_tokens']} new tokens; one traced call: operations ran {total:.2f} ms per "
         f"step (prefill included; concurrent ones sharing the time, their durations sum to "
         f"{res['summed_ms_per_step']:.2f}); untraced calls "

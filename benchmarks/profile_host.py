@@ -159,8 +159,8 @@ def table_markdown(res: Mapping[str, Any]) -> str:
     m, r = res.get("machine", {}), res["rollout"]
     return (
         common.markdown_table(rows)
-        + f"\n\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} "
-        f"cores; bench_rl's trainer, beta {res['beta']:g}; medians of {res['rounds']} rounds, "
+        + f"\n\n{common.cpu_label(m)}; bench_rl's trainer, beta {res['beta']:g}; medians of "
+        f"{res['rounds']} rounds, "
         "each probe after its own step. Per RL iteration (medians of "
         f"{res['iterations']}): {r['iter_s']:.3f} s, of which the rollout {r['collect_s']:.3f} s: "
         f"the sampler's device program {r['sampler_device_s']:.3f} s and host work "

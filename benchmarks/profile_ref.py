@@ -199,9 +199,8 @@ def table_markdown(res: dict) -> str:
             rows.append(row)
     m = res.get("machine", {})
     text = (
-        common.markdown_table(rows)
-        + f"\n\nbench_rl's layout (layers unrolled, prompt sharing), {m.get('cpu_model')} "
-        f"({m.get('cpu_isa', '')}), {m.get('cpu_usable')} cores; huge pages on; "
+        common.markdown_table(rows) + "\n\nbench_rl's layout (layers unrolled, prompt sharing), "
+        f"{common.cpu_label(m)}; huge pages on; "
         f"{res.get('ab_steps_timed', '?')} of each (iterations, then steps), alternating, "
         "each micro-batch entry (its three rows) in a fresh process."
     )

@@ -271,10 +271,7 @@ def _ab_table(res: dict, rows: list[dict]) -> str:
     lines = [common.markdown_table(rows)]
     model, m = res.get("model", "tiny"), res.get("machine", {})
     where = (
-        f"bench_rl's `{model}` shape, {m.get('cpu_model')} ({m.get('cpu_isa', '')}), "
-        f"{m.get('cpu_usable')} cores; huge"
-        if model != "tiny"
-        else "Huge"
+        f"bench_rl's `{model}` shape, {common.cpu_label(m)}; huge" if model != "tiny" else "Huge"
     )
     lines.append(
         f"\n{where} pages on; {res.get('ab_steps_timed', '?')} steps of each, alternating, "

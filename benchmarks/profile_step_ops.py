@@ -184,8 +184,8 @@ def table_markdown(res: dict[str, Any]) -> str:
     m = res.get("machine", {})
     return (
         common.markdown_table(rows)
-        + f"\n\n{m.get('cpu_model', '?')} ({m.get('cpu_isa', '')}), {m.get('cpu_usable', '?')} "
-        f"cores; bench_rl's step (beta {res['beta']:g}, {res['microbatches']} micro-batches, "
+        + f"\n\n{common.cpu_label(m)}; bench_rl's step (beta {res['beta']:g}, "
+        f"{res['microbatches']} micro-batches, "
         f"layers unrolled, prompt sharing), two traced steps: operations ran {total:.1f} ms "
         f"per step (concurrent ones sharing the time; their durations sum to "
         f"{res['summed_ms_per_step']:.1f}), {res['weight_gflop_per_step']:.1f} GFLOP of "
