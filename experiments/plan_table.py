@@ -3,6 +3,7 @@ r"""The committed table of docs/scale.md: every paper config on the targets a la
     JAX_PLATFORMS=cpu python -m experiments.plan_table --redo     # all plans (~20 min on 2 cores)
     JAX_PLATFORMS=cpu python -m experiments.plan_table --redo --only=tool-1.5b@8xh100
     JAX_PLATFORMS=cpu python -m experiments.plan_table            # the missing plans, the table
+    JAX_PLATFORMS=cpu python -m experiments.plan_table --remat_policy=dots   # the remat sweep
 
 Plans each (config, target) pair with gdpo_jax.scale.plan.make_plan (and, for a
 plan that does not fit, the change the planner's search finds) and writes
@@ -12,7 +13,9 @@ stopped and resumed: finished entries are kept unless --redo. It rewrites
 the table between the `<!-- plan-table -->` markers of docs/scale.md.
 `algo.num_microbatches` is scaled from the configs' 8-device value to the
 target's device count (same rows per device per micro-batch), as the
-configs' docstrings tell a user to do.
+configs' docstrings tell a user to do. `--remat_policy` plans every entry again with
+that `model.remat_policy`, each into docs/scale/remat_sweep/ (resumable the same way),
+and rewrites scale.md's sweep table, each entry beside its plans.json plan.
 """
 
 from __future__ import annotations
@@ -30,11 +33,25 @@ os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
 
 from absl import app, flags  # noqa: E402
 
+from experiments.scale_tables import committed  # noqa: E402
+
+TABLE_START, TABLE_END = "<!-- plan-table -->", "<!-- /plan-table -->"
+SWEEP_START, SWEEP_END = "<!-- remat-sweep-table -->", "<!-- /remat-sweep-table -->"
+SWEEP_DIR = "remat_sweep"  # under --out: one plan per entry and policy, <pid>_<target>_<policy>
+
 _ONLY = flags.DEFINE_list(
     "only", [], "Plan ids to make (with --redo: remake), e.g. tool-1.5b@8xh100."
 )
 _REDO = flags.DEFINE_bool("redo", False, "Re-plan entries already in plans.json.")
 _OUT = flags.DEFINE_string("out", "docs/scale", "Directory of plans.json (and scale.md beside).")
+_REMAT_POLICY = flags.DEFINE_enum(
+    "remat_policy",
+    None,
+    ["full", "dots"],
+    "Plan every entry with this model.remat_policy instead of the config's own, each to "
+    f"<out>/{SWEEP_DIR}/<entry>_<policy>.json, and rewrite scale.md's remat sweep table "
+    "(each entry beside its plans.json plan). plans.json and the plan table stay as they are.",
+)
 _RECOUNT = flags.DEFINE_bool(
     "recount",
     False,
@@ -88,7 +105,6 @@ PAPER = (
         ("8xh100",),
     ),
 )
-TABLE_START, TABLE_END = "<!-- plan-table -->", "<!-- /plan-table -->"
 
 
 def load_config(path: str, arg: str):
@@ -147,115 +163,39 @@ def render(plans: dict) -> str:
     return "\n".join(rows)
 
 
-def _committed(directory: str) -> list[tuple[list[str], dict]]:
-    """([config, target, variant] from each <config>_<target>_<variant>.json file name,
-    its plan) for every committed plan in `directory`, in name order."""
-    out = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        with open(path) as f:
-            out.append((os.path.basename(path)[: -len(".json")].rsplit("_", 2), json.load(f)))
-    return out
+def _secs(x: float) -> str:
+    """Seconds as the sweep table shows them: tenths below 100 s (tool calling's steps)."""
+    return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
 
-def attention_table(directory: str = "docs/scale/attention") -> str:
-    """The kernel comparison of docs/models.md: one row per committed plan in
-    `directory` (`python -m experiments.plan ... --config.model.attention=<kind>
-    --nosearch --json=<directory>/<config>_<target>_<kind>.json`), temporaries per device."""
+def remat_sweep_table(directory: str, plans: dict) -> str:
+    """The remat sweep, for docs/scale.md: each plan of `directory` (`plan_table
+    --remat_policy=<p>`: <pid>_<target>_<p>.json) beside the plan table's plan of the same
+    entry (`plans`, plans.json's), in the table's order: the step's GiB per device, the
+    peak program, whether it fits, and the training phase's and the RL step's rooflines."""
+    swept: dict[tuple[str, str], list[dict]] = {}
+    for (pid, target, _policy), p in committed(directory):  # in name order: by policy
+        swept.setdefault((pid, target), []).append(p)
     rows = [
-        "| plan | target | model.attention | kernel planned | step temporaries GiB | "
-        "log-prob temporaries GiB | sampler temporaries GiB |",
-        "|---|---|---|---|---|---|---|",
+        "| config | target | remat policy | step GiB / device | peak GiB / device (program) "
+        "| fits | training roofline s | roofline s / RL step |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for (name, _target, requested), p in _committed(directory):
-        temp = {k: f"{v['temp_gib']:.2f}" for k, v in p["programs"].items()}
-        rows.append(
-            f"| {name} | {p['target']} | {requested} | {p['attention']} | {temp['step']} | "
-            f"{temp['logprob']} | {temp['generate']} |"
-        )
-    return "\n".join(rows)
-
-
-def remat_table(directory: str = "docs/scale/remat") -> str:
-    """Remat and its policy, for docs/scale.md: one row per committed plan in `directory`
-    (`python -m experiments.plan ... [--config.model.remat=False |
-    --config.model.remat_policy=dots] --nosearch --json=<directory>/<config>_<target>_
-    <none|full|dots>.json`), the step's GiB per device and the training phase's roofline."""
-    rows = [
-        "| plan | target | remat | step temporaries GiB | step total of usable GiB | fits | "
-        "peak program | training FLOPs per RL step | training roofline s | roofline s / step |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    label = {"none": "off", "full": "full", "dots": "dots"}
-    for (name, _target, variant), p in _committed(directory):
-        st = p["programs"]["step"]
-        rows.append(
-            f"| {name} | {p['target']} | {label[variant]} | {st['temp_gib']:.2f} | "
-            f"{st['total_gib']:.2f} of {p['usable_gib']:.2f} | "
-            f"{'yes' if st['fits'] else '**no**'} | {p['peak_program']} | "
-            f"{p['flops']['train']:.2e} | {p['roofline']['train']:.0f} | {p['est_step_s']:.0f} |"
-        )
-    return "\n".join(rows)
-
-
-def sampler_table(directory: str = "docs/scale/sampler") -> str:
-    """The sampler's forms and knobs, for docs/scale.md: one row per committed plan in
-    `directory` (`python -m experiments.plan ... --config.sampling.<knob>=<value>
-    --nosearch --json=<directory>/<config>_<target>_<variant>.json`), GiB per device;
-    the decode's roofline seconds per RL step (all its calls)."""
-    rows = [
-        "| plan | target | sampler | lanes per device | KV cache GiB | gathered weights GiB | "
-        "sampler temporaries GiB | sampler total of usable GiB | fits | decode roofline s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for (name, _target, _decode), p in _committed(directory):
-        g = p["programs"]["generate"]
-        if g.get("decode") == "continuous":
-            kind, lanes = f"continuous, {g['slots']} slots", str(g["lanes_per_shard"])
-        else:
-            n = g["decode_phases"]
-            kind = f"static, {n} phase{'s' if n > 1 else ''}"
-            kind += f", {g['decode_growth']} growth" if n > 1 else ""
-            shards = p["mesh"]["data"] * p["mesh"]["fsdp"]  # a call's rows split over these
-            lanes = f"{g['rows_per_call'] // shards} rows"
-        rows.append(
-            f"| {name} | {p['target']} | {kind} | {lanes} | "
-            f"{p['per_device']['kv_cache'] / 2**30:.2f} | "
-            f"{g.get('gathered_params_bytes', 0) / 2**30:.2f} | {g['temp_gib']:.2f} | "
-            f"{g['total_gib']:.2f} of {p['usable_gib']:.2f} | {'yes' if g['fits'] else '**no**'} | "
-            f"{p['roofline']['decode']:.0f} |"
-        )
-    return "\n".join(rows)
-
-
-def check_table(directory: str = "docs/scale/check") -> str:
-    """Plans against measured runs, for docs/scale.md: one row per program of each
-    committed `experiments.check_plan --json=<directory>/<run>.json` (its plan is
-    the file it names), computed by `gdpo_jax.scale.measure.compare`."""
-    from gdpo_jax.scale.measure import compare
-
-    def gib(x):
-        return "n/a" if x is None else f"{x / 2**30:.2f}"
-
-    rows = [
-        "| run | program | planned GiB | measured peak GiB | measured / planned | "
-        "peak compiling GiB | roofline s | measured s | measured / roofline | MFU |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        if os.path.basename(path).startswith("plan_"):
-            continue
-        with open(path) as f:
-            run = json.load(f)
-        with open(os.path.join(directory, os.path.basename(run["plan_file"]))) as f:
-            plan = json.load(f)
-        name = os.path.splitext(os.path.basename(path))[0]
-        for r in compare(plan, run["measured"]):
-            rows.append(
-                f"| {name} | {r['program']} | {gib(r['planned_bytes'])} | "
-                f"{gib(r['measured_peak_bytes'])} | {r['memory_ratio']:.3f} | "
-                f"{gib(r['compile_peak_bytes'])} | {r['roofline_s']:.2f} | "
-                f"{r['measured_s']:.2f} | {r['time_ratio']:.2f} | {r['mfu']:.1%} |"
-            )
+    for pid, name, arg, _ran, targets in PAPER:
+        for t in targets:
+            if (pid, t) not in swept or f"{pid}@{t}" not in plans:
+                continue
+            for p in (plans[f"{pid}@{t}"], *swept[(pid, t)]):
+                st = p["programs"]["step"]
+                fits = "yes" if p["fits"] else "**no**"
+                if not p["fits"] and p.get("suggestion"):
+                    fits += f"; fits with `{' '.join(p['suggestion']['overrides'])}`"
+                rows.append(
+                    f"| {name.split('/')[-1]}:{arg} | {t} | "
+                    f"{p['step_shape'].get('remat_policy', 'full')} | {st['total_gib']:.1f} | "
+                    f"{p['peak_gib']:.1f} of {p['usable_gib']:.0f} ({p['peak_program']}) | "
+                    f"{fits} | {_secs(p['roofline']['train'])} | {_secs(p['est_step_s'])} |"
+                )
     return "\n".join(rows)
 
 
@@ -268,13 +208,19 @@ def write_doc(plans: dict, md_path: str) -> None:
         f"{', '.join(kinds)} (`python -m experiments.plan_table`; the machine kind as "
         "`benchmarks.run_all` names it)."
     )
-    text = open(md_path).read() if os.path.exists(md_path) else f"{TABLE_START}\n{TABLE_END}\n"
-    if TABLE_START not in text:
-        text += f"\n{TABLE_START}\n{TABLE_END}\n"
-    pre, rest = text.split(TABLE_START, 1)
-    post = rest.split(TABLE_END, 1)[1]
+    write_between(md_path, TABLE_START, TABLE_END, table)
+
+
+def write_between(md_path: str, start: str, end: str, table: str) -> None:
+    """Replaces what stands between the markers `start` and `end` of `md_path` with
+    `table` (the markers are appended to a page that lacks them)."""
+    text = open(md_path).read() if os.path.exists(md_path) else ""
+    if start not in text:
+        text += f"\n{start}\n{end}\n"
+    pre, rest = text.split(start, 1)
+    post = rest.split(end, 1)[1]
     with open(md_path, "w") as f:
-        f.write(f"{pre}{TABLE_START}\n{table}\n{TABLE_END}{post}")
+        f.write(f"{pre}{start}\n{table}\n{end}{post}")
 
 
 def rederive(plan: dict) -> dict:
@@ -373,6 +319,8 @@ def main(argv: list[str]) -> None:
     unknown = [k for k in _ONLY.value or () if k not in known]
     if unknown:  # it would rewrite scale.md with nothing planned
         cli.fail(f"--only: no entry {unknown}; entries: {', '.join(sorted(known))}.")
+    if _RECOUNT.value and _REMAT_POLICY.value:  # the recount would ignore the policy
+        cli.fail("--recount recounts every committed plan, the sweep's too: drop --remat_policy.")
     if _RECOUNT.value:
         if not os.path.isfile(os.path.join(_OUT.value, "plans.json")):  # was a traceback
             cli.fail(f"--recount: --out={_OUT.value} holds no plans.json to recount.")
@@ -380,51 +328,93 @@ def main(argv: list[str]) -> None:
         # The table renders the recounted roofline (it went stale when only the JSON moved).
         with open(os.path.join(_OUT.value, "plans.json")) as f:
             plans = {k: rederive(v) for k, v in json.load(f).items()}
-        write_doc(plans, os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md"))
+        md = os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md")
+        write_doc(plans, md)
+        swept = os.path.join(_OUT.value, SWEEP_DIR)
+        if os.path.isdir(swept):  # its table quotes the recounted rooflines too
+            write_between(md, SWEEP_START, SWEEP_END, remat_sweep_table(swept, plans))
         return
     from benchmarks.common import machine_info, machine_kind
-    from experiments.plan_command import table_command
-    from gdpo_jax.scale.plan import make_plan
-    from gdpo_jax.scale.search import find_fit
-    from gdpo_jax.scale.targets import parse_target
 
     kind = machine_kind(machine_info())  # the plan times' machine
-
     os.makedirs(_OUT.value, exist_ok=True)
     path = os.path.join(_OUT.value, "plans.json")
     md = os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md")
     plans = json.load(open(path)) if os.path.exists(path) else {}
     plans = {k: rederive(v) for k, v in plans.items()}
+    policy = _REMAT_POLICY.value
+    if policy:
+        _sweep(policy, plans, kind, md)
+        return
     for pid, name, arg, _ran, targets in PAPER:
         for t in targets:
             key = f"{pid}@{t}"
             if (_ONLY.value and key not in _ONLY.value) or (key in plans and not _REDO.value):
                 continue
-            target = parse_target(t)
-            cfg = scaled(load_config(name, arg), target.num_devices)
-            overrides = [f"--config.algo.num_microbatches={cfg.algo.num_microbatches}"]
-            t0 = time.perf_counter()
-            print(f"planning {key} ...", flush=True)
-            try:
-                plan = make_plan(cfg, target)
-                if not plan["fits"]:  # the table names the change that fits (search.py)
-                    plan["suggestion"] = find_fit(cfg, target, plan)
-            except Exception as e:  # noqa: BLE001 - printed; the table shows it unplanned, the run goes on
-                print(f"  failed: {e}", file=sys.stderr, flush=True)
+            plan = _plan_entry(key, name, arg, t, [], kind)
+            if plan is None:
                 continue
-            plan["overrides"], plan["plan_s"] = overrides, time.perf_counter() - t0
-            plan["planned_on"] = kind
-            plan["command"] = table_command(name, arg, t, overrides)  # the same plan, one CLI call
             plans[key] = plan
-            print(
-                f"  {key}: fits={plan['fits']} peak {plan['peak_gib']:.1f} GiB "
-                f"({plan['peak_program']}) in {plan['plan_s']:.0f} s",
-                flush=True,
-            )
             with open(path, "w") as f:
                 json.dump(plans, f, indent=1, default=str)
             write_doc(plans, md)
     write_doc(plans, md)
+
+
+def _plan_entry(key: str, name: str, arg: str, t: str, extra: list[str], kind: str) -> dict | None:
+    """The plan of entry `key` (config file `name`, its argument `arg`, topology `t`) with
+    the `--config.x=v` flags `extra` on top, stamped with its command line; None (and the
+    error printed) when planning fails, so that a long table goes on."""
+    from experiments.plan_command import parse_plan_command, table_command
+    from gdpo_jax.scale.plan import make_plan
+    from gdpo_jax.scale.search import find_fit
+    from gdpo_jax.scale.targets import parse_target
+
+    target = parse_target(t)
+    cfg = scaled(load_config(name, arg), target.num_devices)
+    overrides = [f"--config.algo.num_microbatches={cfg.algo.num_microbatches}", *extra]
+    if extra:  # the config the recorded command builds, so the two cannot differ
+        cfg = parse_plan_command(table_command(name, arg, t, overrides))[0]
+    t0 = time.perf_counter()
+    print(f"planning {key} ...", flush=True)
+    try:
+        plan = make_plan(cfg, target)
+        if not plan["fits"]:  # the table names the change that fits (search.py)
+            plan["suggestion"] = find_fit(cfg, target, plan)
+    except Exception as e:  # noqa: BLE001 - printed; the table shows it unplanned, the run goes on
+        print(f"  failed: {e}", file=sys.stderr, flush=True)
+        return None
+    plan["overrides"], plan["plan_s"] = overrides, time.perf_counter() - t0
+    plan["planned_on"] = kind
+    plan["command"] = table_command(name, arg, t, overrides)  # the same plan, one CLI call
+    print(
+        f"  {key}: fits={plan['fits']} peak {plan['peak_gib']:.1f} GiB "
+        f"({plan['peak_program']}) in {plan['plan_s']:.0f} s",
+        flush=True,
+    )
+    return plan
+
+
+def _sweep(policy: str, plans: dict, kind: str, md: str) -> None:
+    """Plans every entry (or --only's) with model.remat_policy=`policy` into
+    <out>/remat_sweep/<pid>_<target>_<policy>.json, each file as soon as it is made (a
+    stopped sweep resumes), then rewrites scale.md's sweep table beside `plans`."""
+    directory = os.path.join(_OUT.value, SWEEP_DIR)
+    os.makedirs(directory, exist_ok=True)
+    for pid, name, arg, _ran, targets in PAPER:
+        for t in targets:
+            key, out = f"{pid}@{t}", os.path.join(directory, f"{pid}_{t}_{policy}.json")
+            if (_ONLY.value and key not in _ONLY.value) or (
+                os.path.exists(out) and not _REDO.value
+            ):
+                continue
+            plan = _plan_entry(key, name, arg, t, [f"--config.model.remat_policy={policy}"], kind)
+            if plan is None:
+                continue
+            plan["command"] += f" --json={out}"  # experiments.plan writes the same file
+            with open(out, "w") as f:
+                json.dump(plan, f, indent=1, default=str)
+    write_between(md, SWEEP_START, SWEEP_END, remat_sweep_table(directory, plans))
 
 
 if __name__ == "__main__":

@@ -262,6 +262,16 @@ def test_every_benchmark_checks_its_out_flag_before_it_runs():
             ("--recount", "--out={tmp}/none"),
             "holds no plans.json to recount",
         ),
+        (
+            "experiments.plan_table",
+            ("--remat_policy=dot", "--out={tmp}/pt"),
+            "--remat_policy",
+        ),
+        (
+            "experiments.plan_table",
+            ("--recount", "--remat_policy=dots", "--out={tmp}/pt"),
+            "drop --remat_policy",
+        ),
     ],
 )
 def test_tools_refuse_bad_input_before_any_work(module, args, text, afile, cuda_plan, tmp_path):

@@ -401,28 +401,26 @@ def _committed_run_in_benchmarks(
     return res, flat
 
 
-def _committed_table_in(
-    monkeypatch: pytest.MonkeyPatch, renderer: str, data: str, page: str, rows: int = 2
-) -> str:
-    """Renders experiments.plan_table.<renderer> from docs/scale/<data>/ and checks the
+def _committed_table_in(renderer: str, data: str, page: str, rows: int = 2) -> str:
+    """Renders experiments.scale_tables.<renderer> from docs/scale/<data>/ and checks the
     table (a header and at least `rows` rows) stands in docs/<page>; returns the page."""
-    table = getattr(_plan_table(monkeypatch), renderer)(str(ROOT / "docs" / "scale" / data))
+    from experiments import scale_tables
+
+    table = getattr(scale_tables, renderer)(str(ROOT / "docs" / "scale" / data))
     doc = (ROOT / "docs" / page).read_text(encoding="utf-8")
     assert table.count("\n") >= rows + 1 and table in doc, (
         f"docs/{page}'s table differs from docs/scale/{data}/*.json "
-        f"(experiments.plan_table.{renderer} renders it)"
+        f"(experiments.scale_tables.{renderer} renders it)"
     )
     return doc
 
 
-def test_attention_kernel_table_is_the_committed_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_attention_kernel_table_is_the_committed_plans() -> None:
     # docs/models.md's kernel comparison is rendered from docs/scale/attention/*.json.
-    _committed_table_in(monkeypatch, "attention_table", "attention", "models.md")
+    _committed_table_in("attention_table", "attention", "models.md")
 
 
-def test_sampler_table_and_its_prose_are_the_committed_plans(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_sampler_table_and_its_prose_are_the_committed_plans() -> None:
     # docs/scale.md's static-vs-continuous sampler table is rendered from
     # docs/scale/sampler/*.json, and the differences its prose quotes are computed here.
     import json
@@ -430,7 +428,7 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
     from gdpo_jax.scale.report import format_plan
 
     directory = ROOT / "docs" / "scale" / "sampler"
-    doc = _committed_table_in(monkeypatch, "sampler_table", "sampler", "scale.md", rows=7)
+    doc = _committed_table_in("sampler_table", "sampler", "scale.md", rows=7)
     plans = {p.stem: json.loads(p.read_text()) for p in directory.glob("*.json")}
     static, cont = plans["math-1.5b_8xh100_static"], plans["math-1.5b_8xh100_continuous-64"]
     gib = 2**30
@@ -476,15 +474,13 @@ def test_sampler_table_and_its_prose_are_the_committed_plans(
     _assert_quotes(prose, figures, "docs/scale.md's phases prose")
 
 
-def test_check_table_and_its_prose_are_the_committed_runs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_check_table_and_its_prose_are_the_committed_runs() -> None:
     # docs/scale.md's plan-against-measurement table is rendered from docs/scale/check/,
     # and every figure its prose quotes is computed here from the same JSON.
     import json
 
     directory = ROOT / "docs" / "scale" / "check"
-    doc = _committed_table_in(monkeypatch, "check_table", "check", "scale.md", rows=3)
+    doc = _committed_table_in("check_table", "check", "scale.md", rows=3)
     from gdpo_jax.scale.measure import compare
 
     def load(name):
@@ -2094,6 +2090,12 @@ def test_recount_rewrites_the_table_beside_the_plans(monkeypatch, tmp_path) -> N
     (tmp_path / "scale").mkdir()
     (tmp_path / "scale" / "plans.json").write_text(json.dumps(plans), encoding="utf-8")
     marks = f"{plan_table.TABLE_START}\nstale\n{plan_table.TABLE_END}"
+    sweep = sorted((ROOT / "docs" / "scale" / plan_table.SWEEP_DIR).glob("*.json"))[0]
+    swept = json.loads(sweep.read_text(encoding="utf-8"))
+    swept["est_step_s"] = 1.0  # its table row quotes the RL step's roofline
+    (tmp_path / "scale" / plan_table.SWEEP_DIR).mkdir()
+    (tmp_path / "scale" / plan_table.SWEEP_DIR / sweep.name).write_text(json.dumps(swept))
+    marks += f"\nbetween\n{plan_table.SWEEP_START}\nstale sweep\n{plan_table.SWEEP_END}"
     (tmp_path / "scale.md").write_text(f"before\n{marks}\nafter\n", encoding="utf-8")
     out = subprocess.run(
         [sys.executable, "-m", "experiments.plan_table", "--recount", f"--out={tmp_path}/scale"],
@@ -2107,8 +2109,14 @@ def test_recount_rewrites_the_table_beside_the_plans(monkeypatch, tmp_path) -> N
     assert f"recounted ['{key}']" in out.stdout
     doc = (tmp_path / "scale.md").read_text(encoding="utf-8")
     table, _ = _committed_plan_table(monkeypatch)
-    assert table in doc and "stale" not in doc
+    assert table in doc and "stale" not in doc and "\nbetween\n" in doc
     assert doc.startswith("before\n") and doc.endswith("after\n")
+    assert f"recounted {tmp_path}/scale/{plan_table.SWEEP_DIR}/{sweep.name}" in out.stdout
+    recounted = {k: plan_table.rederive(v) for k, v in plans.items()}
+    recounted[key] = plan_table.recount(recounted[key])
+    swept_dir = tmp_path / "scale" / plan_table.SWEEP_DIR  # its one plan, recounted
+    assert json.loads((swept_dir / sweep.name).read_text()) == json.loads(sweep.read_text())
+    assert plan_table.remat_sweep_table(str(swept_dir), recounted) in doc
 
 
 def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
@@ -2129,6 +2137,7 @@ def test_committed_plans_record_a_command_that_plans_them(monkeypatch) -> None:
         ("attention", "*.json"),
         ("sharing", "*.json"),
         ("remat", "*.json"),
+        ("remat_sweep", "*.json"),
         ("check", "plan_*.json"),  # beside them: the measured runs
     ):
         for path in sorted((scale / sub).glob(pattern)):
@@ -2868,12 +2877,12 @@ def test_the_shared_prompt_loop_figures_are_the_committed_run() -> None:
     )
 
 
-def test_remat_policy_table_is_the_committed_plans(monkeypatch) -> None:
+def test_remat_policy_table_is_the_committed_plans() -> None:
     """scale.md's remat table renders docs/scale/remat/*.json, and the figures its
     bullets quote are those plans'."""
     import json
 
-    doc = _committed_table_in(monkeypatch, "remat_table", "remat", "scale.md", rows=6)
+    doc = _committed_table_in("remat_table", "remat", "scale.md", rows=6)
     flat = " ".join(doc.split())
     p = {
         path.stem: json.loads(path.read_text(encoding="utf-8"))
@@ -2908,6 +2917,59 @@ def test_remat_policy_table_is_the_committed_plans(monkeypatch) -> None:
         "docs/scale.md (remat)",
     )
     assert p[h + "dots"]["peak_program"] == "step"
+
+
+def test_remat_sweep_table_is_every_paper_config_with_dots(monkeypatch) -> None:
+    """scale.md's remat sweep renders docs/scale/remat_sweep/*.json beside plans.json
+    (`plan_table --remat_policy=dots`), covers every entry of the plan table, and the
+    figures its bullets quote are those plans'."""
+    import json
+
+    plan_table = _plan_table(monkeypatch)
+    scale = ROOT / "docs" / "scale"
+    plans = json.loads((scale / "plans.json").read_text(encoding="utf-8"))
+    plans = {k: plan_table.rederive(v) for k, v in plans.items()}
+    directory = scale / plan_table.SWEEP_DIR
+    doc = (ROOT / "docs" / "scale.md").read_text(encoding="utf-8")
+    section = doc.split(plan_table.SWEEP_START, 1)[1].split(plan_table.SWEEP_END, 1)[0]
+    assert section.strip() == plan_table.remat_sweep_table(str(directory), plans), (
+        "docs/scale.md's remat sweep differs from docs/scale/remat_sweep/ "
+        "(python -m experiments.plan_table --remat_policy=dots rewrites it)"
+    )
+    swept = {}
+    for path in directory.glob("*.json"):
+        pid, target, policy = path.stem.rsplit("_", 2)
+        swept[f"{pid}@{target}"] = json.loads(path.read_text(encoding="utf-8"))
+        assert policy == "dots" == swept[f"{pid}@{target}"]["step_shape"]["remat_policy"]
+    assert swept.keys() == plans.keys()  # every entry, and no other
+    assert {p["step_shape"]["remat_policy"] for p in plans.values()} == {"full"}
+    n, fit = len(swept), [k for k, p in swept.items() if p["fits"]]
+    (miss,) = set(swept) - set(fit)  # the bullets name the one entry that does not fit
+    assert miss == "tool-1.5b@v5e-16"
+    assert swept[miss]["suggestion"]["overrides"] == ["--config.model.remat_policy=full"]
+
+    def ratios(field) -> str:
+        r = [field(swept[k]) / field(plans[k]) for k in swept]
+        return f"{min(r):.2f}x-{max(r):.2f}x"
+
+    binding = [sum(p["peak_program"] == "step" for p in d.values()) for d in (swept, plans)]
+    fullest = max(fit, key=lambda k: swept[k]["peak_gib"] / swept[k]["usable_gib"])
+    assert fullest in ("math-r1-7b@8xh100", "code-r1-7b@8xh100")  # "R1-Distill-7B's on 8xH100"
+    _assert_quotes(
+        " ".join(doc.split()),
+        (
+            f"`dots` fits {len(fit)} of the {n} entries",
+            f"needs {swept[miss]['peak_gib']:.1f} GiB per chip with it, of "
+            f"{swept[miss]['usable_gib']:.2f} usable",
+            f"training phase's roofline to {ratios(lambda p: p['roofline']['train'])} of "
+            f"`full`'s and the whole RL step's to {ratios(lambda p: p['est_step_s'])}",
+            f"binding program of {binding[0]} of the {n} (of {binding[1]} with `full`), at "
+            f"{ratios(lambda p: p['programs']['step']['total_gib'])} `full`'s step memory",
+            f"the fullest device is R1-Distill-7B's on 8xH100, {swept[fullest]['peak_gib']:.1f} "
+            f"of {swept[fullest]['usable_gib']:.1f} GiB",
+        ),
+        "docs/scale.md (remat sweep)",
+    )
 
 
 def test_remat_policy_cpu_figures_are_the_committed_run() -> None:
