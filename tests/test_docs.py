@@ -2944,6 +2944,8 @@ def test_remat_sweep_table_is_every_paper_config_with_dots(monkeypatch) -> None:
     assert swept.keys() == plans.keys()  # every entry, and no other
     assert {p["step_shape"]["remat_policy"] for p in plans.values()} == {"full"}
     n, fit = len(swept), [k for k, p in swept.items() if p["fits"]]
+    minutes = sum(p["plan_s"] for p in swept.values()) / 60
+    assert f"avx512, {minutes:.0f} min of planning)" in " ".join(doc.split())
     (miss,) = set(swept) - set(fit)  # the bullets name the one entry that does not fit
     assert miss == "tool-1.5b@v5e-16"
     assert swept[miss]["suggestion"]["overrides"] == ["--config.model.remat_policy=full"]
