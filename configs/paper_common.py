@@ -15,8 +15,10 @@ translate verl's settings into ours. Conventions used by all three:
 * verl's loss_agg_mode "token-mean" is our `algo.aggregation="dapo"`.
 * Weights stay float32 (master copy; AdamW at lr 1e-6 moves a weight by
   ~1e-6, far below bf16's spacing of ~1e-4 at |w| ~ 0.02, so bf16-stored
-  weights would not train), compute is bfloat16, layers are rematerialized,
-  log-probs are chunked over the sequence (no [B, T, 152k] logits).
+  weights would not train), compute is bfloat16, layers are rematerialized
+  (`model.remat_policy="full"`; `dots` has the lower training roofline and
+  fits every target of docs/scale.md's plan table but the v5e-16: its remat
+  sweep), log-probs are chunked over the sequence (no [B, T, 152k] logits).
 * The mesh puts every device on "fsdp" (ZeRO-3 style, like verl's FSDP):
   `mesh.shape=(1, -1, 1)`. `algo.num_microbatches` is set for 8 devices at the
   given rows per device; on N devices use `per_update_rows / (rows_per_device * N)`.
