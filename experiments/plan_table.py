@@ -42,7 +42,9 @@ SWEEP_DIR = "remat_sweep"  # under --out: one plan per entry and policy, <pid>_<
 _ONLY = flags.DEFINE_list(
     "only", [], "Plan ids to make (with --redo: remake), e.g. tool-1.5b@8xh100."
 )
-_REDO = flags.DEFINE_bool("redo", False, "Re-plan entries already in plans.json.")
+_REDO = flags.DEFINE_bool(
+    "redo", False, "Re-plan entries already in plans.json (with --remat_policy: in the sweep)."
+)
 _OUT = flags.DEFINE_string("out", "docs/scale", "Directory of plans.json (and scale.md beside).")
 _REMAT_POLICY = flags.DEFINE_enum(
     "remat_policy",
@@ -321,6 +323,7 @@ def main(argv: list[str]) -> None:
         cli.fail(f"--only: no entry {unknown}; entries: {', '.join(sorted(known))}.")
     if _RECOUNT.value and _REMAT_POLICY.value:  # the recount would ignore the policy
         cli.fail("--recount recounts every committed plan, the sweep's too: drop --remat_policy.")
+    md = os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md")
     if _RECOUNT.value:
         if not os.path.isfile(os.path.join(_OUT.value, "plans.json")):  # was a traceback
             cli.fail(f"--recount: --out={_OUT.value} holds no plans.json to recount.")
@@ -328,7 +331,6 @@ def main(argv: list[str]) -> None:
         # The table renders the recounted roofline (it went stale when only the JSON moved).
         with open(os.path.join(_OUT.value, "plans.json")) as f:
             plans = {k: rederive(v) for k, v in json.load(f).items()}
-        md = os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md")
         write_doc(plans, md)
         swept = os.path.join(_OUT.value, SWEEP_DIR)
         if os.path.isdir(swept):  # its table quotes the recounted rooflines too
@@ -339,7 +341,6 @@ def main(argv: list[str]) -> None:
     kind = machine_kind(machine_info())  # the plan times' machine
     os.makedirs(_OUT.value, exist_ok=True)
     path = os.path.join(_OUT.value, "plans.json")
-    md = os.path.join(os.path.dirname(_OUT.value.rstrip("/")) or ".", "scale.md")
     plans = json.load(open(path)) if os.path.exists(path) else {}
     plans = {k: rederive(v) for k, v in plans.items()}
     policy = _REMAT_POLICY.value
