@@ -16,12 +16,17 @@ have `bench_rl.bench_ours` and `bench_rl.make_checkpoint` (2026-11-26 on). Both
 sides run with this checkout's virtual environment.
 
     python -m benchmarks.ab_commits --base 4338de7 [--pairs 7] [--beta 0] \
-        [--out runs/bench/ab_commits.json]
+        [--model smollm2] [--iters 4] [--out runs/bench/ab_commits.json]
+
+`--model` takes a bench_rl.SHAPES key (the base's bench_rl must have it; SmolLM2-135M's
+shape from 2026-11-26 on); `--iters` the timed iterations per run (at SmolLM2's size
+an iteration takes about 10 s on the 2-core CPUs).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -47,26 +52,32 @@ def resolve(commit: str, repo: str = ROOT) -> str:
     return out.stdout.strip()
 
 
-def _child(beta: float) -> dict[str, float]:
-    """One run (in the tree on PYTHONPATH): bench_rl's trainer, the medians of its series."""
+def _child(beta: float, model: str = "tiny", iters: int = ITERS) -> dict[str, float]:
+    """One run (in the tree on PYTHONPATH): bench_rl's trainer at `model`'s shape
+    (bench_rl.SHAPES), the medians of its series over `iters` iterations."""
     from benchmarks import bench_rl as B
 
+    kw = {} if model == "tiny" else {"shape": B.SHAPES[model]}  # trees before SHAPES
     with tempfile.TemporaryDirectory(prefix="ab_ckpt_") as tmp:
-        ckpt = B.make_checkpoint(tmp, B.TINY)
-        series = B.bench_ours(ckpt, beta, warmup=WARMUP, iters=ITERS)
+        ckpt = B.make_checkpoint(tmp, kw.get("shape", B.TINY))
+        series = B.bench_ours(ckpt, beta, warmup=WARMUP, iters=iters, **kw)
     return {k: statistics.median(series[k]) for k in SERIES}
 
 
-def run_tree(tree: str, beta: float) -> dict[str, float]:
+def run_tree(tree: str, beta: float, model: str = "tiny", iters: int = ITERS) -> dict[str, float]:
     """One run of `_child` in a fresh process that imports from `tree` (JAX_PLATFORMS:
     the parent's)."""
     from benchmarks import common
 
-    return common.run_child("benchmarks.ab_commits", ["--beta", str(beta)], tree=tree)
+    args = ["--beta", str(beta), "--model", model, "--iters", str(iters)]
+    return common.run_child("benchmarks.ab_commits", args, tree=tree)
 
 
 def alternate(
-    trees: dict[str, str], pairs: int, beta: float, runner: Callable[[str, float], dict] = run_tree
+    trees: dict[str, str],
+    pairs: int,
+    beta: float,
+    runner: Callable[[str, float], dict] = run_tree,
 ) -> dict[str, list[dict[str, Any]]]:
     """`pairs` runs per side, in turn; the side that goes first swaps every pair. Each
     run's record also holds the machine's activity around it (`"host"`:
@@ -140,12 +151,13 @@ def table_markdown(res: dict[str, Any]) -> str:
         )
     m = res.get("machine", {})
     flagged = disturbed(res)
+    at = "" if res.get("model", "tiny") == "tiny" else f" at the {res['model']} shape"
     return (
         common.markdown_table(rows)
-        + f"\n\nbench_rl's trainer (ours), beta {res['beta']}, {common.cpu_label(m)}; "
+        + f"\n\nbench_rl's trainer (ours){at}, beta {res['beta']}, {common.cpu_label(m)}; "
         "huge pages on; "
-        f"{res['pairs']} fresh processes per side in turn, each the median of {ITERS} "
-        f"iterations after {WARMUP}."
+        f"{res['pairs']} fresh processes per side in turn, each the median of "
+        f"{res.get('iters', ITERS)} iterations after {WARMUP}."
         + (f" Runs without the machine to themselves: {'; '.join(flagged)}." if flagged else "")
     )
 
@@ -157,12 +169,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--base", default="", help="the commit to compare the working tree with")
     ap.add_argument("--pairs", type=int, default=5, help="runs per side")
     ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--model", default="tiny", help="a bench_rl.SHAPES key: tiny, smollm2")
+    ap.add_argument("--iters", type=int, default=ITERS, help="timed iterations per run")
     ap.add_argument("--out", default="runs/bench/ab_commits.json")
     ap.add_argument("--_child", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a._child:  # run as a script in a tree: its imports are that tree's (PYTHONPATH)
         with open(a._child, "w") as f:
-            json.dump(_child(a.beta), f)
+            json.dump(_child(a.beta, a.model, a.iters), f)
         return
     from benchmarks import common
 
@@ -170,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         ap.error("--base is required: the commit to compare the working tree with.")
     if a.pairs < 1:
         ap.error(f"--pairs={a.pairs}: give 1 or more runs per side.")
+    if a.iters < 1:
+        ap.error(f"--iters={a.iters}: give 1 or more timed iterations per run.")
+    from benchmarks.rl_setup import SHAPES
+
+    if a.model not in SHAPES:
+        ap.error(f"--model={a.model!r}: give one of {', '.join(sorted(SHAPES))}.")
     try:
         base = resolve(a.base)
     except ValueError as e:
@@ -181,7 +201,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             ["git", "-C", ROOT, "worktree", "add", "--detach", "-q", tree, base], check=True
         )
         try:
-            runs = alternate({"base": tree, "head": ROOT}, a.pairs, a.beta)
+            runner = functools.partial(run_tree, model=a.model, iters=a.iters)
+            runs = alternate({"base": tree, "head": ROOT}, a.pairs, a.beta, runner)
         finally:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tree], check=False)
     res = {
@@ -196,6 +217,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             ).stdout.strip()
         ),
         "beta": a.beta,
+        "model": a.model,
+        "iters": a.iters,
         "pairs": a.pairs,
         "runs": runs,
         "summary": summarize(runs),

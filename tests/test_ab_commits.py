@@ -53,6 +53,10 @@ def test_summary_is_each_sides_median_and_the_ratio_and_the_table_shows_them():
     assert "| RL iteration | 0.840 | 0.830 | 0.988 | 0.800-0.900 | 0.700-0.990 |" in table
     assert "| step | 0.500 | 0.600 | 1.200 |" in table
     assert "base 4338de7: s (median)" in table and "3 fresh processes per side" in table
+    assert "(ours), beta 0.0" in table and "median of 12 iterations after 2" in table
+    smol = dict(res, model="smollm2", iters=4)
+    assert "(ours) at the smollm2 shape, beta" in ab_commits.table_markdown(smol)
+    assert "median of 4 iterations after 2" in ab_commits.table_markdown(smol)
     # Runs recorded without host activity (the committed 8-pair run), or on a quiet
     # machine, add nothing under the table; a loaded run or huge pages that fell back do.
     assert "without the machine" not in table and ab_commits.disturbed(res) == []
@@ -77,6 +81,8 @@ def test_refusals_name_the_flag_before_any_run(monkeypatch, capsys):
         ([], "--base is required"),
         (["--base", "no-such-ref-x"], "--base='no-such-ref-x' is not a commit"),
         (["--base", "HEAD", "--pairs", "0"], "--pairs=0: give 1 or more"),
+        (["--base", "HEAD", "--iters", "0"], "--iters=0: give 1 or more"),
+        (["--base", "HEAD", "--model", "llama"], "--model='llama': give one of smollm2, tiny"),
     ):
         with pytest.raises(SystemExit) as e:
             ab_commits.main(argv)
@@ -96,12 +102,19 @@ def test_the_child_times_the_tree_on_its_path(tmp_path):
     (tree / "benchmarks" / "__init__.py").write_text("")
     (tree / "benchmarks" / "bench_rl.py").write_text(
         "TINY = 'tiny'\n"
+        "SHAPES = {'tiny': TINY, 'smollm2': 'smol'}\n"
         "def make_checkpoint(d, shape):\n"
+        "    assert shape in SHAPES.values()\n"
         "    return d\n"
-        "def bench_ours(ckpt, beta, *, warmup, iters):\n"
-        "    assert (warmup, iters) == (2, 12)\n"
+        "def bench_ours(ckpt, beta, *, warmup, iters, shape='tiny'):\n"
+        "    assert (warmup, iters) == (2, 12 if shape == 'tiny' else 3)\n"
         "    return {'iter_s': [1.0, 3.0, beta], 'sample_s': [0.1], 'step_s': [0.2, 0.4],\n"
-        "            'compiles': 1}\n"
+        "            'compiles': 1, 'shape': shape}\n"
     )
     got = ab_commits.run_tree(str(tree), 2.0)
     assert got == {"iter_s": 2.0, "sample_s": 0.1, "step_s": pytest.approx(0.3)}
+    # --model and --iters reach bench_ours (a wrong pair fails its assertion).
+    got = ab_commits.run_tree(str(tree), 5.0, model="smollm2", iters=3)
+    assert got["iter_s"] == 3.0
+    with pytest.raises(RuntimeError, match="AssertionError"):
+        ab_commits.run_tree(str(tree), 5.0, model="smollm2", iters=12)
