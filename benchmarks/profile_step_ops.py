@@ -26,7 +26,11 @@ each instant that k operations run at once counts 1/k to each
 any operation runs, close to the step's wall time (reported beside it, with
 the operations' summed durations, which count shared cores twice).
 
-    python -m benchmarks.profile_step_ops [--quick] [--beta 0.04] [--out runs/bench/step_ops.json]
+    python -m benchmarks.profile_step_ops [--quick] [--beta 0.04] [--model smollm2] \
+        [--out runs/bench/step_ops.json]
+
+``--model smollm2`` traces bench_rl's SmolLM2-135M step (``bench_rl.SHAPES``, its own
+micro-batches and layout), with fewer timed steps (each takes seconds).
 """
 
 from __future__ import annotations
@@ -127,24 +131,30 @@ def summarize(ops: dict[str, float], calls: dict[str, int], hlo: str, steps: int
     }
 
 
-def run(quick: bool = False, beta: float = 0.0, dump_dir: str = "") -> dict[str, Any]:
-    """Times and traces bench_rl's step; dump_dir: where this process's XLA dumps its HLO."""
+def run(
+    quick: bool = False, beta: float = 0.0, dump_dir: str = "", model: str = "tiny"
+) -> dict[str, Any]:
+    """Times and traces bench_rl's step at `model`'s shape (bench_rl.SHAPES); dump_dir:
+    where this process's XLA dumps its HLO."""
     import jax
 
     from benchmarks import bench_rl
     from benchmarks.profile_step import _step_seconds, _trainer
 
+    shape = bench_rl.SHAPES[model]
     trainer, batch = _trainer(
-        bench_rl.OURS_MICROBATCHES,
+        shape.microbatches,
         beta,
-        scan_layers=bench_rl.OURS_SCAN_LAYERS,
+        scan_layers=shape.scan_layers,
+        model=model,
         share_prompt=bench_rl.OURS_SHARE_PROMPT,
     )
     traced = 2
+    timed = 3 if quick or model != "tiny" else 12
     try:
         for _ in range(2):
             _step_seconds(trainer, batch)  # compiles, warms
-        walls = [_step_seconds(trainer, batch) for _ in range(3 if quick else 12)]
+        walls = [_step_seconds(trainer, batch) for _ in range(timed)]
         with tempfile.TemporaryDirectory() as tmp:
             jax.profiler.start_trace(tmp, create_perfetto_trace=True)
             for _ in range(traced):
@@ -160,13 +170,17 @@ def run(quick: bool = False, beta: float = 0.0, dump_dir: str = "") -> dict[str,
         "benchmark": "profile_step_ops",
         "quick": quick,
         "beta": beta,
-        "microbatches": bench_rl.OURS_MICROBATCHES,
+        "model": model,
+        "microbatches": shape.microbatches,
         "wall_best_s": round(min(walls), 4),
         "wall_median_s": round(statistics.median(walls), 4),
         "traced_ms_per_step": round(sum(res["ms_per_step"].values()), 3),
         "summed_ms_per_step": round(summed, 3),
         **res,
     }
+
+
+_MODEL_NAMES = {"tiny": "", "smollm2": "SmolLM2-135M "}  # the caption's model
 
 
 def table_markdown(res: dict[str, Any]) -> str:
@@ -184,7 +198,8 @@ def table_markdown(res: dict[str, Any]) -> str:
     m = res.get("machine", {})
     return (
         common.markdown_table(rows)
-        + f"\n\n{common.cpu_label(m)}; bench_rl's step (beta {res['beta']:g}, "
+        + f"\n\n{common.cpu_label(m)}; bench_rl's {_MODEL_NAMES[res.get('model', 'tiny')]}"
+        f"step (beta {res['beta']:g}, "
         f"{res['microbatches']} micro-batches, "
         f"layers unrolled, prompt sharing), two traced steps: operations ran {total:.1f} ms "
         f"per step (concurrent ones sharing the time; their durations sum to "
@@ -204,11 +219,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
     ap.add_argument("--out", default=DEFAULT_OUT)
     args = ap.parse_args()
     common.check_out(ap, args.out, "--out", is_dir=False)  # before the run
     with xla_trace.hlo_dump(MODULE, prefix="step_ops_hlo_") as dump:  # before JAX's backend
-        res = run(args.quick, args.beta, dump) | {"machine": common.machine_info()}
+        res = run(args.quick, args.beta, dump, args.model) | {"machine": common.machine_info()}
     common.write_json(args.out, res)
     print(table_markdown(res))
     print(f"wrote {args.out}")

@@ -2640,6 +2640,60 @@ def test_step_ops_section_is_the_committed_run() -> None:
     )
 
 
+def test_smollm2_entropy_section_is_the_committed_runs() -> None:
+    """benchmarks.md's SmolLM2 entropy bullet renders the committed profile_step_ops
+    run (after) and the ab_commits A/B, and quotes the before run's reductions, both
+    runs' untraced steps and the A/B's ratios and ranges."""
+    import json
+
+    from benchmarks import ab_commits
+    from benchmarks import profile_step_ops as S
+
+    after, flat = _committed_run_in_benchmarks(
+        "step_ops_smollm2_amd-epyc-avx512-2c.json",
+        S.table_markdown,
+        "python -m benchmarks.profile_step_ops --model smollm2",
+    )
+    name = "step_ops_smollm2_before_entropy_amd-epyc-avx512-2c.json"
+    before = json.loads((ROOT / "docs" / "benchmarks" / name).read_text())
+    assert after["model"] == before["model"] == "smollm2"
+    red = S.REDUCTIONS
+    ab, _ = _committed_run_in_benchmarks(
+        "ab_entropy_smollm2_amd-epyc-avx512-2c.json",
+        ab_commits.table_markdown,
+        "python -m benchmarks.ab_commits --model smollm2",
+    )
+    assert ab["model"] == "smollm2" and ab["base"].startswith("36c43b4")
+
+    def spread(side: str) -> str:
+        v = [r["step_s"] for r in ab["runs"][side]]
+        return f"{min(v):.2f}-{max(v):.2f}"
+
+    s = ab["summary"]
+    _assert_quotes(
+        flat,
+        (
+            f"]({'benchmarks/' + name})",
+            f"from {before['ms_per_step'][red]:.1f} to {after['ms_per_step'][red]:.1f} ms per "
+            "traced step",
+            f"({before['traced_ms_per_step']:.0f} and {after['traced_ms_per_step']:.0f} ms in all)",
+            f"were {before['wall_median_s']:.2f} and {after['wall_median_s']:.2f} s (median",
+            f"--base 36c43b4 --model smollm2 --iters {ab['iters']} --pairs {ab['pairs']}",
+            f"the step {s['step_s']['head_over_base']:.3f}x the base's and the iteration "
+            f"{s['iter_s']['head_over_base']:.3f}x",
+            f"(steps {spread('base')} s against {spread('head')} s)",
+        ),
+        "docs/benchmarks.md (the SmolLM2 entropy runs)",
+    )
+    rates = after["gflops"].values()
+    assert f"at {min(rates):.0f}-{max(rates):.0f} GFLOP/s over their share of the trace" in flat
+    weights = sum(after["ms_per_step"][k] for k in S.WEIGHT_SPECS.values())
+    assert 0.7 < weights / after["traced_ms_per_step"] < 0.8  # "three quarters of this step"
+    # The docstring's and algorithms.md's "about twice as long": the before run's
+    # reductions over the after run's.
+    assert 1.6 < before["ms_per_step"][red] / after["ms_per_step"][red] < 2.4
+
+
 def test_decode_ops_section_is_the_committed_run() -> None:
     """benchmarks.md's decode-by-product table renders the committed
     profile_decode_ops run, and its prose quotes that run's shares."""

@@ -144,6 +144,9 @@ def test_summary_per_category_with_the_weight_products_rates() -> None:
     assert f"| {S.FORWARD} | 2.0 | 50% | {4 * f / 4.0 / 1e6:.0f} |" in table
     assert f"| {S.GENERIC_DOTS} | 0.5 | 12% |  |" in table
     assert "untraced steps 4 ms (best), 4 (median)" in table
+    assert "; bench_rl's step (beta 0, 4 micro-batches," in table  # runs before --model
+    smol = S.table_markdown(dict(res, model="smollm2"))
+    assert "; bench_rl's SmolLM2-135M step (beta 0, 4 micro-batches," in smol
 
 
 def test_a_missing_step_dump_is_a_clear_error(tmp_path) -> None:
