@@ -203,8 +203,7 @@ def _exp_widths(jaxpr) -> list[int]:
 def test_logprobs_and_entropy_take_one_pass_of_exponentials(data):
     """The entropy reuses the log-sum-exp's exponentials: one [..., V] exp per chunk. With
     a second one (-sum exp(x - lse) (x - lse)), XLA:CPU fused that exp into a YNNPACK
-    reduction about 7x slower than the log-sum-exp's own: some 3 % of the RL step at
-    SmolLM2-135M's vocabulary (docs/benchmarks.md)."""
+    reduction several times slower than the log-sum-exp's own (docs/benchmarks.md)."""
     _, targets, hidden, unembed = data
     fwd = jax.make_jaxpr(
         lambda h: chunked_token_logprobs(h, unembed, targets, chunk_size=3, temperature=0.7)

@@ -65,8 +65,9 @@ def _lse_and_entropy(x: jax.Array, want_entropy: bool) -> tuple[jax.Array, jax.A
     not lse - sum p x, which subtracts two of the logits' size (it lost 1e-3 to 5e-2 of
     such an entropy with logits of a few hundred, f32). And the [..., V] exponentials
     are computed once: written as -sum exp(x - lse) (x - lse), XLA:CPU fused the second
-    exp into a YNNPACK reduction that ran about 7x slower than the log-sum-exp's own
-    (about 3 % of the RL step at SmolLM2-135M's vocabulary; docs/benchmarks.md).
+    exp into a YNNPACK reduction several times slower than the log-sum-exp's own (at
+    SmolLM2-135M's vocabulary, the step's reductions took about twice as long as
+    without it; docs/benchmarks.md).
     """
     amax = jnp.max(x, axis=-1)
     amax = jax.lax.stop_gradient(jnp.where(jnp.isfinite(amax), amax, jnp.zeros_like(amax)))
