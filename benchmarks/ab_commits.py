@@ -74,10 +74,7 @@ def run_tree(tree: str, beta: float, model: str = "tiny", iters: int = ITERS) ->
 
 
 def alternate(
-    trees: dict[str, str],
-    pairs: int,
-    beta: float,
-    runner: Callable[[str, float], dict] = run_tree,
+    trees: dict[str, str], pairs: int, beta: float, runner: Callable[[str, float], dict] = run_tree
 ) -> dict[str, list[dict[str, Any]]]:
     """`pairs` runs per side, in turn; the side that goes first swaps every pair. Each
     run's record also holds the machine's activity around it (`"host"`:

@@ -45,6 +45,7 @@ from typing import Any
 
 from benchmarks import common, xla_trace
 from benchmarks.profile_decode_ops import ATTENTION as ATTENTION_SPECS
+from benchmarks.rl_setup import SHAPES
 
 DEFAULT_OUT = "runs/bench/step_ops.json"
 MODULE = "train_step"  # the step's jitted function (gdpo_jax/train/step.py)
@@ -180,7 +181,9 @@ def run(
     }
 
 
-_MODEL_NAMES = {"tiny": "", "smollm2": "SmolLM2-135M "}  # the caption's model
+def _model_name(model: str) -> str:
+    """The caption's model: nothing for bench_rl's own (the runs before --model)."""
+    return {"tiny": "", "smollm2": "SmolLM2-135M "}.get(model, f"{model} ")
 
 
 def table_markdown(res: dict[str, Any]) -> str:
@@ -198,7 +201,7 @@ def table_markdown(res: dict[str, Any]) -> str:
     m = res.get("machine", {})
     return (
         common.markdown_table(rows)
-        + f"\n\n{common.cpu_label(m)}; bench_rl's {_MODEL_NAMES[res.get('model', 'tiny')]}"
+        + f"\n\n{common.cpu_label(m)}; bench_rl's {_model_name(res.get('model', 'tiny'))}"
         f"step (beta {res['beta']:g}, "
         f"{res['microbatches']} micro-batches, "
         f"layers unrolled, prompt sharing), two traced steps: operations ran {total:.1f} ms "
@@ -219,7 +222,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--beta", type=float, default=0.0)
-    ap.add_argument("--model", choices=("tiny", "smollm2"), default="tiny")
+    ap.add_argument("--model", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--out", default=DEFAULT_OUT)
     args = ap.parse_args()
     common.check_out(ap, args.out, "--out", is_dir=False)  # before the run

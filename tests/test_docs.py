@@ -788,6 +788,20 @@ def test_smollm2_rl_section_is_the_committed_run() -> None:
             assert re.search(pattern, text), (k, lo, hi)
     ref = b4["gdpo_jax"]["step_s"] - b0["gdpo_jax"]["step_s"]
     assert f"costs ours {ref:.2f} s" in flat
+    # The later run, quoted beside it: its ratios, matmul peaks and beta-0 steps.
+    later = json.loads(
+        (ROOT / "docs" / "benchmarks" / "rl_smollm2_amd-epyc-avx512-2c_later.json").read_text()
+    )
+    l0, l4 = later["results"]["beta=0.0"], later["results"]["beta=0.04"]
+    pk, old_pk = later["matmul_peak_gflops"], res["matmul_peak_gflops"]
+    for quote in (
+        f"gave {l0['speedup_iter']:.2f}x and {l4['speedup_iter']:.2f}x, but not from our side",
+        f"peak was {pk['torch']:.0f} GFLOP/s against XLA's {pk['jax']:.0f} "
+        f"({old_pk['torch']:.0f} and {old_pk['jax']:.0f} in the run above)",
+        f"step took {l0['trl']['step_s']:.2f} s against {b0['trl']['step_s']:.2f}, "
+        f"ours {l0['gdpo_jax']['step_s']:.2f} against {b0['gdpo_jax']['step_s']:.2f}",
+    ):
+        assert quote in flat, quote
 
 
 def test_step_profile_tables_are_the_committed_runs() -> None:
