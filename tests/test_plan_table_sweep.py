@@ -48,7 +48,15 @@ def test_sweep_plans_each_entry_with_the_policy_once(plan_table, monkeypatch, tm
         step_shape = dict(committed["step_shape"], remat_policy=cfg.model.remat_policy)
         return dict(committed, step_shape=step_shape, est_step_s=1234.0)
 
+    # gdpo_jax.scale.search binds make_plan by name when first imported (plan_table
+    # imports it inside main): imported under the patch, it kept the stub for the rest of
+    # the process, and a later find_fit in the same xdist worker "fitted" with it
+    # (tests/test_scale_plan.py's oversized-sampler test, twice on clean clones). Import
+    # it first and patch its name too, so both are restored.
+    from gdpo_jax.scale import search as search_lib
+
     monkeypatch.setattr(plan_lib, "make_plan", fake_plan)
+    monkeypatch.setattr(search_lib, "make_plan", fake_plan)
     _run(plan_table, tmp_path / "scale", "--remat_policy=dots", f"--only={ENTRY}")
     assert committed["overrides"] == ["--config.algo.num_microbatches=128"]
     assert seen == [("dots", 128, 8)], seen  # the plan table's micro-batches, and the policy
@@ -71,3 +79,6 @@ def test_sweep_plans_each_entry_with_the_policy_once(plan_table, monkeypatch, tm
     assert len(seen) == 1
     _run(plan_table, tmp_path / "scale", "--remat_policy=dots", f"--only={ENTRY}", "--redo")
     assert len(seen) == 2
+    # Nothing of the stub outlives the test: every name of make_plan is the real one again.
+    monkeypatch.undo()
+    assert search_lib.make_plan is plan_lib.make_plan and plan_lib.make_plan is not fake_plan
