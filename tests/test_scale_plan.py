@@ -807,7 +807,8 @@ def test_oversized_sampler_does_not_fit_and_the_suggestion_does():
     assert fix is not None and fix["overrides"][0].startswith("--config.sampling.rows_per_call=")
     confirmed = make_plan(_apply(cfg, fix["changes"]), target)
     # find_fit planned this very config and found it fits (its compiles are cached in
-    # gdpo_jax.scale.plan): a clean-clone suite run once saw False here, so say why.
+    # gdpo_jax.scale.plan). If not, say why per program: that is how a stub of make_plan
+    # leaked from another test into find_fit showed (tests/test_plan_table_sweep.py).
     why = {
         k: {f: p.get(f) for f in ("fits", "compiled", "error", "total_bytes", "compile_s")}
         for k, p in confirmed["programs"].items()
